@@ -1,0 +1,1 @@
+"""Package data: the demo training script, example run configs, recorded GPU samples."""

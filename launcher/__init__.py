@@ -1,0 +1,1 @@
+"""Everything that starts a run: config, preflight, identity, rotation, supervisor, stop."""

@@ -1,0 +1,211 @@
+"""Run configuration: a TOML file (stdlib ``tomllib``) or the flags of ``stepwatch launch``.
+
+A run config names the run, the command (an argv list, never a shell unless ``shell = true``), the
+working directory (the harness checkout, inside a git work tree), the runs directory and extra
+environment variables, plus the ``[preflight]`` and ``[alerts]`` tables that later checks read.
+Unknown keys are an error that names the key and the accepted ones (playbook 4.2: validate names,
+not only values). Relative paths in a file are relative to the file's directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from monitors.runfiles import ENV_RUNS_DIR
+
+TOP_KEYS = ("name", "command", "cwd", "runs_dir", "env", "shell", "preflight", "alerts")
+PREFLIGHT_KEYS = ("test_command", "test_timeout_s", "training_arguments", "python", "min_free_bytes")
+ALERTS_KEYS = ("command",)
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class ConfigError(ValueError):
+    """A run config that cannot be used; the message names what was wrong and how to fix it."""
+
+
+@dataclass
+class RunConfig:
+    """One run's configuration, with every path absolute.
+
+    ``command`` is the argv list (or a one-element list holding a shell string when ``shell``).
+    ``config_path``/``config_sha256``/``config_data`` are set when it came from a file.
+    """
+
+    name: str
+    command: list[str]
+    cwd: Path
+    runs_dir: Path
+    env: dict[str, str] = field(default_factory=dict)
+    shell: bool = False
+    preflight: dict[str, Any] = field(default_factory=dict)
+    alerts: dict[str, Any] = field(default_factory=dict)
+    config_path: Path | None = None
+    config_sha256: str | None = None
+    config_data: dict[str, Any] | None = None
+
+    @property
+    def run_dir(self) -> Path:
+        """``<runs_dir>/<name>``."""
+        return self.runs_dir / self.name
+
+
+def default_runs_dir() -> Path:
+    """``$STEPWATCH_RUNS_DIR`` or ``./runs``, absolute, relative to the shell's current directory."""
+    return Path(os.environ.get(ENV_RUNS_DIR) or "runs").resolve()
+
+
+def _check_unknown(table: dict, accepted: tuple[str, ...], where: str) -> None:
+    unknown = [k for k in table if k not in accepted]
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown key{'s' if len(unknown) > 1 else ''} {', '.join(repr(k) for k in unknown)}; "
+            f"accepted keys are: {', '.join(accepted)}"
+        )
+
+
+def _validate(data: dict[str, Any], base: Path, where: str, runs_dir_override: Path | None = None) -> RunConfig:
+    _check_unknown(data, TOP_KEYS, where)
+    for key in ("name", "command"):
+        if key not in data:
+            raise ConfigError(f"{where}: missing required key {key!r}")
+    name = data["name"]
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise ConfigError(
+            f"{where}: 'name' must be letters, digits, '.', '_' or '-' (at most 128, not starting with "
+            f"a dot or dash); got {name!r}"
+        )
+    shell = data.get("shell", False)
+    if not isinstance(shell, bool):
+        raise ConfigError(f"{where}: 'shell' must be true or false; got {shell!r}")
+    command = data["command"]
+    if shell:
+        if isinstance(command, str):
+            command = [command]
+        if not (isinstance(command, list) and len(command) == 1 and isinstance(command[0], str)):
+            raise ConfigError(f"{where}: with shell = true, 'command' must be one string")
+    else:
+        if not (isinstance(command, list) and command and all(isinstance(a, str) for a in command)):
+            raise ConfigError(
+                f"{where}: 'command' must be a non-empty list of strings (an argv, e.g. "
+                f"[\"python\", \"train.py\"]); got {command!r}. Set shell = true to run a shell string."
+            )
+    cwd = Path(os.path.expanduser(str(data.get("cwd", ".")))) if isinstance(data.get("cwd", "."), str) else None
+    if cwd is None:
+        raise ConfigError(f"{where}: 'cwd' must be a path string")
+    cwd = (base / cwd).resolve()
+    rd = data.get("runs_dir")
+    if runs_dir_override is not None:
+        runs_dir = runs_dir_override
+    elif rd is None:
+        runs_dir = (base / "runs").resolve() if where != "flags" else default_runs_dir()
+    elif isinstance(rd, str):
+        runs_dir = (base / os.path.expanduser(rd)).resolve()
+    else:
+        raise ConfigError(f"{where}: 'runs_dir' must be a path string; got {rd!r}")
+    env = data.get("env", {})
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise ConfigError(f"{where}: 'env' must be a table of string values, e.g. env = {{ CUDA_VISIBLE_DEVICES = \"0\" }}")
+    preflight = data.get("preflight", {})
+    if not isinstance(preflight, dict):
+        raise ConfigError(f"{where}: [preflight] must be a table")
+    _check_unknown(preflight, PREFLIGHT_KEYS, f"{where} [preflight]")
+    alerts = data.get("alerts", {})
+    if not isinstance(alerts, dict):
+        raise ConfigError(f"{where}: [alerts] must be a table")
+    _check_unknown(alerts, ALERTS_KEYS, f"{where} [alerts]")
+    return RunConfig(name=name, command=list(command), cwd=cwd, runs_dir=runs_dir, env=dict(env), shell=shell,
+                     preflight=dict(preflight), alerts=dict(alerts))
+
+
+def load_config(path: str | os.PathLike[str], runs_dir_override: Path | None = None) -> RunConfig:
+    """Read and validate a run config file.
+
+    Raises ConfigError (file missing, TOML syntax error with its line, unknown or ill-typed keys).
+    ``runs_dir_override`` (the ``--runs-dir`` flag) wins over the file's ``runs_dir``.
+    """
+    path = Path(path).resolve()
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config path is a directory, not a TOML file: {path}") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    cfg = _validate(data, path.parent, str(path), runs_dir_override)
+    cfg.config_path = path
+    cfg.config_sha256 = hashlib.sha256(raw).hexdigest()
+    cfg.config_data = data
+    return cfg
+
+
+def config_from_flags(command: list[str], name: str | None, cwd: str | None, runs_dir: str | None,
+                      env: list[str] | None = None) -> RunConfig:
+    """Build a config from ``stepwatch launch [--name N] [--cwd C] [--env K=V] -- CMD ARGS``.
+
+    The default name is the command's basename (e.g. ``train``). Raises ConfigError.
+    """
+    if not command:
+        raise ConfigError("no command given: use `stepwatch launch CONFIG.toml` or `stepwatch launch -- CMD ARGS...`")
+    env_map: dict[str, str] = {}
+    for item in env or []:
+        if "=" not in item:
+            raise ConfigError(f"--env takes KEY=VALUE; got {item!r}")
+        k, v = item.split("=", 1)
+        env_map[k] = v
+    if name is None:
+        name = re.sub(r"[^A-Za-z0-9._-]", "_", Path(command[-1] if command[0].startswith("python") and len(command) > 1 else command[0]).stem) or "run"
+    data: dict[str, Any] = {"name": name, "command": command, "env": env_map}
+    if cwd is not None:
+        data["cwd"] = cwd
+    rd = Path(runs_dir).resolve() if runs_dir else None
+    return _validate(data, Path.cwd(), "flags", runs_dir_override=rd)
+
+
+def resolve_executable(cfg: RunConfig) -> str:
+    """Return the absolute path of the command's program, as the child will run it.
+
+    Raises ConfigError when it is neither on PATH (the child's PATH, config env included) nor an
+    executable file relative to ``cwd``. With ``shell = true`` the program is /bin/sh.
+    """
+    if cfg.shell:
+        return "/bin/sh"
+    prog = cfg.command[0]
+    if os.sep in prog:
+        p = Path(prog) if os.path.isabs(prog) else cfg.cwd / prog
+        if p.is_file() and os.access(p, os.X_OK):
+            return str(p)
+        raise ConfigError(f"command not found or not executable: {p}")
+    path_var = cfg.env.get("PATH", os.environ.get("PATH", ""))
+    found = shutil.which(prog, path=path_var)
+    if not found:
+        raise ConfigError(f"command not found on PATH: {prog!r} (PATH={path_var})")
+    return found
+
+
+def config_to_json(cfg: RunConfig) -> dict[str, Any]:
+    """The config as recorded in run.json (``config``): plain JSON values."""
+    return {
+        "name": cfg.name, "command": cfg.command, "cwd": str(cfg.cwd), "runs_dir": str(cfg.runs_dir),
+        "env": cfg.env, "shell": cfg.shell, "preflight": cfg.preflight, "alerts": cfg.alerts,
+    }
+
+
+def diff_configs(old: dict[str, Any] | None, new: dict[str, Any]) -> list[str]:
+    """Human lines saying what changed between two ``config_to_json`` dicts (empty: nothing)."""
+    if old is None:
+        return ["no earlier config recorded"]
+    lines = []
+    for key in sorted(set(old) | set(new)):
+        if old.get(key) != new.get(key):
+            lines.append(f"{key}: {old.get(key)!r} -> {new.get(key)!r}")
+    return lines

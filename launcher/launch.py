@@ -1,0 +1,203 @@
+"""Launch and relaunch: gate, identity, guard, rotate, run.json, supervisor.
+
+The order is the playbook's (4.4, 4.4.1, 4.5, 4.7.1): check the tree, sample identity once, refuse
+a second launch into a live run, rotate the previous attempt's files, write run.json, start the
+supervisor in its own session, and return once run.json holds the child's pid.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from launcher.config import ConfigError, RunConfig, config_to_json, diff_configs, load_config, resolve_executable
+from launcher.identity import TreeState, gate_message, read_tree, untracked_warning
+from launcher.rotate import plan_rotation, rotate
+from monitors.runfiles import (
+    ENV_ATTEMPT, ENV_RUN_DIR, EXIT_JSON, RUN_JSON, SCHEMA_VERSION, SUPERVISOR_LOG, read_json, utc_iso,
+    write_json_atomic,
+)
+from monitors.watchdog import ProcessRef, is_alive
+
+SUPERVISOR_START_TIMEOUT_S = 15.0
+# The supervisor imports stepwatch from where this launcher was imported, through sys.path rather
+# than PYTHONPATH: an environment variable would leak into the training child and shadow its packages.
+_PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
+_SUPERVISOR_BOOT = ("import sys; sys.path.insert(0, sys.argv[1]); "
+                    "from launcher.supervisor import main; sys.exit(main(sys.argv[2:]))")
+
+
+class LaunchRefused(Exception):
+    """A launch that must not happen; ``str()`` names what was wrong and how to proceed (exit code 1)."""
+
+
+@dataclass
+class LaunchResult:
+    """What a launch did: the run dir, attempt number, the child's pid, renames, warnings."""
+
+    run_dir: Path
+    attempt: int
+    pid: int | None
+    rotated: list[tuple[Path, Path]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    run: dict[str, Any] = field(default_factory=dict)
+
+
+def live_attempt(run_dir: Path) -> tuple[str, int] | None:
+    """``("training process", pid)`` or ``("supervisor", pid)`` when the run's current attempt still
+    runs (pid AND create_time match, never a pattern); None otherwise."""
+    run = read_json(run_dir / RUN_JSON)
+    if not run:
+        return None
+    proc = ProcessRef.from_json(run.get("process"))
+    if is_alive(proc):
+        return ("training process", proc.pid)
+    sup = ProcessRef.from_json(run.get("supervisor"))
+    if is_alive(sup) and read_json(run_dir / EXIT_JSON) is None:
+        return ("supervisor", sup.pid)
+    return None
+
+
+def _preflight_record(tree: TreeState, allow_dirty_reason: str | None) -> dict[str, Any]:
+    if tree.clean:
+        status, reason = "pass", "no tracked modification, nothing staged"
+    else:
+        status = "fail"
+        reason = tree.error or f"{len(tree.modified)} modified, {len(tree.staged)} staged"
+    return {"items": [{"id": "clean_tree", "title": "working tree committed", "status": status,
+                       "reason": reason, "overridden": status == "fail" and allow_dirty_reason is not None}],
+            "override_reason": None, "failed": [] if status == "pass" else ["clean_tree"]}
+
+
+def launch(cfg: RunConfig, allow_dirty: str | None = None, preflight: dict[str, Any] | None = None,
+           wait_s: float = SUPERVISOR_START_TIMEOUT_S) -> LaunchResult:
+    """Start one attempt of ``cfg``.
+
+    Raises ConfigError (bad command) or LaunchRefused (dirty tree without ``allow_dirty``, run alive,
+    supervisor that did not come up). Nothing is started and no file is written when it refuses.
+    ``preflight`` is a full checklist result to record instead of the clean-tree item alone.
+    """
+    if allow_dirty is not None and not allow_dirty.strip():
+        raise LaunchRefused("--allow-dirty needs a non-empty REASON; it is recorded in run.json")
+    exe = resolve_executable(cfg)
+    if not cfg.cwd.is_dir():
+        raise ConfigError(f"cwd does not exist or is not a directory: {cfg.cwd}")
+    tree = read_tree(cfg.cwd, cfg.runs_dir)
+    if not tree.clean and allow_dirty is None:
+        raise LaunchRefused(gate_message(tree))
+    run_dir = cfg.run_dir
+    live = live_attempt(run_dir)
+    if live:
+        what, pid = live
+        raise LaunchRefused(
+            f"REFUSING: run {cfg.name!r} is still running ({what} pid {pid} is alive, create_time matches). "
+            f"Stop it first: stepwatch stop {run_dir}")
+    warnings = [w for w in [untracked_warning(tree)] if w]
+    if allow_dirty is not None and not tree.clean:
+        warnings.append(f"launching from a dirty tree, as allowed: {allow_dirty}")
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    prev = read_json(run_dir / RUN_JSON)
+    attempt = int(prev.get("attempt") or 0) + 1 if prev else 1
+    rotated = rotate(run_dir)
+
+    t = time.time()
+    env_add = dict(cfg.env)
+    env_add[ENV_RUN_DIR] = str(run_dir)
+    env_add[ENV_ATTEMPT] = str(attempt)
+    env_add.setdefault("PYTHONUNBUFFERED", "1")
+    run = {
+        "v": SCHEMA_VERSION,
+        "name": cfg.name,
+        "attempt": attempt,
+        "argv": cfg.command,
+        "executable": exe,
+        "shell": cfg.shell,
+        "cwd": str(cfg.cwd),
+        "env": env_add,
+        "config_path": str(cfg.config_path) if cfg.config_path else None,
+        "config_sha256": cfg.config_sha256,
+        "config": config_to_json(cfg),
+        "launched_at": utc_iso(t),
+        "launched_at_unix": t,
+        "identity": tree.identity,
+        "preflight": preflight if preflight is not None else _preflight_record(tree, allow_dirty),
+        "allow_dirty_reason": allow_dirty,
+        "rotated_previous": [[str(a.name), str(b.name)] for a, b in rotated],
+        "launched_by": {"pid": os.getpid(), "user": _user()},
+        "supervisor": {"pid": None, "create_time": None, "sid": None},
+        "process": {"pid": None, "create_time": None, "pgid": None},
+        "start_error": None,
+    }
+    write_json_atomic(run_dir / RUN_JSON, run)
+    with open(run_dir / SUPERVISOR_LOG, "ab") as slog:
+        sup = subprocess.Popen(
+            [sys.executable, "-c", _SUPERVISOR_BOOT, _PACKAGE_ROOT, str(run_dir)],
+            stdin=subprocess.DEVNULL, stdout=slog, stderr=slog, start_new_session=True, close_fds=True,
+            cwd=str(run_dir),
+        )
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        cur = read_json(run_dir / RUN_JSON) or {}
+        if (cur.get("supervisor") or {}).get("pid") is not None:
+            if cur.get("start_error"):
+                raise LaunchRefused(f"the command could not be started: {cur['start_error']}")
+            return LaunchResult(run_dir, attempt, cur["process"]["pid"], rotated, warnings, cur)
+        if sup.poll() is not None:
+            break
+        time.sleep(0.02)
+    tail = (run_dir / SUPERVISOR_LOG).read_text(errors="replace")[-2000:]
+    raise LaunchRefused(f"the supervisor did not record the child's pid within {wait_s:.0f} s "
+                        f"(supervisor exit status {sup.poll()}); its log:\n{tail}")
+
+
+def _user() -> str | None:
+    try:
+        import pwd
+
+        return pwd.getpwuid(os.getuid()).pw_name
+    except (KeyError, ImportError):
+        return None
+
+
+def relaunch_config(run_dir: Path) -> tuple[RunConfig, list[str]]:
+    """The config for the next attempt of ``run_dir`` and what changed since the last one.
+
+    A run launched from a file re-reads that file (its path is in run.json) and compares sha256 and
+    content; a run launched from flags reuses run.json's config. Raises ConfigError / LaunchRefused.
+    """
+    run = read_json(run_dir / RUN_JSON)
+    if run is None:
+        raise LaunchRefused(f"no readable {RUN_JSON} in {run_dir}: nothing to relaunch (use stepwatch launch)")
+    old = run.get("config") or {}
+    if run.get("config_path"):
+        cfg = load_config(run["config_path"], runs_dir_override=run_dir.parent)
+        if cfg.name != run_dir.name:
+            raise LaunchRefused(f"the config file {run['config_path']} now names the run {cfg.name!r}, "
+                                f"not {run_dir.name!r}; launch it as a new run instead")
+        if cfg.config_sha256 == run.get("config_sha256"):
+            changes = []
+        else:
+            changes = diff_configs({k: v for k, v in old.items() if k != "runs_dir"},
+                                   {k: v for k, v in config_to_json(cfg).items() if k != "runs_dir"})
+            changes = changes or ["config file bytes changed (sha256), settings unchanged"]
+    else:
+        from launcher.config import _validate  # noqa: PLC0415
+
+        data = {k: old[k] for k in ("name", "command", "cwd", "env", "shell", "preflight", "alerts") if k in old}
+        data.setdefault("name", run.get("name") or run_dir.name)
+        data.setdefault("command", run.get("argv"))
+        data.setdefault("cwd", run.get("cwd"))
+        cfg = _validate(data, Path("/"), "run.json", runs_dir_override=run_dir.parent)
+        changes = []
+    return cfg, changes
+
+
+def describe_rotation(run_dir: Path) -> list[str]:
+    """Lines saying which files the next launch will rename to what (for the preflight checklist)."""
+    return [f"{a.name} -> {b.name}" for a, b in plan_rotation(run_dir)]

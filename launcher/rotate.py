@@ -1,0 +1,61 @@
+"""Log rotation on relaunch: one file describes one attempt (playbook 4.7.1).
+
+Every per-attempt file of the previous attempt is renamed with the UTC stamp of that attempt's
+launch (``train.log`` -> ``train.20260826T101500Z.log``). Never appended to, never deleted. When the
+stamped names are taken (two relaunches within one second), ``-1``, ``-2``, ... is added to the stamp;
+one suffix serves all of an attempt's files so they stay together.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from monitors.runfiles import PER_ATTEMPT_FILES, RUN_JSON, read_json, stamped_name, utc_stamp
+
+
+def attempt_stamp(run_dir: Path) -> str | None:
+    """The stamp of the attempt now in ``run_dir``: run.json's ``launched_at_unix``; without a readable
+    run.json, the oldest modification time of the attempt's files; None when there is no attempt."""
+    present = [run_dir / f for f in PER_ATTEMPT_FILES if (run_dir / f).exists()]
+    if not present:
+        return None
+    rj = read_json(run_dir / RUN_JSON) or {}
+    t = rj.get("launched_at_unix")
+    if not isinstance(t, (int, float)):
+        t = min(p.stat().st_mtime for p in present)
+    return utc_stamp(float(t))
+
+
+def plan_rotation(run_dir: Path) -> list[tuple[Path, Path]]:
+    """The renames a relaunch will do, as ``[(current, stamped)]``; empty when nothing to rotate."""
+    stamp = attempt_stamp(run_dir)
+    if stamp is None:
+        return []
+    present = [f for f in PER_ATTEMPT_FILES if (run_dir / f).exists()]
+    k = 0
+    while True:
+        s = stamp if k == 0 else f"{stamp}-{k}"
+        targets = [run_dir / stamped_name(f, s) for f in present]
+        if not any(t.exists() for t in targets):
+            return [(run_dir / f, t) for f, t in zip(present, targets)]
+        k += 1
+
+
+def rotate(run_dir: Path) -> list[tuple[Path, Path]]:
+    """Rename the previous attempt's files (see :func:`plan_rotation`); returns what was renamed.
+
+    Uses ``os.link`` + unlink-free rename semantics: a target that appeared meanwhile is never
+    overwritten (``os.link`` fails with FileExistsError, and the plan is recomputed). Raises OSError
+    when the directory is not writable.
+    """
+    for _ in range(100):
+        plan = plan_rotation(run_dir)
+        try:
+            for src, dst in plan:
+                os.link(src, dst)  # fails rather than overwrite evidence
+                os.unlink(src)
+            return plan
+        except FileExistsError:
+            continue
+    raise OSError(f"could not find a free stamped name to rotate {run_dir}")

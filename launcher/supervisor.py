@@ -1,0 +1,213 @@
+"""The supervisor: a small process, in its own session, that owns one attempt of a run.
+
+Started by the launcher as ``python -m launcher.supervisor RUN_DIR`` with ``start_new_session=True``
+and stdin from /dev/null, so closing the TUI, losing the SSH link or a SIGHUP never reaches it.
+
+It reads the attempt's run.json, opens ``train.log`` for appending (the file is new: the launcher
+rotated the previous attempt's), starts the training command as its child in the child's own
+process group with stdout+stderr going straight into ``train.log`` (unmodified bytes, no pipe),
+completes run.json once with both pids, starts the GPU sampler, reaps the child and writes
+``exit.json``. On a stop request (SIGUSR1 after ``stepwatch stop`` wrote ``stop.json``; SIGTERM or
+SIGINT to the supervisor itself count the same) it sends SIGINT to the child's process group, SIGTERM
+after the grace, SIGKILL after a second grace, and records each signal in ``stop.json``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from monitors.runfiles import (
+    EXIT_JSON, RUN_JSON, STOP_JSON, TRAIN_LOG, read_json, utc_iso, write_json_atomic,
+)
+
+ESCALATION = (signal.SIGINT, signal.SIGTERM, signal.SIGKILL)
+DEFAULT_GRACE_S = 30.0
+
+
+def _log(msg: str) -> None:
+    """One line to the supervisor's own log (its stderr is ``supervisor.log``)."""
+    print(f"{utc_iso(time.time())} supervisor[{os.getpid()}]: {msg}", file=sys.stderr, flush=True)
+
+
+def child_env(run: dict[str, Any]) -> dict[str, str]:
+    """The child's environment: the supervisor's own plus run.json's ``env`` additions."""
+    env = dict(os.environ)
+    env.update(run.get("env") or {})
+    return env
+
+
+def child_argv(run: dict[str, Any]) -> list[str]:
+    """The argv the child runs: run.json's ``argv``, or ``/bin/sh -c`` around it when ``shell``."""
+    argv = list(run["argv"])
+    if run.get("shell"):
+        return ["/bin/sh", "-c", argv[0]]
+    return argv
+
+
+class Escalation:
+    """Carries out a stop: INT -> TERM -> KILL to the child's process group, each recorded."""
+
+    def __init__(self, run_dir: Path, pgid: int, child_done: threading.Event):
+        self.run_dir = run_dir
+        self.pgid = pgid
+        self.child_done = child_done
+        self.last_signal: str | None = None
+        self.thread = threading.Thread(target=self._run, name="stop-escalation", daemon=True)
+
+    def start(self) -> None:
+        """Begin the escalation in a thread (idempotent: the caller starts it once)."""
+        self.thread.start()
+
+    def _record(self, sig: signal.Signals) -> None:
+        stop = read_json(self.run_dir / STOP_JSON) or _new_stop_record(reason="supervisor received a stop signal")
+        t = time.time()
+        stop.setdefault("signals", []).append(
+            {"signal": sig.name, "sent_at": utc_iso(t), "sent_at_unix": t, "pgid": self.pgid})
+        write_json_atomic(self.run_dir / STOP_JSON, stop)
+
+    def _run(self) -> None:
+        stop = read_json(self.run_dir / STOP_JSON) or {}
+        grace = stop.get("grace_s")
+        grace = float(grace) if isinstance(grace, (int, float)) and grace >= 0 else DEFAULT_GRACE_S
+        for sig in ESCALATION:
+            if self.child_done.is_set():
+                return
+            try:
+                self._record(sig)
+            except OSError as e:  # an unwritable run dir must not stop the stop
+                _log(f"could not record {sig.name} in stop.json: {e}")
+            try:
+                os.killpg(self.pgid, sig)
+                self.last_signal = sig.name
+                _log(f"sent {sig.name} to process group {self.pgid}")
+            except ProcessLookupError:
+                return
+            if self.child_done.wait(grace):
+                return
+
+
+def _new_stop_record(reason: str | None, grace_s: float | None = None) -> dict[str, Any]:
+    t = time.time()
+    return {"v": 1, "requested_at": utc_iso(t), "requested_at_unix": t, "grace_s": grace_s, "reason": reason,
+            "requested_by_pid": None, "signals": [], "ended_by": None}
+
+
+def _start_gpu_sampler(run_dir: Path, child_pid: int, stop: threading.Event) -> None:
+    """Start the NVML sampler in a daemon thread; any failure is logged and ignored."""
+    try:
+        from monitors.gpu.sampler import run_sampler  # noqa: PLC0415 - optional, heavy-ish
+    except Exception as e:  # pragma: no cover - only when the gpu package is broken
+        _log(f"GPU sampler not started: {type(e).__name__}: {e}")
+        return
+
+    def target() -> None:
+        try:
+            run_sampler(run_dir, child_pid, stop)
+        except BaseException as e:  # never let the sampler take the supervisor down
+            _log(f"GPU sampler stopped: {type(e).__name__}: {e}")
+
+    threading.Thread(target=target, name="gpu-sampler", daemon=True).start()
+
+
+def supervise(run_dir: Path) -> int:
+    """Run one attempt to its end. Returns the supervisor's exit status (0 when exit.json was written)."""
+    run = read_json(run_dir / RUN_JSON)
+    if run is None:
+        _log(f"no readable {RUN_JSON} in {run_dir}")
+        return 2
+    stop_requested = threading.Event()
+    for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop_requested.set())
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    me = psutil.Process()
+    supervisor_rec = {"pid": me.pid, "create_time": me.create_time(), "sid": os.getsid(0)}
+    t_start = time.time()
+    log = open(run_dir / TRAIN_LOG, "ab", buffering=0)
+    try:
+        child = subprocess.Popen(
+            child_argv(run), cwd=run["cwd"], env=child_env(run), stdin=subprocess.DEVNULL,
+            stdout=log, stderr=subprocess.STDOUT, process_group=0, close_fds=True,
+        )
+    except OSError as e:
+        _log(f"could not start the command: {e}")
+        run["supervisor"] = supervisor_rec
+        run["process"] = {"pid": None, "create_time": None, "pgid": None}
+        run["start_error"] = f"{type(e).__name__}: {e}"
+        write_json_atomic(run_dir / RUN_JSON, run)
+        t = time.time()
+        write_json_atomic(run_dir / EXIT_JSON, {
+            "v": 1, "returncode": None, "signal": None, "ended_at": utc_iso(t), "ended_at_unix": t,
+            "duration_s": 0.0, "stop_requested": False, "error": run["start_error"]})
+        return 1
+    finally:
+        log.close()  # the child holds its own copy of the descriptor
+
+    try:
+        ctime = psutil.Process(child.pid).create_time()
+    except psutil.NoSuchProcess:
+        ctime = None  # exited already; exit.json will say how
+    run["supervisor"] = supervisor_rec
+    run["process"] = {"pid": child.pid, "create_time": ctime, "pgid": child.pid}
+    run["start_error"] = None
+    write_json_atomic(run_dir / RUN_JSON, run)
+    _log(f"started pid {child.pid}: {child_argv(run)!r}")
+
+    child_done = threading.Event()
+    _start_gpu_sampler(run_dir, child.pid, child_done)
+    escalation: Escalation | None = None
+    while True:
+        try:
+            rc = child.wait(timeout=0.2)
+            break
+        except subprocess.TimeoutExpired:
+            pass
+        if stop_requested.is_set() and escalation is None:
+            escalation = Escalation(run_dir, child.pid, child_done)
+            escalation.start()
+    child_done.set()
+    t_end = time.time()
+    sig_name = signal.Signals(-rc).name if rc < 0 else None
+    exit_rec = {
+        "v": 1, "returncode": rc if rc >= 0 else None, "signal": sig_name, "ended_at": utc_iso(t_end),
+        "ended_at_unix": t_end, "duration_s": round(t_end - t_start, 3),
+        "stop_requested": escalation is not None, "error": None,
+    }
+    write_json_atomic(run_dir / EXIT_JSON, exit_rec)
+    if escalation is not None:
+        stop = read_json(run_dir / STOP_JSON) or _new_stop_record(None)
+        stop["ended_by"] = {"last_signal_sent": escalation.last_signal, "returncode": exit_rec["returncode"],
+                            "signal": sig_name, "ended_at": exit_rec["ended_at"]}
+        try:
+            write_json_atomic(run_dir / STOP_JSON, stop)
+        except OSError as e:
+            _log(f"could not complete stop.json: {e}")
+    _log(f"child ended: returncode={exit_rec['returncode']} signal={sig_name}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: ``python -m launcher.supervisor RUN_DIR``."""
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m launcher.supervisor RUN_DIR", file=sys.stderr)
+        return 2
+    try:
+        return supervise(Path(argv[0]).resolve())
+    except Exception:
+        _log("crashed:\n" + traceback.format_exc())
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""The files of one run directory: names, reading, atomic writing, time stamps.
+
+A run is one directory, ``<runs_dir>/<name>/`` (DESIGN.md section 2). One file describes one
+attempt: on relaunch the per-attempt files are renamed with the UTC stamp of that attempt's launch
+(``train.log`` -> ``train.20260826T101500Z.log``). This module is the single place that knows the
+names; it imports only the standard library.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+RUN_JSON = "run.json"
+TRAIN_LOG = "train.log"
+EVENTS_JSONL = "events.jsonl"
+GPU_JSONL = "gpu.jsonl"
+STOP_JSON = "stop.json"
+EXIT_JSON = "exit.json"
+SUPERVISOR_LOG = "supervisor.log"  # the supervisor's own diagnostics; never the child's output
+ACKS_JSONL = "acks.jsonl"  # written by views; never rotated (alert ids carry the attempt)
+
+#: Files that describe one attempt and are renamed with the attempt's stamp on relaunch.
+PER_ATTEMPT_FILES = (TRAIN_LOG, EVENTS_JSONL, GPU_JSONL, RUN_JSON, STOP_JSON, EXIT_JSON, SUPERVISOR_LOG)
+
+ENV_RUN_DIR = "STEPWATCH_RUN_DIR"
+ENV_ATTEMPT = "STEPWATCH_ATTEMPT"
+ENV_RUNS_DIR = "STEPWATCH_RUNS_DIR"
+
+
+def utc_iso(t: float | None) -> str | None:
+    """Unix seconds -> ISO-8601 UTC with a ``Z`` and millisecond precision; None stays None."""
+    if t is None:
+        return None
+    return datetime.fromtimestamp(t, tz=timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def utc_stamp(t: float) -> str:
+    """Unix seconds -> the compact stamp used in rotated names, e.g. ``20260826T101500Z``."""
+    return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+
+
+def stamped_name(filename: str, stamp: str) -> str:
+    """``train.log`` + stamp -> ``train.<stamp>.log``; ``events.jsonl`` -> ``events.<stamp>.jsonl``."""
+    stem, dot, ext = filename.partition(".")
+    return f"{stem}.{stamp}.{ext}" if dot else f"{filename}.{stamp}"
+
+
+def read_json(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """Read a JSON object from ``path``.
+
+    Returns None when the file does not exist, is empty, is not valid JSON (a writer caught
+    mid-write by a crash) or is not an object. Never raises for those; PermissionError is raised,
+    because a file that exists and cannot be read is something the caller must say.
+    """
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    if not data.strip():
+        return None
+    try:
+        obj = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def write_json_atomic(path: str | os.PathLike[str], obj: dict[str, Any]) -> None:
+    """Write ``obj`` as JSON to ``path`` through a temp file and ``os.replace``.
+
+    A reader never sees half a file. Raises OSError (e.g. PermissionError) when the directory is not
+    writable.
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(obj, f, indent=2, sort_keys=False)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def append_jsonl(path: str | os.PathLike[str], obj: dict[str, Any]) -> None:
+    """Append one JSON object as one line (one write, then flush) to ``path``."""
+    line = json.dumps(obj, separators=(",", ":")) + "\n"
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(line)
+
+
+def now() -> float:
+    """Wall-clock unix seconds (``time.time()``); one place so tests can see where time comes from."""
+    return time.time()

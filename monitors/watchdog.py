@@ -1,0 +1,196 @@
+"""Liveness of a captured process: ``kill -0`` plus create_time, never a pattern (playbook 4.5).
+
+The thing watched is always a pid captured at launch together with its create_time (psutil, unix
+seconds). A pid is alive only when ``os.kill(pid, 0)`` succeeds (or fails with EPERM: the process
+exists but belongs to another user), psutil reports the same create_time, and the process is not a
+zombie. Where the kernel offers ``os.pidfd_open``, :func:`wait_for_exit` uses it for instant notice of
+death (it fires for an unreaped child too); the ``kill -0`` poll stays the ground truth.
+
+Nothing here reads a command line: a watchdog that pattern-matches argv can match itself.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+import psutil
+
+#: Two create_time readings of one process agree within this many seconds. psutil derives
+#: create_time from the boot time (whole seconds in /proc/stat) plus the start in clock ticks, so two
+#: processes can disagree by a fraction of a second; a reused pid would have to wrap pid_max inside
+#: this window, which no machine does.
+CREATE_TIME_TOLERANCE_S = 0.5
+
+Verdict = Literal["alive", "dead", "zombie", "reused"]
+
+
+@dataclass(frozen=True)
+class ProcessRef:
+    """A process captured at launch: ``pid`` and psutil ``create_time`` (unix seconds)."""
+
+    pid: int
+    create_time: float | None
+
+    @classmethod
+    def from_json(cls, obj: dict | None) -> "ProcessRef | None":
+        """Build from run.json's ``{"pid": .., "create_time": ..}``; None when the pid is missing."""
+        if not obj or obj.get("pid") is None:
+            return None
+        return cls(int(obj["pid"]), obj.get("create_time"))
+
+    @classmethod
+    def of_pid(cls, pid: int) -> "ProcessRef":
+        """Capture ``pid`` now. Raises psutil.NoSuchProcess when it does not exist."""
+        return cls(pid, psutil.Process(pid).create_time())
+
+
+def probe(ref: ProcessRef) -> Verdict:
+    """Return whether the captured process still exists.
+
+    - ``dead``: ``kill -0`` says ESRCH.
+    - ``reused``: the pid exists but its create_time differs (another process got the pid).
+    - ``zombie``: exited, not yet reaped by its parent (``kill -0`` would still succeed).
+    - ``alive``: otherwise. EPERM from ``kill -0`` counts as existing.
+    """
+    try:
+        os.kill(ref.pid, 0)
+    except ProcessLookupError:
+        return "dead"
+    except PermissionError:
+        pass  # exists, belongs to another user
+    except OSError as e:  # pragma: no cover - other errnos do not occur for signal 0
+        if e.errno == errno.ESRCH:
+            return "dead"
+        raise
+    try:
+        p = psutil.Process(ref.pid)
+        ctime = p.create_time()
+        status = p.status()
+    except psutil.NoSuchProcess:
+        return "dead"
+    except psutil.AccessDenied:
+        return "alive"
+    if ref.create_time is not None and abs(ctime - ref.create_time) > CREATE_TIME_TOLERANCE_S:
+        return "reused"
+    if status == psutil.STATUS_ZOMBIE:
+        return "zombie"
+    return "alive"
+
+
+def is_alive(ref: ProcessRef | None) -> bool:
+    """True only for a captured process that still runs (see :func:`probe`); None is not alive."""
+    return ref is not None and probe(ref) == "alive"
+
+
+def wait_for_exit(ref: ProcessRef, timeout_s: float | None = None, poll_s: float = 0.5) -> bool:
+    """Block until the captured process is no longer alive, or ``timeout_s`` passes.
+
+    Uses a pidfd (readable the instant the process exits, reaped or not) where available, and the
+    ``kill -0`` + create_time probe every ``poll_s`` seconds as the ground truth. Returns True when
+    the process is gone, False on timeout.
+    """
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    fd = None
+    if hasattr(os, "pidfd_open"):
+        try:
+            fd = os.pidfd_open(ref.pid)
+        except OSError:
+            fd = None
+    try:
+        if probe(ref) != "alive":
+            return True
+        poller = None
+        if fd is not None:
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+        while True:
+            wait = poll_s
+            if deadline is not None:
+                wait = min(wait, deadline - time.monotonic())
+                if wait <= 0:
+                    return probe(ref) != "alive"
+            if poller is not None:
+                poller.poll(max(0, int(wait * 1000)))
+            else:
+                time.sleep(max(0.0, wait))
+            if probe(ref) != "alive":
+                return True
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def survivors(pgid: int | None, sid: int | None, exclude: set[int] | None = None) -> list[dict]:
+    """Processes still in the run's process group or session after the run ended.
+
+    DataLoader workers or ranks re-parented to init keep GPU memory and make the next launch run out
+    of memory. Matching is by the *captured* process group id and session id (numbers from run.json),
+    never by command line. Returns ``[{"pid", "name", "pgid", "sid"}]``, sorted by pid.
+    """
+    if pgid is None and sid is None:
+        return []
+    exclude = exclude or set()
+    found = []
+    for p in psutil.process_iter(["pid", "name", "status"]):
+        pid = p.info["pid"]
+        if pid in exclude or pid == os.getpid() or p.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        try:
+            p_pgid = os.getpgid(pid)
+            p_sid = os.getsid(pid)
+        except OSError:
+            continue
+        if (pgid is not None and p_pgid == pgid) or (sid is not None and p_sid == sid):
+            found.append({"pid": pid, "name": p.info["name"], "pgid": p_pgid, "sid": p_sid})
+    return sorted(found, key=lambda d: d["pid"])
+
+
+@dataclass(frozen=True)
+class SelfTestResult:
+    """Outcome of :func:`self_test`: ``ok`` and the seconds it took to notice the death."""
+
+    ok: bool
+    detail: str
+    noticed_after_s: float | None
+
+
+def self_test(limit_s: float = 2.0) -> SelfTestResult:
+    """Playbook 4.8 "watchdog tested negative": start a throwaway process, confirm the watchdog reads
+    it alive, SIGKILL it, and confirm the watchdog reports it dead within ``limit_s`` seconds.
+
+    The throwaway is a child of this process and is reaped by a thread, as the supervisor reaps the
+    real run. Never raises; failures are in the result.
+    """
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(60)"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+    except OSError as e:
+        return SelfTestResult(False, f"could not start a throwaway process: {e}", None)
+    try:
+        ref = ProcessRef.of_pid(proc.pid)
+        if probe(ref) != "alive":
+            return SelfTestResult(False, f"watchdog read a live process (pid {proc.pid}) as not alive", None)
+        import threading
+
+        threading.Thread(target=proc.wait, daemon=True).start()
+        t0 = time.monotonic()
+        os.kill(proc.pid, signal.SIGKILL)
+        gone = wait_for_exit(ref, timeout_s=limit_s, poll_s=0.05)
+        dt = time.monotonic() - t0
+        if not gone:
+            return SelfTestResult(False, f"watchdog still read pid {proc.pid} alive {limit_s:.1f} s after SIGKILL", None)
+        return SelfTestResult(True, f"alive read alive; SIGKILL noticed after {dt * 1000:.1f} ms", dt)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()

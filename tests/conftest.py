@@ -1,0 +1,97 @@
+"""Shared test helpers: real git repos, the real CLI in a subprocess, waits with deadlines."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHARED = REPO_ROOT.parent / "shared"
+FIXTURES_REAL = SHARED / "fixtures" / "real"
+
+
+def wait_until(cond: Callable[[], object], timeout_s: float = 10.0, interval_s: float = 0.02, what: str = "condition"):
+    """Poll ``cond`` until it returns a truthy value; fail the test after ``timeout_s`` seconds."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        v = cond()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(interval_s)
+
+
+def git(repo: Path, *args: str) -> str:
+    """Run git in ``repo`` and return its stdout (raises on failure)."""
+    return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def make_repo(path: Path, files: dict[str, str] | None = None) -> Path:
+    """A real git repo with one commit holding ``files`` and a .gitignore for runs/."""
+    path.mkdir(parents=True, exist_ok=True)
+    git(path, "init", "-q", "-b", "main")
+    git(path, "config", "user.email", "test@example.com")
+    git(path, "config", "user.name", "test")
+    (path / ".gitignore").write_text("runs/\n")
+    for name, text in (files or {}).items():
+        p = path / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    git(path, "add", "-A")
+    git(path, "commit", "-q", "-m", "initial")
+    return path
+
+
+def stepwatch(*args: str, cwd: Path | None = None, timeout: float = 60, env: dict | None = None,
+              **kw) -> subprocess.CompletedProcess:
+    """Run the real ``stepwatch`` CLI (``python -m tui.cli``) and capture its output."""
+    e = dict(os.environ)
+    e.pop("STEPWATCH_RUNS_DIR", None)
+    if env:
+        e.update(env)
+    return subprocess.run([sys.executable, "-m", "tui.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env=e, stdin=subprocess.DEVNULL, **kw)
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """A clean git repo holding a few tiny scripts a run can execute."""
+    return make_repo(tmp_path / "harness", {
+        "ok.py": "print('hello from the run')\n",
+        "exit3.py": "import sys\nprint('about to fail')\nsys.exit(3)\n",
+        "tick.py": "import time\nfor i in range(600):\n    print(f'tick {i}', flush=True)\n    time.sleep(1)\n",
+        "crash.py": "print('step 1')\nraise RuntimeError('boom at step 2')\n",
+        "sleep.py": "import time\ntime.sleep(600)\n",
+    })
+
+
+@pytest.fixture(autouse=True)
+def _reap_runs(tmp_path: Path):
+    """After each test, SIGKILL every process group a run in tmp_path recorded and that still lives."""
+    yield
+    import json
+
+    from monitors.watchdog import ProcessRef, is_alive
+
+    for rj in tmp_path.rglob("run*.json"):
+        try:
+            run = json.loads(rj.read_text())
+        except (ValueError, OSError):
+            continue
+        if not isinstance(run, dict):
+            continue
+        for key in ("process", "supervisor"):
+            ref = ProcessRef.from_json(run.get(key))
+            if ref and is_alive(ref):
+                try:
+                    os.killpg(ref.pid, signal.SIGKILL) if key == "process" else os.kill(ref.pid, signal.SIGKILL)
+                except OSError:
+                    pass

@@ -1,0 +1,297 @@
+"""The ``stepwatch`` command line (argparse). Exit codes: 0 ok, 1 the checked thing failed (dirty
+tree, failed preflight, run failed), 2 usage error or a RUN that does not exist.
+
+Textual is imported only by the commands that open the app, so ``status``/``watch``/``stop`` start fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from launcher.config import ConfigError, config_from_flags, default_runs_dir, load_config
+from launcher.launch import LaunchRefused, LaunchResult, launch, live_attempt, relaunch_config
+from launcher.stop import StopError, request_stop
+from monitors.rundirs import RunNotFound, list_runs, resolve_run
+from monitors.status import RunObserver, snapshot
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def _err(msg: str) -> None:
+    print(f"stepwatch: {msg}", file=sys.stderr)
+
+
+def _runs_dir(args: argparse.Namespace) -> Path:
+    return Path(args.runs_dir).resolve() if getattr(args, "runs_dir", None) else default_runs_dir()
+
+
+def _print_launch(res: LaunchResult, verb: str) -> None:
+    for a, b in res.rotated:
+        print(f"rotated {a.name} -> {b.name}")
+    for w in res.warnings:
+        print(w, file=sys.stderr)
+    ident = res.run.get("identity") or {}
+    commit = (ident.get("harness_commit") or "none")[:12]
+    print(f"{verb} {res.run_dir.name} attempt {res.attempt}: pid {res.pid}, commit {commit}"
+          f"{' (dirty)' if ident.get('harness_dirty_at_launch') else ''}")
+    print(f"  run dir: {res.run_dir}")
+    print(f"  log:     {res.run_dir / 'train.log'}")
+    print(f"  watch:   stepwatch watch {res.run_dir} --plain")
+
+
+def _open_tui(run_dir: Path, args: argparse.Namespace) -> int:
+    try:
+        from tui.app import run_app  # noqa: PLC0415 - textual only when the app opens
+    except ImportError as e:
+        _err(f"the TUI is not available ({e}); the run goes on. Follow it with: stepwatch watch {run_dir} --plain")
+        return EXIT_OK
+    return run_app(run_dir=run_dir, runs_dir=run_dir.parent, low_bandwidth=getattr(args, "low_bandwidth", False))
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    cmd = list(getattr(args, "command", None) or [])
+    try:
+        if args.config and not cmd:
+            cfg = load_config(args.config, runs_dir_override=Path(args.runs_dir).resolve() if args.runs_dir else None)
+        elif args.config and cmd:
+            _err("give either CONFIG.toml or `-- CMD ARGS...`, not both")
+            return EXIT_USAGE
+        else:
+            cfg = config_from_flags(cmd, args.name, args.cwd, args.runs_dir, args.env)
+        res = launch(cfg, allow_dirty=args.allow_dirty)
+    except ConfigError as e:
+        _err(str(e))
+        return EXIT_USAGE
+    except LaunchRefused as e:
+        _err(str(e))
+        return EXIT_FAILED
+    _print_launch(res, "launched")
+    return EXIT_OK if args.no_tui else _open_tui(res.run_dir, args)
+
+
+def cmd_relaunch(args: argparse.Namespace) -> int:
+    try:
+        run_dir = resolve_run(args.run, _runs_dir(args))
+        live = live_attempt(run_dir)
+        if live:
+            _err(f"REFUSING: {run_dir.name} is still running ({live[0]} pid {live[1]}). Stop it first: stepwatch stop {run_dir}")
+            return EXIT_FAILED
+        cfg, changes = relaunch_config(run_dir)
+        if changes:
+            print("config changed since the last attempt:")
+            for c in changes:
+                print(f"  {c}")
+        else:
+            print("config unchanged since the last attempt")
+        res = launch(cfg, allow_dirty=args.allow_dirty)
+    except RunNotFound as e:
+        _err(str(e))
+        return EXIT_USAGE
+    except ConfigError as e:
+        _err(str(e))
+        return EXIT_USAGE
+    except LaunchRefused as e:
+        _err(str(e))
+        return EXIT_FAILED
+    _print_launch(res, "relaunched")
+    return EXIT_OK if args.no_tui else _open_tui(res.run_dir, args)
+
+
+def _describe_end(ex: dict | None) -> str:
+    if ex is None:
+        return "ended, status unknown (no exit.json)"
+    if ex.get("signal"):
+        return f"ended by {ex['signal']} after {ex.get('duration_s')} s"
+    return f"exited with code {ex.get('returncode')} after {ex.get('duration_s')} s"
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    try:
+        run_dir = resolve_run(args.run, _runs_dir(args))
+        out = request_stop(run_dir, grace_s=args.grace, reason=args.reason, wait=not args.no_wait)
+    except RunNotFound as e:
+        _err(str(e))
+        return EXIT_USAGE
+    except StopError as e:
+        _err(str(e))
+        return EXIT_FAILED
+    if out.already_ended:
+        print(f"{run_dir.name} already ended: {_describe_end(out.exit)}; nothing to stop")
+        return EXIT_OK
+    if not out.waited:
+        print(f"stop requested for {run_dir.name}; the supervisor sends SIGINT, then SIGTERM and SIGKILL "
+              f"after {args.grace:g} s each. Follow with: stepwatch watch {run_dir} --plain")
+        return EXIT_OK
+    sent = [s["signal"] for s in (out.stop or {}).get("signals", [])]
+    print(f"signals sent: {', '.join(sent) or 'none'}")
+    if out.exit is None:
+        _err(f"{run_dir.name} has not ended yet; the supervisor keeps escalating")
+        return EXIT_FAILED
+    print(f"{run_dir.name} {_describe_end(out.exit)}")
+    return EXIT_OK
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    runs_dir = _runs_dir(args)
+    runs = list_runs(runs_dir)
+    if not runs:
+        print(f"no runs under {runs_dir}")
+        return EXIT_OK
+    print(f"{'NAME':24} {'ATT':>3} {'STATE':9} {'PID':>8} {'STARTED':24} EXIT")
+    for d in runs:
+        s = snapshot(d)
+        end = s["signal"] or ("" if s["returncode"] is None else f"code {s['returncode']}")
+        print(f"{s['run'][:24]:24} {s['attempt'] or '-':>3} {s['state']:9} {s['pid'] or '-':>8} {_launched_at(d) or '-':24} {end}")
+    return EXIT_OK
+
+
+def _launched_at(run_dir: Path) -> str | None:
+    from monitors.runfiles import RUN_JSON, read_json  # noqa: PLC0415
+
+    return (read_json(run_dir / RUN_JSON) or {}).get("launched_at")
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    try:
+        run_dir = resolve_run(args.run, _runs_dir(args)) if args.run else _newest(args)
+    except RunNotFound as e:
+        _err(str(e))
+        return EXIT_USAGE
+    snap = RunObserver(run_dir).refresh()
+    if args.json:
+        print(json.dumps(snap, indent=2, default=str))
+    else:
+        from monitors.narrate import status_lines  # noqa: PLC0415
+
+        print("\n".join(status_lines(snap)))
+    return EXIT_OK
+
+
+def _newest(args: argparse.Namespace) -> Path:
+    runs = list_runs(_runs_dir(args))
+    if not runs:
+        raise RunNotFound(f"no runs under {_runs_dir(args)}; name one: stepwatch status RUN")
+    for d in runs:
+        if live_attempt(d):
+            return d
+    return runs[0]
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    try:
+        run_dir = resolve_run(args.run, _runs_dir(args))
+    except RunNotFound as e:
+        _err(str(e))
+        return EXIT_USAGE
+    from monitors.narrate import watch  # noqa: PLC0415
+
+    return watch(run_dir, as_json=args.json, every_n_steps=args.every)
+
+
+def cmd_attach(args: argparse.Namespace) -> int:
+    try:
+        run_dir = resolve_run(args.run, _runs_dir(args)) if args.run else _newest(args)
+    except RunNotFound as e:
+        _err(str(e))
+        return EXIT_USAGE
+    return _open_tui(run_dir, args)
+
+
+def cmd_home(args: argparse.Namespace) -> int:
+    try:
+        from tui.app import run_app  # noqa: PLC0415
+    except ImportError as e:
+        _err(f"the TUI is not available ({e}); try: stepwatch runs")
+        return EXIT_FAILED
+    return run_app(run_dir=None, runs_dir=_runs_dir(args), low_bandwidth=args.low_bandwidth)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse tree of every stepwatch command (DESIGN.md section 7)."""
+    p = argparse.ArgumentParser(prog="stepwatch", description="Launch long training runs and watch them honestly.")
+    p.add_argument("--runs-dir", help="where runs live (default ./runs, or $STEPWATCH_RUNS_DIR)")
+    p.add_argument("--low-bandwidth", action="store_true", help="TUI: slow-link mode")
+    p.set_defaults(func=cmd_home)
+    sub = p.add_subparsers(dest="cmd")
+
+    def common(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--runs-dir", default=argparse.SUPPRESS, help="where runs live (default ./runs)")
+
+    sp = sub.add_parser("launch", help="preflight, then start a run (CONFIG.toml or -- CMD ARGS...)")
+    common(sp)
+    sp.add_argument("config", nargs="?", help="run config (TOML)")
+    sp.add_argument("--name", help="run name (flags form; default: the script's name)")
+    sp.add_argument("--cwd", help="working directory of the run (flags form; default .)")
+    sp.add_argument("--env", action="append", metavar="KEY=VALUE", help="extra environment variable (repeatable)")
+    sp.add_argument("--allow-dirty", metavar="REASON", help="launch from a dirty tree; REASON is recorded")
+    sp.add_argument("--no-tui", action="store_true", help="start and return; do not open the TUI")
+    sp.add_argument("--low-bandwidth", action="store_true", help=argparse.SUPPRESS)
+    sp.set_defaults(func=cmd_launch)
+
+    sp = sub.add_parser("relaunch", help="rotate the logs and start the same config again")
+    common(sp)
+    sp.add_argument("run", help="run directory or name under --runs-dir")
+    sp.add_argument("--allow-dirty", metavar="REASON")
+    sp.add_argument("--no-tui", action="store_true")
+    sp.add_argument("--low-bandwidth", action="store_true", help=argparse.SUPPRESS)
+    sp.set_defaults(func=cmd_relaunch)
+
+    sp = sub.add_parser("stop", help="stop a run: SIGINT, then SIGTERM, then SIGKILL (by the supervisor)")
+    common(sp)
+    sp.add_argument("run")
+    sp.add_argument("--grace", type=float, default=30.0, metavar="SECONDS", help="seconds between signals (default 30)")
+    sp.add_argument("--reason", help="recorded in stop.json")
+    sp.add_argument("--no-wait", action="store_true", help="return once the request is delivered")
+    sp.set_defaults(func=cmd_stop)
+
+    sp = sub.add_parser("runs", help="one line per run under the runs dir")
+    common(sp)
+    sp.set_defaults(func=cmd_runs)
+
+    sp = sub.add_parser("status", help="one snapshot of a run, from its files")
+    common(sp)
+    sp.add_argument("run", nargs="?")
+    sp.add_argument("--json", action="store_true")
+    sp.set_defaults(func=cmd_status)
+
+    sp = sub.add_parser("watch", help="headless: one line per event/alert; exit code = the run's outcome")
+    common(sp)
+    sp.add_argument("run")
+    sp.add_argument("--plain", action="store_true", help="plain lines (the default)")
+    sp.add_argument("--json", action="store_true", help="one JSON object per line instead")
+    sp.add_argument("--every", type=int, default=10, metavar="N", help="print the summary every N steps")
+    sp.set_defaults(func=cmd_watch)
+
+    sp = sub.add_parser("attach", help="open the TUI on an existing run (default: the newest live one)")
+    common(sp)
+    sp.add_argument("run", nargs="?")
+    sp.add_argument("--low-bandwidth", action="store_true", help=argparse.SUPPRESS)
+    sp.set_defaults(func=cmd_attach)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console-script entry point. Returns the exit code."""
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command: list[str] = []
+    if "--" in argv:  # `stepwatch launch [flags] -- CMD ARGS...`: everything after -- is the run's argv
+        i = argv.index("--")
+        argv, command = argv[:i], argv[i + 1:]
+    args = parser.parse_args(argv)
+    if command and args.cmd != "launch":
+        parser.error("`-- CMD ARGS...` is only for `stepwatch launch`")
+    args.command = command
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

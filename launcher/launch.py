@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from launcher.config import ConfigError, RunConfig, config_to_json, diff_configs, load_config, resolve_executable
-from launcher.identity import TreeState, gate_message, read_tree, untracked_warning
+from launcher.identity import gate_message, read_tree, untracked_warning
+from launcher.preflight import Checklist, run_checklist
 from launcher.rotate import plan_rotation, rotate
 from monitors.runfiles import (
     ENV_ATTEMPT, ENV_RUN_DIR, EXIT_JSON, RUN_JSON, SCHEMA_VERSION, SUPERVISOR_LOG, read_json, utc_iso,
@@ -63,27 +64,18 @@ def live_attempt(run_dir: Path) -> tuple[str, int] | None:
     return None
 
 
-def _preflight_record(tree: TreeState, allow_dirty_reason: str | None) -> dict[str, Any]:
-    if tree.clean:
-        status, reason = "pass", "no tracked modification, nothing staged"
-    else:
-        status = "fail"
-        reason = tree.error or f"{len(tree.modified)} modified, {len(tree.staged)} staged"
-    return {"items": [{"id": "clean_tree", "title": "working tree committed", "status": status,
-                       "reason": reason, "overridden": status == "fail" and allow_dirty_reason is not None}],
-            "override_reason": None, "failed": [] if status == "pass" else ["clean_tree"]}
-
-
-def launch(cfg: RunConfig, allow_dirty: str | None = None, preflight: dict[str, Any] | None = None,
-           wait_s: float = SUPERVISOR_START_TIMEOUT_S) -> LaunchResult:
+def launch(cfg: RunConfig, allow_dirty: str | None = None, override: str | None = None,
+           checklist: Checklist | None = None, wait_s: float = SUPERVISOR_START_TIMEOUT_S) -> LaunchResult:
     """Start one attempt of ``cfg``.
 
-    Raises ConfigError (bad command) or LaunchRefused (dirty tree without ``allow_dirty``, run alive,
-    supervisor that did not come up). Nothing is started and no file is written when it refuses.
-    ``preflight`` is a full checklist result to record instead of the clean-tree item alone.
+    Runs the pre-launch checklist (or records ``checklist`` when the caller already ran it). A failing
+    clean-tree item needs ``allow_dirty`` (a reason); any other failing item needs ``override``.
+    Raises ConfigError (bad command or cwd) or LaunchRefused (a failed check without its override, run
+    alive, supervisor that did not come up). Nothing is started and no file is written when it refuses.
     """
-    if allow_dirty is not None and not allow_dirty.strip():
-        raise LaunchRefused("--allow-dirty needs a non-empty REASON; it is recorded in run.json")
+    for flag, val in (("--allow-dirty", allow_dirty), ("--override", override)):
+        if val is not None and not val.strip():
+            raise LaunchRefused(f"{flag} needs a non-empty REASON; it is recorded in run.json")
     exe = resolve_executable(cfg)
     if not cfg.cwd.is_dir():
         raise ConfigError(f"cwd does not exist or is not a directory: {cfg.cwd}")
@@ -97,6 +89,12 @@ def launch(cfg: RunConfig, allow_dirty: str | None = None, preflight: dict[str, 
         raise LaunchRefused(
             f"REFUSING: run {cfg.name!r} is still running ({what} pid {pid} is alive, create_time matches). "
             f"Stop it first: stepwatch stop {run_dir}")
+    checklist = checklist or run_checklist(cfg, tree)
+    others = [i for i in checklist.items if i.status == "fail" and i.id != "clean_tree"]
+    if others and override is None:
+        raise LaunchRefused("REFUSING: the pre-launch checklist failed:\n" + "\n".join(
+            f"  [FAIL] {i.title}: {i.reason}" for i in others)
+            + "\nFix them, or launch with --override \"REASON\" (recorded in run.json beside the failed items).")
     warnings = [w for w in [untracked_warning(tree)] if w]
     if allow_dirty is not None and not tree.clean:
         warnings.append(f"launching from a dirty tree, as allowed: {allow_dirty}")
@@ -126,7 +124,7 @@ def launch(cfg: RunConfig, allow_dirty: str | None = None, preflight: dict[str, 
         "launched_at": utc_iso(t),
         "launched_at_unix": t,
         "identity": tree.identity,
-        "preflight": preflight if preflight is not None else _preflight_record(tree, allow_dirty),
+        "preflight": checklist.to_json(override_reason=override, allow_dirty_reason=allow_dirty),
         "allow_dirty_reason": allow_dirty,
         "rotated_previous": [[str(a.name), str(b.name)] for a, b in rotated],
         "launched_by": {"pid": os.getpid(), "user": _user()},

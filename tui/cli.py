@@ -14,6 +14,7 @@ from pathlib import Path
 from launcher.config import ConfigError, config_from_flags, default_runs_dir, load_config
 from launcher.launch import LaunchRefused, LaunchResult, launch, live_attempt, relaunch_config
 from launcher.stop import StopError, request_stop
+from launcher.preflight import format_checklist, format_checklist_json, run_checklist
 from monitors.rundirs import RunNotFound, list_runs, resolve_run
 from monitors.status import RunObserver, snapshot
 
@@ -29,6 +30,8 @@ def _runs_dir(args: argparse.Namespace) -> Path:
 
 
 def _print_launch(res: LaunchResult, verb: str) -> None:
+    for line in format_checklist_json(res.run.get("preflight") or {}):
+        print(line)
     for a, b in res.rotated:
         print(f"rotated {a.name} -> {b.name}")
     for w in res.warnings:
@@ -61,7 +64,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
             return EXIT_USAGE
         else:
             cfg = config_from_flags(cmd, args.name, args.cwd, args.runs_dir, args.env)
-        res = launch(cfg, allow_dirty=args.allow_dirty)
+        res = launch(cfg, allow_dirty=args.allow_dirty, override=args.override)
     except ConfigError as e:
         _err(str(e))
         return EXIT_USAGE
@@ -86,7 +89,7 @@ def cmd_relaunch(args: argparse.Namespace) -> int:
                 print(f"  {c}")
         else:
             print("config unchanged since the last attempt")
-        res = launch(cfg, allow_dirty=args.allow_dirty)
+        res = launch(cfg, allow_dirty=args.allow_dirty, override=args.override)
     except RunNotFound as e:
         _err(str(e))
         return EXIT_USAGE
@@ -132,6 +135,20 @@ def cmd_stop(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     print(f"{run_dir.name} {_describe_end(out.exit)}")
     return EXIT_OK
+
+
+def cmd_preflight(args: argparse.Namespace) -> int:
+    try:
+        cfg = load_config(args.config, runs_dir_override=Path(args.runs_dir).resolve() if getattr(args, "runs_dir", None) else None)
+    except ConfigError as e:
+        _err(str(e))
+        return EXIT_USAGE
+    cl = run_checklist(cfg)
+    if args.json:
+        print(json.dumps(cl.to_json(), indent=2))
+    else:
+        print("\n".join(format_checklist(cl)))
+    return EXIT_FAILED if cl.failed else EXIT_OK
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
@@ -227,6 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--cwd", help="working directory of the run (flags form; default .)")
     sp.add_argument("--env", action="append", metavar="KEY=VALUE", help="extra environment variable (repeatable)")
     sp.add_argument("--allow-dirty", metavar="REASON", help="launch from a dirty tree; REASON is recorded")
+    sp.add_argument("--override", metavar="REASON", help="launch although checklist items failed; REASON is recorded")
     sp.add_argument("--no-tui", action="store_true", help="start and return; do not open the TUI")
     sp.add_argument("--low-bandwidth", action="store_true", help=argparse.SUPPRESS)
     sp.set_defaults(func=cmd_launch)
@@ -235,6 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     common(sp)
     sp.add_argument("run", help="run directory or name under --runs-dir")
     sp.add_argument("--allow-dirty", metavar="REASON")
+    sp.add_argument("--override", metavar="REASON")
     sp.add_argument("--no-tui", action="store_true")
     sp.add_argument("--low-bandwidth", action="store_true", help=argparse.SUPPRESS)
     sp.set_defaults(func=cmd_relaunch)
@@ -246,6 +265,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--reason", help="recorded in stop.json")
     sp.add_argument("--no-wait", action="store_true", help="return once the request is delivered")
     sp.set_defaults(func=cmd_stop)
+
+    sp = sub.add_parser("preflight", help="the pre-launch checklist alone (exit 1 when an item fails)")
+    common(sp)
+    sp.add_argument("config")
+    sp.add_argument("--json", action="store_true")
+    sp.set_defaults(func=cmd_preflight)
 
     sp = sub.add_parser("runs", help="one line per run under the runs dir")
     common(sp)

@@ -1,0 +1,133 @@
+"""The pre-launch checklist (issue 7, playbook 4.8): each gate fires on bad input and passes good input."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import git, make_repo, stepwatch
+from launcher.config import load_config
+from launcher.preflight import (
+    check_config, check_provenance, check_test_suite, check_training_arguments, check_watchdog, run_checklist,
+)
+
+
+def write_cfg(repo: Path, body: str, command: str = '"train.py"') -> Path:
+    cfg = repo / "run.toml"
+    cfg.write_text(f'name = "pf"\ncommand = ["{sys.executable}", {command}]\n{body}')
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "config")
+    return cfg
+
+
+@pytest.fixture
+def harness(tmp_path: Path) -> Path:
+    return make_repo(tmp_path / "h", {"train.py": "from monitors.telemetry import StepTelemetry\nprint('train')\n"})
+
+
+def test_test_command_that_runs_no_tests_fails(harness: Path):
+    cfg = load_config(write_cfg(harness, f'[preflight]\ntest_command = ["{sys.executable}", "-m", "pytest", "-q", "tests_none"]\n'))
+    (harness / "tests_none").mkdir()
+    item = check_test_suite(cfg)
+    assert item.status == "fail"
+    assert "ran no tests" in item.reason and item.detail["returncode"] == 5
+
+
+def test_green_test_suite_passes_and_red_one_fails(harness: Path):
+    (harness / "test_ok.py").write_text("def test_one():\n    assert 1 + 1 == 2\n")
+    cfg = load_config(write_cfg(harness, f'[preflight]\ntest_command = ["{sys.executable}", "-m", "pytest", "-q", "test_ok.py"]\n'))
+    item = check_test_suite(cfg)
+    assert item.status == "pass", item.reason
+    assert "1 passed" in item.reason
+    (harness / "test_ok.py").write_text("def test_one():\n    assert 1 + 1 == 3\n")
+    item = check_test_suite(cfg)
+    assert item.status == "fail" and "1 failed" in item.reason and item.detail["returncode"] == 1
+
+
+def test_missing_test_runner_fails(harness: Path):
+    cfg = load_config(write_cfg(harness, '[preflight]\ntest_command = ["no-such-test-runner"]\n'))
+    assert check_test_suite(cfg).status == "fail"
+
+
+def test_training_argument_unknown_to_the_installed_library_fails_by_name(harness: Path):
+    cfg = load_config(write_cfg(harness, '[preflight.training_arguments]\nlearning_rate = 2e-5\nwarmup_ratio = 0.03\n'))
+    item = check_training_arguments(cfg)
+    assert item.status == "fail"
+    assert "warmup_ratio" in item.reason and "learning_rate" not in item.detail["unknown"]
+    assert "warmup_steps" in item.detail["unknown"]["warmup_ratio"]  # the closest accepted name
+
+
+def test_correct_training_arguments_pass(harness: Path):
+    cfg = load_config(write_cfg(harness, '[preflight.training_arguments]\nlearning_rate = 2e-5\nwarmup_steps = 10\n'
+                                         'per_device_train_batch_size = 4\n'))
+    item = check_training_arguments(cfg)
+    assert item.status == "pass", item.reason
+    assert item.detail["python"] == sys.executable
+
+
+def test_training_arguments_checked_in_the_jobs_own_interpreter(harness: Path, tmp_path: Path):
+    # An interpreter without transformers: the check must say so, not read our own environment.
+    fake = tmp_path / "python3"
+    fake.write_text("#!/bin/sh\nexec " + sys.executable + " -S -c 'import json; print(json.dumps({\"error\": \"ModuleNotFoundError: transformers\"}))'\n")
+    fake.chmod(0o755)
+    cfg = load_config(write_cfg(harness, f'[preflight]\npython = "{fake}"\n[preflight.training_arguments]\nlearning_rate = 1e-4\n'))
+    item = check_training_arguments(cfg)
+    assert item.status == "fail" and "cannot import transformers" in item.reason
+
+
+def test_config_check_fails_on_missing_command_and_tiny_disk(harness: Path):
+    cfg = load_config(write_cfg(harness, "[preflight]\nmin_free_bytes = 1\n"))
+    assert check_config(cfg).status == "pass"
+    cfg.preflight["min_free_bytes"] = 1 << 60
+    item = check_config(cfg)
+    assert item.status == "fail" and "GiB free" in item.reason
+    cfg.preflight["min_free_bytes"] = 1
+    cfg.command = ["definitely-not-a-program"]
+    assert "command not found" in check_config(cfg).reason
+
+
+def test_provenance_heuristic_warns_without_the_emitter(harness: Path):
+    cfg = load_config(write_cfg(harness, ""))
+    assert check_provenance(cfg).status == "pass"
+    (harness / "plain.py").write_text("print('no telemetry here')\n")
+    cfg.command = [sys.executable, "plain.py"]
+    item = check_provenance(cfg)
+    assert item.status == "warn" and "heuristic" in item.reason
+
+
+def test_watchdog_item_passes_on_a_working_watchdog(monkeypatch):
+    assert check_watchdog().status == "pass"
+    import monitors.watchdog as wd
+
+    monkeypatch.setattr(wd, "probe", lambda ref: "alive")  # a watchdog that can only say "alive"
+    item = check_watchdog()
+    assert item.status == "fail"
+
+
+def test_preflight_cli_exit_codes_and_launch_refusal(harness: Path):
+    cfg = write_cfg(harness, '[preflight.training_arguments]\nwarmup_ratio = 0.1\n')
+    r = stepwatch("preflight", str(cfg), cwd=harness)
+    assert r.returncode == 1 and "[FAIL] arguments checked by name" in r.stdout and "warmup_ratio" in r.stdout
+    r = stepwatch("launch", "--no-tui", str(cfg), cwd=harness)
+    assert r.returncode == 1 and "--override" in r.stderr
+    assert not (harness / "runs" / "pf" / "run.json").exists()
+    r = stepwatch("launch", "--no-tui", str(cfg), "--override", "converting the ratio at the call site", cwd=harness)
+    assert r.returncode == 0, r.stderr
+    rec = json.loads((harness / "runs" / "pf" / "run.json").read_text())["preflight"]
+    assert rec["failed"] == ["training_arguments"] and rec["override_reason"] == "converting the ratio at the call site"
+    item = next(i for i in rec["items"] if i["id"] == "training_arguments")
+    assert item["overridden"] is True
+    assert {i["id"] for i in rec["items"]} == {"clean_tree", "test_suite", "training_arguments", "config", "watchdog",
+                                                 "log_rotation", "provenance"}
+
+
+def test_good_checklist_passes_with_exit_0(harness: Path):
+    cfg = write_cfg(harness, '[preflight.training_arguments]\nwarmup_steps = 5\n')
+    r = stepwatch("preflight", str(cfg), cwd=harness)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "[FAIL]" not in r.stdout
+    cl = run_checklist(load_config(cfg))
+    assert cl.failed == []

@@ -1,0 +1,712 @@
+"""Pure detectors over step times: the eager-fallback detector and the stall detector.
+
+DESIGN.md section 5, playbook 4.3 and 4.6. No I/O, no clock reads, no UI imports: the status
+snapshot, the TUI and a future headless alerting process run them unchanged. Time is always
+passed in.
+
+Fallback detector — the numbers and where they come from
+========================================================
+
+A compiled run sits at p50 ~20 s per optimizer step; one that silently fell back to eager sits at
+~400 s (playbook 4.3: "roughly 20x the cost"). The real compiled run's own jitter, first step
+included, is max/p50 = 45.79/19.75 = 2.32 (playbook 4.3, 1,445 steps). The trip point sits far
+outside the jitter and far below the fallback (playbook 4.6.3.1):
+
+* A step's **score** is ``dt / expected``. ``expected`` is the run's OWN baseline:
+
+  - without token counts: the median of the last ``BASELINE_WINDOW`` (200) accepted steady steps;
+  - with ``padded_tokens`` (or ``tokens`` when padded is null) — "width" ``w``: the median, over the
+    ``NEIGHBORS`` (9) accepted steps nearest in log-width, of ``dt_i * max(1, w / w_i) ** 2``.
+    That is an *upper bound* of t(w) from each neighbour for any t(w) = C + A*w + B*w^2 with
+    non-negative terms (playbook 1): t never falls with width and grows at most quadratically.
+    A tightly bucketed run spanning 10x in width and 20x in s/step therefore scores ~1, never above
+    its jitter, while a 20x fallback still scores ~20 (its neighbours are close in width).
+
+* **Trip point** (``trip_ratio``), in units of the expected time:
+  ``max(TRIP_RATIO_MIN, 1 + SPREAD_MULT * sigma)``, where sigma = IQR/1.349 of the scores of the last
+  200 accepted steps (a robust sigma: insensitive to the tail, so the trip cannot ratchet itself up
+  on slow steps). ``TRIP_RATIO_MIN = 6``: 2.6x above the real jitter's 2.32 and 3.3x below the
+  fallback's ~20 (about their geometric mean, 6.8, rounded down). Measured on the seeded controls
+  (bench/detector_controls.py): the slowest accepted step of every negative scores <= 2.61 (margin
+  >= 2.3x to the trip); every eager step of the positives scores >= ~12 (2x above it).
+  ``SPREAD_MULT = 10`` only matters for a run far noisier than the real one (sigma > 0.5; the real
+  run's sigma is ~0.17): there the trip widens instead of flagging the run's own tail.
+
+* **Warm-up**: with torch.compile the first tens to hundreds of steps can run far slower. A step is
+  in band when it ran <= ``STEADY_BAND`` (3x) the median (or width-aware expectation) of the 20
+  steps before it. The run is ``warming`` until a run of consecutive in-band steps is at least
+  ``STEADY_RUN`` (20) long AND at least half as long as the warm-up so far (20 lucky narrow batches
+  in a run that is inherently 20x wide are not a steady state; such a run, seen without token
+  counts, may stay ``warming`` — unjudged — and the reason says why). No step is judged while
+  warming. At steady state the baseline starts from that run, less its leading steps above 3x.
+  Because a slow warm-up plateau can pass for steady, when all of the last 20 accepted steps ran
+  under half the baseline level (per padded token when widths are known), the warm-up is re-opened
+  after the fact: the baseline restarts from those 20 steps and ``until_step`` moves. ``until_step``
+  is the last warm-up step that ran > 3x the steady level, else the last ``first`` step seen, else
+  None.
+
+* **States**: ``ok`` -> ``suspected`` at the first unexplained slow step -> ``flagged`` once slow
+  steps form a second mode: at least ``FLAG_MIN_SLOW`` (3) of the last ``FLAG_WINDOW`` (40) judged
+  steps are slow, AND fewer judged steps in that window fall in the valley between the bulk and the
+  trip (scores in (trip/``VALLEY_DIV``, trip], VALLEY_DIV = 2) than are slow — a mode is separated
+  from the bulk by a valley, a heavy tail is not. A full fallback (every step slow) flags on its 3rd
+  slow step (2 after the onset); a partial fallback of 10 / 15 / 20 % slow steps collects 3 within
+  40 steps of its onset with probability 0.91 / 0.986 / 0.998 (binomial; the bench measures it over
+  seeds). ``suspected`` returns to ``ok`` when the 40-step window holds no slow step. ``flagged``
+  stays for the attempt (feed a new detector per attempt). Windows count judged steps, not
+  global_step differences: step numbers may start anywhere (a resume) and jump.
+
+* Steps flagged ``first`` / ``save`` / ``eval`` / ``recompile`` are scored for display
+  (``details()["excused_steps"]``) but never count, never enter the baseline and never move the
+  state. Slow steps never enter the baseline either, so a fallback cannot become the new normal.
+
+Known blind spots (the dynamo log and counters cover them, DESIGN.md section 5 "Dynamo"): a run that
+is eager from its first steady step has an eager baseline; on a CPU the fallback does not show in
+step times at all (fixtures/real/dynamo_step_times.csv); steps seen only through the log tailer carry
+no ``recompile`` / ``save`` flags, so there a recompile storm or frequent saves after warm-up can look
+like a partial fallback; a variable-width run without token counts may never leave ``warming``.
+
+Feed one rank's steps (rank 0 speaks for the run, DESIGN.md section 4).
+
+Stall detector
+==============
+
+:func:`stall_state`: the step in progress has run longer than
+``max(STALL_FACTOR * p99, STALL_FLOOR_S)`` = ``max(10 * p99, 3 s)`` with at least
+``STALL_MIN_STEPS`` (5) counted steps and no save/eval phase open. 10x p99: the real run's slowest
+step, the compile, is 1.5x its p99 (45.79 / 30.52), so 10x is far outside the jitter. The 3 s floor
+keeps a run of 0.05 s steps from reading stalled on a GC pause, yet a run that emitted 20 fast steps
+and hangs reads ``stalled`` 3 s later. A first eager step of a fallback (~20x p50, ~13x p99) reads
+stalled while it runs; once it ends the fallback detector takes over.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from sortedcontainers import SortedList
+
+from monitors.stepstats import nearest_rank
+
+# --------------------------------------------------------------------------- fallback constants
+#: Minimum trip point, x the expected time. Real jitter max/p50 = 2.32; a fallback ~20 (playbook 4.3).
+TRIP_RATIO_MIN = 6.0
+#: Trip widening for noisy runs: trip >= 1 + SPREAD_MULT * sigma (sigma = IQR/1.349 of scores).
+SPREAD_MULT = 10.0
+#: Accepted steady steps the baseline and the score spread are taken over.
+BASELINE_WINDOW = 200
+#: Neighbours (nearest in log padded width) the width-aware expected time is the median of.
+NEIGHBORS = 9
+#: Consecutive in-band steps that end the warm-up (and at least half as many as the warm-up so far).
+STEADY_RUN = 20
+#: A warm-up step is one that ran more than this x the (eventual) steady level.
+STEADY_BAND = 3.0
+#: A sustained level this many times lower than at steady state re-opens the warm-up.
+DROP_FACTOR = 2.0
+#: Judged steps the second-mode test looks at, and the slow steps it needs among them.
+FLAG_WINDOW = 40
+FLAG_MIN_SLOW = 3
+#: The valley below the trip: judged steps scoring in (trip / VALLEY_DIV, trip]. A second mode
+#: needs fewer valley steps than slow steps in the flag window (a mode is separated by a valley).
+VALLEY_DIV = 2.0
+#: Flags whose steps are shown but never count (DESIGN.md section 4), in the order they are named.
+EXEMPT_FLAGS = ("first", "recompile", "save", "eval")
+#: How many slow / excused step numbers are kept for display.
+KEEP_STEPS = 1000
+
+# --------------------------------------------------------------------------- stall constants
+STALL_FACTOR = 10.0
+STALL_FLOOR_S = 3.0
+STALL_MIN_STEPS = 5
+
+OK, SUSPECTED, FLAGGED = "ok", "suspected", "flagged"
+WARMING, STEADY = "warming", "steady"
+STALLED = "stalled"
+
+
+def _width(tokens: Any, padded_tokens: Any) -> float | None:
+    for v in (padded_tokens, tokens):
+        if v is None or isinstance(v, bool):
+            continue
+        try:
+            f = float(v)
+        except (TypeError, ValueError):
+            continue
+        if math.isfinite(f) and f > 0:
+            return f
+    return None
+
+
+def _dt(dt_s: Any) -> float:
+    try:
+        dt = float(dt_s)
+    except (TypeError, ValueError):
+        raise ValueError(f"step duration must be a number of seconds, got {dt_s!r}") from None
+    if not math.isfinite(dt) or dt < 0:
+        raise ValueError(f"step duration must be finite and >= 0 seconds, got {dt_s!r}")
+    return dt
+
+
+def _ratio(dt: float, expected: float | None) -> float:
+    """dt / expected; a 0 s expectation makes any positive dt infinitely slow and 0 s a 1."""
+    if expected is None:
+        return 1.0
+    if expected > 0:
+        return dt / expected
+    return math.inf if dt > 0 else 1.0
+
+
+def _median(values: Iterable[float]) -> float:
+    return nearest_rank(sorted(values), 50)
+
+
+class _Baseline:
+    """Recent accepted steps: the median step time, and width-aware expected times.
+
+    Holds at most ``maxlen`` steps, (dt seconds, width tokens or None). O(log n) add/evict,
+    O(log n + NEIGHBORS) expected().
+    """
+
+    def __init__(self, maxlen: int) -> None:
+        self.maxlen = maxlen
+        self._q: deque[tuple[int, float, float | None]] = deque()
+        self._dts: SortedList = SortedList()
+        self._by_width: SortedList = SortedList()  # (log w, seq, dt, w)
+        self._per_token: SortedList = SortedList()  # dt / w
+        self._seq = 0
+
+    def __len__(self) -> int:
+        return len(self._q)
+
+    @property
+    def n_width(self) -> int:
+        return len(self._by_width)
+
+    def add(self, dt: float, w: float | None) -> None:
+        self._seq += 1
+        self._q.append((self._seq, dt, w))
+        self._dts.add(dt)
+        if w is not None:
+            self._by_width.add((math.log(w), self._seq, dt, w))
+            self._per_token.add(dt / w)
+        if len(self._q) > self.maxlen:
+            seq, odt, ow = self._q.popleft()
+            self._dts.remove(odt)
+            if ow is not None:
+                self._by_width.remove((math.log(ow), seq, odt, ow))
+                self._per_token.remove(odt / ow)
+
+    def median_s(self) -> float | None:
+        return nearest_rank(self._dts, 50) if self._dts else None
+
+    def level(self) -> float | None:
+        """Median per padded token when every step has a width, else median seconds per step."""
+        if not self._q:
+            return None
+        if len(self._by_width) == len(self._q):
+            return nearest_rank(self._per_token, 50)
+        return nearest_rank(self._dts, 50)
+
+    def expected(self, w: float | None) -> tuple[float | None, str]:
+        """Expected seconds for a step of width ``w`` and the mode used ("width" or "median")."""
+        if w is not None and len(self._by_width) >= min(NEIGHBORS, max(3, len(self._q))):
+            bw = self._by_width
+            lw = math.log(w)
+            i = bw.bisect_left((lw,))
+            around = list(bw.islice(max(0, i - NEIGHBORS), min(len(bw), i + NEIGHBORS)))
+            around.sort(key=lambda e: abs(e[0] - lw))
+            picked = [dt_i * max(1.0, w / w_i) ** 2 for _, _, dt_i, w_i in around[:NEIGHBORS]]
+            return _median(picked), "width"
+        m = self.median_s()
+        return m, "median"
+
+
+@dataclass(frozen=True, slots=True)
+class StepVerdict:
+    """How one step was judged.
+
+    ``score`` = dt / expected (None while there is nothing to compare with); ``trip_ratio`` the trip
+    in x-expected units when the step was judged; ``slow`` True only for a judged (counted, steady)
+    step above the trip; ``excused`` the flag that excused it ("first", "recompile", "save", "eval"),
+    "warming" during warm-up, or None; ``state`` the detector state after this step.
+    """
+
+    step: int | None
+    dt_s: float
+    expected_s: float | None
+    score: float | None
+    trip_ratio: float | None
+    slow: bool
+    excused: str | None
+    state: str
+
+
+@dataclass(slots=True)
+class _Slow:
+    step: int | None
+    dt_s: float
+    expected_s: float
+    score: float
+
+
+class FallbackDetector:
+    """Eager-fallback detector over one attempt's steps, fed in order (see the module docstring).
+
+    Feed one rank's steps in order (rank 0 speaks for the run), one detector per attempt, with
+    :meth:`update` (an ``events.jsonl`` step record) or :meth:`add`. Each returns a
+    :class:`StepVerdict` the screen can use to mark the step. Read
+    :meth:`snapshot` (the status JSON's ``fallback`` object), :meth:`warmup` (its ``warmup``
+    object) and :meth:`details` (numbers for the screen and the bench). Constructor arguments
+    override the module constants (tests and the bench use them; callers should not need to).
+    """
+
+    def __init__(
+        self,
+        *,
+        trip_ratio_min: float = TRIP_RATIO_MIN,
+        spread_mult: float = SPREAD_MULT,
+        baseline_window: int = BASELINE_WINDOW,
+        steady_run: int = STEADY_RUN,
+        steady_band: float = STEADY_BAND,
+        drop_factor: float = DROP_FACTOR,
+        flag_window: int = FLAG_WINDOW,
+        flag_min_slow: int = FLAG_MIN_SLOW,
+        valley_div: float = VALLEY_DIV,
+    ) -> None:
+        if trip_ratio_min <= 1 or steady_band <= 1 or drop_factor <= 1:
+            raise ValueError("trip_ratio_min, steady_band and drop_factor must be > 1")
+        if min(baseline_window, steady_run, flag_window, flag_min_slow) < 1:
+            raise ValueError("windows and counts must be >= 1")
+        self.trip_ratio_min = float(trip_ratio_min)
+        self.spread_mult = float(spread_mult)
+        self.baseline_window = int(baseline_window)
+        self.steady_run = int(steady_run)
+        self.steady_band = float(steady_band)
+        self.drop_factor = float(drop_factor)
+        self.flag_window = int(flag_window)
+        self.flag_min_slow = int(flag_min_slow)
+        self.valley_div = float(valley_div)
+        self._valley = 0
+
+        self._state = OK
+        self._steady = False
+        self._until_step: int | None = None
+        self._last_first_step: int | None = None
+        # warm-up: the last steady_run counted steps, and the current run of in-band steps
+        self._warm = _Baseline(self.steady_run)
+        self._run = 0
+        self._warm_count = 0
+        self._warm_breaks = 0
+        # counted, non-excused steps: (step, dt, w, tag) with tag "w" warming, "a" accepted, "s" slow
+        self._history: deque[tuple[int | None, float, float | None, str]] = deque(maxlen=4096)
+        # steady state
+        self._base = _Baseline(self.baseline_window)
+        self._scores: SortedList = SortedList()
+        self._scores_q: deque[float] = deque()
+        self._short: deque[tuple[float, float | None]] = deque(maxlen=self.steady_run)
+        # the last flag_window judged steps: (the slow record or None, judged index, in the valley)
+        self._window: deque[tuple[_Slow | None, int, bool]] = deque(maxlen=self.flag_window)
+        # results
+        self._slow: deque[_Slow] = deque(maxlen=KEEP_STEPS)
+        self._n_slow = 0
+        self._n_slow_before_onset = 0
+        self._excused: deque[tuple[int | None, str, float | None]] = deque(maxlen=KEEP_STEPS)
+        self._onset: _Slow | None = None
+        self._onset_judged: int | None = None
+        self._flag_cluster: list[_Slow] = []
+        self._flagged_at_step: int | None = None
+        self._flagged_after_judged: int | None = None
+        self._flagged_slow_after_onset: int | None = None
+        self._judged = 0
+        self._seen = 0
+        self._max_ok_score: float | None = None
+        self._max_ok_step: int | None = None
+
+    # ------------------------------------------------------------------ feeding
+    def update(self, rec: Mapping[str, Any]) -> StepVerdict | None:
+        """Feed one ``events.jsonl`` record. Non-step records and steps without ``dt`` are ignored
+        (None). Raises ValueError for a negative or non-finite ``dt``."""
+        if rec.get("kind", "step") != "step" or rec.get("dt") is None:
+            return None
+        return self.add(
+            rec.get("step"),
+            rec["dt"],
+            rec.get("flags") or (),
+            rec.get("tokens"),
+            rec.get("padded_tokens"),
+        )
+
+    def add(
+        self,
+        step: int | None,
+        dt_s: float,
+        flags: Iterable[str] = (),
+        tokens: int | None = None,
+        padded_tokens: int | None = None,
+    ) -> StepVerdict:
+        """Feed one step: global_step (only reported), seconds, flags, real / padded token counts."""
+        dt = _dt(dt_s)
+        fl = set(flags or ())
+        w = _width(tokens, padded_tokens)
+        self._seen += 1
+        excuse = next((f for f in EXEMPT_FLAGS if f in fl), None)
+
+        if excuse is not None:
+            if excuse == "first":
+                self._last_first_step = step
+            exp = score = trip = None
+            if self._steady:
+                exp, _ = self._base.expected(w)
+                trip = self._trip()
+                score = dt / exp if exp else None
+            self._excused.append((step, excuse, score))
+            return StepVerdict(step, dt, exp, score, trip, False, excuse, self._state)
+
+        if not self._steady:
+            self._history.append((step, dt, w, "w"))
+            return self._warming_step(step, dt, w)
+
+        exp, _mode = self._base.expected(w)
+        trip = self._trip()
+        score = _ratio(dt, exp)
+        slow = score > trip
+        self._judged += 1
+        if slow:
+            rec = _Slow(step, dt, exp or 0.0, score)
+            self._history.append((step, dt, w, "s"))
+            self._window.append((rec, self._judged, False))
+            self._on_slow(rec)
+        else:
+            self._history.append((step, dt, w, "a"))
+            self._window.append((None, self._judged, score > trip / self.valley_div))
+            self._accept(dt, w, score)
+            if self._max_ok_score is None or score > self._max_ok_score:
+                self._max_ok_score, self._max_ok_step = score, step
+            if self._state == SUSPECTED and not any(x for x, _, _ in self._window):
+                self._state = OK
+                self._onset = None
+                self._onset_judged = None
+            self._check_drop()
+        return StepVerdict(step, dt, exp, score, trip, slow, None, self._state)
+
+    # ------------------------------------------------------------------ warm-up
+    def _warming_step(self, step: int | None, dt: float, w: float | None) -> StepVerdict:
+        exp = self._warm.expected(w)[0] if len(self._warm) else None
+        score = None if exp is None else _ratio(dt, exp)
+        if score is not None and score > self.steady_band:
+            self._run = 0
+            self._warm_breaks += 1
+        else:
+            self._run += 1
+        self._warm.add(dt, w)
+        self._warm_count += 1
+        # A run of in-band steps must be at least half as long as the warm-up so far: 20 lucky
+        # narrow steps in a run that is inherently 20x wide (no token counts) are not a steady state.
+        need = max(self.steady_run, math.ceil(self._warm_count / 2))
+        if self._run >= need and len(self._warm) >= self.steady_run:
+            self._declare_steady()
+        return StepVerdict(step, dt, exp, score, None, False, WARMING, self._state)
+
+    def _declare_steady(self) -> None:
+        """End of warm-up: the baseline starts from the run of in-band steps, less its leading
+        warm-up steps (a run can start on slow compile steps and pass into the fast level)."""
+        self._steady = True
+        run = [(dt, w) for _, dt, w, _ in list(self._history)[-min(self._run, self.baseline_window):]]
+        self._restart_baseline(run)
+        keep = [(dt, w) for dt, w in run if _ratio(dt, self._base.expected(w)[0]) <= self.steady_band]
+        if len(keep) < len(run) and 2 * len(keep) >= len(run):
+            self._restart_baseline(keep)
+        until = self._last_warmup_step(list(self._history))
+        self._until_step = until if until is not None else self._last_first_step
+
+    def _restart_baseline(self, recent: list[tuple[float, float | None]]) -> None:
+        """Baseline, score window and short window restart from ``recent`` steps, (dt, width)."""
+        self._base = _Baseline(self.baseline_window)
+        for dt, w in recent:
+            self._base.add(dt, w)
+        self._scores = SortedList()
+        self._scores_q = deque()
+        self._short.clear()
+        for dt, w in recent:
+            self._push_score(_ratio(dt, self._base.expected(w)[0]))
+
+    def _last_warmup_step(self, hist: list[tuple[int | None, float, float | None, str]]) -> int | None:
+        """Last non-slow step of ``hist`` that ran > steady_band x the current baseline, or None."""
+        for step, dt, w, tag in reversed(hist):
+            if tag != "s" and _ratio(dt, self._base.expected(w)[0]) > self.steady_band:
+                return step
+        return None
+
+    def _check_drop(self) -> None:
+        """Each of the last steady_run accepted steps ran under 1/drop_factor of the baseline level
+        (per padded token when every step has a width, else seconds): what came before was still
+        warm-up (a slow plateau can pass for steady). Restart the baseline from those steps and move
+        until_step to the last earlier step that ran > steady_band x the new level."""
+        if self._state == FLAGGED or len(self._short) < self.steady_run:
+            return
+        per_token = self._base.n_width == len(self._base) and all(w is not None for _, w in self._short)
+        level = self._base.level() if per_token else self._base.median_s()
+        if not level:
+            return
+        limit = level / self.drop_factor
+        if any((dt / w if per_token else dt) >= limit for dt, w in self._short):  # type: ignore[operator]
+            return
+        self._restart_baseline(list(self._short))
+        until = self._last_warmup_step(list(self._history))
+        if until is not None:
+            self._until_step = until
+
+    # ------------------------------------------------------------------ steady state
+    def _push_score(self, s: float) -> None:
+        self._scores.add(s)
+        self._scores_q.append(s)
+        if len(self._scores_q) > self.baseline_window:
+            self._scores.remove(self._scores_q.popleft())
+
+    def _accept(self, dt: float, w: float | None, score: float) -> None:
+        self._base.add(dt, w)
+        self._push_score(score)
+        self._short.append((dt, w))
+
+    def spread(self) -> float | None:
+        """Robust sigma of recent accepted scores: IQR / 1.349 (x expected units); None before steady."""
+        n = len(self._scores)
+        if n < 4:
+            return None
+        return (nearest_rank(self._scores, 75) - nearest_rank(self._scores, 25)) / 1.349
+
+    def _trip(self) -> float:
+        sigma = self.spread()
+        if sigma is None:
+            return self.trip_ratio_min
+        return max(self.trip_ratio_min, 1.0 + self.spread_mult * sigma)
+
+    def _on_slow(self, s: _Slow) -> None:
+        self._slow.append(s)
+        self._n_slow += 1
+        if self._state == FLAGGED:
+            return
+        cluster = [(x, j) for x, j, _ in self._window if x is not None]
+        valley = sum(1 for _, _, v in self._window if v)
+        if self._onset is not cluster[0][0]:
+            # slow steps before this cluster's onset (the cluster's own are the last len(cluster))
+            self._n_slow_before_onset = self._n_slow - len(cluster)
+        self._onset, self._onset_judged = cluster[0]
+        self._state = SUSPECTED
+        self._valley = valley
+        if len(cluster) >= self.flag_min_slow and valley < len(cluster):
+            self._state = FLAGGED
+            self._flagged_at_step = s.step
+            self._flagged_after_judged = self._judged - self._onset_judged
+            self._flagged_slow_after_onset = len(cluster) - 1
+            self._flag_cluster = [x for x, _ in cluster]
+
+    # ------------------------------------------------------------------ reading
+    @property
+    def state(self) -> str:
+        """"ok", "suspected" or "flagged"."""
+        return self._state
+
+    @property
+    def onset_step(self) -> int | None:
+        """global_step of the first slow step of the current (or flagged) cluster, or None."""
+        return self._onset.step if self._onset is not None and self._state != OK else None
+
+    @property
+    def slow_steps(self) -> list[int | None]:
+        """global_steps of every judged slow step so far (the last KEEP_STEPS), oldest first."""
+        return [s.step for s in self._slow]
+
+    @property
+    def trip_ratio(self) -> float:
+        """Current trip point in x-expected units (TRIP_RATIO_MIN until steady)."""
+        return self._trip() if self._steady else self.trip_ratio_min
+
+    def reason(self) -> str:
+        """The state in words, with the numbers: baseline, trip point, slow step times."""
+        if not self._steady:
+            n = self._warm_count
+            need = max(self.steady_run, math.ceil(n / 2))
+            text = (
+                f"warming up: {n} counted step{'s' if n != 1 else ''}, no steady state yet "
+                f"({need} consecutive steps within {self.steady_band:g}x of the preceding ones needed; "
+                f"the longest current run is {self._run}); warm-up alone never flags"
+            )
+            if n >= 100 and self._warm_breaks * 20 >= n:
+                text += (
+                    f". {self._warm_breaks} of {n} steps ran > {self.steady_band:g}x the steps before them: "
+                    "a run this wide cannot be judged per step without token counts "
+                    "(tokens / padded_tokens in the step events)"
+                )
+            return text
+        base = self._base.median_s()
+        trip = self._trip()
+        sigma = self.spread() or 0.0
+        how = (
+            f"baseline p50 {base:.2f} s/step over the last {len(self._base)} steady steps"
+            + (
+                ", judged per padded token against steps of similar width (t(w)=A*w+B*w^2)"
+                if self._base.n_width >= NEIGHBORS
+                else ""
+            )
+            + f"; trip {trip:.1f}x expected (= max({self.trip_ratio_min:g}x, 1 + {self.spread_mult:g} x "
+            f"jitter sigma {sigma:.3f}); at the baseline {trip * base:.1f} s)"
+        )
+        if self._state == OK:
+            tail = ""
+            if self._slow:
+                last = self._slow[-1]
+                tail = (
+                    f"; {self._n_slow} isolated slow step{'s' if self._n_slow != 1 else ''} earlier "
+                    f"(last: step {last.step}, {last.dt_s:.2f} s = {last.score:.1f}x) — not a second mode"
+                )
+            mx = self._max_ok_score
+            return (
+                f"ok: {how}; slowest steady step {mx:.2f}x expected" if mx is not None else f"ok: {how}"
+            ) + tail
+        if self._state == FLAGGED:
+            cluster = self._flag_cluster
+        else:
+            cluster = [x for x, _, _ in self._window if x is not None] or list(self._slow)[-1:]
+        times = ", ".join(f"{x.step}: {x.dt_s:.2f} s ({x.score:.1f}x)" for x in cluster[:8])
+        more = f" and {len(cluster) - 8} more" if len(cluster) > 8 else ""
+        if self._state == SUSPECTED:
+            text = (
+                f"suspected: unexplained slow step{'s' if len(cluster) != 1 else ''} {times}{more}; {how}; "
+                f"flags at {self.flag_min_slow} slow steps within {self.flag_window} judged steps"
+            )
+            if len(cluster) >= self.flag_min_slow:
+                text += (
+                    f" with fewer steps between {trip / self.valley_div:.1f}x and {trip:.1f}x (now {self._valley}): "
+                    "these slow steps continue the run's own tail, not a separate mode yet"
+                )
+            return text
+        since = self._judged - (self._onset_judged or self._judged) + 1
+        n_after = self._n_slow - self._n_slow_before_onset
+        return (
+            f"flagged: {len(cluster)} slow steps within {(self._flagged_after_judged or 0) + 1} judged steps "
+            f"from step {self.onset_step} ({times}{more}) — a second mode; since the onset {n_after} of "
+            f"{since} judged steps were slow ({100.0 * n_after / since:.0f}%); {how}. A dynamo fallback to "
+            f"eager runs ~20x slower (playbook 4.3); check the dynamo recompile-limit warning and counters"
+        )
+
+    def snapshot(self) -> dict[str, Any]:
+        """The status JSON's ``fallback`` object: ``{state, slow_steps, onset_step, reason}``."""
+        return {
+            "state": self._state,
+            "slow_steps": self.slow_steps,
+            "onset_step": self.onset_step,
+            "reason": self.reason(),
+        }
+
+    def warmup(self) -> dict[str, Any]:
+        """The status JSON's ``warmup`` object: ``{state: "warming"|"steady"|None, until_step}``.
+
+        state None before any counted step. until_step: see the module docstring (it can move later
+        when a warm-up plateau is recognised).
+        """
+        if not self._history and not self._steady:
+            return {"state": None, "until_step": None}
+        return {"state": STEADY if self._steady else WARMING, "until_step": self._until_step}
+
+    def details(self) -> dict[str, Any]:
+        """Numbers behind the state, for the screen and bench/detector_controls.py.
+
+        ``baseline_s`` median of the baseline window (s/step); ``trip_ratio`` trip in x-expected;
+        ``spread_sigma`` IQR/1.349 of accepted scores; ``max_ok_score`` / ``max_ok_step`` the slowest
+        accepted steady step (its margin to the trip is ``trip_ratio / max_ok_score``);
+        ``flagged_at_step``; ``judged_to_flag`` judged steps from the onset to the flag (0 = onset);
+        ``slow_after_onset_to_flag`` slow steps after the onset when it flagged; ``excused_steps``
+        ``[(step, flag, score)]``; ``n_slow`` slow steps in total; ``judged`` steps judged.
+        """
+        return {
+            "baseline_s": self._base.median_s() if self._steady else None,
+            "trip_ratio": self.trip_ratio,
+            "spread_sigma": self.spread(),
+            "max_ok_score": self._max_ok_score,
+            "max_ok_step": self._max_ok_step,
+            "flagged_at_step": self._flagged_at_step,
+            "judged_to_flag": self._flagged_after_judged,
+            "slow_after_onset_to_flag": self._flagged_slow_after_onset,
+            "excused_steps": list(self._excused),
+            "n_slow": self._n_slow,
+            "valley": self._valley,
+            "judged": self._judged,
+            "seen": self._seen,
+        }
+
+
+# =========================================================================== stall
+
+
+@dataclass(frozen=True, slots=True)
+class StallVerdict:
+    """``state`` "ok" | "stalled"; ``current_step_elapsed_s`` seconds the step in progress has run
+    (None when unknown); ``threshold_s`` the elapsed time that reads stalled (None when too few
+    steps); ``reason`` in words."""
+
+    state: str
+    current_step_elapsed_s: float | None
+    threshold_s: float | None
+    reason: str = field(default="")
+
+    def as_dict(self) -> dict[str, Any]:
+        """The status JSON's ``stall`` object: ``{state, current_step_elapsed_s}``."""
+        return {"state": self.state, "current_step_elapsed_s": self.current_step_elapsed_s}
+
+
+def _get(stats: Any, key: str) -> Any:
+    if isinstance(stats, Mapping):
+        return stats.get(key)
+    return getattr(stats, key, None)
+
+
+def stall_state(
+    current_step_started_at: float | None,
+    now: float,
+    stats: Any,
+    in_phase: Any = None,
+    *,
+    factor: float = STALL_FACTOR,
+    floor_s: float = STALL_FLOOR_S,
+    min_steps: int = STALL_MIN_STEPS,
+) -> StallVerdict:
+    """Is the step in progress stuck?
+
+    ``current_step_started_at``: unix seconds the step in progress began — the previous step's end
+    (``step_end`` of the last step record, since ``dt`` runs end to end), or the process start
+    before the first step; None when unknown. ``now``: unix seconds (passed in; this function reads
+    no clock). ``stats``: a :class:`monitors.stepstats.StepStats` or its ``summary()`` dict — ``n``
+    and ``p99`` (seconds) are read. ``in_phase``: truthy ("save", "eval", True) while the emitter says
+    a save or evaluation is running (DESIGN.md section 4 ``phase`` events); never stalled then.
+
+    Stalled when ``n >= min_steps`` and elapsed > ``max(factor * p99, floor_s)`` (module docstring
+    for the numbers). Elapsed is clamped at 0 when ``now`` is before the start (clock skew).
+    """
+    if current_step_started_at is None:
+        return StallVerdict(OK, None, None, "no step start known")
+    elapsed = max(0.0, float(now) - float(current_step_started_at))
+    n = _get(stats, "n") or 0
+    p99 = _get(stats, "p99")
+    if n < min_steps or p99 is None:
+        return StallVerdict(
+            OK, elapsed, None, f"{n} counted step{'s' if n != 1 else ''}; a stall needs at least {min_steps}"
+        )
+    threshold = max(factor * float(p99), floor_s)
+    if in_phase:
+        name = in_phase if isinstance(in_phase, str) else "save/eval"
+        return StallVerdict(OK, elapsed, threshold, f"in a {name} phase for {elapsed:.1f} s; not a stall")
+    if elapsed > threshold:
+        return StallVerdict(
+            STALLED,
+            elapsed,
+            threshold,
+            f"step in progress for {elapsed:.1f} s > {threshold:.1f} s "
+            f"(= max({factor:g} x p99 {float(p99):.2f} s, {floor_s:g} s)); no save/eval phase open",
+        )
+    return StallVerdict(
+        OK, elapsed, threshold, f"step in progress for {elapsed:.1f} s; stalled after {threshold:.1f} s"
+    )

@@ -1,0 +1,203 @@
+"""Read a run's ``events.jsonl`` incrementally, from its first byte (DESIGN.md section 4).
+
+Attaching to a finished 7-hour run means ~10^4-10^5 lines: the reader reads big chunks (4 MiB),
+splits on ``\\n`` and ``json.loads`` each line -- 100,000 lines in well under a second (measured by
+the tests' sizes and by ``bench/``, not asserted as a time). Then each :meth:`EventReader.read_new`
+returns only what was appended since.
+
+* A half-written last line (no ``\\n`` yet) waits for its newline.
+* A line that is not a JSON object (corrupt, a crash mid-write followed by more lines, invalid
+  UTF-8) is counted in :attr:`EventReader.corrupt_lines` and skipped -- never fatal.
+* Truncation (size below the read position) or replacement (the path now names another inode, e.g.
+  the file was rotated to ``events.<stamp>.jsonl`` on relaunch) restarts from byte 0 of what the path
+  names now; :attr:`EventReader.restarts` / :attr:`EventReader.generation` go up and
+  :attr:`EventReader.last_restart` says why, so the caller resets what it built from the old file.
+  The old file's unread tail is not returned: it belongs to the previous attempt, whose rotated copy
+  stays on disk.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+__all__ = ["EventReader", "Restart"]
+
+_CHUNK = 4 * 1024 * 1024
+#: A line longer than this (bytes) without a newline is treated as corrupt and skipped when it ends.
+DEFAULT_MAX_LINE_BYTES = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Restart:
+    """Why the reader started over: ``reason`` ("truncated" | "replaced"), ``at_s`` (unix seconds),
+    ``old_offset`` (bytes read from the old file), ``generation`` (the new generation number)."""
+
+    reason: Literal["truncated", "replaced"]
+    at_s: float
+    old_offset: int
+    generation: int
+
+
+class EventReader:
+    """Incremental reader of one JSONL file, followed by path (stat each call, like ``tail -F``).
+
+    Args:
+        path: the file (e.g. ``<run_dir>/events.jsonl``); it need not exist yet.
+        max_line_bytes: a line longer than this is not buffered whole: it is skipped and counted
+            corrupt (an events line is ~150 bytes).
+
+    Attributes:
+        corrupt_lines: lines skipped because they were not a JSON object.
+        lines_read: complete non-blank lines seen (good + corrupt), this generation.
+        bytes_read: bytes read, all generations.
+        offset: byte offset of the next read in the current file.
+        generation: 0 for the first file, +1 on each restart.
+        restarts: how many restarts.
+        last_restart: the latest :class:`Restart`, None if none.
+        restarted: True when the LAST ``read_new()`` restarted (events it returned are from the new
+            file only).
+        exists: whether the path existed at the last read.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> None:
+        self.path = Path(path)
+        self.max_line_bytes = max_line_bytes
+        self.corrupt_lines = 0
+        self.lines_read = 0
+        self.bytes_read = 0
+        self.offset = 0
+        self.generation = 0
+        self.restarts = 0
+        self.last_restart: Restart | None = None
+        self.restarted = False
+        self.exists = False
+        self._fd: int | None = None
+        self._id: tuple[int, int] | None = None
+        self._carry = b""
+        self._skipping_long = False
+
+    def read_new(self) -> list[dict[str, Any]]:
+        """Return the JSON objects of every complete line appended since the last call, in order.
+
+        Never raises for a missing, truncated, replaced or corrupt file. Raises PermissionError only
+        if the file exists and cannot be opened (a caller must say that, not hide it).
+        """
+        self.restarted = False
+        try:
+            st = os.stat(self.path)
+        except (FileNotFoundError, NotADirectoryError):
+            self.exists = False
+            return []
+        self.exists = True
+        if self._fd is not None:
+            if (st.st_dev, st.st_ino) != self._id:
+                self._restart("replaced")
+            elif st.st_size < self.offset:
+                self._restart("truncated")
+        if self._fd is None:
+            try:
+                fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            except FileNotFoundError:
+                return []
+            fst = os.fstat(fd)
+            self._fd = fd
+            self._id = (fst.st_dev, fst.st_ino)
+            self.offset = 0
+        out: list[dict[str, Any]] = []
+        while True:
+            data = os.pread(self._fd, _CHUNK, self.offset)
+            if not data:
+                break
+            self.offset += len(data)
+            self.bytes_read += len(data)
+            self._parse(data, out)
+            if len(data) < _CHUNK:
+                break
+        return out
+
+    def close(self) -> None:
+        """Close the file descriptor (a later read_new() reopens and restarts from byte 0)."""
+        if self._fd is not None:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+        self._fd = None
+        self._id = None
+
+    def __enter__(self) -> EventReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _restart(self, reason: Literal["truncated", "replaced"]) -> None:
+        old = self.offset
+        if reason == "replaced":
+            self.close()
+        self.offset = 0
+        self._carry = b""
+        self._skipping_long = False
+        self.lines_read = 0
+        self.generation += 1
+        self.restarts += 1
+        self.restarted = True
+        self.last_restart = Restart(reason, time.time(), old, self.generation)
+
+    def _parse(self, data: bytes, out: list[dict[str, Any]]) -> None:
+        if self._carry:
+            data = self._carry + data
+            self._carry = b""
+        last_nl = data.rfind(b"\n")
+        if last_nl < 0:
+            self._hold(data)
+            return
+        body, rest = data[: last_nl + 1], data[last_nl + 1 :]
+        lines = body.split(b"\n")
+        lines.pop()  # after the final '\n'
+        if self._skipping_long:
+            # the first line is the end of an over-long line already counted corrupt
+            lines = lines[1:]
+            self._skipping_long = False
+        lines = [ln for ln in lines if ln and not ln.isspace()]
+        if not lines:
+            self._hold(rest)
+            return
+        self.lines_read += len(lines)
+        # Fast path: parse the whole batch as one JSON array (one C-level call instead of one per
+        # line: ~2x faster on 10^5 lines). Trusted only when it yields exactly one value per line;
+        # anything else (a corrupt line, invalid UTF-8) falls back to line by line.
+        batch = None
+        try:
+            batch = json.loads(b"[" + b",".join(lines) + b"]")
+        except ValueError:  # JSONDecodeError and UnicodeDecodeError both are ValueErrors
+            batch = None
+        if batch is None or len(batch) != len(lines):
+            batch = []
+            for line in lines:
+                try:
+                    batch.append(json.loads(line))
+                except ValueError:
+                    batch.append(None)
+        for obj in batch:
+            if type(obj) is dict:
+                out.append(obj)
+            else:
+                self.corrupt_lines += 1
+        self._hold(rest)
+
+    def _hold(self, rest: bytes) -> None:
+        if self._skipping_long:
+            return
+        if len(rest) > self.max_line_bytes:
+            self.corrupt_lines += 1
+            self.lines_read += 1
+            self._skipping_long = True
+            self._carry = b""
+        else:
+            self._carry = rest

@@ -1,0 +1,359 @@
+"""Per-attempt statistics over optimizer-step durations (DESIGN.md section 5, playbook 4.3).
+
+One :class:`StepStats` per attempt. It is fed one optimizer step at a time, from ``events.jsonl``
+``step`` records (``dt`` in seconds, ``flags``, ``tokens``, ``padded_tokens``; DESIGN.md section 4)
+or from the log tailer (step and dt only; the tailer may say which step was the first of a process).
+
+Rules, all from playbook 4.3:
+
+* The first step of each process (flag ``"first"``) carries compilation and is **excluded** from the
+  counted set. Not the slowest step: on a variable-width run an ordinary long batch can beat it.
+  ``n`` counts only counted steps.
+* Percentiles are **nearest-rank**: the value at 1-based rank ``ceil(p/100 * n)`` of the sorted
+  counted values, so every reported number is a step that really happened.
+* A mean is never reported: it hides the bimodality a partial fallback produces.
+
+Cost: ``add`` is O(log n) (one ``SortedList.add``) plus O(1) deque work. Memory: the sorted list
+holds one float per counted step (about 32 bytes each, ~32 MB at 10^6 steps); everything else is
+bounded (``recent_maxlen`` records for the screen, ``window`` steps for throughput and ETA).
+
+No I/O, no clock reads, no UI imports: the status snapshot, the TUI and a headless alerting
+process can all use it unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any, Iterable, Sequence
+
+from sortedcontainers import SortedList
+
+#: The flag the emitter puts on the first step of each process (DESIGN.md section 4).
+FIRST = "first"
+
+#: Unit suffix of the canonical line (playbook 4.3).
+UNIT = "seconds_per_optimizer_step"
+
+#: Summary keys, in the order the status JSON prints them (DESIGN.md section 5 / issue 4).
+SUMMARY_KEYS = ("n", "min", "p50", "p90", "p99", "max", "last")
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One step as StepStats saw it. ``counted`` is False for the first step of a process."""
+
+    step: int | None
+    dt_s: float
+    flags: tuple[str, ...]
+    tokens: int | None
+    padded_tokens: int | None
+    t: float | None
+    counted: bool
+
+
+def nearest_rank_index(p: float, n: int) -> int:
+    """0-based index of the nearest-rank ``p``-th percentile in a sorted list of ``n`` values.
+
+    Rank = ceil(p/100 * n), 1-based, clamped to [1, n]; computed with exact rational arithmetic so
+    ``p=99, n=100`` is rank 99, not 100 through a float rounding. ``p`` in [0, 100]; p=0 gives the
+    minimum. Raises ValueError for n < 1 or p outside [0, 100].
+    """
+    if n < 1:
+        raise ValueError("nearest rank of an empty set")
+    if not 0 <= p <= 100:
+        raise ValueError(f"percentile {p!r} outside [0, 100]")
+    if isinstance(p, int) or float(p).is_integer():
+        rank = -(-int(p) * n // 100)  # integer ceil: the common case, fast
+    else:
+        rank = math.ceil(Fraction(str(p)) * n / 100)
+    return min(max(rank, 1), n) - 1
+
+
+def nearest_rank(sorted_values: Sequence[float], p: float) -> float:
+    """Nearest-rank percentile of an already sorted sequence (see :func:`nearest_rank_index`)."""
+    return sorted_values[nearest_rank_index(p, len(sorted_values))]
+
+
+def _check_dt(dt_s: Any) -> float:
+    try:
+        dt = float(dt_s)
+    except (TypeError, ValueError):
+        raise ValueError(f"step duration must be a number of seconds, got {dt_s!r}") from None
+    if not math.isfinite(dt) or dt < 0:
+        raise ValueError(f"step duration must be finite and >= 0 seconds, got {dt_s!r}")
+    return dt
+
+
+def _opt_int(v: Any) -> int | None:
+    if v is None:
+        return None
+    try:
+        i = int(v)
+    except (TypeError, ValueError):
+        return None
+    return i if i >= 0 else None
+
+
+class StepStats:
+    """Incremental statistics over one attempt's optimizer-step durations, in seconds.
+
+    ``recent_maxlen``: how many recent steps (counted or not) are kept for the screen.
+    ``window``: how many recent *counted* steps throughput and the ETA look at (default 200: a
+    few minutes to an hour of a 1-20 s/step run; long enough to smooth jitter, short enough to follow
+    a real change of speed).
+    """
+
+    def __init__(self, recent_maxlen: int = 4096, window: int = 200) -> None:
+        if recent_maxlen < 1 or window < 1:
+            raise ValueError("recent_maxlen and window must be >= 1")
+        self._sorted: SortedList = SortedList()
+        self._recent: deque[StepRecord] = deque(maxlen=recent_maxlen)
+        self._window: deque[StepRecord] = deque(maxlen=window)
+        self._last: float | None = None
+        self._last_step: int | None = None
+        self._excluded_first = 0
+        self._seen = 0
+
+    # ------------------------------------------------------------------ feeding
+    def add(
+        self,
+        step: int | None,
+        dt_s: float,
+        flags: Iterable[str] = (),
+        tokens: int | None = None,
+        padded_tokens: int | None = None,
+        t: float | None = None,
+    ) -> bool:
+        """Add one optimizer step. Returns True when it was counted (False for a ``first`` step).
+
+        ``step``: the trainer's global_step (may start anywhere and jump; only stored).
+        ``dt_s``: end-to-end seconds of the step (DESIGN.md section 4 ``dt``). Raises ValueError when
+        it is not a finite number >= 0 (a NaN or a negative time is a caller bug, not a step).
+        ``tokens`` / ``padded_tokens``: real and padded token counts of the step, or None.
+        ``t``: unix seconds of the step's end, or None.
+        """
+        dt = _check_dt(dt_s)
+        fl = tuple(flags or ())
+        counted = FIRST not in fl
+        rec = StepRecord(step, dt, fl, _opt_int(tokens), _opt_int(padded_tokens), t, counted)
+        self._recent.append(rec)
+        self._seen += 1
+        self._last_step = step
+        if counted:
+            self._sorted.add(dt)
+            self._window.append(rec)
+            self._last = dt
+        else:
+            self._excluded_first += 1
+        return counted
+
+    def add_record(self, rec: dict[str, Any]) -> bool:
+        """Add an ``events.jsonl`` ``step`` record (a dict with step, dt, flags, tokens, ...).
+
+        A record whose ``dt`` is null (unknown) is skipped and returns False; a negative or
+        non-finite ``dt`` raises ValueError as in :meth:`add`.
+        """
+        if rec.get("dt") is None:
+            return False
+        return self.add(
+            rec.get("step"),
+            rec.get("dt"),
+            rec.get("flags") or (),
+            rec.get("tokens"),
+            rec.get("padded_tokens"),
+            rec.get("t"),
+        )
+
+    # ------------------------------------------------------------------ order statistics
+    @property
+    def n(self) -> int:
+        """Number of counted steps (first steps of processes excluded)."""
+        return len(self._sorted)
+
+    @property
+    def seen(self) -> int:
+        """Every step added, counted or not."""
+        return self._seen
+
+    @property
+    def excluded_first(self) -> int:
+        """How many ``first`` steps were left out of the counted set."""
+        return self._excluded_first
+
+    def percentile(self, p: float) -> float | None:
+        """Nearest-rank ``p``-th percentile of the counted steps, seconds; None when n == 0."""
+        if not self._sorted:
+            return None
+        return self._sorted[nearest_rank_index(p, len(self._sorted))]
+
+    @property
+    def min(self) -> float | None:
+        return self._sorted[0] if self._sorted else None
+
+    @property
+    def max(self) -> float | None:
+        return self._sorted[-1] if self._sorted else None
+
+    @property
+    def p50(self) -> float | None:
+        return self.percentile(50)
+
+    @property
+    def p90(self) -> float | None:
+        return self.percentile(90)
+
+    @property
+    def p99(self) -> float | None:
+        return self.percentile(99)
+
+    @property
+    def last(self) -> float | None:
+        """Seconds of the most recent *counted* step (None when n == 0)."""
+        return self._last
+
+    @property
+    def last_step(self) -> int | None:
+        """global_step of the most recent step added, counted or not."""
+        return self._last_step
+
+    def summary(self) -> dict[str, Any]:
+        """``{n, min, p50, p90, p99, max, last}`` in seconds; every value None when n == 0 (n is 0)."""
+        if not self._sorted:
+            return {k: (0 if k == "n" else None) for k in SUMMARY_KEYS}
+        return {
+            "n": self.n,
+            "min": self.min,
+            "p50": self.p50,
+            "p90": self.p90,
+            "p99": self.p99,
+            "max": self.max,
+            "last": self._last,
+        }
+
+    def canonical_line(self) -> str:
+        """``n=1312 min=11.84 p50=19.48 p99=28.96 max=45.79 seconds_per_optimizer_step``.
+
+        Two decimals, the format of playbook 4.3. With no counted step: ``n=0 seconds_per_optimizer_step``.
+        """
+        if not self._sorted:
+            return f"n=0 {UNIT}"
+        return (
+            f"n={self.n} min={self.min:.2f} p50={self.p50:.2f} p99={self.p99:.2f} "
+            f"max={self.max:.2f} {UNIT}"
+        )
+
+    # ------------------------------------------------------------------ recent steps
+    def recent(self, count: int | None = None) -> list[StepRecord]:
+        """The most recent ``count`` steps (all if None), oldest first, including ``first`` steps."""
+        items = list(self._recent)
+        return items if count is None else items[-count:] if count > 0 else []
+
+    def recent_p50(self) -> float | None:
+        """Nearest-rank median of the last ``window`` counted steps, seconds (None when none)."""
+        if not self._window:
+            return None
+        return nearest_rank(sorted(r.dt_s for r in self._window), 50)
+
+    def throughput(self) -> dict[str, float | None]:
+        """Throughput over the last ``window`` counted steps that carry token counts.
+
+        Returns ``{tokens_per_s, real_tokens_per_s, padding_share}``:
+
+        * ``tokens_per_s``: padded tokens / s = sum(padded_tokens) / sum(dt) over steps with
+          ``padded_tokens``; None when no recent step has it.
+        * ``real_tokens_per_s``: sum(tokens) / sum(dt) over steps with ``tokens``.
+        * ``padding_share``: 1 - sum(tokens) / sum(padded_tokens) over steps with both (playbook 3.8).
+
+        Sums, not a mean of per-step rates, so a slow step weighs by its time. A value that cannot be
+        computed is None, never 0.
+        """
+        pad_tok = pad_dt = real_tok = real_dt = both_real = both_pad = 0.0
+        have_pad = have_real = have_both = False
+        for r in self._window:
+            if r.padded_tokens is not None:
+                pad_tok += r.padded_tokens
+                pad_dt += r.dt_s
+                have_pad = True
+            if r.tokens is not None:
+                real_tok += r.tokens
+                real_dt += r.dt_s
+                have_real = True
+            if r.tokens is not None and r.padded_tokens is not None:
+                both_real += r.tokens
+                both_pad += r.padded_tokens
+                have_both = True
+        return {
+            "tokens_per_s": pad_tok / pad_dt if have_pad and pad_dt > 0 else None,
+            "real_tokens_per_s": real_tok / real_dt if have_real and real_dt > 0 else None,
+            "padding_share": 1.0 - both_real / both_pad if have_both and both_pad > 0 else None,
+        }
+
+    def eta_s(self, max_steps: int | None, global_step: int | None) -> float | None:
+        """Seconds left: (max_steps - global_step) * p50 of the last ``window`` counted steps.
+
+        The median, not the mean, of recent steps: a save spike does not move it, a real change of
+        speed moves it within ``window/2`` steps. 0.0 when global_step >= max_steps; None when either
+        argument is None or no step has been counted yet.
+        """
+        if max_steps is None or global_step is None:
+            return None
+        p50 = self.recent_p50()
+        if p50 is None:
+            return None
+        remaining = int(max_steps) - int(global_step)
+        return 0.0 if remaining <= 0 else remaining * p50
+
+    # ------------------------------------------------------------------ histogram
+    def histogram(
+        self,
+        bins: int = 20,
+        scale: str = "log",
+        lo_s: float | None = None,
+        hi_s: float | None = None,
+    ) -> list[tuple[float, float, int]]:
+        """Counts of counted steps per duration bin: ``[(lo_s, hi_s, count), ...]`` low to high.
+
+        A max-per-bucket sparkline hides a second mode; counts per duration bin show it (a partial
+        fallback is a second hump ~20x to the right). ``scale`` "log" (default: a 20 s and a 400 s
+        mode both get resolution) or "linear". Bounds default to the counted min and max; bin i
+        holds ``lo <= dt < hi`` except the last, which includes its upper edge. Values outside given
+        bounds are clamped into the first / last bin so every counted step is in exactly one bin.
+        O(bins * log n). Returns [] when n == 0. Raises ValueError for bins < 1, an unknown scale, or
+        a log scale with a non-positive bound (a 0 s step falls into the first bin).
+        """
+        if bins < 1:
+            raise ValueError("bins must be >= 1")
+        if scale not in ("log", "linear"):
+            raise ValueError(f"unknown scale {scale!r} (log or linear)")
+        if not self._sorted:
+            return []
+        lo = self._sorted[0] if lo_s is None else float(lo_s)
+        hi = self._sorted[-1] if hi_s is None else float(hi_s)
+        if scale == "log":
+            if (lo_s is not None and lo <= 0) or (hi_s is not None and hi <= 0):
+                raise ValueError("log-scale histogram bounds must be > 0")
+            if lo <= 0:  # auto bound and a 0 s step: start at the smallest positive step
+                i = self._sorted.bisect_right(0.0)
+                lo = self._sorted[i] if i < len(self._sorted) else hi
+            if hi <= 0:  # every counted step took 0 s
+                return [(0.0, 0.0, len(self._sorted))]
+        if hi < lo:
+            raise ValueError("hi_s must be >= lo_s")
+        if hi == lo:
+            return [(lo, hi, len(self._sorted))]
+        if scale == "log":
+            a, b = math.log(lo), math.log(hi)
+            edges = [math.exp(a + (b - a) * i / bins) for i in range(bins + 1)]
+        else:
+            edges = [lo + (hi - lo) * i / bins for i in range(bins + 1)]
+        edges[0], edges[-1] = lo, hi
+        out: list[tuple[float, float, int]] = []
+        prev = 0
+        for i in range(bins):
+            cut = len(self._sorted) if i == bins - 1 else self._sorted.bisect_left(edges[i + 1])
+            out.append((edges[i], edges[i + 1], cut - prev))
+            prev = cut
+        return out

@@ -1,0 +1,132 @@
+"""EventReader: incremental events.jsonl reading, half-written lines, corruption, truncation, rotation."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from monitors.eventtail import EventReader
+from monitors.runfiles import EVENTS_JSONL, append_jsonl
+
+
+def step_event(i: int) -> dict:
+    return {"v": 1, "kind": "step", "t": 1780000000.0 + i, "step": i, "rank": 0, "dt": 19.48,
+            "step_begin": 1780000000.2 + i, "step_end": 1780000019.6 + i, "tokens": 26048,
+            "padded_tokens": 26112, "flags": []}
+
+
+def write_events(path: Path, start: int, stop: int) -> None:
+    with open(path, "a") as f:
+        for i in range(start, stop):
+            f.write(json.dumps(step_event(i), separators=(",", ":")) + "\n")
+
+
+def test_reads_100k_lines_from_the_start_then_only_new(tmp_path: Path) -> None:
+    p = tmp_path / EVENTS_JSONL
+    write_events(p, 0, 100_000)
+    r = EventReader(p)
+    ev = r.read_new()
+    assert len(ev) == 100_000
+    assert [e["step"] for e in ev[:3]] == [0, 1, 2] and ev[-1]["step"] == 99_999
+    assert ev[12345] == step_event(12345)
+    assert r.corrupt_lines == 0 and r.offset == p.stat().st_size
+    assert r.read_new() == []
+    append_jsonl(p, {"v": 1, "kind": "run_end"})
+    assert r.read_new() == [{"v": 1, "kind": "run_end"}]
+
+
+def test_half_written_last_line_waits(tmp_path: Path) -> None:
+    p = tmp_path / EVENTS_JSONL
+    p.write_bytes(b'{"a":1}\n{"b":')
+    r = EventReader(p)
+    assert r.read_new() == [{"a": 1}]
+    assert r.read_new() == []
+    with open(p, "ab") as f:
+        f.write(b"2}\n")
+    assert r.read_new() == [{"b": 2}]
+    assert r.corrupt_lines == 0
+
+
+def test_corrupt_lines_are_counted_and_skipped(tmp_path: Path) -> None:
+    p = tmp_path / EVENTS_JSONL
+    p.write_bytes(
+        b'{"a":1}\n'
+        b"not json\n"
+        b"[1,2]\n"
+        b'{"v":1,"ki{"v":1,"kind":"step"}\n'  # a crash mid-write, then the next line appended
+        b"\xff\xfe\n"
+        b"\n"
+        b'{"a":1}, {"b":2}\n'  # two values on one line: not one object
+        b'{"b":2}\n'
+    )
+    r = EventReader(p)
+    assert r.read_new() == [{"a": 1}, {"b": 2}]
+    assert r.corrupt_lines == 5
+
+
+def test_truncation_restarts_and_says_so(tmp_path: Path) -> None:
+    p = tmp_path / EVENTS_JSONL
+    write_events(p, 0, 10)
+    r = EventReader(p)
+    assert len(r.read_new()) == 10 and not r.restarted
+    with open(p, "w") as f:
+        f.write(json.dumps(step_event(100)) + "\n")
+    ev = r.read_new()
+    assert [e["step"] for e in ev] == [100]
+    assert r.restarted and r.restarts == 1 and r.generation == 1
+    assert r.last_restart is not None and r.last_restart.reason == "truncated"
+    assert r.read_new() == [] and not r.restarted
+
+
+def test_replacement_by_rename_restarts_on_the_new_file(tmp_path: Path) -> None:
+    p = tmp_path / EVENTS_JSONL
+    write_events(p, 0, 5)
+    r = EventReader(p)
+    assert len(r.read_new()) == 5
+    os.rename(p, tmp_path / "events.20260826T101500Z.jsonl")
+    write_events(p, 0, 20)  # larger than the old one: only the inode tells
+    ev = r.read_new()
+    assert [e["step"] for e in ev] == list(range(20))
+    assert r.restarted and r.last_restart is not None and r.last_restart.reason == "replaced"
+    assert r.last_restart.old_offset > 0 and r.generation == 1
+
+
+def test_missing_file_then_appears(tmp_path: Path) -> None:
+    p = tmp_path / EVENTS_JSONL
+    r = EventReader(p)
+    assert r.read_new() == [] and not r.exists
+    write_events(p, 0, 2)
+    assert [e["step"] for e in r.read_new()] == [0, 1] and r.exists
+
+
+def test_over_long_line_is_skipped_as_corrupt_with_bounded_buffer(tmp_path: Path) -> None:
+    p = tmp_path / EVENTS_JSONL
+    r = EventReader(p, max_line_bytes=1000)
+    p.write_bytes(b'{"a":1}\n' + b"x" * 5000)
+    assert r.read_new() == [{"a": 1}]
+    assert len(r._carry) <= 1000 and r.corrupt_lines == 1
+    with open(p, "ab") as f:
+        f.write(b"x" * 5000 + b'\n{"b":2}\n')
+    assert r.read_new() == [{"b": 2}]
+    assert r.corrupt_lines == 1
+
+
+def test_chunk_boundaries_do_not_split_events(tmp_path: Path) -> None:
+    """Lines straddling the 4 MiB read chunks come out whole."""
+    p = tmp_path / EVENTS_JSONL
+    payload = "z" * 997
+    with open(p, "w") as f:
+        for i in range(10_000):  # ~10 MB
+            f.write(json.dumps({"i": i, "p": payload}) + "\n")
+    ev = EventReader(p).read_new()
+    assert [e["i"] for e in ev] == list(range(10_000))
+
+
+def test_a_line_holding_two_objects_is_corrupt_even_when_the_batch_parses(tmp_path: Path) -> None:
+    """The whole-batch fast path must not turn one bad line into two events."""
+    p = tmp_path / EVENTS_JSONL
+    p.write_bytes(b'{"a":1}\n{"b":2}, {"c":3}\n{"d":4}\n')
+    r = EventReader(p)
+    assert r.read_new() == [{"a": 1}, {"d": 4}]
+    assert r.corrupt_lines == 1

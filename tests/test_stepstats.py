@@ -1,0 +1,235 @@
+"""StepStats: nearest-rank percentiles by hand, the first step excluded, throughput, ETA, histogram."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from monitors.stepstats import StepStats, nearest_rank, nearest_rank_index
+
+
+def _controls():
+    name = "stepwatch_test_step_controls"
+    if name not in sys.modules:
+        path = Path(__file__).parent / "fixtures" / "step_controls.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
+
+
+def feed(values, first=None, start_step=1):
+    """A StepStats fed ``first`` (flag "first", when given) and then ``values`` in order."""
+    s = StepStats()
+    step = start_step
+    if first is not None:
+        assert s.add(step, first, flags=["first"]) is False
+        step += 1
+    for v in values:
+        assert s.add(step, v) is True
+        step += 1
+    return s
+
+
+# ---------------------------------------------------------------- nearest rank by hand
+
+
+def test_n1_every_percentile_is_the_only_counted_step():
+    s = feed([7.25], first=99.0)
+    assert s.summary() == {"n": 1, "min": 7.25, "p50": 7.25, "p90": 7.25, "p99": 7.25, "max": 7.25, "last": 7.25}
+
+
+def test_n2_by_hand():
+    # sorted [2.0, 4.0]: p50 rank ceil(0.5*2)=1 -> 2.0; p90 rank ceil(1.8)=2 -> 4.0; p99 rank ceil(1.98)=2
+    s = feed([4.0, 2.0], first=50.0)
+    assert s.summary() == {"n": 2, "min": 2.0, "p50": 2.0, "p90": 4.0, "p99": 4.0, "max": 4.0, "last": 2.0}
+
+
+def test_n3_by_hand():
+    # sorted [1, 3, 5]: p50 rank ceil(1.5)=2 -> 3; p90 rank ceil(2.7)=3 -> 5; p99 rank ceil(2.97)=3 -> 5
+    s = feed([5.0, 1.0, 3.0], first=100.0)
+    assert s.summary() == {"n": 3, "min": 1.0, "p50": 3.0, "p90": 5.0, "p99": 5.0, "max": 5.0, "last": 3.0}
+
+
+def test_n100_by_hand():
+    # values 1..100: p50 rank 50 -> 50; p90 rank 90 -> 90; p99 rank ceil(99.0)=99 -> 99 (not 100:
+    # 0.99*100 must not round up through a float)
+    vals = [float(v) for v in range(1, 101)]
+    random.Random(3).shuffle(vals)
+    s = feed(vals, first=1000.0)
+    su = s.summary()
+    assert (su["n"], su["min"], su["p50"], su["p90"], su["p99"], su["max"]) == (100, 1.0, 50.0, 90.0, 99.0, 100.0)
+
+
+def test_n101_by_hand():
+    # values 1..101: p50 rank ceil(50.5)=51; p90 rank ceil(90.9)=91; p99 rank ceil(99.99)=100
+    vals = [float(v) for v in range(1, 102)]
+    random.Random(4).shuffle(vals)
+    s = feed(vals, first=0.5)
+    su = s.summary()
+    assert (su["n"], su["min"], su["p50"], su["p90"], su["p99"], su["max"]) == (101, 1.0, 51.0, 91.0, 100.0, 101.0)
+    assert s.excluded_first == 1 and s.seen == 102
+
+
+def test_first_step_is_excluded_not_the_slowest():
+    # On a variable-width run step 1 (the compile) need not be the maximum: an ordinary long batch
+    # beats it. Excluding the slowest would drop 60.0 and keep 30.0 (playbook 4.3).
+    s = feed([10.0, 60.0, 20.0], first=30.0)
+    assert s.n == 3
+    assert s.max == 60.0 and s.min == 10.0
+    assert 30.0 not in [r.dt_s for r in s.recent() if r.counted]
+
+
+def test_first_of_each_process_is_excluded():
+    s = StepStats()
+    s.add(1, 40.0, ["first"])
+    for i in range(2, 6):
+        s.add(i, 10.0)
+    s.add(6, 45.0, ["first"])  # a second process in the same attempt
+    s.add(7, 11.0)
+    assert s.n == 5 and s.excluded_first == 2 and s.max == 11.0
+
+
+def test_only_a_first_step_means_no_statistics():
+    s = feed([], first=45.79)
+    assert s.summary() == {"n": 0, "min": None, "p50": None, "p90": None, "p99": None, "max": None, "last": None}
+    assert s.canonical_line() == "n=0 seconds_per_optimizer_step"
+    assert s.percentile(50) is None and s.histogram() == [] and s.eta_s(10, 1) is None
+
+
+def test_nearest_rank_helpers():
+    assert nearest_rank_index(0, 5) == 0
+    assert nearest_rank_index(100, 5) == 4
+    assert nearest_rank([1, 2, 3, 4], 50) == 2
+    with pytest.raises(ValueError):
+        nearest_rank_index(50, 0)
+    with pytest.raises(ValueError):
+        nearest_rank_index(101, 3)
+
+
+def test_canonical_line_format():
+    s = feed([11.84, 19.48, 28.96, 45.79, 19.0], first=60.0)
+    assert s.canonical_line() == "n=5 min=11.84 p50=19.48 p99=45.79 max=45.79 seconds_per_optimizer_step"
+
+
+def test_playbook_real_distribution_order_statistics():
+    """The seeded control reproduces playbook 4.3 exactly (over all 1,445 steps, step 1 included)."""
+    sc = _controls()
+    dts = sc.real_distribution_durations(0)
+    assert len(dts) == 1445 and dts[0] == 45.79
+    allv = sorted(dts)
+    assert (allv[0], nearest_rank(allv, 50), nearest_rank(allv, 99), allv[-1]) == (11.84, 19.75, 30.52, 45.79)
+    # the statistic stepwatch reports: first step excluded, n counts only counted steps
+    s = StepStats()
+    for r in sc.real_distribution(0).records:
+        s.add_record(r)
+    assert s.n == 1444 and s.min == 11.84 and s.max <= 45.79
+    line = s.canonical_line()
+    assert line.startswith("n=1444 min=11.84 p50=") and line.endswith(" seconds_per_optimizer_step")
+
+
+# ---------------------------------------------------------------- validation and bounds
+
+
+@pytest.mark.parametrize("bad", [-0.1, math.nan, math.inf, "x", None])
+def test_bad_durations_raise(bad):
+    with pytest.raises(ValueError):
+        StepStats().add(1, bad)
+
+
+def test_record_with_unknown_dt_is_skipped():
+    s = StepStats()
+    assert s.add_record({"kind": "step", "step": 3, "dt": None, "flags": []}) is False
+    assert s.add_record({"kind": "step", "step": 4, "dt": 2.5, "flags": [], "tokens": 10, "padded_tokens": 12})
+    assert s.n == 1 and s.seen == 1 and s.last_step == 4
+
+
+def test_recent_history_is_bounded():
+    s = StepStats(recent_maxlen=50, window=10)
+    for i in range(1000):
+        s.add(i, 1.0 + (i % 7))
+    assert s.n == 1000 and len(s.recent()) == 50 and s.recent()[-1].step == 999
+    assert len(s.recent(5)) == 5 and s.recent(0) == []
+
+
+# ---------------------------------------------------------------- throughput and ETA
+
+
+def test_throughput_by_hand():
+    s = StepStats()
+    s.add(1, 100.0, ["first"], tokens=1, padded_tokens=1)  # excluded: it carries the compile
+    s.add(2, 2.0, tokens=900, padded_tokens=1000)
+    s.add(3, 3.0, tokens=1400, padded_tokens=2000)
+    tp = s.throughput()
+    assert tp["tokens_per_s"] == pytest.approx(3000 / 5.0)
+    assert tp["real_tokens_per_s"] == pytest.approx(2300 / 5.0)
+    assert tp["padding_share"] == pytest.approx(1 - 2300 / 3000)
+
+
+def test_throughput_unknown_is_none_never_zero():
+    s = feed([1.0, 2.0])
+    assert s.throughput() == {"tokens_per_s": None, "real_tokens_per_s": None, "padding_share": None}
+    s.add(9, 2.0, tokens=500)  # real tokens only: padded unknown
+    tp = s.throughput()
+    assert tp["tokens_per_s"] is None and tp["padding_share"] is None
+    assert tp["real_tokens_per_s"] == pytest.approx(500 / 2.0)
+
+
+def test_eta_from_recent_p50():
+    s = StepStats(window=5)
+    for i, v in enumerate([100.0, 100.0, 100.0, 20.0, 20.0, 21.0, 19.0, 20.0]):
+        s.add(i + 1, v)
+    # recent window = [20, 20, 21, 19, 20] -> nearest-rank p50 = 20
+    assert s.recent_p50() == 20.0
+    assert s.eta_s(1312, 1300) == pytest.approx(12 * 20.0)
+    assert s.eta_s(1312, 1312) == 0.0 and s.eta_s(1312, 1400) == 0.0
+    assert s.eta_s(None, 5) is None and s.eta_s(10, None) is None
+
+
+# ---------------------------------------------------------------- histogram
+
+
+def test_histogram_shows_the_second_mode():
+    """A partial fallback's 400 s steps are a second hump, with empty bins between the modes."""
+    rng = random.Random(1)
+    vals = [20.0 * rng.uniform(0.8, 1.3) for _ in range(170)] + [400.0 * rng.uniform(0.9, 1.1) for _ in range(30)]
+    s = feed(vals, first=60.0)
+    h = s.histogram(bins=12, scale="log")
+    assert sum(c for _, _, c in h) == s.n == 200
+    counts = [c for _, _, c in h]
+    assert counts[0] > 0 and counts[-1] > 0 and 0 in counts[1:-1]
+    assert sum(c for lo, hi, c in h if lo >= 100) == 30
+    assert h[0][0] == s.min and h[-1][1] == s.max
+    lin = s.histogram(bins=5, scale="linear", lo_s=0.0, hi_s=500.0)  # edges 0, 100, ..., 500
+    assert [c for _, _, c in lin][:3] == [170, 0, 0] and sum(c for _, _, c in lin[3:]) == 30
+
+
+def test_histogram_edges_and_errors():
+    s = feed([5.0, 5.0])
+    assert s.histogram() == [(5.0, 5.0, 2)]
+    with pytest.raises(ValueError):
+        s.histogram(bins=0)
+    with pytest.raises(ValueError):
+        s.histogram(scale="sqrt")
+    with pytest.raises(ValueError):
+        s.histogram(lo_s=0.0, scale="log")
+
+
+# ---------------------------------------------------------------- hygiene
+
+
+def test_monitors_stay_headless():
+    code = (
+        "import sys, monitors.stepstats, monitors.detectors;"
+        "bad=[m for m in sys.modules if m.split('.')[0] in ('textual','launcher','tui','torch')];"
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr

@@ -1,48 +1,140 @@
 """The status snapshot: one plain dict computed from a run directory's files alone.
 
 ``stepwatch status --json`` prints it, the TUI draws it, ``watch --plain`` narrates its changes.
-A :class:`RunObserver` keeps incremental readers so that following a live run costs only the new
-bytes; :func:`snapshot` is the one-shot form. Views only read: nothing here writes into the run dir.
-Every key is always present (null when unknown) — see :data:`SNAPSHOT_KEYS`.
+A :class:`RunObserver` keeps incremental readers (events.jsonl from its start, train.log, gpu.jsonl)
+so following a live run costs only the new bytes; :func:`snapshot` is the one-shot form. Views only
+read: nothing here writes into the run dir. Every key is always present (null when unknown).
+
+Where numbers come from:
+- process state: run.json's captured pid + create_time (``kill -0``, psutil), exit.json;
+- step times: events.jsonl ``step`` records (``source: "events"``), else HF/tqdm progress updates in
+  train.log (``source: "log"``, approximate: arrival times of counter advances);
+- dynamo: events.jsonl ``dynamo`` records (``torch._dynamo.utils.counters`` and what the emitter saw)
+  and train.log's dynamo records (``TORCH_LOGS=recompiles`` lines, the recompile-limit warning);
+  ``source`` names which one each count came from;
+- GPU: gpu.jsonl, written by the sampler that runs beside the supervisor (never NVML here).
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
-from monitors.runfiles import EXIT_JSON, RUN_JSON, STOP_JSON, read_json
+from monitors.detectors import FallbackDetector, stall_state
+from monitors.dynamolog import DynamoLogScanner, RecompileLimit, Recompile
+from monitors.eventtail import EventReader
+from monitors.gpu.reading import WINDOW_S as GPU_WINDOW_S
+from monitors.gpu.reading import gpu_source, gpu_status_from_records
+from monitors.logtail import LogFollower
+from monitors.progress import ProgressTracker, rank_prefix
+from monitors.runfiles import EVENTS_JSONL, EXIT_JSON, GPU_JSONL, RUN_JSON, STOP_JSON, TRAIN_LOG, read_json, utc_iso
+from monitors.stepstats import StepStats
 from monitors.watchdog import ProcessRef, probe
 
+#: train.log up to this size is read from its first byte (dynamo counts and log-derived steps see
+#: the whole attempt); a bigger one only from its tail, and the snapshot says so (``log.from_start``).
+LOG_FULL_READ_MAX_BYTES = 64 * 1024 * 1024
+RECENT_STEPS = 60
+HIST_BINS = 24
+#: A recompile storm: at least this many recompiles within STORM_WINDOW_STEPS optimizer steps after
+#: warm-up (dynamic padding gives a new shape per batch).
+STORM_MIN_RECOMPILES = 5
+STORM_WINDOW_STEPS = 100
+GPU_HISTORY_POINTS = 3600  # the last hour at 1 Hz
+
 SNAPSHOT_KEYS = (
-    "run", "run_dir", "attempt", "state", "pid", "alive", "returncode", "signal", "ended", "versions", "step",
-    "step_seconds", "throughput", "eta_s", "warmup", "fallback", "stall", "dynamo", "attn_implementation",
-    "gpu", "gpu_error", "alerts", "identity", "log", "events", "process_verdict", "stop",
+    "run", "run_dir", "attempt", "state", "pid", "alive", "returncode", "signal", "ended", "launched_at_unix",
+    "versions", "step", "step_seconds", "step_line", "throughput", "eta_s", "warmup", "fallback", "stall",
+    "dynamo", "attn_implementation", "gpu", "gpu_error", "gpu_source", "gpu_history", "alerts", "identity",
+    "log", "events", "histogram", "recent_dt", "process_verdict", "stop", "last_logs",
 )
 
 
 def _null_snapshot() -> dict[str, Any]:
     return {
         "run": None, "run_dir": None, "attempt": None, "state": "unknown", "pid": None, "alive": False,
-        "returncode": None, "signal": None, "ended": None,
+        "returncode": None, "signal": None, "ended": None, "launched_at_unix": None,
         "versions": {"python": None, "torch": None, "transformers": None},
         "step": {"global_step": None, "max_steps": None, "source": None},
         "step_seconds": {"n": 0, "min": None, "p50": None, "p90": None, "p99": None, "max": None, "last": None},
+        "step_line": "n=0 seconds_per_optimizer_step",
         "throughput": {"tokens_per_s": None, "real_tokens_per_s": None, "padding_share": None},
         "eta_s": None,
         "warmup": {"state": None, "until_step": None},
         "fallback": {"state": "ok", "slow_steps": [], "onset_step": None, "reason": None},
         "stall": {"state": "ok", "current_step_elapsed_s": None},
         "dynamo": {"recompiles": None, "graph_breaks": None, "unique_graphs": None, "recompile_limit_hits": None,
-                   "source": None},
+                   "source": None, "by_source": {"events": None, "log": None}, "top_recompile_reason": None},
         "attn_implementation": {"requested": None, "resolved": None},
-        "gpu": None, "gpu_error": None,
+        "gpu": None, "gpu_error": None, "gpu_source": None, "gpu_history": {},
         "alerts": [],
-        "identity": None, "process_verdict": None, "stop": None,
-        "log": {"file": None, "last_line": None, "last_byte_age_s": None},
-        "events": {"file": None, "lines": 0, "corrupt_lines": 0},
+        "identity": None,
+        "log": {"file": None, "last_line": None, "traceback_last_line": None, "last_byte_age_s": None,
+                "from_start": None},
+        "events": {"file": None, "lines": 0, "corrupt_lines": 0, "dropped_events": None},
+        "histogram": {"edges_s": [], "counts": []},
+        "recent_dt": [],
+        "process_verdict": None, "stop": None, "last_logs": None,
     }
+
+
+def traceback_last_line(lines: list[str]) -> str | None:
+    """The exception line of the last Python traceback in ``lines`` (``RuntimeError: boom``), or None.
+
+    It is the first unindented line after the last ``Traceback (most recent call last):``; tqdm
+    often redraws its bar after the traceback, so the log's last line is not it. Rank prefixes
+    (``[rank3]:``) are looked through.
+    """
+    bodies = []
+    for ln in lines:
+        rank, body = rank_prefix(ln)
+        bodies.append(body[1:] if rank is not None and body.startswith(" ") else body)
+    start = None
+    for i in range(len(bodies) - 1, -1, -1):
+        if "Traceback (most recent call last)" in bodies[i]:  # may be glued onto a tqdm segment
+            start = i
+            break
+    if start is None:
+        return None
+    for ln, body in zip(lines[start + 1:], bodies[start + 1:]):
+        if body.strip() and not body[0].isspace():
+            return ln.strip()
+    return None
+
+
+class _Attempt:
+    """Everything accumulated from one attempt's files (reset when run.json's attempt changes)."""
+
+    def __init__(self, run_dir: Path):
+        self.events = EventReader(run_dir / EVENTS_JSONL)
+        log_path = run_dir / TRAIN_LOG
+        try:
+            from_start = log_path.stat().st_size <= LOG_FULL_READ_MAX_BYTES
+        except OSError:
+            from_start = True  # not there yet: it will start at byte 0
+        self.log_from_start = from_start
+        self.log = LogFollower(log_path, keep_lines=200, from_start=from_start)
+        self.gpu = EventReader(run_dir / GPU_JSONL)
+        self.gpu_window: deque[dict[str, Any]] = deque()
+        self.gpu_history: dict[str, dict[str, deque]] = {}
+        self.stats = StepStats()
+        self.detector = FallbackDetector()
+        self.progress = ProgressTracker()
+        self.log_stats = StepStats()
+        self.dynlog = DynamoLogScanner()
+        self.dynlog_flushed = False
+        self.limit_hits: list[tuple[RecompileLimit, int | None, float]] = []  # (event, global_step, seen at)
+        self.recompile_steps: deque[int] = deque(maxlen=1000)  # global_step of each recompile seen
+        self.run_start: dict[str, Any] | None = None
+        self.run_end: dict[str, Any] | None = None
+        self.dynamo_ev: dict[str, Any] | None = None
+        self.last_step: dict[str, Any] | None = None
+        self.open_phase: str | None = None
+        self.last_logs: dict[str, Any] | None = None
+        self.last_advance_at: float | None = None  # arrival of the log's last step advance (unix s)
+        self.first_alert_t: dict[str, float] = {}
 
 
 class RunObserver:
@@ -50,49 +142,279 @@ class RunObserver:
 
     ``refresh()`` reads whatever is new in the run's files and returns a fresh snapshot dict.
     Raises nothing for missing or half-written files; a run dir without run.json gives state
-    ``unknown``.
+    ``unknown``. Not thread-safe: one observer per thread.
     """
 
     def __init__(self, run_dir: Path):
         self.run_dir = Path(run_dir)
+        self._attempt_no: Any = object()
+        self.a: _Attempt | None = None
 
-    def _process_part(self, snap: dict[str, Any], run: dict[str, Any] | None) -> None:
-        snap["run_dir"] = str(self.run_dir)
-        if run is None:
-            snap["run"] = self.run_dir.name
+    # --- readers ---------------------------------------------------------------------------------
+    def _read_events(self, a: _Attempt) -> None:
+        for ev in a.events.read_new():
+            kind = ev.get("kind")
+            if ev.get("rank") not in (0, None):
+                continue  # rank 0 speaks for the run
+            if kind == "step" and isinstance(ev.get("dt"), (int, float)) and ev["dt"] >= 0:
+                a.stats.add_record(ev)
+                a.detector.update(ev)
+                a.last_step = ev
+                if "recompile" in (ev.get("flags") or []) and ev.get("step") is not None:
+                    a.recompile_steps.append(int(ev["step"]))
+            elif kind == "run_start":
+                a.run_start = ev
+            elif kind == "phase":
+                a.open_phase = ev.get("name") if ev.get("state") == "begin" else None
+            elif kind == "dynamo":
+                a.dynamo_ev = ev
+            elif kind == "log":
+                a.last_logs = ev.get("logs")
+            elif kind == "run_end":
+                a.run_end = ev
+
+    def _read_log(self, a: _Attempt) -> None:
+        segs = a.log.poll()
+        for seg in segs:
+            for adv in a.progress.feed(seg):
+                a.last_advance_at = adv.at_s
+                if adv.dt_s is not None and adv.dt_s >= 0:
+                    a.log_stats.add(adv.step, adv.dt_s, ())
+            self._dynamo_events(a, a.dynlog.feed(seg.text))
+
+    def _dynamo_events(self, a: _Attempt, events: list) -> None:
+        step = self._global_step(a)
+        for e in events:
+            if isinstance(e, RecompileLimit):
+                a.limit_hits.append((e, step, time.time()))
+            elif isinstance(e, Recompile) and step is not None:
+                a.recompile_steps.append(step)
+
+    def _read_gpu(self, a: _Attempt) -> None:
+        new = a.gpu.read_new()
+        if not new:
             return
+        for rec in new:
+            if not isinstance(rec, dict):
+                continue
+            a.gpu_window.append(rec)
+            for d in rec.get("devices") or []:
+                if not isinstance(d, dict):
+                    continue
+                h = a.gpu_history.setdefault(str(d.get("index")), {
+                    "t": deque(maxlen=GPU_HISTORY_POINTS), "util_pct": deque(maxlen=GPU_HISTORY_POINTS),
+                    "power_share": deque(maxlen=GPU_HISTORY_POINTS)})
+                h["t"].append(rec.get("t"))
+                h["util_pct"].append(d.get("util_pct"))
+                pw, lim = d.get("power_w"), d.get("power_limit_w")
+                h["power_share"].append(pw / lim if isinstance(pw, (int, float)) and lim else None)
+        t_last = a.gpu_window[-1].get("t") if a.gpu_window else None
+        while a.gpu_window and isinstance(t_last, (int, float)) and isinstance(a.gpu_window[0].get("t"), (int, float)) \
+                and t_last - a.gpu_window[0]["t"] > GPU_WINDOW_S + 5:
+            a.gpu_window.popleft()
+
+    @staticmethod
+    def _global_step(a: _Attempt) -> int | None:
+        if a.last_step is not None and a.last_step.get("step") is not None:
+            return int(a.last_step["step"])
+        return a.progress.global_step
+
+    # --- the snapshot ----------------------------------------------------------------------------
+    def refresh(self, now: float | None = None) -> dict[str, Any]:
+        """Read what is new and return the snapshot (a new dict each call)."""
+        now = time.time() if now is None else now
+        snap = _null_snapshot()
+        snap["run_dir"] = str(self.run_dir)
+        snap["run"] = self.run_dir.name
+        run = read_json(self.run_dir / RUN_JSON)
+        if run is None:
+            return snap
+        if run.get("attempt") != self._attempt_no or self.a is None:
+            self._attempt_no = run.get("attempt")
+            self.a = _Attempt(self.run_dir)
+        a = self.a
+        self._process_part(snap, run)
+        self._read_events(a)
+        self._read_log(a)
+        self._read_gpu(a)
+        if snap["state"] != "running" and not a.dynlog_flushed and snap["process_verdict"] not in (None, "alive"):
+            self._dynamo_events(a, a.dynlog.flush())
+            a.dynlog_flushed = True
+        self._steps_part(snap, a, now)
+        self._dynamo_part(snap, a)
+        self._gpu_part(snap, a)
+        self._log_part(snap, a, now)
+        snap["alerts"] = self._alerts(snap, a, run)
+        return snap
+
+    def _process_part(self, snap: dict[str, Any], run: dict[str, Any]) -> None:
         snap["run"] = run.get("name") or self.run_dir.name
         snap["attempt"] = run.get("attempt")
         snap["identity"] = run.get("identity")
+        snap["launched_at_unix"] = run.get("launched_at_unix")
         proc = ProcessRef.from_json(run.get("process"))
         snap["pid"] = proc.pid if proc else None
         verdict = probe(proc) if proc else None
+        snap["process_verdict"] = verdict
         snap["alive"] = verdict == "alive"
         ex = read_json(self.run_dir / EXIT_JSON)
         if ex is not None:
             snap["returncode"] = ex.get("returncode")
             snap["signal"] = ex.get("signal")
-            snap["ended"] = {k: ex.get(k) for k in ("ended_at", "ended_at_unix", "duration_s", "stop_requested",
-                                                     "error")}
+            snap["ended"] = {k: ex.get(k) for k in ("ended_at", "ended_at_unix", "duration_s", "stop_requested", "error")}
         if snap["alive"]:
             snap["state"] = "running"
         elif ex is not None:
             snap["state"] = "exited"
-        else:
-            snap["state"] = "unknown"
-        snap["process_verdict"] = verdict
-        st = read_json(self.run_dir / STOP_JSON)
-        snap["stop"] = st
+        snap["stop"] = read_json(self.run_dir / STOP_JSON)
 
-    def refresh(self, now: float | None = None) -> dict[str, Any]:
-        """Read what is new and return the snapshot (a new dict each call)."""
-        now = time.time() if now is None else now
-        snap = _null_snapshot()
-        run = read_json(self.run_dir / RUN_JSON)
-        self._process_part(snap, run)
-        return snap
+    def _steps_part(self, snap: dict[str, Any], a: _Attempt, now: float) -> None:
+        rs = a.run_start or {}
+        if rs:
+            snap["versions"] = {k: (rs.get("versions") or {}).get(k) for k in ("python", "torch", "transformers")}
+            snap["attn_implementation"] = {k: (rs.get("attn_implementation") or {}).get(k) for k in ("requested", "resolved")}
+        use_events = a.stats.seen > 0
+        stats = a.stats if use_events or a.log_stats.seen == 0 else a.log_stats
+        gs = self._global_step(a)
+        max_steps = rs.get("max_steps") or a.progress.total
+        snap["step"] = {"global_step": gs, "max_steps": max_steps,
+                        "source": "events" if use_events else ("log" if gs is not None else None)}
+        summ = stats.summary()
+        snap["step_seconds"] = {k: summ.get(k) for k in ("n", "min", "p50", "p90", "p99", "max", "last")}
+        snap["step_line"] = stats.canonical_line()
+        tp = stats.throughput()
+        snap["throughput"] = {k: tp.get(k) for k in ("tokens_per_s", "real_tokens_per_s", "padding_share")}
+        snap["eta_s"] = stats.eta_s(max_steps, gs) if snap["state"] == "running" else None
+        hist = stats.histogram(bins=HIST_BINS)
+        snap["histogram"] = {"edges_s": [h[0] for h in hist] + ([hist[-1][1]] if hist else []),
+                             "counts": [h[2] for h in hist]}
+        snap["recent_dt"] = [r.dt_s for r in stats.recent(RECENT_STEPS)]
+        if use_events:
+            snap["warmup"] = a.detector.warmup()
+            snap["fallback"] = a.detector.snapshot()
+        if snap["state"] == "running":
+            started = a.last_step.get("step_end") if a.last_step else None
+            if started is None and not use_events:
+                started = a.last_advance_at
+            sv = stall_state(started, now, stats, a.open_phase)
+            snap["stall"] = sv.as_dict()
+        snap["last_logs"] = a.last_logs or a.progress.last_log
+
+    def _dynamo_part(self, snap: dict[str, Any], a: _Attempt) -> None:
+        ev_part = None
+        if a.dynamo_ev is not None:
+            c = a.dynamo_ev.get("counters") or {}
+            gb = c.get("graph_break")
+            ev_part = {
+                "recompiles": a.dynamo_ev.get("recompiles"),
+                "recompile_limit_hits": a.dynamo_ev.get("recompile_limit_hits"),
+                "unique_graphs": (c.get("stats") or {}).get("unique_graphs"),
+                "graph_breaks": sum(v for v in gb.values() if isinstance(v, (int, float))) if isinstance(gb, dict) else 0,
+            }
+        if a.run_end and isinstance(a.run_end.get("dynamo"), dict):
+            ev_part = ev_part or {"unique_graphs": None, "graph_breaks": None}
+            for k in ("recompiles", "recompile_limit_hits"):
+                if a.run_end["dynamo"].get(k) is not None:
+                    ev_part[k] = a.run_end["dynamo"][k]
+        log_counts = a.dynlog.counts()
+        log_seen = bool(log_counts["recompiles"] or log_counts["recompile_limit_hits"] or log_counts["graph_breaks"])
+        log_part = {"recompiles": log_counts["recompiles"], "recompile_limit_hits": log_counts["recompile_limit_hits"],
+                    "graph_breaks": log_counts["graph_breaks"], "unique_graphs": None}
+        d = snap["dynamo"]
+        d["by_source"] = {"events": ev_part, "log": log_part}
+        d["top_recompile_reason"] = log_counts["top_recompile_reason"]
+        sources = []
+        for key in ("recompiles", "recompile_limit_hits", "graph_breaks", "unique_graphs"):
+            vals = [(src, part.get(key)) for src, part in (("events", ev_part), ("log", log_part))
+                    if part is not None and part.get(key) is not None and (src == "events" or log_seen)]
+            if vals:
+                src, v = max(vals, key=lambda sv: sv[1])  # the source that saw the most wins
+                d[key] = v
+                sources.append(src)
+        d["source"] = "+".join(sorted(set(sources))) or None
+
+    def _gpu_part(self, snap: dict[str, Any], a: _Attempt) -> None:
+        recs = list(a.gpu_window)
+        if not recs and not a.gpu.exists:
+            snap["gpu"], snap["gpu_error"] = None, "no GPU samples recorded (gpu.jsonl missing): NVML state unknown"
+            return
+        snap["gpu"], snap["gpu_error"] = gpu_status_from_records(recs)
+        snap["gpu_source"] = gpu_source(recs)
+        snap["gpu_history"] = {k: {f: list(v)[-120:] for f, v in h.items() if f != "t"} for k, h in a.gpu_history.items()}
+
+    def _log_part(self, snap: dict[str, Any], a: _Attempt, now: float) -> None:
+        lines = list(a.log.last_lines)
+        last = next((ln for ln in reversed(lines) if ln.strip()), None)
+        snap["log"] = {"file": TRAIN_LOG, "last_line": last, "traceback_last_line": traceback_last_line(lines),
+                       "last_byte_age_s": a.log.last_byte_age_s, "from_start": a.log_from_start}
+        snap["events"] = {"file": EVENTS_JSONL if a.events.exists else None, "lines": a.events.lines_read,
+                          "corrupt_lines": a.events.corrupt_lines,
+                          "dropped_events": (a.run_end or {}).get("dropped_events")}
+
+    # --- alerts ----------------------------------------------------------------------------------
+    def _alert(self, a: _Attempt, attempt: Any, kind: str, key: str, message: str, at: float | None) -> dict[str, Any]:
+        aid = f"a{attempt}-{kind}-{key}"
+        t = at if at is not None else a.first_alert_t.setdefault(aid, time.time())
+        return {"id": aid, "kind": kind, "at": utc_iso(t), "message": message}
+
+    def _alerts(self, snap: dict[str, Any], a: _Attempt, run: dict[str, Any]) -> list[dict[str, Any]]:
+        """Alerts with stable ids (attempt + kind + step or key), oldest first."""
+        att = snap["attempt"]
+        out = []
+        for e, step, seen in a.limit_hits:
+            where = f" on rank {e.rank}" if e.rank is not None else ""
+            out.append(self._alert(a, att, "recompile_limit", f"{e.function}-{e.rank}",
+                                   f"dynamo hit {e.limit_name} ({e.limit}) for {e.function}{where}"
+                                   f"{f' near step {step}' if step is not None else ''}: that frame now runs EAGERLY", seen))
+        if not a.limit_hits and (snap["dynamo"].get("recompile_limit_hits") or 0) > 0:
+            out.append(self._alert(a, att, "recompile_limit", "events",
+                                   f"dynamo hit its recompile limit {snap['dynamo']['recompile_limit_hits']} time(s) "
+                                   "(seen by the emitter): a frame now runs eagerly", None))
+        storm = self._storm(snap, a)
+        if storm:
+            out.append(self._alert(a, att, "recompile_storm", str(storm[0]), storm[1], None))
+        fb = snap["fallback"]
+        if fb.get("state") == "flagged":
+            out.append(self._alert(a, att, "fallback", str(fb.get("onset_step")),
+                                   f"step times went bimodal (eager fallback?): {fb.get('reason')}", None))
+        st = snap["stall"]
+        if st.get("state") == "stalled":
+            gs = snap["step"].get("global_step")
+            out.append(self._alert(a, att, "stall", str(gs),
+                                   f"alive but stuck: no optimizer step for {st['current_step_elapsed_s']:.0f} s after "
+                                   f"step {gs} (p99 {snap['step_seconds'].get('p99')} s)", None))
+        for g in snap.get("gpu") or []:
+            if str(g.get("verdict") or "").startswith("SM-busy, tensor-idle"):
+                out.append(self._alert(a, att, "gpu", f"{g.get('index')}-tensor-idle", f"GPU{g.get('index')}: {g['verdict']}", None))
+        if snap["state"] in ("exited", "unknown") and snap["process_verdict"] not in (None, "alive"):
+            ended = snap.get("ended") or {}
+            bad = snap["state"] == "unknown" or snap.get("signal") or snap.get("returncode") not in (0, None)
+            if bad:
+                from monitors.narrate import end_words  # noqa: PLC0415
+
+                stopped = " (stop requested)" if ended.get("stop_requested") else ""
+                tb = snap["log"].get("traceback_last_line")
+                last = f"traceback: {tb}" if tb else f"last log line: {snap['log'].get('last_line')!r}"
+                out.append(self._alert(a, att, "watchdog", "end",
+                                       f"process {snap['pid']} {end_words(snap)}{stopped}; {last}",
+                                       ended.get("ended_at_unix")))
+        return out
+
+    @staticmethod
+    def _storm(snap: dict[str, Any], a: _Attempt) -> tuple[int, str] | None:
+        wu = snap["warmup"]
+        if wu.get("state") != "steady" or len(a.recompile_steps) < STORM_MIN_RECOMPILES:
+            return None
+        after = [s for s in a.recompile_steps if wu.get("until_step") is None or s > wu["until_step"]]
+        for i in range(len(after) - STORM_MIN_RECOMPILES + 1):
+            if after[i + STORM_MIN_RECOMPILES - 1] - after[i] <= STORM_WINDOW_STEPS:
+                top = snap["dynamo"].get("top_recompile_reason")
+                return after[i], (f"recompile storm after warm-up: {len(after)} recompiles since step {after[0]}; "
+                                  f"most frequent reason: {top or 'unknown (enable TORCH_LOGS=recompiles)'}")
+        return None
 
 
 def snapshot(run_dir: Path, now: float | None = None) -> dict[str, Any]:
     """One-shot status of ``run_dir`` from its files (see :class:`RunObserver`)."""
     return RunObserver(run_dir).refresh(now)
+

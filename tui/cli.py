@@ -137,6 +137,34 @@ def cmd_stop(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_demo(args: argparse.Namespace) -> int:
+    from launcher.demo import DemoUnavailable, demo_config  # noqa: PLC0415
+
+    script_args: list[str] = []
+    for flag in ("steps", "crash_at", "hang_at", "fallback_at", "hidden", "layers", "seq_len", "save_every"):
+        v = getattr(args, flag)
+        if v is not None:
+            script_args += [f"--{flag.replace('_', '-')}", str(v)]
+    if args.compile:
+        script_args.append("--compile")
+    try:
+        cfg, where = demo_config(_runs_dir(args), script_args)
+        print(where)
+        res = launch(cfg)
+    except DemoUnavailable as e:
+        _err(str(e))
+        return EXIT_USAGE
+    except (ConfigError, LaunchRefused) as e:
+        _err(str(e))
+        return EXIT_FAILED
+    _print_launch(res, "launched demo:")
+    if args.no_tui:
+        from monitors.narrate import watch  # noqa: PLC0415
+
+        return watch(res.run_dir, every_n_steps=10)
+    return _open_tui(res.run_dir, args)
+
+
 def cmd_preflight(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(args.config, runs_dir_override=Path(args.runs_dir).resolve() if getattr(args, "runs_dir", None) else None)
@@ -265,6 +293,23 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--reason", help="recorded in stop.json")
     sp.add_argument("--no-wait", action="store_true", help="return once the request is delivered")
     sp.set_defaults(func=cmd_stop)
+
+    sp = sub.add_parser("demo", help="a bundled tiny real training run (transformers Trainer, CPU), launched and watched")
+    common(sp)
+    sp.add_argument("--no-tui", action="store_true", help="watch headless (watch --plain); exit code = the run's outcome")
+    sp.add_argument("--steps", type=int, help="optimizer steps (default 150, about a minute)")
+    sp.add_argument("--crash-at", type=int, metavar="STEP", help="the script raises at that step (watchdog alert)")
+    sp.add_argument("--hang-at", type=int, metavar="STEP", help="the script stops progressing at that step (stall)")
+    sp.add_argument("--fallback-at", type=int, metavar="STEP",
+                    help="SIMULATED eager fallback: ~20x the work per step from that step (fallback alert)")
+    sp.add_argument("--compile", action="store_true",
+                    help="torch.compile(dynamic=False) with a lowered recompile limit: the real recompile-limit warning")
+    sp.add_argument("--hidden", type=int, help=argparse.SUPPRESS)
+    sp.add_argument("--layers", type=int, help=argparse.SUPPRESS)
+    sp.add_argument("--seq-len", type=int, help=argparse.SUPPRESS)
+    sp.add_argument("--save-every", type=int, help=argparse.SUPPRESS)
+    sp.add_argument("--low-bandwidth", action="store_true", help=argparse.SUPPRESS)
+    sp.set_defaults(func=cmd_demo)
 
     sp = sub.add_parser("preflight", help="the pre-launch checklist alone (exit 1 when an item fails)")
     common(sp)

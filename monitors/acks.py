@@ -1,0 +1,44 @@
+"""Acknowledged alerts: ``acks.jsonl`` in the run dir, the one file a view writes (DESIGN.md section 2).
+
+One JSON object per line: ``{"v": 1, "alert_id": ..., "acknowledged_at": ISO, "t": unix, "by": user}``.
+Not rotated: alert ids carry the attempt number.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import time
+from pathlib import Path
+
+from monitors.runfiles import ACKS_JSONL, utc_iso
+
+
+def read_acked(run_dir: Path) -> set[str]:
+    """Alert ids acknowledged so far (corrupt lines skipped; a missing file is an empty set)."""
+    acked: set[str] = set()
+    try:
+        with open(Path(run_dir) / ACKS_JSONL, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                try:
+                    obj = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(obj, dict) and isinstance(obj.get("alert_id"), str):
+                    acked.add(obj["alert_id"])
+    except (FileNotFoundError, PermissionError):
+        pass
+    return acked
+
+
+def acknowledge(run_dir: Path, alert_ids: list[str]) -> None:
+    """Append one line per id to acks.jsonl. Raises OSError when the run dir is not writable."""
+    t = time.time()
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = None
+    lines = "".join(json.dumps({"v": 1, "alert_id": a, "acknowledged_at": utc_iso(t), "t": t, "by": user}) + "\n"
+                    for a in alert_ids)
+    with open(Path(run_dir) / ACKS_JSONL, "a", encoding="utf-8") as f:
+        f.write(lines)

@@ -1,0 +1,149 @@
+"""Words for a status snapshot: ``status`` without ``--json``, and ``watch --plain`` / ``--json``.
+
+``watch`` follows a run from its files and prints one line per notable event — attempt started,
+every Nth step with the running summary, each alert, the exit — with a UTC timestamp, and returns
+the run's outcome as an exit code (0 when the run exited 0, else 1). Attaching to a run that already
+ended prints its story and returns at once.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, TextIO
+
+from monitors.runfiles import utc_iso
+from monitors.status import RunObserver
+from monitors.watchdog import ProcessRef, wait_for_exit
+
+
+def _fmt(v: Any, nd: int = 2) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{nd}f}"
+    return str(v)
+
+
+def end_words(snap: dict[str, Any]) -> str:
+    """``exited with code 3 after 12.0 s`` / ``killed by SIGKILL after ...`` / ``ended, status unknown``."""
+    ended = snap.get("ended") or {}
+    dur = ended.get("duration_s")
+    after = f" after {dur:.1f} s" if isinstance(dur, (int, float)) else ""
+    if snap.get("signal"):
+        return f"killed by {snap['signal']}{after}"
+    if snap.get("returncode") is not None:
+        return f"exited with code {snap['returncode']}{after}"
+    return "ended, status unknown (supervisor gone, no exit.json)"
+
+
+def status_lines(snap: dict[str, Any]) -> list[str]:
+    """A few readable lines with the same content as ``status --json``."""
+    step = snap.get("step") or {}
+    lines = [f"{snap['run']} attempt {snap.get('attempt') or '-'}: {snap['state']}"
+             + (f", pid {snap['pid']}" if snap.get("pid") else "")
+             + (f" ({end_words(snap)})" if snap["state"] != "running" and snap.get("attempt") else "")]
+    lines.append(f"  step {_fmt(step.get('global_step'))}/{_fmt(step.get('max_steps'))} (from {step.get('source') or '-'}), "
+                 f"ETA {_fmt(snap.get('eta_s'), 0)} s")
+    lines.append(f"  {snap.get('step_line') or 'n=0 seconds_per_optimizer_step'}")
+    fb, st = snap.get("fallback") or {}, snap.get("stall") or {}
+    lines.append(f"  fallback {fb.get('state')}" + (f": {fb['reason']}" if fb.get("reason") else "")
+                 + f"; stall {st.get('state')}" + (f" ({_fmt(st.get('current_step_elapsed_s'), 1)} s)" if st.get("state") == "stalled" else ""))
+    d = snap.get("dynamo") or {}
+    lines.append(f"  dynamo: recompiles {_fmt(d.get('recompiles'))}, graph breaks {_fmt(d.get('graph_breaks'))}, "
+                 f"recompile-limit hits {_fmt(d.get('recompile_limit_hits'))} (from {d.get('source') or '-'})")
+    a, v = snap.get("attn_implementation") or {}, snap.get("versions") or {}
+    lines.append(f"  attention requested {_fmt(a.get('requested'))} -> resolved {_fmt(a.get('resolved'))}; "
+                 f"torch {_fmt(v.get('torch'))}, transformers {_fmt(v.get('transformers'))}")
+    if snap.get("gpu"):
+        for g in snap["gpu"]:
+            lines.append(f"  GPU{g.get('index')} {g.get('name')}: kernel-active {_fmt(g.get('util_pct'), 0)}%, "
+                         f"power {_fmt(g.get('power_w'), 0)}/{_fmt(g.get('power_limit_w'), 0)} W"
+                         + (f", {g['verdict']}" if g.get("verdict") else ""))
+    else:
+        lines.append(f"  GPU: {snap.get('gpu_error') or 'no samples'}")
+    ident = snap.get("identity") or {}
+    if ident:
+        lines.append(f"  commit {(ident.get('harness_commit') or 'none')[:12]} dirty at launch: {ident.get('harness_dirty_at_launch')}")
+    for al in snap.get("alerts") or []:
+        lines.append(f"  ALERT [{al['kind']}] {al['message']}")
+    return lines
+
+
+class Narrator:
+    """Turns successive snapshots into event lines (plain text or JSON objects)."""
+
+    def __init__(self, out: TextIO, as_json: bool, every_n_steps: int):
+        self.out, self.as_json, self.every = out, as_json, max(1, every_n_steps)
+        self.attempt: Any = None
+        self.last_step_printed: int | None = None
+        self.alerts_seen: set[str] = set()
+        self.ended_printed = False
+
+    def emit(self, kind: str, text: str, **data: Any) -> None:
+        now = utc_iso(time.time())
+        if self.as_json:
+            self.out.write(json.dumps({"at": now, "kind": kind, "message": text, **data}) + "\n")
+        else:
+            self.out.write(f"{now} {text}\n")
+        self.out.flush()
+
+    def feed(self, snap: dict[str, Any]) -> None:
+        if snap.get("attempt") != self.attempt:
+            self.attempt = snap.get("attempt")
+            ident = snap.get("identity") or {}
+            self.emit("attempt", f"{snap['run']} attempt {self.attempt}: {snap['state']}, pid {snap.get('pid')}, "
+                                 f"commit {(ident.get('harness_commit') or 'none')[:12]}",
+                      attempt=self.attempt, pid=snap.get("pid"))
+            self.last_step_printed, self.ended_printed = None, False
+        gs = (snap.get("step") or {}).get("global_step")
+        if gs is not None and (self.last_step_printed is None or gs >= self.last_step_printed + self.every):
+            self.last_step_printed = gs - gs % self.every if gs >= self.every else gs
+            mx = (snap.get("step") or {}).get("max_steps")
+            self.emit("step", f"step {gs}/{mx or '?'} {snap.get('step_line') or ''}", step=gs,
+                      step_seconds=snap.get("step_seconds"))
+        for al in snap.get("alerts") or []:
+            if al["id"] not in self.alerts_seen:
+                self.alerts_seen.add(al["id"])
+                self.emit("alert", f"ALERT [{al['kind']}] {al['message']}", alert=al)
+        if snap["state"] != "running" and snap.get("process_verdict") not in (None, "alive") and not self.ended_printed:
+            self.ended_printed = True
+            self.emit("exit", f"{snap['run']} {end_words(snap)}; {snap.get('step_line') or ''}",
+                      returncode=snap.get("returncode"), signal=snap.get("signal"))
+
+
+def outcome_code(snap: dict[str, Any]) -> int:
+    """0 when the run exited 0, else 1."""
+    return 0 if snap.get("state") == "exited" and snap.get("returncode") == 0 else 1
+
+
+def watch(run_dir: Path, as_json: bool = False, every_n_steps: int = 10, out: TextIO | None = None,
+          poll_s: float = 0.5, should_stop: Callable[[], bool] | None = None) -> int:
+    """Follow ``run_dir`` until its process ends; print events; return the outcome code.
+
+    Death is noticed at once through a pidfd on the captured pid (and the ``kill -0`` poll every
+    ``poll_s`` seconds); the exit record is then given up to 3 s to appear.
+    """
+    out = out or sys.stdout
+    obs = RunObserver(run_dir)
+    nar = Narrator(out, as_json, every_n_steps)
+    while True:
+        snap = obs.refresh()
+        ended = snap["state"] != "running" and snap.get("process_verdict") not in (None, "alive")
+        if ended and snap["state"] == "unknown":  # the supervisor may be writing exit.json right now
+            deadline = time.monotonic() + 3.0
+            while snap["state"] == "unknown" and time.monotonic() < deadline:
+                time.sleep(0.05)
+                snap = obs.refresh()
+        nar.feed(snap)
+        if ended:
+            return outcome_code(snap)
+        if should_stop is not None and should_stop():
+            return outcome_code(snap)
+        ref = ProcessRef(snap["pid"], None) if snap.get("pid") else None
+        if ref is not None:
+            wait_for_exit(ref, timeout_s=poll_s, poll_s=poll_s)
+        else:
+            time.sleep(poll_s)

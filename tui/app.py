@@ -1,0 +1,235 @@
+"""The Textual app: home (runs), the run screen, and the launch / relaunch / stop actions.
+
+The app holds no state the files do not: every panel is rebuilt from the run dir. Quitting never
+touches the run. Blocking work (file reads, git, the checklist, launching) runs in worker threads.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from textual import work
+from textual.app import App
+from textual.binding import Binding
+
+from monitors.runfiles import RUN_JSON, read_json
+from tui.messages import ActionDone
+from tui.screens.home import HomeScreen
+from tui.screens.modals import Confirm, Help, PreflightScreen, Prompt
+from tui.screens.run import RunScreen
+
+DEBOUNCE_S = 1.0  # a key pressed twice within this acts once
+STATE_FILE = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "stepwatch" / "last_config"
+
+
+class StepwatchApp(App):
+    """stepwatch's TUI. ``run_dir`` None opens the home screen on ``runs_dir``."""
+
+    CSS_PATH = "styles.tcss"
+    TITLE = "stepwatch"
+    BINDINGS = [
+        Binding("q", "quit_app", "quit (run keeps going)"),
+        Binding("l", "launch", "launch"),
+        Binding("question_mark", "help", "help"),
+    ]
+
+    def __init__(self, run_dir: Path | None, runs_dir: Path, low_bandwidth: bool = False):
+        super().__init__()
+        self.start_run_dir = Path(run_dir) if run_dir else None
+        self.runs_dir = Path(runs_dir)
+        self.low_bandwidth = low_bandwidth
+        self._last_action: dict[str, float] = {}
+        self._busy = False
+        self.exit_message = ""
+
+    # --- lifecycle ---------------------------------------------------------------------------
+    def on_mount(self) -> None:
+        if self.start_run_dir is not None:
+            self.push_screen(RunScreen(self.start_run_dir))
+        else:
+            self.push_screen(HomeScreen(self.runs_dir))
+        self.set_interval(2.0, self._check_terminal)
+
+    def _check_terminal(self) -> None:
+        """Exit on our own when the terminal went away (SSH dropped) instead of polling as an orphan."""
+        if self.is_headless:
+            return
+        try:
+            if not os.isatty(sys.__stdin__.fileno()) or os.getppid() == 1:
+                self.exit(message="terminal gone; the run is untouched")
+        except (ValueError, OSError):
+            self.exit(message="terminal gone; the run is untouched")
+
+    def _debounced(self, action: str) -> bool:
+        now = time.monotonic()
+        if self._busy or now - self._last_action.get(action, -1e9) < DEBOUNCE_S:
+            return True
+        self._last_action[action] = now
+        return False
+
+    @property
+    def run_screen(self) -> RunScreen | None:
+        return self.screen if isinstance(self.screen, RunScreen) else None
+
+    def attach(self, run_dir: Path) -> None:
+        """Open the run screen on ``run_dir`` (from home)."""
+        self.push_screen(RunScreen(run_dir))
+
+    # --- actions -----------------------------------------------------------------------------
+    def action_home(self) -> None:
+        if isinstance(self.screen, RunScreen):
+            if len(self.screen_stack) > 2:
+                self.pop_screen()
+            else:
+                self.switch_screen(HomeScreen(self.runs_dir))
+
+    def action_help(self) -> None:
+        self.push_screen(Help())
+
+    def action_quit_app(self) -> None:
+        rs = self.run_screen
+        if rs is not None and rs.snap.get("state") == "running":
+            self.exit_message = (f"stepwatch: left {rs.snap.get('run')} running (pid {rs.snap.get('pid')}); "
+                                 f"reattach with: stepwatch attach {rs.run_dir}")
+        else:
+            self.exit_message = "stepwatch: bye; no run was touched"
+        self.exit(message=self.exit_message)
+
+    def action_launch(self) -> None:
+        if self._debounced("launch"):
+            return
+        last = STATE_FILE.read_text().strip() if STATE_FILE.exists() else ""
+        self.push_screen(Prompt("Launch from which run config (TOML)?", last), self._launch_path_given)
+
+    def _launch_path_given(self, path: str | None) -> None:
+        if not path:
+            return
+        from launcher.config import ConfigError, load_config  # noqa: PLC0415
+
+        try:
+            cfg = load_config(path)
+        except ConfigError as e:
+            self.notify(str(e), severity="error", timeout=15)
+            return
+        try:
+            STATE_FILE.parent.mkdir(parents=True, exist_ok=True)
+            STATE_FILE.write_text(str(Path(path).resolve()) + "\n")
+        except OSError:
+            pass
+        self.push_screen(PreflightScreen(cfg, f"Launch {cfg.name} into {cfg.run_dir}"),
+                         lambda res: self._do_launch(cfg, res, "launch"))
+
+    def action_relaunch(self) -> None:
+        rs = self.run_screen
+        if rs is None or self._debounced("relaunch"):
+            return
+        if rs.snap.get("state") == "running":
+            self.notify(f"{rs.run_dir.name} is still running: stop it first (x)", severity="warning")
+            return
+        self.push_screen(Confirm(f"Relaunch {rs.run_dir.name}? The logs of attempt {rs.snap.get('attempt')} are "
+                                 "rotated (kept under stamped names) and a new attempt starts."),
+                         lambda yes: self._relaunch_confirmed(rs.run_dir) if yes else None)
+
+    def _relaunch_confirmed(self, run_dir: Path) -> None:
+        from launcher.config import ConfigError  # noqa: PLC0415
+        from launcher.launch import LaunchRefused, relaunch_config  # noqa: PLC0415
+
+        try:
+            cfg, changes = relaunch_config(run_dir)
+        except (ConfigError, LaunchRefused) as e:
+            self.notify(str(e), severity="error", timeout=15)
+            return
+        title = f"Relaunch {cfg.name}: " + ("; ".join(changes) if changes else "config unchanged")
+        self.push_screen(PreflightScreen(cfg, title), lambda res: self._do_launch(cfg, res, "relaunch"))
+
+    def _do_launch(self, cfg: Any, res: dict | None, action: str) -> None:
+        if res is None:
+            return
+        self._busy = True
+        self._launch_worker(cfg, res, action)
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="action")
+    def _launch_worker(self, cfg: Any, res: dict, action: str) -> None:
+        from launcher.config import ConfigError  # noqa: PLC0415
+        from launcher.launch import LaunchRefused, launch  # noqa: PLC0415
+
+        cl = res["checklist"]
+        reason = res["reason"]
+        allow_dirty = reason if "clean_tree" in cl.failed else None
+        override = reason if [f for f in cl.failed if f != "clean_tree"] else None
+        try:
+            out = launch(cfg, allow_dirty=allow_dirty, override=override, checklist=cl)
+        except (ConfigError, LaunchRefused, OSError) as e:
+            self.post_message(ActionDone(action, False, str(e)))
+            return
+        self.post_message(ActionDone(action, True, f"{action}ed {cfg.name} attempt {out.attempt}, pid {out.pid}",
+                                     str(out.run_dir)))
+
+    def action_stop_run(self) -> None:
+        rs = self.run_screen
+        if rs is None or self._debounced("stop"):
+            return
+        if rs.snap.get("state") != "running":
+            self.notify(f"{rs.run_dir.name} is not running", severity="warning")
+            return
+        self.push_screen(Confirm(f"Stop {rs.run_dir.name} (pid {rs.snap.get('pid')})? SIGINT now, SIGTERM and "
+                                 "SIGKILL after 30 s each, carried out by the supervisor."),
+                         lambda yes: self._stop_worker(rs.run_dir) if yes else None)
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="action")
+    def _stop_worker(self, run_dir: Path) -> None:
+        from launcher.stop import StopError, request_stop  # noqa: PLC0415
+
+        try:
+            request_stop(run_dir, grace_s=30.0, reason="stopped from the TUI", wait=False)
+        except StopError as e:
+            self.post_message(ActionDone("stop", False, str(e)))
+            return
+        self.post_message(ActionDone("stop", True, "stop requested: SIGINT sent; the supervisor escalates"))
+
+    def on_action_done(self, msg: ActionDone) -> None:
+        self._busy = False
+        self.notify(msg.text, severity="information" if msg.ok else "error", timeout=10 if msg.ok else 20)
+        if msg.ok and msg.run_dir:
+            rs = self.run_screen
+            if rs is not None and rs.run_dir == Path(msg.run_dir):
+                rs.reset_follow()
+            else:
+                self.push_screen(RunScreen(Path(msg.run_dir)))
+
+    # --- alerts to an external command ---------------------------------------------------------
+    def run_alert_command(self, run_dir: Path, snap: dict[str, Any], alert: dict[str, Any]) -> None:
+        """Run the run config's ``[alerts] command`` (argv) once for ``alert``, the message in the
+        environment (STEPWATCH_ALERT_ID / _KIND / _MESSAGE / _RUN / _RUN_DIR). Fire and forget."""
+        run = read_json(run_dir / RUN_JSON) or {}
+        cmd = ((run.get("config") or {}).get("alerts") or {}).get("command")
+        if not (isinstance(cmd, list) and cmd):
+            return
+        env = dict(os.environ, STEPWATCH_ALERT_ID=alert["id"], STEPWATCH_ALERT_KIND=alert["kind"],
+                   STEPWATCH_ALERT_MESSAGE=alert["message"], STEPWATCH_RUN=str(snap.get("run")),
+                   STEPWATCH_RUN_DIR=str(run_dir))
+        try:
+            subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+        except OSError as e:
+            self.notify(f"[alerts] command failed: {e}", severity="warning")
+
+
+def run_app(run_dir: Path | None, runs_dir: Path, low_bandwidth: bool = False) -> int:
+    """Run the TUI until the operator quits; returns the CLI exit code (0). The run is never touched.
+
+    SIGHUP (the SSH link dropped) ends the app cleanly; Textual restores the terminal's modes on
+    every exit path, a crash included. ``NO_COLOR`` is honoured by Rich/Textual themselves.
+    """
+    app = StepwatchApp(run_dir, runs_dir, low_bandwidth)
+    signal.signal(signal.SIGHUP, lambda *_: app.exit(message="terminal hung up; the run is untouched"))
+    app.run()
+    if app.exit_message:
+        print(app.exit_message)
+    return 0

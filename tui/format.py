@@ -1,0 +1,36 @@
+"""Small text formatters shared by the panels (durations, bytes, the header line)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def hms(seconds: float | None) -> str:
+    """Seconds -> ``H:MM:SS`` (or ``-``)."""
+    if seconds is None:
+        return "-"
+    s = int(max(0, seconds))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def secs(v: float | None) -> str:
+    """A step time in seconds with sensible precision (``-`` when unknown)."""
+    if v is None:
+        return "-"
+    return f"{v:.3f}" if v < 1 else f"{v:.2f}" if v < 100 else f"{v:.0f}"
+
+
+def gib(v: float | None) -> str:
+    return "-" if v is None else f"{v / 2**30:.1f}"
+
+
+def state_word(snap: dict[str, Any]) -> str:
+    """RUNNING / EXITED code / KILLED signal / UNKNOWN, as the header shows it."""
+    st = snap.get("state")
+    if st == "running":
+        return "RUNNING"
+    if st == "exited":
+        if snap.get("signal"):
+            return f"KILLED {snap['signal']}"
+        return f"EXITED {snap.get('returncode')}"
+    return "UNKNOWN"

@@ -1,0 +1,41 @@
+"""Messages the app's workers post to the UI thread (workers never touch widgets)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from textual.message import Message
+
+
+class SnapshotReady(Message):
+    """A fresh status snapshot of the attached run, plus the log lines that arrived since the last one.
+
+    ``log_lines``: complete lines, oldest first; ``log_partial``: the current unfinished line
+    (a progress bar), or None; ``log_reset``: the log was rotated/truncated (clear the panel first).
+    """
+
+    def __init__(self, snapshot: dict[str, Any], log_lines: list[str], log_partial: str | None, log_reset: bool):
+        super().__init__()
+        self.snapshot = snapshot
+        self.log_lines = log_lines
+        self.log_partial = log_partial
+        self.log_reset = log_reset
+
+
+class RunsListed(Message):
+    """The home screen's rows: one snapshot per run under the runs dir."""
+
+    def __init__(self, rows: list[dict[str, Any]]):
+        super().__init__()
+        self.rows = rows
+
+
+class ActionDone(Message):
+    """A launch / relaunch / stop finished in a worker: ``ok`` and the text to show."""
+
+    def __init__(self, action: str, ok: bool, text: str, run_dir: str | None = None):
+        super().__init__()
+        self.action = action
+        self.ok = ok
+        self.text = text
+        self.run_dir = run_dir

@@ -1,0 +1,1 @@
+"""Screens: home (runs list), run (one attempt), preflight and confirmation modals, help."""

@@ -1,0 +1,73 @@
+"""The home screen: the runs under the runs dir with state, attempt, step, p50 and alerts.
+Enter attaches; ``l`` launches from a config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Static
+
+from monitors.acks import read_acked
+from monitors.rundirs import list_runs
+from monitors.status import RunObserver
+from tui.format import secs, state_word
+from tui.messages import RunsListed
+
+REFRESH_S = 2.0
+
+
+class HomeScreen(Screen):
+    """A table of runs, refreshed every 2 s in a worker."""
+
+    BINDINGS = [Binding("enter", "attach", "attach", priority=True)]
+
+    def __init__(self, runs_dir: Path):
+        super().__init__()
+        self.runs_dir = runs_dir
+        self.rows: list[dict] = []
+
+    def compose(self) -> ComposeResult:
+        yield Static(f" stepwatch  runs in {self.runs_dir}", id="header")
+        yield DataTable(id="runs", cursor_type="row", zebra_stripes=True)
+        yield Static(" Enter attach   l launch from a config   q quit   ? help", classes="dim")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        t = self.query_one(DataTable)
+        t.add_columns("run", "state", "attempt", "pid", "step", "p50 s", "alerts")
+        self._list()
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="home")
+    def _list(self) -> None:
+        rows = []
+        for d in list_runs(self.runs_dir):
+            snap = RunObserver(d).refresh()
+            acked = read_acked(d)
+            snap["_open_alerts"] = len([a for a in snap.get("alerts") or [] if a["id"] not in acked])
+            rows.append(snap)
+        self.post_message(RunsListed(rows))
+
+    def on_runs_listed(self, msg: RunsListed) -> None:
+        t = self.query_one(DataTable)
+        keep = t.cursor_row
+        t.clear()
+        self.rows = msg.rows
+        for s in msg.rows:
+            step = s.get("step") or {}
+            t.add_row(s.get("run"), state_word(s), str(s.get("attempt") or "-"), str(s.get("pid") or "-"),
+                      f"{step.get('global_step') if step.get('global_step') is not None else '-'}/{step.get('max_steps') or '?'}",
+                      secs((s.get("step_seconds") or {}).get("p50")), str(s["_open_alerts"] or ""))
+        if msg.rows:
+            t.move_cursor(row=min(keep, len(msg.rows) - 1))
+        else:
+            self.query_one("#header", Static).update(f" stepwatch  no runs in {self.runs_dir} yet: press l to launch one")
+        self.set_timer(REFRESH_S, self._list)
+
+    def action_attach(self) -> None:
+        t = self.query_one(DataTable)
+        if self.rows and 0 <= t.cursor_row < len(self.rows):
+            self.app.attach(Path(self.rows[t.cursor_row]["run_dir"]))

@@ -1,0 +1,144 @@
+"""Modal screens: yes/no confirmation, a one-line prompt, help, and the preflight checklist."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Input, Static
+
+HELP = """\
+stepwatch keys
+  l  launch a run from a config (the preflight checklist comes first)
+  r  relaunch this run (confirm; rotates the logs; preflight first)
+  x  stop this run (confirm; SIGINT, then SIGTERM, then SIGKILL)
+  a  acknowledge the alerts on the banner
+  i  show / hide the identity line
+  b  low-bandwidth mode on / off (log and plots every 5 s; alerts at once)
+  u  update the log panel now (low-bandwidth mode)
+  h  home: the list of runs
+  q  quit the app: the run keeps going
+  ?  this help                                   (Esc closes)
+"""
+
+
+class Confirm(ModalScreen[bool]):
+    """Ask a yes/no question; ``y``/Enter answers yes, ``n``/Esc no."""
+
+    BINDINGS = [Binding("y,enter", "answer(True)", "yes"), Binding("n,escape", "answer(False)", "no")]
+
+    def __init__(self, question: str):
+        super().__init__()
+        self.question = question
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            yield Static(self.question)
+            yield Static("[y] yes   [n] no", classes="dim")
+
+    def action_answer(self, yes: bool) -> None:
+        self.dismiss(yes)
+
+
+class Prompt(ModalScreen[str | None]):
+    """Ask for one line of text (a config path, an override reason); Esc cancels."""
+
+    BINDINGS = [Binding("escape", "cancel", "cancel")]
+
+    def __init__(self, question: str, value: str = ""):
+        super().__init__()
+        self.question, self.value = question, value
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            yield Static(self.question)
+            yield Input(value=self.value, id="prompt-input")
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.dismiss(event.value.strip() or None)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class Help(ModalScreen[None]):
+    """The key list."""
+
+    BINDINGS = [Binding("escape,question_mark,q", "close", "close")]
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            yield Static(HELP)
+
+    def action_close(self) -> None:
+        self.dismiss(None)
+
+
+_MARK = {"pass": ("PASS", "green"), "fail": ("FAIL", "bold red"), "warn": ("WARN", "yellow"), "skipped": ("SKIP", "dim")}
+
+
+class PreflightScreen(ModalScreen[dict[str, Any] | None]):
+    """Runs the pre-launch checklist in a worker and shows it item by item.
+
+    Dismisses with ``{"checklist": Checklist, "reason": str | None}`` when the operator launches
+    (Enter when everything passes; a typed reason when an item failed, recorded like --allow-dirty),
+    or None when cancelled.
+    """
+
+    BINDINGS = [Binding("escape", "cancel", "cancel"), Binding("enter", "go", "launch")]
+
+    def __init__(self, cfg: Any, title: str):
+        super().__init__()
+        self.cfg, self.title_text = cfg, title
+        self.checklist = None
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog", id="preflight"):
+            yield Static(self.title_text, classes="bold")
+            yield Static("running the pre-launch checklist ...", id="pf-items")
+            yield Static("", id="pf-hint", classes="dim")
+            yield Input(placeholder="override reason (recorded in run.json)", id="pf-reason")
+
+    def on_mount(self) -> None:
+        self.query_one("#pf-reason", Input).display = False
+        self._run()
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="preflight")
+    def _run(self) -> None:
+        from launcher.preflight import run_checklist  # noqa: PLC0415
+
+        cl = run_checklist(self.cfg)
+        self.app.call_from_thread(self._show, cl)
+
+    def _show(self, cl: Any) -> None:
+        self.checklist = cl
+        t = Text()
+        for it in cl.items:
+            word, style = _MARK[it.status]
+            t.append(f"[{word}] ", style)
+            t.append(f"{it.title}: {it.reason}\n")
+        self.query_one("#pf-items", Static).update(t)
+        if cl.failed:
+            self.query_one("#pf-hint", Static).update(
+                f"{len(cl.failed)} item(s) failed. Type a reason and Enter to launch anyway, Esc to cancel.")
+            inp = self.query_one("#pf-reason", Input)
+            inp.display = True
+            inp.focus()
+        else:
+            self.query_one("#pf-hint", Static).update("All checks passed. Enter launches, Esc cancels.")
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if self.checklist is not None and event.value.strip():
+            self.dismiss({"checklist": self.checklist, "reason": event.value.strip()})
+
+    def action_go(self) -> None:
+        if self.checklist is not None and not self.checklist.failed:
+            self.dismiss({"checklist": self.checklist, "reason": None})
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)

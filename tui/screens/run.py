@@ -1,0 +1,172 @@
+"""The run screen: one attempt's health at a glance, rebuilt from the run dir's files alone.
+
+A worker thread reads the files (status snapshot + new log bytes) and posts one message per
+refresh; the screen re-arms its timer only after a refresh was drawn (a slow poll never overlaps
+the next one). Widgets update only when their text changed.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.screen import Screen
+from textual.widgets import Footer, Static
+from textual.worker import Worker, WorkerState
+
+from monitors.acks import acknowledge, read_acked
+from monitors.logtail import LogFollower
+from monitors.runfiles import TRAIN_LOG
+from monitors.status import RunObserver
+from tui.messages import SnapshotReady
+from tui.widgets.dynamo import DynamoPanel
+from tui.widgets.gpu import GpuPanel
+from tui.widgets.header import AlertBanner, RunHeader
+from tui.widgets.identity import IdentityPanel
+from tui.widgets.logpanel import LogPanel
+from tui.widgets.steps import StepPanel
+
+REFRESH_S = 1.0
+LOW_BANDWIDTH_PANEL_S = 5.0
+
+
+class RunScreen(Screen):
+    """The attached run. Keys: r relaunch, x stop, a acknowledge, i identity, b low bandwidth, u update."""
+
+    BINDINGS = [
+        Binding("r", "app.relaunch", "relaunch"),
+        Binding("x", "app.stop_run", "stop"),
+        Binding("a", "ack", "ack alert"),
+        Binding("i", "toggle_identity", "identity"),
+        Binding("b", "toggle_bandwidth", "low-bw"),
+        Binding("u", "update_now", "update", show=False),
+        Binding("h", "app.home", "home"),
+    ]
+
+    def __init__(self, run_dir: Path):
+        super().__init__()
+        self.run_dir = Path(run_dir)
+        self.observer = RunObserver(self.run_dir)
+        self.follower = LogFollower(self.run_dir / TRAIN_LOG, keep_lines=500)
+        self.snap: dict[str, Any] = {}
+        self.seen_alerts: set[str] = set()
+        self.acked: set[str] = set()
+        self._pending_lines: list[str] = []
+        self._pending_reset = False
+        self._last_panel_t = 0.0
+        self._closed = False
+
+    def compose(self) -> ComposeResult:
+        yield RunHeader(f" {self.run_dir.name}  reading the run's files ...", id="header")
+        yield AlertBanner("", id="banner")
+        yield StepPanel(id="steps")
+        yield DynamoPanel(id="dynamo")
+        yield GpuPanel(id="gpu")
+        yield IdentityPanel("", id="identity")
+        yield LogPanel(max_lines=1000, id="log", wrap=False, auto_scroll=True)
+        yield Static("", id="partial")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one(AlertBanner).display = False
+        self.acked = read_acked(self.run_dir)
+        self._poll_files()
+
+    def on_unmount(self) -> None:
+        self._closed = True
+
+    def reset_follow(self) -> None:
+        """After a relaunch: a new observer and a log follower from the new file's first byte."""
+        self.observer = RunObserver(self.run_dir)
+        self.follower = LogFollower(self.run_dir / TRAIN_LOG, keep_lines=500, from_start=True)
+        self._pending_lines, self._pending_reset = [], True
+        self.acked = read_acked(self.run_dir)
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="refresh")
+    def _poll_files(self) -> None:
+        follower = self.follower
+        segs = follower.poll()
+        lines = [s.text for s in segs if s.end == "\n"]
+        snap = self.observer.refresh()
+        self.post_message(SnapshotReady(snap, lines, follower.current_partial, False))
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        """A refresh that raised: say so once on screen and keep polling (the run is untouched)."""
+        if event.worker.group == "refresh" and event.state == WorkerState.ERROR:
+            self.notify(f"reading the run's files failed: {event.worker.error!r}", severity="error", timeout=10)
+            if not self._closed:
+                self.set_timer(REFRESH_S, self._poll_files)
+
+    def on_snapshot_ready(self, msg: SnapshotReady) -> None:
+        if self._closed:
+            return
+        if self.snap and msg.snapshot.get("attempt") != self.snap.get("attempt"):
+            self.reset_follow()  # relaunched from elsewhere: show only the new attempt
+            self.snap = msg.snapshot
+            self.set_timer(0.05, self._poll_files)
+            return
+        self.snap = msg.snapshot
+        self._pending_lines.extend(msg.log_lines)
+        self._pending_reset = self._pending_reset or msg.log_reset
+        low = self.app.low_bandwidth
+        now = time.monotonic()
+        panels_due = not low or now - self._last_panel_t >= LOW_BANDWIDTH_PANEL_S
+        self.query_one(RunHeader).show(msg.snapshot)
+        self._show_alerts(msg.snapshot)
+        self.query_one(StepPanel).show(msg.snapshot, plots=panels_due)
+        self.query_one(DynamoPanel).show(msg.snapshot)
+        self.query_one(GpuPanel).show(msg.snapshot, plots=panels_due)
+        self.query_one(IdentityPanel).show(msg.snapshot)
+        if panels_due:
+            self._flush_log(msg.log_partial)
+            self._last_panel_t = now
+        self.set_timer(REFRESH_S, self._poll_files)
+
+    def _flush_log(self, partial: str | None) -> None:
+        if self._pending_lines or self._pending_reset:
+            self.query_one(LogPanel).add_lines(self._pending_lines, reset=self._pending_reset)
+            self._pending_lines, self._pending_reset = [], False
+        text = (partial or "")[-200:]
+        part = self.query_one("#partial", Static)
+        if text != getattr(part, "_last", None):
+            part._last = text
+            part.update(text)
+
+    def _show_alerts(self, snap: dict[str, Any]) -> None:
+        alerts = [a for a in snap.get("alerts") or [] if a["id"] not in self.acked]
+        self.query_one(AlertBanner).show(alerts)
+        new = [a for a in alerts if a["id"] not in self.seen_alerts]
+        for a in new:
+            self.seen_alerts.add(a["id"])
+            self.app.bell()
+            self.notify(a["message"], title=f"stepwatch: {a['kind']}", severity="error", timeout=10)
+            self.app.run_alert_command(self.run_dir, snap, a)
+
+    def action_ack(self) -> None:
+        alerts = [a for a in self.snap.get("alerts") or [] if a["id"] not in self.acked]
+        if not alerts:
+            self.notify("no alert to acknowledge")
+            return
+        try:
+            acknowledge(self.run_dir, [a["id"] for a in alerts])
+        except OSError as e:  # a read-only run dir: acknowledge for this session only
+            self.notify(f"could not write acks.jsonl ({e}); acknowledged for this session only", severity="warning")
+        self.acked |= {a["id"] for a in alerts}
+        self.query_one(AlertBanner).show([])
+
+    def action_toggle_identity(self) -> None:
+        w = self.query_one(IdentityPanel)
+        w.display = not w.display
+
+    def action_toggle_bandwidth(self) -> None:
+        self.app.low_bandwidth = not self.app.low_bandwidth
+        self.notify(f"low-bandwidth mode {'on: log and plots every 5 s' if self.app.low_bandwidth else 'off'}")
+
+    def action_update_now(self) -> None:
+        self._flush_log(None)
+        self._last_panel_t = 0.0
+

@@ -1,0 +1,18 @@
+"""A panel base: update a child Static only when its text changed (bytes on a slow SSH link)."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.containers import Vertical
+from textual.widgets import Static
+
+
+class Panel(Vertical):
+    """A vertical panel whose ``_set`` skips updates that would not change what is on screen."""
+
+    def _set(self, selector: str, value: str | Text) -> None:
+        key = value.plain if isinstance(value, Text) else value
+        cache = self.__dict__.setdefault("_cache", {})
+        if cache.get(selector) != key:
+            cache[selector] = key
+            self.query_one(selector, Static).update(value)

@@ -1,0 +1,43 @@
+"""The dynamo panel: recompiles, graph breaks, recompile-limit hits (with their source), and the
+attention backend requested vs resolved, with the library versions the training process saw."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.widgets import Static
+
+from tui.widgets.base import Panel
+
+
+def _n(v: Any) -> str:
+    return "-" if v is None else str(v)
+
+
+class DynamoPanel(Panel):
+    """Two lines of compile facts and one of provenance."""
+
+    def compose(self) -> ComposeResult:
+        yield Static("", id="dyn-counts")
+        yield Static("", id="dyn-attn")
+
+    def show(self, snap: dict[str, Any]) -> None:
+        d = snap.get("dynamo") or {}
+        t = Text()
+        t.append(f"recompiles {_n(d.get('recompiles'))}  graph breaks {_n(d.get('graph_breaks'))}  "
+                 f"unique graphs {_n(d.get('unique_graphs'))}  ")
+        hits = d.get("recompile_limit_hits")
+        t.append(f"limit hits {_n(hits)}", "bold red" if hits else "")
+        if d.get("source"):
+            t.append(f"  (from {d['source']})", "dim")
+        self._set("#dyn-counts", t)
+        a = snap.get("attn_implementation") or {}
+        v = snap.get("versions") or {}
+        req, res = a.get("requested"), a.get("resolved")
+        t2 = Text(f"attention requested {_n(req)} -> resolved {_n(res)}")
+        if req and res and req != res:
+            t2.stylize("bold yellow")
+        t2.append(f"   torch {_n(v.get('torch'))}  transformers {_n(v.get('transformers'))}", "dim")
+        self._set("#dyn-attn", t2)

@@ -1,0 +1,68 @@
+"""The GPU panel, from the run's gpu.jsonl (so history survives detaching): per device,
+kernel-active % and power against the enforced limit over time, tensor activity where known, the
+"SM-busy, tensor-idle" reading when it holds — or the "NVML unavailable" line."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Sparkline, Static
+
+from tui.format import gib
+from tui.widgets.base import Panel
+
+
+def _pct(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.0f}%"
+
+
+def device_line(d: dict[str, Any]) -> Text:
+    """``GPU0 NVIDIA H100  kernel-active 98%  power 290/700 W (41%)  tensor 12%  mem 40.1/80.0 GiB  verdict``."""
+    t = Text()
+    t.append(f"GPU{d.get('index')} {d.get('name') or ''}", "bold")
+    if d.get("used_by_run"):
+        t.append(" [run]", "cyan")
+    t.append(f"  kernel-active {_pct(d.get('util_pct'))}")
+    if d.get("power_w") is not None and d.get("power_limit_w"):
+        t.append(f"  power {d['power_w']:.0f}/{d['power_limit_w']:.0f} W ({100 * (d.get('power_share') or 0):.0f}%)")
+    else:
+        t.append("  power n/a")
+    t.append(f"  tensor {_pct(d.get('tensor_active_pct'))}")
+    t.append(f"  mem {gib(d.get('mem_used_bytes'))}/{gib(d.get('mem_total_bytes'))} GiB")
+    if d.get("verdict"):
+        t.append(f"  {d['verdict']}", "bold red" if "tensor-idle" in str(d["verdict"]) else "yellow")
+    return t
+
+
+class GpuPanel(Panel):
+    """Per-device lines and, for the run's first device, util and power-share sparklines."""
+
+    def compose(self) -> ComposeResult:
+        yield Static("GPU: waiting for gpu.jsonl", id="gpu-lines")
+        with Horizontal(classes="plots"):
+            with Vertical():
+                yield Static("kernel-active % over time", classes="dim")
+                yield Sparkline([], id="gpu-util")
+            with Vertical():
+                yield Static("power / enforced limit over time", classes="dim")
+                yield Sparkline([], id="gpu-power")
+
+    def show(self, snap: dict[str, Any], plots: bool = True) -> None:
+        gpus = snap.get("gpu")
+        if not gpus:
+            err = snap.get("gpu_error") or "no GPU samples yet"
+            self._set("#gpu-lines", Text(err, "yellow"))
+            self.query_one(".plots").display = False
+            return
+        self.query_one(".plots").display = True
+        lines = Text("\n").join(device_line(d) for d in gpus)
+        self._set("#gpu-lines", lines)
+        if plots:
+            hist = (snap.get("gpu_history") or {}).get(str(gpus[0].get("index"))) or {}
+            util = [v or 0 for v in hist.get("util_pct", [])][-120:]
+            power = [100 * (v or 0) for v in hist.get("power_share", [])][-120:]
+            self.query_one("#gpu-util", Sparkline).data = util
+            self.query_one("#gpu-power", Sparkline).data = power

@@ -1,0 +1,21 @@
+"""The identity panel: commit and dirty flag sampled at launch, attempt, log file name."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from textual.widgets import Static
+
+
+class IdentityPanel(Static):
+    """One line; toggled with ``i``."""
+
+    def show(self, snap: dict[str, Any]) -> None:
+        ident = snap.get("identity") or {}
+        commit = (ident.get("harness_commit") or "none")[:12]
+        dirty = ident.get("harness_dirty_at_launch")
+        text = (f"commit {commit} ({ident.get('describe') or '-'}) dirty at launch: {dirty}  branch {ident.get('branch') or '-'}"
+                f"  attempt {snap.get('attempt') or '-'}  log {(snap.get('log') or {}).get('file') or 'train.log'}")
+        if text != getattr(self, "_last", None):
+            self._last = text
+            self.update(text)

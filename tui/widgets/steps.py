@@ -1,0 +1,80 @@
+"""The step-time panel: the canonical summary line, a histogram of step durations (counts per bin,
+never a max-per-bucket summary, which would hide a second mode), recent steps over time,
+throughput, and the fallback / stall / warm-up states in words."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Sparkline, Static
+
+from tui.format import secs
+from tui.widgets.base import Panel
+
+
+def _verdict_text(snap: dict[str, Any]) -> Text:
+    fb, st, wu = snap.get("fallback") or {}, snap.get("stall") or {}, snap.get("warmup") or {}
+    t = Text()
+    state = fb.get("state", "ok")
+    style = {"ok": "green", "suspected": "yellow", "flagged": "bold red"}.get(state, "")
+    t.append(f"fallback {state.upper()}", style)
+    if fb.get("reason") and state != "ok":
+        t.append(f" ({fb['reason']})", style)
+    t.append("  ")
+    if st.get("state") == "stalled":
+        t.append(f"STALLED {secs(st.get('current_step_elapsed_s'))} s in the current step", "bold red")
+    else:
+        t.append("no stall", "green")
+    if wu.get("state") == "warming":
+        t.append("  warming up", "yellow")
+    return t
+
+
+class StepPanel(Panel):
+    """Step statistics of the attached attempt."""
+
+    def compose(self) -> ComposeResult:
+        yield Static("n=0 seconds_per_optimizer_step", id="step-line")
+        yield Static("", id="step-verdict")
+        with Horizontal(classes="plots"):
+            with Vertical():
+                yield Static("step-time histogram (count per bin)", classes="dim")
+                yield Sparkline([], id="hist")
+                yield Static("", id="hist-axis", classes="dim")
+            with Vertical():
+                yield Static("recent steps over time (s)", classes="dim")
+                yield Sparkline([], id="recent")
+                yield Static("", id="recent-axis", classes="dim")
+        yield Static("", id="throughput", classes="dim")
+
+    def show(self, snap: dict[str, Any], plots: bool = True) -> None:
+        ss = snap.get("step_seconds") or {}
+        line = snap.get("step_line") or "n=0 seconds_per_optimizer_step"
+        if ss.get("last") is not None:
+            line += f"  last={secs(ss['last'])} p90={secs(ss.get('p90'))}"
+        self._set("#step-line", line)
+        self._set("#step-verdict", _verdict_text(snap))
+        tp = snap.get("throughput") or {}
+        if tp.get("tokens_per_s") is not None:
+            self._set("#throughput", f"{tp['tokens_per_s']:.0f} tok/s padded, {tp.get('real_tokens_per_s') or 0:.0f} real, "
+                                     f"padding {100 * (tp.get('padding_share') or 0):.1f}%")
+        else:
+            self._set("#throughput", "throughput: steps carry no token counts")
+        if plots:
+            hist = snap.get("histogram") or {}
+            counts = hist.get("counts") or []
+            edges = hist.get("edges_s") or []
+            if counts != getattr(self, "_counts", None):
+                self._counts = counts
+                self.query_one("#hist", Sparkline).data = counts
+            if edges:
+                self._set("#hist-axis", f"{secs(edges[0])} s {'·' * 6} {secs(edges[-1])} s  (log bins)")
+            recent = snap.get("recent_dt") or []
+            if recent != getattr(self, "_recent", None):
+                self._recent = recent
+                self.query_one("#recent", Sparkline).data = recent
+                if recent:
+                    self._set("#recent-axis", f"last {len(recent)} steps, {secs(min(recent))}..{secs(max(recent))} s")

@@ -60,6 +60,43 @@ def prepare_harness(runs_dir: Path) -> tuple[Path, str]:
     return repo_dir, action
 
 
+#: Replayed by the demo's GPU sampler when this machine has no NVML: a synthetic H100 recording,
+#: labelled "recorded:<file>" in every gpu.jsonl record and on screen, never taken for live data.
+DEMO_GPU_RECORDING = "synthetic_h100_healthy_compute_bound.jsonl"
+
+
+def nvml_unavailable_reason() -> str | None:
+    """Why NVML cannot be used here (e.g. "NVML Shared Library Not Found"), or None when it can."""
+    try:
+        import pynvml  # noqa: PLC0415
+
+        pynvml.nvmlInit()
+        pynvml.nvmlShutdown()
+        return None
+    except Exception as e:  # pynvml raises its own NVMLError subclasses, or OSError/ImportError
+        return str(e) or type(e).__name__
+
+
+def gpu_recording_env(choice: str) -> tuple[dict[str, str], str]:
+    """The environment for the demo's supervisor (its GPU sampler) and a line saying what it reads.
+
+    ``choice``: "auto" (replay the bundled recording only when NVML is unavailable), "none" (the
+    real NVML path, degrading to "NVML unavailable"), or a recording file name / path.
+    """
+    from monitors.gpu.sampler import ENV_GPU_RECORDING  # noqa: PLC0415
+
+    if choice == "none":
+        return {}, "GPU: live NVML"
+    if choice == "auto":
+        why = nvml_unavailable_reason()
+        if why is None:
+            return {}, "GPU: live NVML"
+        return ({ENV_GPU_RECORDING: DEMO_GPU_RECORDING},
+                f"GPU: NVML unavailable here ({why}); the demo REPLAYS a recorded synthetic H100 "
+                f"({DEMO_GPU_RECORDING}), labelled 'recorded' on screen")
+    return {ENV_GPU_RECORDING: choice}, f"GPU: replaying the recording {choice}"
+
+
 def demo_config(runs_dir: Path, script_args: list[str]) -> tuple[RunConfig, str]:
     """The demo's run config (name ``demo``) and a line saying which harness repo it uses."""
     check_training_stack()

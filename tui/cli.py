@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -138,7 +139,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from launcher.demo import DemoUnavailable, demo_config  # noqa: PLC0415
+    from launcher.demo import DemoUnavailable, demo_config, gpu_recording_env  # noqa: PLC0415
 
     script_args: list[str] = []
     for flag in ("steps", "crash_at", "hang_at", "fallback_at", "hidden", "layers", "seq_len", "save_every"):
@@ -150,6 +151,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     try:
         cfg, where = demo_config(_runs_dir(args), script_args)
         print(where)
+        gpu_env, gpu_line = gpu_recording_env(args.gpu_recording)
+        print(gpu_line)
+        os.environ.update(gpu_env)  # the supervisor (and its GPU sampler) inherit it
         res = launch(cfg)
     except DemoUnavailable as e:
         _err(str(e))
@@ -304,6 +308,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="SIMULATED eager fallback: ~20x the work per step from that step (fallback alert)")
     sp.add_argument("--compile", action="store_true",
                     help="torch.compile(dynamic=False) with a lowered recompile limit: the real recompile-limit warning")
+    sp.add_argument("--gpu-recording", default="auto", metavar="auto|none|FILE",
+                    help="GPU panel source: auto replays a labelled synthetic recording when NVML is unavailable")
     sp.add_argument("--hidden", type=int, help=argparse.SUPPRESS)
     sp.add_argument("--layers", type=int, help=argparse.SUPPRESS)
     sp.add_argument("--seq-len", type=int, help=argparse.SUPPRESS)

@@ -91,6 +91,7 @@ class PreflightScreen(ModalScreen[dict[str, Any] | None]):
     """
 
     BINDINGS = [Binding("escape", "cancel", "cancel"), Binding("enter", "go", "launch")]
+    AUTO_FOCUS = None  # the reason input only takes focus when an item failed
 
     def __init__(self, cfg: Any, title: str):
         super().__init__()
@@ -133,8 +134,12 @@ class PreflightScreen(ModalScreen[dict[str, Any] | None]):
             self.query_one("#pf-hint", Static).update("All checks passed. Enter launches, Esc cancels.")
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
-        if self.checklist is not None and event.value.strip():
+        if self.checklist is None:
+            return
+        if event.value.strip():
             self.dismiss({"checklist": self.checklist, "reason": event.value.strip()})
+        elif not self.checklist.failed:
+            self.action_go()
 
     def action_go(self) -> None:
         if self.checklist is not None and not self.checklist.failed:

@@ -140,10 +140,15 @@ class RunScreen(Screen):
         alerts = [a for a in snap.get("alerts") or [] if a["id"] not in self.acked]
         self.query_one(AlertBanner).show(alerts)
         new = [a for a in alerts if a["id"] not in self.seen_alerts]
+        if not new:
+            return
+        self.seen_alerts.update(a["id"] for a in new)
+        self.app.bell()  # one bell per refresh that brought new alerts, never one per repaint
+        newest = new[-1]
+        more = f" (+{len(new) - 1} more on the banner)" if len(new) > 1 else ""
+        msg = newest["message"] if len(newest["message"]) <= 160 else newest["message"][:157] + "..."
+        self.notify(msg + more, title=f"stepwatch: {newest['kind']}", severity="error", timeout=8)
         for a in new:
-            self.seen_alerts.add(a["id"])
-            self.app.bell()
-            self.notify(a["message"], title=f"stepwatch: {a['kind']}", severity="error", timeout=10)
             self.app.run_alert_command(self.run_dir, snap, a)
 
     def action_ack(self) -> None:

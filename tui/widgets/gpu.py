@@ -59,6 +59,9 @@ class GpuPanel(Panel):
             return
         self.query_one(".plots").display = True
         lines = Text("\n").join(device_line(d) for d in gpus)
+        src = snap.get("gpu_source") or ""
+        if src.startswith("recorded"):
+            lines = Text.assemble((f"RECORDED replay, not this machine: {src.split(':', 1)[-1]}\n", "bold yellow"), lines)
         self._set("#gpu-lines", lines)
         if plots:
             hist = (snap.get("gpu_history") or {}).get(str(gpus[0].get("index"))) or {}

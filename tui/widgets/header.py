@@ -25,8 +25,8 @@ class RunHeader(Static):
         style = {"RUNNING": "bold green"}.get(word, "bold red" if word.startswith(("KILLED", "EXITED")) and word != "EXITED 0" else "bold yellow")
         t = Text.assemble(
             (f" {snap.get('run')} ", "bold"), (f"#{snap.get('attempt') or '-'} ", "dim"), (f" {word} ", style),
-            f"  pid {snap.get('pid') or '-'}  elapsed {hms(elapsed)}  step {k if k is not None else '-'}/{n or '?'}",
-            f"  ETA {hms(snap.get('eta_s')) if snap.get('state') == 'running' else '-'}",
+            f" pid {snap.get('pid') or '-'} {hms(elapsed)} step {k if k is not None else '-'}/{n or '?'}",
+            f" ETA {hms(snap.get('eta_s')) if snap.get('state') == 'running' else '-'}",
         )
         if t.plain != getattr(self, "_last", None):
             self._last = t.plain

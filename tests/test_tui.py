@@ -1,0 +1,203 @@
+"""The Textual app (issue 6), driven with Pilot against real run dirs and real processes."""
+
+from __future__ import annotations
+
+
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from rich.text import Text
+
+from conftest import REPO_ROOT, git, make_repo, stepwatch, wait_until
+from monitors.runfiles import read_json
+from monitors.watchdog import ProcessRef, probe
+from tui.app import StepwatchApp
+
+STATIC_RUN = REPO_ROOT / "tests" / "fixtures" / "runs" / "ended-sigkill"
+
+
+def text(widget) -> str:
+    """The plain text a Static shows."""
+    c = widget.content if hasattr(widget, "content") else widget.render()
+    return c.plain if isinstance(c, Text) else str(c)
+
+
+async def until(pilot, cond, timeout_s: float = 10.0, what: str = "condition"):
+    """Let the app run until ``cond()`` is truthy; fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        v = cond()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
+        await pilot.pause(0.05)
+
+
+def launch_tick(repo: Path, name: str = "r") -> Path:
+    r = stepwatch("launch", "--no-tui", "--name", name, "--", sys.executable, "tick.py", cwd=repo)
+    assert r.returncode == 0, r.stderr
+    run_dir = repo / "runs" / name
+    wait_until(lambda: b"tick 0" in (run_dir / "train.log").read_bytes(), 10, what="first tick")
+    return run_dir
+
+
+async def test_attach_live_then_kill_shows_banner_until_acknowledged(repo: Path):
+    run_dir = launch_tick(repo)
+    pid = read_json(run_dir / "run.json")["process"]["pid"]
+    app = StepwatchApp(run_dir, run_dir.parent)
+    async with app.run_test(size=(80, 24)) as pilot:
+        header = app.screen.query_one("#header")
+        await until(pilot, lambda: "RUNNING" in text(header), what="RUNNING in the header")
+        assert f"pid {pid}" in text(header)
+        banner = app.screen.query_one("#banner")
+        assert not banner.display
+        t0 = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        await until(pilot, lambda: banner.display and "SIGKILL" in text(banner), 2.0, "the watchdog banner")
+        assert time.monotonic() - t0 < 2.0
+        assert "watchdog" in text(banner) and "KILLED SIGKILL" in text(header)
+        await pilot.pause(1.5)  # later refreshes keep it up
+        assert banner.display
+        await pilot.press("a")
+        await until(pilot, lambda: not banner.display, 2.0, "the banner to go on 'a'")
+    acks = [json.loads(ln) for ln in (run_dir / "acks.jsonl").read_text().splitlines()]
+    assert acks and acks[0]["alert_id"].startswith("a1-watchdog")
+    # Reattach: the acknowledged alert does not come back.
+    app = StepwatchApp(run_dir, run_dir.parent)
+    async with app.run_test(size=(80, 24)) as pilot:
+        header = app.screen.query_one("#header")
+        await until(pilot, lambda: "KILLED SIGKILL" in text(header), what="the final state on reattach")
+        await pilot.pause(0.3)
+        assert not app.screen.query_one("#banner").display
+
+
+async def test_quit_leaves_the_run_alive_and_says_so(repo: Path):
+    run_dir = launch_tick(repo)
+    ref = ProcessRef.from_json(read_json(run_dir / "run.json")["process"])
+    app = StepwatchApp(run_dir, run_dir.parent)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: "RUNNING" in text(app.screen.query_one("#header")), what="RUNNING")
+        await pilot.press("q")
+        await pilot.pause(0.2)
+    assert "running" in app.exit_message and str(ref.pid) in app.exit_message
+    assert probe(ref) == "alive"
+
+
+async def test_relaunch_key_rotates_and_log_shows_only_the_new_attempt(repo: Path):
+    (repo / "once.py").write_text("import os\nprint('attempt', os.environ['STEPWATCH_ATTEMPT'], flush=True)\n")
+    git(repo, "add", "once.py")
+    git(repo, "commit", "-qm", "once")
+    r = stepwatch("launch", "--no-tui", "--name", "r", "--", sys.executable, "once.py", cwd=repo)
+    assert r.returncode == 0
+    run_dir = repo / "runs" / "r"
+    wait_until(lambda: read_json(run_dir / "exit.json"), 10, what="first attempt to end")
+    app = StepwatchApp(run_dir, run_dir.parent)
+    async with app.run_test(size=(100, 30)) as pilot:
+        log = app.screen.query_one("#log")
+        await until(pilot, lambda: any("attempt 1" in str(line.text) for line in log.lines), what="attempt 1 in the log")
+        await pilot.press("r")
+        await pilot.press("r")  # a second press in quick succession acts once
+        await until(pilot, lambda: type(app.screen).__name__ == "Confirm", what="the confirmation")
+        await pilot.press("y")
+        await until(pilot, lambda: type(app.screen).__name__ == "PreflightScreen", what="the checklist")
+        await until(pilot, lambda: app.screen.checklist is not None, 30, "the checklist to finish")
+        assert "working tree committed" in text(app.screen.query_one("#pf-items"))
+        await pilot.press("enter")
+        await until(pilot, lambda: (read_json(run_dir / "run.json") or {}).get("attempt") == 2, 15, "attempt 2")
+        await until(pilot, lambda: any("attempt 2" in str(line.text) for line in log.lines), 10, "attempt 2 in the log")
+        assert not any("attempt 1" in str(line.text) for line in log.lines)
+    assert len(list(run_dir.glob("train.*.log"))) == 1  # one rotation: the key acted once
+
+
+async def test_double_l_opens_one_prompt(tmp_path: Path):
+    app = StepwatchApp(None, tmp_path / "runs")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("l", "l")
+        await pilot.pause(0.2)
+        prompts = [s for s in app.screen_stack if type(s).__name__ == "Prompt"]
+        assert len(prompts) == 1
+
+
+def _copy_static(tmp_path: Path) -> Path:
+    dst = tmp_path / "runs" / "ended-sigkill"
+    shutil.copytree(STATIC_RUN, dst)
+    return dst
+
+
+async def test_static_run_shows_fallback_stall_and_recompile_limit_in_words(tmp_path: Path):
+    run_dir = _copy_static(tmp_path)
+    app = StepwatchApp(run_dir, run_dir.parent)
+    async with app.run_test(size=(120, 40)) as pilot:
+        banner = app.screen.query_one("#banner")
+        await until(pilot, lambda: banner.display, what="the banner")
+        verdict = text(app.screen.query_one("#step-verdict"))
+        assert "fallback FLAGGED" in verdict
+        dyn = text(app.screen.query_one("#dyn-counts"))
+        assert "limit hits 1" in dyn
+        kinds = {a["kind"] for a in app.screen.snap["alerts"]}
+        assert {"fallback", "recompile_limit", "watchdog"} <= kinds
+        assert "recompile_limit" in text(banner) or "+2 more" in text(banner)
+
+
+async def test_live_stall_reads_stalled_in_words(tmp_path: Path):
+    repo = make_repo(tmp_path / "h", {"hang.py": (
+        "import time\nfrom monitors.telemetry import StepTelemetry\ntel = StepTelemetry()\n"
+        "for i in range(20):\n    time.sleep(0.02)\n    tel.step_end()\nprint('hanging', flush=True)\ntime.sleep(600)\n")})
+    r = stepwatch("launch", "--no-tui", "--name", "h", "--", sys.executable, "hang.py", cwd=repo)
+    assert r.returncode == 0, r.stderr
+    run_dir = repo / "runs" / "h"
+    app = StepwatchApp(run_dir, run_dir.parent)
+    async with app.run_test(size=(100, 30)) as pilot:
+        verdict = app.screen.query_one("#step-verdict")
+        await until(pilot, lambda: "STALLED" in text(verdict), 15, "STALLED in the step panel")
+        assert "stall" in text(app.screen.query_one("#banner"))
+
+
+def test_layout_at_80x24_snapshot(snap_compare, tmp_path: Path):
+    """Header, summary line and banner fit in 80x24 (snapshot of a finished run's screen)."""
+    run_dir = _copy_static(tmp_path)
+
+    async def settle(pilot):
+        await until(pilot, lambda: pilot.app.screen.query_one("#banner").display, what="the banner")
+        pilot.app.clear_notifications()  # toasts time out; the snapshot is of the panels
+        await pilot.pause(0.3)
+
+    app = StepwatchApp(run_dir, run_dir.parent)
+    assert snap_compare(app, terminal_size=(80, 24), run_before=settle)
+
+
+async def test_80x24_keeps_header_summary_and_banner_visible(tmp_path: Path):
+    run_dir = _copy_static(tmp_path)
+    app = StepwatchApp(run_dir, run_dir.parent)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: app.screen.query_one("#banner").display, what="the banner")
+        await pilot.pause(0.2)
+        for wid in ("#header", "#banner", "#step-line"):
+            w = app.screen.query_one(wid)
+            assert w.region.height >= 1 and w.region.y + w.region.height <= 24, wid
+        assert "n=" in text(app.screen.query_one("#step-line"))
+
+
+async def test_home_lists_runs_and_enter_attaches(tmp_path: Path):
+    run_dir = _copy_static(tmp_path)
+    app = StepwatchApp(None, run_dir.parent)
+    async with app.run_test(size=(100, 30)) as pilot:
+        table = app.screen.query_one("#runs")
+        await until(pilot, lambda: table.row_count == 1, what="one run listed")
+        await pilot.press("enter")
+        await until(pilot, lambda: type(app.screen).__name__ == "RunScreen", what="the run screen")
+        await until(pilot, lambda: "KILLED SIGKILL" in text(app.screen.query_one("#header")), what="the header")
+
+
+def test_cli_attach_unknown_run_is_a_usage_error(tmp_path: Path):
+    r = stepwatch("attach", "nope", "--runs-dir", str(tmp_path))
+    assert r.returncode == 2 and "no run 'nope'" in r.stderr
+
+

@@ -24,6 +24,24 @@ from tui.screens.home import HomeScreen
 from tui.screens.modals import Confirm, Help, PreflightScreen, Prompt
 from tui.screens.run import RunScreen
 
+def _tolerate_non_utf8_input() -> None:
+    """Make Textual's Linux input thread decode stdin with ``errors="replace"``.
+
+    A terminal rebuilt under the app (tmux reattach, SSH reconnect) can send legacy X10 mouse
+    sequences whose coordinate bytes are above 0x7F. Textual 8.2.8 decodes stdin as strict UTF-8 and
+    its input thread dies with UnicodeDecodeError, taking the app down (Textualize/textual#6668).
+    Replacing the undecodable byte keeps the app alive; the sequence becomes a harmless key/mouse
+    event. Patched at the one module global the driver looks the decoder up by.
+    """
+    import codecs
+    import functools
+
+    import textual.drivers.linux_driver as linux_driver
+
+    linux_driver.getincrementaldecoder = lambda encoding: functools.partial(
+        codecs.getincrementaldecoder(encoding), errors="replace")
+
+
 DEBOUNCE_S = 1.0  # a key pressed twice within this acts once
 STATE_FILE = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "stepwatch" / "last_config"
 
@@ -227,6 +245,7 @@ def run_app(run_dir: Path | None, runs_dir: Path, low_bandwidth: bool = False) -
     SIGHUP (the SSH link dropped) ends the app cleanly; Textual restores the terminal's modes on
     every exit path, a crash included. ``NO_COLOR`` is honoured by Rich/Textual themselves.
     """
+    _tolerate_non_utf8_input()
     app = StepwatchApp(run_dir, runs_dir, low_bandwidth)
     signal.signal(signal.SIGHUP, lambda *_: app.exit(message="terminal hung up; the run is untouched"))
     app.run()

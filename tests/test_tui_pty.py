@@ -1,0 +1,100 @@
+"""The real app in a real pseudo-terminal: hostile input bytes, quitting, and a hangup (issue 6, Over SSH)."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import select
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import termios
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO_ROOT, stepwatch, wait_until
+from monitors.runfiles import read_json
+from monitors.watchdog import ProcessRef, probe
+
+LEGACY_MOUSE = b"\x1b[M\xff\xff\xff\x1b[M \xc8\xc8\x1b[M#\x80\x80"  # X10 mouse, coordinates > 0x7F
+
+
+class PtyApp:
+    """``stepwatch attach RUN`` on a fresh 80x24 pty, its output collected."""
+
+    def __init__(self, run_dir: Path):
+        self.master, slave = os.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+        env = dict(os.environ, TERM="xterm-256color", LANG="C.UTF-8")
+        env.pop("COLORTERM", None)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tui.cli", "attach", str(run_dir)], stdin=slave, stdout=slave, stderr=slave,
+            env=env, close_fds=True, cwd=REPO_ROOT,
+            preexec_fn=lambda: (os.setsid(), fcntl.ioctl(0, termios.TIOCSCTTY, 0)))
+        os.close(slave)
+        self.out = b""
+
+    def pump(self, until=None, timeout_s: float = 10.0) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if until is not None and until():
+                return True
+            r, _, _ = select.select([self.master], [], [], 0.05)
+            if r:
+                try:
+                    self.out += os.read(self.master, 65536)
+                except OSError:
+                    return until() if until else False
+        return bool(until and until())
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        os.close(self.master)
+
+
+@pytest.fixture
+def static_run(tmp_path: Path) -> Path:
+    dst = tmp_path / "runs" / "ended-sigkill"
+    shutil.copytree(REPO_ROOT / "tests" / "fixtures" / "runs" / "ended-sigkill", dst)
+    return dst
+
+
+def test_legacy_mouse_bytes_above_0x7f_do_not_crash_and_q_restores_the_terminal(static_run: Path):
+    app = PtyApp(static_run)
+    try:
+        assert app.pump(lambda: b"ended-sigkill" in app.out), app.out[-500:]
+        os.write(app.master, LEGACY_MOUSE)
+        app.pump(timeout_s=1.5)
+        assert app.proc.poll() is None, app.out[-800:]
+        assert b"UnicodeDecodeError" not in app.out
+        os.write(app.master, b"q")
+        assert app.pump(lambda: app.proc.poll() is not None, 10), "the app did not quit on q"
+        app.pump(timeout_s=0.3)
+        assert app.proc.returncode == 0
+        tail = app.out[-2000:]
+        assert b"\x1b[?1049l" in tail  # left the alternate screen
+        assert b"\x1b[?1000l" in tail  # mouse reporting off
+        assert b"\x1b[?25h" in tail  # cursor shown again
+    finally:
+        app.close()
+
+
+def test_hangup_ends_the_app_and_never_the_run(repo: Path):
+    r = stepwatch("launch", "--no-tui", "--name", "r", "--", sys.executable, "tick.py", cwd=repo)
+    assert r.returncode == 0, r.stderr
+    run_dir = repo / "runs" / "r"
+    ref = ProcessRef.from_json(wait_until(lambda: (read_json(run_dir / "run.json") or {}).get("process"), 10))
+    app = PtyApp(run_dir)
+    try:
+        assert app.pump(lambda: b"RUNNING" in app.out), app.out[-500:]
+        os.killpg(app.proc.pid, signal.SIGHUP)  # what an SSH drop delivers to the terminal's session
+        assert app.pump(lambda: app.proc.poll() is not None, 10), "the app kept running after SIGHUP"
+        assert probe(ref) == "alive"
+    finally:
+        app.close()

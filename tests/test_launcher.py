@@ -416,3 +416,35 @@ def test_runs_lists_one_line_per_run(repo: Path):
     lines = {ln.split()[0]: ln for ln in r.stdout.splitlines()[1:]}
     assert "exited" in lines["a"] and "code 3" in lines["a"]
     assert "running" in lines["b"] and str(run_json(repo / "runs" / "b")["process"]["pid"]) in lines["b"]
+
+
+def test_survivors_of_an_ended_run_are_listed_and_can_be_killed(repo: Path):
+    (repo / "orphan.py").write_text(
+        "import subprocess, sys\n"
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        "print('worker', p.pid, flush=True)\n")  # the parent exits; its 'DataLoader worker' lives on
+    git(repo, "add", "orphan.py")
+    git(repo, "commit", "-qm", "orphan")
+    launch(repo, sys.executable, "orphan.py")
+    run_dir = repo / "runs" / "r"
+    assert wait_exit(run_dir)["returncode"] == 0
+    worker = int((run_dir / "train.log").read_text().split()[1])
+    try:
+        assert psutil.pid_exists(worker)
+        r = stepwatch("stop", str(run_dir))
+        assert r.returncode == 0 and "already ended" in r.stdout
+        assert f"{worker}" in r.stderr and "--survivors" in r.stderr
+        r = stepwatch("relaunch", "--no-tui", str(run_dir), "--allow-dirty", "x")
+        assert f"{worker}" in r.stderr and "survive" in r.stderr
+        assert r.returncode == 0, r.stderr
+        wait_exit(run_dir)  # attempt 2 leaves a worker of its own
+        worker2 = int((run_dir / "train.log").read_text().split()[1])
+        r = stepwatch("stop", "--survivors", str(run_dir))  # survivors of every attempt, rotated ones too
+        assert r.returncode == 0 and f"pid {worker}" in r.stdout and f"pid {worker2}" in r.stdout
+        for w in (worker, worker2):
+            wait_until(lambda: not psutil.pid_exists(w) or psutil.Process(w).status() == psutil.STATUS_ZOMBIE,
+                       5, what="the survivors to die")
+    finally:
+        for w in (worker, locals().get("worker2")):
+            if w and psutil.pid_exists(w):
+                os.kill(w, signal.SIGKILL)

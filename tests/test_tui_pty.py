@@ -39,16 +39,21 @@ class PtyApp:
         self.out = b""
 
     def pump(self, until=None, timeout_s: float = 10.0) -> bool:
+        """Read the app's output until ``until()`` holds or the deadline passes."""
         deadline = time.monotonic() + timeout_s
+        eof = False
         while time.monotonic() < deadline:
             if until is not None and until():
                 return True
+            if eof:  # the app closed the terminal (EIO): it is exiting; keep checking until()
+                time.sleep(0.02)
+                continue
             r, _, _ = select.select([self.master], [], [], 0.05)
             if r:
                 try:
                     self.out += os.read(self.master, 65536)
                 except OSError:
-                    return until() if until else False
+                    eof = True
         return bool(until and until())
 
     def close(self) -> None:

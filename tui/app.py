@@ -6,6 +6,7 @@ touches the run. Blocking work (file reads, git, the checklist, launching) runs 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -51,6 +52,7 @@ class StepwatchApp(App):
 
     CSS_PATH = "styles.tcss"
     TITLE = "stepwatch"
+    ENABLE_COMMAND_PALETTE = False  # every action has a key; a stray click must not open a text box
     BINDINGS = [
         Binding("q", "quit_app", "quit (run keeps going)"),
         Binding("l", "launch", "launch"),
@@ -65,6 +67,7 @@ class StepwatchApp(App):
         self._last_action: dict[str, float] = {}
         self._busy = False
         self.exit_message = ""
+        self.alert_commands_sent: list[str] = []  # alert ids handed to the [alerts] command
 
     # --- lifecycle ---------------------------------------------------------------------------
     def on_mount(self) -> None:
@@ -73,6 +76,11 @@ class StepwatchApp(App):
         else:
             self.push_screen(HomeScreen(self.runs_dir))
         self.set_interval(2.0, self._check_terminal)
+        try:  # SIGHUP (the SSH link dropped): leave cleanly; the loop's wakeup fd delivers it at once
+            asyncio.get_running_loop().add_signal_handler(
+                signal.SIGHUP, lambda: self.exit(message="terminal hung up; the run is untouched"))
+        except (NotImplementedError, RuntimeError, ValueError):
+            pass  # not the main thread (tests), or no signals on this platform
 
     def _check_terminal(self) -> None:
         """Exit on our own when the terminal went away (SSH dropped) instead of polling as an orphan."""
@@ -235,6 +243,7 @@ class StepwatchApp(App):
         try:
             subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL, start_new_session=True)
+            self.alert_commands_sent.append(alert["id"])
         except OSError as e:
             self.notify(f"[alerts] command failed: {e}", severity="warning")
 
@@ -247,7 +256,6 @@ def run_app(run_dir: Path | None, runs_dir: Path, low_bandwidth: bool = False) -
     """
     _tolerate_non_utf8_input()
     app = StepwatchApp(run_dir, runs_dir, low_bandwidth)
-    signal.signal(signal.SIGHUP, lambda *_: app.exit(message="terminal hung up; the run is untouched"))
     app.run()
     if app.exit_message:
         print(app.exit_message)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from launcher.config import ConfigError, config_from_flags, default_runs_dir, load_config
 from launcher.launch import LaunchRefused, LaunchResult, launch, live_attempt, relaunch_config
-from launcher.stop import StopError, request_stop
+from launcher.stop import StopError, kill_survivors, request_stop, run_survivors
 from launcher.preflight import format_checklist, format_checklist_json, run_checklist
 from monitors.rundirs import RunNotFound, list_runs, resolve_run
 from monitors.status import RunObserver, snapshot
@@ -83,6 +83,7 @@ def cmd_relaunch(args: argparse.Namespace) -> int:
         if live:
             _err(f"REFUSING: {run_dir.name} is still running ({live[0]} pid {live[1]}). Stop it first: stepwatch stop {run_dir}")
             return EXIT_FAILED
+        _warn_survivors(run_dir)
         cfg, changes = relaunch_config(run_dir)
         if changes:
             print("config changed since the last attempt:")
@@ -113,8 +114,19 @@ def _describe_end(ex: dict | None) -> str:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
+    if args.grace < 0:
+        _err(f"--grace must be >= 0 seconds; got {args.grace:g}")
+        return EXIT_USAGE
     try:
         run_dir = resolve_run(args.run, _runs_dir(args))
+        if args.survivors:
+            if live_attempt(run_dir):
+                _err(f"{run_dir.name} is still running; --survivors is for what outlives an ended run. Stop it first.")
+                return EXIT_FAILED
+            killed = kill_survivors(run_dir)
+            print(f"killed {len(killed)} surviving process(es) of {run_dir.name}"
+                  + "".join(f"\n  pid {p['pid']} {p['name']}" for p in killed))
+            return EXIT_OK
         out = request_stop(run_dir, grace_s=args.grace, reason=args.reason, wait=not args.no_wait)
     except RunNotFound as e:
         _err(str(e))
@@ -124,6 +136,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     if out.already_ended:
         print(f"{run_dir.name} already ended: {_describe_end(out.exit)}; nothing to stop")
+        _warn_survivors(run_dir)
         return EXIT_OK
     if not out.waited:
         print(f"stop requested for {run_dir.name}; the supervisor sends SIGINT, then SIGTERM and SIGKILL "
@@ -181,6 +194,14 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     else:
         print("\n".join(format_checklist(cl)))
     return EXIT_FAILED if cl.failed else EXIT_OK
+
+
+def _warn_survivors(run_dir: Path) -> None:
+    left = run_survivors(run_dir)
+    if left:
+        _err(f"warning: {len(left)} process(es) of the ended run survive in its process group/session "
+             f"(they may hold GPU memory): " + ", ".join(f"{p['pid']} ({p['name']})" for p in left[:10])
+             + f"\n  kill them with: stepwatch stop {run_dir} --survivors")
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
@@ -296,6 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--grace", type=float, default=30.0, metavar="SECONDS", help="seconds between signals (default 30)")
     sp.add_argument("--reason", help="recorded in stop.json")
     sp.add_argument("--no-wait", action="store_true", help="return once the request is delivered")
+    sp.add_argument("--survivors", action="store_true",
+                    help="after the run ended: SIGKILL what survives in its process group/session")
     sp.set_defaults(func=cmd_stop)
 
     sp = sub.add_parser("demo", help="a bundled tiny real training run (transformers Trainer, CPU), launched and watched")

@@ -10,6 +10,7 @@ not only values). Relative paths in a file are relative to the file's directory.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import re
 import shutil
@@ -23,6 +24,7 @@ from monitors.runfiles import ENV_RUNS_DIR
 TOP_KEYS = ("name", "command", "cwd", "runs_dir", "env", "shell", "preflight", "alerts")
 PREFLIGHT_KEYS = ("test_command", "test_timeout_s", "training_arguments", "python", "min_free_bytes")
 ALERTS_KEYS = ("command",)
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -112,14 +114,29 @@ def _validate(data: dict[str, Any], base: Path, where: str, runs_dir_override: P
     env = data.get("env", {})
     if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
         raise ConfigError(f"{where}: 'env' must be a table of string values, e.g. env = {{ CUDA_VISIBLE_DEVICES = \"0\" }}")
+    for k, v in env.items():
+        if not ENV_NAME_RE.match(k):
+            raise ConfigError(f"{where}: env name {k!r} is not a valid environment variable name "
+                              "(letters, digits and '_', not starting with a digit)")
+        if "\0" in v:
+            raise ConfigError(f"{where}: env {k} holds a NUL byte, which no environment can carry")
     preflight = data.get("preflight", {})
     if not isinstance(preflight, dict):
         raise ConfigError(f"{where}: [preflight] must be a table")
     _check_unknown(preflight, PREFLIGHT_KEYS, f"{where} [preflight]")
+    for key in ("test_timeout_s", "min_free_bytes"):
+        v = preflight.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0):
+            raise ConfigError(f"{where} [preflight]: {key} must be a positive number; got {v!r}")
+    if "python" in preflight and not isinstance(preflight["python"], str):
+        raise ConfigError(f"{where} [preflight]: python must be a path string")
     alerts = data.get("alerts", {})
     if not isinstance(alerts, dict):
         raise ConfigError(f"{where}: [alerts] must be a table")
     _check_unknown(alerts, ALERTS_KEYS, f"{where} [alerts]")
+    ac = alerts.get("command")
+    if ac is not None and not (isinstance(ac, list) and ac and all(isinstance(a, str) for a in ac)):
+        raise ConfigError(f"{where} [alerts]: command must be an argv list, e.g. [\"notify-send\", \"stepwatch\"]; got {ac!r}")
     return RunConfig(name=name, command=list(command), cwd=cwd, runs_dir=runs_dir, env=dict(env), shell=shell,
                      preflight=dict(preflight), alerts=dict(alerts))
 
@@ -162,8 +179,9 @@ def config_from_flags(command: list[str], name: str | None, cwd: str | None, run
             raise ConfigError(f"--env takes KEY=VALUE; got {item!r}")
         k, v = item.split("=", 1)
         env_map[k] = v
-    if name is None:
-        name = re.sub(r"[^A-Za-z0-9._-]", "_", Path(command[-1] if command[0].startswith("python") and len(command) > 1 else command[0]).stem) or "run"
+    if name is None:  # the script's name (`python train.py --lr 1` -> train), else the program's
+        script = next((a for a in command[1:] if a.endswith(".py")), None)
+        name = re.sub(r"[^A-Za-z0-9._-]", "_", Path(script or command[0]).stem).lstrip(".-") or "run"
     data: dict[str, Any] = {"name": name, "command": command, "env": env_map}
     if cwd is not None:
         data["cwd"] = cwd

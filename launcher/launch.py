@@ -7,6 +7,8 @@ supervisor in its own session, and return once run.json holds the child's pid.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import subprocess
 import sys
@@ -25,7 +27,7 @@ from monitors.runfiles import (
 )
 from monitors.watchdog import ProcessRef, is_alive
 
-SUPERVISOR_START_TIMEOUT_S = 15.0
+SUPERVISOR_START_TIMEOUT_S = 60.0
 # The supervisor imports stepwatch from where this launcher was imported, through sys.path rather
 # than PYTHONPATH: an environment variable would leak into the training child and shadow its packages.
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
@@ -76,33 +78,85 @@ def launch(cfg: RunConfig, allow_dirty: str | None = None, override: str | None 
     for flag, val in (("--allow-dirty", allow_dirty), ("--override", override)):
         if val is not None and not val.strip():
             raise LaunchRefused(f"{flag} needs a non-empty REASON; it is recorded in run.json")
-    exe = resolve_executable(cfg)
     if not cfg.cwd.is_dir():
         raise ConfigError(f"cwd does not exist or is not a directory: {cfg.cwd}")
+    exe = resolve_executable(cfg)
     tree = read_tree(cfg.cwd, cfg.runs_dir)
     if not tree.clean and allow_dirty is None:
         raise LaunchRefused(gate_message(tree))
     run_dir = cfg.run_dir
-    live = live_attempt(run_dir)
+    with _launch_lock(cfg):
+        _refuse_if_live(cfg)
+        checklist = checklist or run_checklist(cfg, tree)
+        others = [i for i in checklist.items if i.status == "fail" and i.id != "clean_tree"]
+        if others and override is None:
+            raise LaunchRefused("REFUSING: the pre-launch checklist failed:\n" + "\n".join(
+                f"  [FAIL] {i.title}: {i.reason}" for i in others)
+                + "\nFix them, or launch with --override \"REASON\" (recorded in run.json beside the failed items).")
+        # The checklist can take minutes (the test suite): sample the tree again, right before the
+        # child starts, so the identity recorded is the one that runs (playbook 4.4.1).
+        tree = read_tree(cfg.cwd, cfg.runs_dir)
+        if not tree.clean and allow_dirty is None:
+            raise LaunchRefused("the tree changed while the checklist ran.\n" + gate_message(tree))
+        _refuse_if_live(cfg)
+        return _start(cfg, exe, tree, checklist, allow_dirty, override, wait_s)
+
+
+def _refuse_if_live(cfg: RunConfig) -> None:
+    live = live_attempt(cfg.run_dir)
     if live:
         what, pid = live
         raise LaunchRefused(
             f"REFUSING: run {cfg.name!r} is still running ({what} pid {pid} is alive, create_time matches). "
-            f"Stop it first: stepwatch stop {run_dir}")
-    checklist = checklist or run_checklist(cfg, tree)
-    others = [i for i in checklist.items if i.status == "fail" and i.id != "clean_tree"]
-    if others and override is None:
-        raise LaunchRefused("REFUSING: the pre-launch checklist failed:\n" + "\n".join(
-            f"  [FAIL] {i.title}: {i.reason}" for i in others)
-            + "\nFix them, or launch with --override \"REASON\" (recorded in run.json beside the failed items).")
+            f"Stop it first: stepwatch stop {cfg.run_dir}")
+
+
+@contextlib.contextmanager
+def _launch_lock(cfg: RunConfig):
+    """Hold ``<runs_dir>/.<name>.launch.lock`` (flock) from the guard until the supervisor recorded
+    the child's pid: two launches of one run cannot interleave. Refuses when another holds it."""
+    try:
+        cfg.runs_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(cfg.runs_dir / f".{cfg.name}.launch.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise LaunchRefused(f"cannot use the runs dir {cfg.runs_dir}: {e.strerror or e}. "
+                            "Choose another with --runs-dir DIR (or runs_dir in the config).") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise LaunchRefused(f"REFUSING: another launch of {cfg.name!r} is in progress right now "
+                                f"(it holds {cfg.runs_dir / f'.{cfg.name}.launch.lock'}); wait for it, "
+                                f"then: stepwatch status {cfg.run_dir}") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def next_attempt(run_dir: Path) -> int:
+    """1 + the highest attempt recorded in run.json or any rotated ``run.<stamp>.json`` (a corrupt
+    run.json must not restart the numbering: alert ids carry it)."""
+    best = 0
+    for rj in run_dir.glob("run*.json"):
+        a = (read_json(rj) or {}).get("attempt")
+        if isinstance(a, int):
+            best = max(best, a)
+    return best + 1
+
+
+def _start(cfg: RunConfig, exe: str, tree, checklist: Checklist, allow_dirty: str | None, override: str | None,
+           wait_s: float) -> LaunchResult:
+    run_dir = cfg.run_dir
     warnings = [w for w in [untracked_warning(tree)] if w]
     if allow_dirty is not None and not tree.clean:
         warnings.append(f"launching from a dirty tree, as allowed: {allow_dirty}")
-
-    run_dir.mkdir(parents=True, exist_ok=True)
-    prev = read_json(run_dir / RUN_JSON)
-    attempt = int(prev.get("attempt") or 0) + 1 if prev else 1
-    rotated = rotate(run_dir)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        attempt = next_attempt(run_dir)
+        rotated = rotate(run_dir)
+    except OSError as e:
+        raise LaunchRefused(f"cannot prepare the run dir {run_dir}: {e.strerror or e}. "
+                            "Choose another with --runs-dir DIR (or runs_dir in the config).") from None
 
     t = time.time()
     env_add = dict(cfg.env)
@@ -150,8 +204,11 @@ def launch(cfg: RunConfig, allow_dirty: str | None = None, override: str | None 
             break
         time.sleep(0.02)
     tail = (run_dir / SUPERVISOR_LOG).read_text(errors="replace")[-2000:]
-    raise LaunchRefused(f"the supervisor did not record the child's pid within {wait_s:.0f} s "
-                        f"(supervisor exit status {sup.poll()}); its log:\n{tail}")
+    if sup.poll() is None:
+        raise LaunchRefused(f"the supervisor (pid {sup.pid}) has not recorded the child's pid after {wait_s:.0f} s; "
+                            f"it may still be starting the run. Check: stepwatch status {run_dir}; "
+                            f"stop it with: stepwatch stop {run_dir}")
+    raise LaunchRefused(f"the supervisor exited (status {sup.poll()}) without starting the run; its log:\n{tail}")
 
 
 def _user() -> str | None:

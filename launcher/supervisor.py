@@ -119,6 +119,12 @@ def _start_gpu_sampler(run_dir: Path, child_pid: int, stop: threading.Event) -> 
     threading.Thread(target=target, name="gpu-sampler", daemon=True).start()
 
 
+def _child_signal_defaults() -> None:
+    """In the child before exec: SIGHUP back to its default (the supervisor ignores it, and an
+    ignored signal stays ignored across exec). Runs before any supervisor thread exists."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def supervise(run_dir: Path) -> int:
     """Run one attempt to its end. Returns the supervisor's exit status (0 when exit.json was written)."""
     run = read_json(run_dir / RUN_JSON)
@@ -138,8 +144,9 @@ def supervise(run_dir: Path) -> int:
         child = subprocess.Popen(
             child_argv(run), cwd=run["cwd"], env=child_env(run), stdin=subprocess.DEVNULL,
             stdout=log, stderr=subprocess.STDOUT, process_group=0, close_fds=True,
+            preexec_fn=_child_signal_defaults,
         )
-    except OSError as e:
+    except (OSError, ValueError, subprocess.SubprocessError) as e:
         _log(f"could not start the command: {e}")
         run["supervisor"] = supervisor_rec
         run["process"] = {"pid": None, "create_time": None, "pgid": None}

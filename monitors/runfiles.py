@@ -77,12 +77,14 @@ def read_json(path: str | os.PathLike[str]) -> dict[str, Any] | None:
 def write_json_atomic(path: str | os.PathLike[str], obj: dict[str, Any]) -> None:
     """Write ``obj`` as JSON to ``path`` through a temp file and ``os.replace``.
 
-    A reader never sees half a file. Raises OSError (e.g. PermissionError) when the directory is not
-    writable.
+    A reader never sees half a file. The file gets the mode a plain ``open`` would give it
+    (0o666 less the umask), not mkstemp's 0o600: other users may read a run dir (DESIGN.md section 3).
+    Raises OSError (e.g. PermissionError) when the directory is not writable.
     """
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(obj, f, indent=2, sort_keys=False)
             f.write("\n")
@@ -95,6 +97,13 @@ def write_json_atomic(path: str | os.PathLike[str], obj: dict[str, Any]) -> None
         except OSError:
             pass
         raise
+
+
+def _umask() -> int:
+    """The process umask (read by setting and restoring it)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def append_jsonl(path: str | os.PathLike[str], obj: dict[str, Any]) -> None:

@@ -448,3 +448,75 @@ def test_survivors_of_an_ended_run_are_listed_and_can_be_killed(repo: Path):
         for w in (worker, locals().get("worker2")):
             if w and psutil.pid_exists(w):
                 os.kill(w, signal.SIGKILL)
+
+
+def test_a_launch_in_progress_holds_the_run_and_a_second_one_is_refused(repo: Path):
+    import fcntl
+
+    (repo / "runs").mkdir()
+    fd = os.open(repo / "runs" / ".r.launch.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # what a first launch holds while its checklist runs
+    try:
+        r = launch(repo, sys.executable, "ok.py")
+        assert r.returncode == 1 and "another launch" in r.stderr
+        assert not (repo / "runs" / "r" / "run.json").exists()
+    finally:
+        os.close(fd)
+    assert launch(repo, sys.executable, "ok.py").returncode == 0
+
+
+def test_the_tree_is_sampled_again_after_a_slow_checklist(repo: Path):
+    cfg = repo / "t.toml"
+    cfg.write_text(f'name = "t"\ncommand = ["{sys.executable}", "ok.py"]\n[preflight]\n'
+                   f'test_command = ["sh", "-c", "echo edited >> exit3.py; echo 1 passed"]\n')
+    git(repo, "add", "t.toml")
+    git(repo, "commit", "-qm", "cfg")
+    r = stepwatch("launch", "--no-tui", "t.toml", cwd=repo)
+    assert r.returncode == 1 and "changed while the checklist ran" in r.stderr and "exit3.py" in r.stderr
+    assert not (repo / "runs" / "t" / "run.json").exists()
+
+
+def test_a_second_stop_never_overwrites_the_first(repo: Path):
+    (repo / "trap.py").write_text("import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+                                  "print('ready', flush=True)\nwhile True:\n    time.sleep(0.1)\n")
+    git(repo, "add", "trap.py")
+    git(repo, "commit", "-qm", "trap")
+    launch(repo, sys.executable, "trap.py")
+    run_dir = repo / "runs" / "r"
+    wait_until(lambda: b"ready" in (run_dir / "train.log").read_bytes(), 10, what="ready")
+    assert stepwatch("stop", str(run_dir), "--grace", "3", "--no-wait").returncode == 0
+    wait_until(lambda: (read_json(run_dir / "stop.json") or {}).get("signals"), 5, what="SIGINT recorded")
+    r = stepwatch("stop", str(run_dir), "--grace", "0")
+    assert r.returncode == 0 and "already in progress" in r.stdout
+    stop = read_json(run_dir / "stop.json")
+    assert stop["grace_s"] == 3.0 and stop["signals"][0]["signal"] == "SIGINT"
+    assert wait_exit(run_dir)["signal"] == "SIGTERM"
+
+
+def test_run_files_are_readable_by_other_users(repo: Path):
+    launch(repo, sys.executable, "ok.py")
+    run_dir = repo / "runs" / "r"
+    wait_exit(run_dir)
+    for f in ("run.json", "exit.json", "train.log"):
+        assert (run_dir / f).stat().st_mode & 0o044 == 0o044, f
+
+
+@pytest.mark.parametrize("body, word", [
+    ('env = { "A=B" = "1" }', "not a valid environment variable name"),
+    ('[preflight]\nmin_free_bytes = "abc"', "min_free_bytes must be a positive number"),
+    ('[preflight]\ntest_timeout_s = -1', "test_timeout_s must be a positive number"),
+    ('[alerts]\ncommand = 5', "command must be an argv list"),
+])
+def test_ill_typed_config_values_are_usage_errors(repo: Path, body: str, word: str):
+    cfg = repo / "bad.toml"
+    cfg.write_text(f'name = "x"\ncommand = ["{sys.executable}", "ok.py"]\n{body}\n')
+    r = stepwatch("launch", "--no-tui", str(cfg), cwd=repo)
+    assert r.returncode == 2 and word in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_grace_must_be_finite_and_not_negative(repo: Path):
+    launch(repo, sys.executable, "exit3.py")
+    for g in ("-5", "inf", "nan"):
+        r = stepwatch("stop", "r", "--runs-dir", str(repo / "runs"), "--grace", g)
+        assert r.returncode == 2 and "--grace" in r.stderr, g

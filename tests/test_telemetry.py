@@ -664,3 +664,19 @@ def test_real_dynamo_compile(tmp_path, torch_logs):
     assert gap_end["kind"] == "run_end"
     assert gap_end["dynamo"]["recompiles"] is None  # a compile happened while no callback listened
     assert gap_end["dynamo"]["recompile_limit_hits"] == 1
+
+
+def test_a_process_of_the_old_attempt_never_writes_into_the_rotated_in_file(tmp_path, capsys):
+    """Relaunch renames events.jsonl; an orphan of attempt 1 must not reopen the path (attempt 2's)."""
+    tel = StepTelemetry(run_dir=str(tmp_path), check_interval_s=0.0)
+    tel.step_end()
+    tel.step_end()
+    (tmp_path / "events.jsonl").rename(tmp_path / "events.20260101T000000Z.jsonl")
+    (tmp_path / "events.jsonl").write_text('{"v":1,"kind":"run_start","attempt":"2"}\n')
+    tel.step_end()
+    tel.step_end()
+    assert (tmp_path / "events.jsonl").read_text() == '{"v":1,"kind":"run_start","attempt":"2"}\n'
+    old = (tmp_path / "events.20260101T000000Z.jsonl").read_text().splitlines()
+    assert [json.loads(ln)["step"] for ln in old if json.loads(ln)["kind"] == "step"] == [1, 2]
+    assert tel.dropped_events >= 2 and tel.disabled
+    assert capsys.readouterr().err.count("rotated or removed") == 1

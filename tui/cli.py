@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
 
 from launcher.config import ConfigError, config_from_flags, default_runs_dir, load_config
 from launcher.launch import LaunchRefused, LaunchResult, launch, live_attempt, relaunch_config
-from launcher.stop import StopError, kill_survivors, request_stop, run_survivors
+from launcher.stop import StopError, StopInProgress, kill_survivors, request_stop, run_survivors
 from launcher.preflight import format_checklist, format_checklist_json, run_checklist
 from monitors.rundirs import RunNotFound, list_runs, resolve_run
 from monitors.status import RunObserver, snapshot
@@ -114,8 +115,8 @@ def _describe_end(ex: dict | None) -> str:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    if args.grace < 0:
-        _err(f"--grace must be >= 0 seconds; got {args.grace:g}")
+    if not (args.grace >= 0 and math.isfinite(args.grace)):
+        _err(f"--grace must be a finite number of seconds >= 0; got {args.grace:g}")
         return EXIT_USAGE
     try:
         run_dir = resolve_run(args.run, _runs_dir(args))
@@ -131,6 +132,9 @@ def cmd_stop(args: argparse.Namespace) -> int:
     except RunNotFound as e:
         _err(str(e))
         return EXIT_USAGE
+    except StopInProgress as e:
+        print(str(e))
+        return EXIT_OK
     except StopError as e:
         _err(str(e))
         return EXIT_FAILED
@@ -144,6 +148,11 @@ def cmd_stop(args: argparse.Namespace) -> int:
         return EXIT_OK
     sent = [s["signal"] for s in (out.stop or {}).get("signals", [])]
     print(f"signals sent: {', '.join(sent) or 'none'}")
+    if out.supervisor_gone:
+        print(f"note: the supervisor of {run_dir.name} was gone, so this command escalated itself")
+    if out.exit is None and out.ended:
+        print(f"{run_dir.name} ended after {sent[-1] if sent else 'the stop'}; exit status unknown (the supervisor was gone)")
+        return EXIT_OK
     if out.exit is None:
         _err(f"{run_dir.name} has not ended yet; the supervisor keeps escalating")
         return EXIT_FAILED

@@ -455,7 +455,13 @@ class StepTelemetry:
         self._check_dynamo()
 
     def _check_file(self) -> None:
-        """Reopen by path when the open file was removed or renamed away (an OSError disables)."""
+        """Stop writing when the open file was renamed away or removed.
+
+        A relaunch rotates ``events.jsonl`` to ``events.<stamp>.jsonl``; a process of the old attempt
+        that outlived it (a DataLoader worker, an orphaned rank) must not reopen the path and write
+        into the NEW attempt's file. Writing stops, later events are counted as dropped, and it is said
+        once on stderr.
+        """
         if self._fd is not None and not self._disabled:
             try:
                 st = os.stat(self.path)  # type: ignore[arg-type]
@@ -463,12 +469,10 @@ class StepTelemetry:
                 replaced = (st.st_ino, st.st_dev) != (fst.st_ino, fst.st_dev)
             except OSError:
                 replaced = True
-            if replaced:  # removed or renamed away: reopen by path (fails if the dir is gone)
+            if replaced:
                 self._close_fd()
-                try:
-                    self._open()
-                except OSError as e:
-                    self._disable(e)
+                self._disable(OSError(f"{self.path} was rotated or removed (a relaunch owns it now); "
+                                      "this process stops writing events"))
 
     def _check_dynamo(self) -> None:
         """Emit a ``dynamo`` event when the counters or the observed counts changed."""

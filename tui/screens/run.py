@@ -34,6 +34,15 @@ REFRESH_S = 1.0
 LOW_BANDWIDTH_PANEL_S = 5.0
 
 
+def _age(seconds: float) -> str:
+    """3 s / 4 min / 2.5 h: coarse on purpose, so the title changes rarely (bytes on a slow link)."""
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
 class RunScreen(Screen):
     """The attached run. Keys: r relaunch, x stop, a acknowledge, i identity, b low bandwidth, u update."""
 
@@ -121,10 +130,27 @@ class RunScreen(Screen):
         self.query_one(DynamoPanel).show(msg.snapshot)
         self.query_one(GpuPanel).show(msg.snapshot, plots=panels_due)
         self.query_one(IdentityPanel).show(msg.snapshot)
+        self._log_title(msg.snapshot)
         if panels_due:
             self._flush_log(msg.log_partial)
             self._last_panel_t = now
         self.set_timer(REFRESH_S, self._poll_files)
+
+    def _log_title(self, snap: dict[str, Any]) -> None:
+        """The log panel's title: which file, and how long ago its last byte arrived."""
+        lg = snap.get("log") or {}
+        age = lg.get("last_byte_age_s")
+        name = lg.get("file") or "train.log"
+        if snap.get("state") != "running":
+            ended = (snap.get("ended") or {}).get("ended_at")
+            title = f"{name} · run ended {ended}" if ended else f"{name} · run not running"
+        elif age is None:
+            title = f"{name} · no bytes yet"
+        else:
+            title = f"{name} · last byte {_age(age)} ago"
+        panel = self.query_one(LogPanel)
+        if panel.border_title != title:
+            panel.border_title = title
 
     def _flush_log(self, partial: str | None) -> None:
         if self._pending_lines or self._pending_reset:

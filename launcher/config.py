@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from monitors.runfiles import ENV_RUNS_DIR
+from monitors.rundirs import default_runs_dir
 
 TOP_KEYS = ("name", "command", "cwd", "runs_dir", "env", "shell", "preflight", "alerts")
 PREFLIGHT_KEYS = ("test_command", "test_timeout_s", "training_arguments", "python", "min_free_bytes")
@@ -56,11 +56,6 @@ class RunConfig:
     def run_dir(self) -> Path:
         """``<runs_dir>/<name>``."""
         return self.runs_dir / self.name
-
-
-def default_runs_dir() -> Path:
-    """``$STEPWATCH_RUNS_DIR`` or ``./runs``, absolute, relative to the shell's current directory."""
-    return Path(os.environ.get(ENV_RUNS_DIR) or "runs").resolve()
 
 
 def _check_unknown(table: dict, accepted: tuple[str, ...], where: str) -> None:

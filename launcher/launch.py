@@ -22,10 +22,10 @@ from launcher.identity import gate_message, read_tree, untracked_warning
 from launcher.preflight import Checklist, run_checklist
 from launcher.rotate import plan_rotation, rotate
 from monitors.runfiles import (
-    ENV_ATTEMPT, ENV_RUN_DIR, EXIT_JSON, RUN_JSON, SCHEMA_VERSION, SUPERVISOR_LOG, read_json, utc_iso,
+    ENV_ATTEMPT, ENV_RUN_DIR, RUN_JSON, SCHEMA_VERSION, SUPERVISOR_LOG, read_json, utc_iso,
     write_json_atomic,
 )
-from monitors.watchdog import ProcessRef, is_alive
+from monitors.rundirs import live_attempt  # noqa: F401 - re-exported for callers
 
 SUPERVISOR_START_TIMEOUT_S = 60.0
 # The supervisor imports stepwatch from where this launcher was imported, through sys.path rather
@@ -51,21 +51,6 @@ class LaunchResult:
     run: dict[str, Any] = field(default_factory=dict)
 
 
-def live_attempt(run_dir: Path) -> tuple[str, int] | None:
-    """``("training process", pid)`` or ``("supervisor", pid)`` when the run's current attempt still
-    runs (pid AND create_time match, never a pattern); None otherwise."""
-    run = read_json(run_dir / RUN_JSON)
-    if not run:
-        return None
-    proc = ProcessRef.from_json(run.get("process"))
-    if is_alive(proc):
-        return ("training process", proc.pid)
-    sup = ProcessRef.from_json(run.get("supervisor"))
-    if is_alive(sup) and read_json(run_dir / EXIT_JSON) is None:
-        return ("supervisor", sup.pid)
-    return None
-
-
 def launch(cfg: RunConfig, allow_dirty: str | None = None, override: str | None = None,
            checklist: Checklist | None = None, wait_s: float = SUPERVISOR_START_TIMEOUT_S) -> LaunchResult:
     """Start one attempt of ``cfg``.
@@ -84,7 +69,6 @@ def launch(cfg: RunConfig, allow_dirty: str | None = None, override: str | None 
     tree = read_tree(cfg.cwd, cfg.runs_dir)
     if not tree.clean and allow_dirty is None:
         raise LaunchRefused(gate_message(tree))
-    run_dir = cfg.run_dir
     with _launch_lock(cfg):
         _refuse_if_live(cfg)
         checklist = checklist or run_checklist(cfg, tree)

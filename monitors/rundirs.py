@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from monitors.runfiles import RUN_JSON, read_json
+import os
+
+from monitors.runfiles import ENV_RUNS_DIR, EXIT_JSON, RUN_JSON, read_json
+from monitors.watchdog import ProcessRef, is_alive
 
 
 class RunNotFound(LookupError):
@@ -36,3 +39,23 @@ def list_runs(runs_dir: Path) -> list[Path]:
             rj = read_json(d / RUN_JSON) or {}
             found.append((rj.get("launched_at_unix") or 0.0, d))
     return [d for _, d in sorted(found, key=lambda x: -x[0])]
+
+
+def default_runs_dir() -> Path:
+    """``$STEPWATCH_RUNS_DIR`` or ``./runs``, absolute, relative to the shell's current directory."""
+    return Path(os.environ.get(ENV_RUNS_DIR) or "runs").resolve()
+
+
+def live_attempt(run_dir: Path) -> tuple[str, int] | None:
+    """``("training process", pid)`` or ``("supervisor", pid)`` when the run's current attempt still
+    runs (pid AND create_time match, never a pattern); None otherwise."""
+    run = read_json(run_dir / RUN_JSON)
+    if not run:
+        return None
+    proc = ProcessRef.from_json(run.get("process"))
+    if is_alive(proc):
+        return ("training process", proc.pid)
+    sup = ProcessRef.from_json(run.get("supervisor"))
+    if is_alive(sup) and read_json(run_dir / EXIT_JSON) is None:
+        return ("supervisor", sup.pid)
+    return None

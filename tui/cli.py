@@ -13,12 +13,10 @@ import os
 import sys
 from pathlib import Path
 
-from launcher.config import ConfigError, config_from_flags, default_runs_dir, load_config
-from launcher.launch import LaunchRefused, LaunchResult, launch, live_attempt, relaunch_config
-from launcher.stop import StopError, StopInProgress, kill_survivors, request_stop, run_survivors
-from launcher.preflight import format_checklist, format_checklist_json, run_checklist
-from monitors.rundirs import RunNotFound, list_runs, resolve_run
-from monitors.status import RunObserver, snapshot
+from monitors.rundirs import RunNotFound, default_runs_dir, list_runs, live_attempt, resolve_run
+
+# launcher/ (GitPython) and monitors.status are imported inside the commands that use them:
+# `attach` must paint its first frame fast, and `--help` should not load a git binding.
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -31,7 +29,9 @@ def _runs_dir(args: argparse.Namespace) -> Path:
     return Path(args.runs_dir).resolve() if getattr(args, "runs_dir", None) else default_runs_dir()
 
 
-def _print_launch(res: LaunchResult, verb: str) -> None:
+def _print_launch(res, verb: str) -> None:
+    from launcher.preflight import format_checklist_json  # noqa: PLC0415
+
     for line in format_checklist_json(res.run.get("preflight") or {}):
         print(line)
     for a, b in res.rotated:
@@ -57,6 +57,9 @@ def _open_tui(run_dir: Path, args: argparse.Namespace) -> int:
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
+    from launcher.config import ConfigError, config_from_flags, load_config  # noqa: PLC0415
+    from launcher.launch import LaunchRefused, launch  # noqa: PLC0415
+
     cmd = list(getattr(args, "command", None) or [])
     try:
         if args.config and not cmd:
@@ -78,6 +81,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 
 def cmd_relaunch(args: argparse.Namespace) -> int:
+    from launcher.config import ConfigError  # noqa: PLC0415
+    from launcher.launch import LaunchRefused, launch, relaunch_config  # noqa: PLC0415
+
     try:
         run_dir = resolve_run(args.run, _runs_dir(args))
         live = live_attempt(run_dir)
@@ -115,6 +121,8 @@ def _describe_end(ex: dict | None) -> str:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
+    from launcher.stop import StopError, StopInProgress, kill_survivors, request_stop  # noqa: PLC0415
+
     if not (args.grace >= 0 and math.isfinite(args.grace)):
         _err(f"--grace must be a finite number of seconds >= 0; got {args.grace:g}")
         return EXIT_USAGE
@@ -161,6 +169,8 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from launcher.config import ConfigError  # noqa: PLC0415
+    from launcher.launch import LaunchRefused, launch  # noqa: PLC0415
     from launcher.demo import DemoUnavailable, demo_config, gpu_recording_env  # noqa: PLC0415
 
     script_args: list[str] = []
@@ -192,6 +202,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:
+    from launcher.config import ConfigError, load_config  # noqa: PLC0415
+    from launcher.preflight import format_checklist, run_checklist  # noqa: PLC0415
+
     try:
         cfg = load_config(args.config, runs_dir_override=Path(args.runs_dir).resolve() if getattr(args, "runs_dir", None) else None)
     except ConfigError as e:
@@ -206,6 +219,8 @@ def cmd_preflight(args: argparse.Namespace) -> int:
 
 
 def _warn_survivors(run_dir: Path) -> None:
+    from launcher.stop import run_survivors  # noqa: PLC0415
+
     left = run_survivors(run_dir)
     if left:
         _err(f"warning: {len(left)} process(es) of the ended run survive in its process group/session "
@@ -214,6 +229,8 @@ def _warn_survivors(run_dir: Path) -> None:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
+    from monitors.status import snapshot  # noqa: PLC0415
+
     runs_dir = _runs_dir(args)
     runs = list_runs(runs_dir)
     if not runs:
@@ -234,6 +251,8 @@ def _launched_at(run_dir: Path) -> str | None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from monitors.status import RunObserver  # noqa: PLC0415
+
     try:
         run_dir = resolve_run(args.run, _runs_dir(args)) if args.run else _newest(args)
     except RunNotFound as e:
@@ -308,7 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--allow-dirty", metavar="REASON", help="launch from a dirty tree; REASON is recorded")
     sp.add_argument("--override", metavar="REASON", help="launch although checklist items failed; REASON is recorded")
     sp.add_argument("--no-tui", action="store_true", help="start and return; do not open the TUI")
-    sp.add_argument("--low-bandwidth", action="store_true", help=argparse.SUPPRESS)
+    sp.add_argument("--low-bandwidth", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     sp.set_defaults(func=cmd_launch)
 
     sp = sub.add_parser("relaunch", help="rotate the logs and start the same config again")
@@ -317,7 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--allow-dirty", metavar="REASON")
     sp.add_argument("--override", metavar="REASON")
     sp.add_argument("--no-tui", action="store_true")
-    sp.add_argument("--low-bandwidth", action="store_true", help=argparse.SUPPRESS)
+    sp.add_argument("--low-bandwidth", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     sp.set_defaults(func=cmd_relaunch)
 
     sp = sub.add_parser("stop", help="stop a run: SIGINT, then SIGTERM, then SIGKILL (by the supervisor)")
@@ -346,7 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--layers", type=int, help=argparse.SUPPRESS)
     sp.add_argument("--seq-len", type=int, help=argparse.SUPPRESS)
     sp.add_argument("--save-every", type=int, help=argparse.SUPPRESS)
-    sp.add_argument("--low-bandwidth", action="store_true", help=argparse.SUPPRESS)
+    sp.add_argument("--low-bandwidth", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     sp.set_defaults(func=cmd_demo)
 
     sp = sub.add_parser("preflight", help="the pre-launch checklist alone (exit 1 when an item fails)")
@@ -376,7 +395,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("attach", help="open the TUI on an existing run (default: the newest live one)")
     common(sp)
     sp.add_argument("run", nargs="?")
-    sp.add_argument("--low-bandwidth", action="store_true", help=argparse.SUPPRESS)
+    sp.add_argument("--low-bandwidth", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     sp.set_defaults(func=cmd_attach)
     return p
 

@@ -80,7 +80,13 @@ class RunScreen(Screen):
         yield Static("", id="partial")
         yield Footer()
 
+    def apply_bandwidth(self) -> None:
+        """Low-bandwidth mode hides the four sparklines (the costliest cells on a slow link)."""
+        for plots in self.query("StepPanel .plots"):
+            plots.display = not self.app.low_bandwidth
+
     def on_mount(self) -> None:
+        self.apply_bandwidth()
         self.query_one(AlertBanner).display = False
         self.acked = read_acked(self.run_dir)
         self._poll_files()
@@ -124,14 +130,18 @@ class RunScreen(Screen):
         low = self.app.low_bandwidth
         now = time.monotonic()
         panels_due = not low or now - self._last_panel_t >= LOW_BANDWIDTH_PANEL_S
-        self.query_one(RunHeader).show(msg.snapshot)
-        self._show_alerts(msg.snapshot)
-        self.query_one(StepPanel).show(msg.snapshot, plots=panels_due)
-        self.query_one(DynamoPanel).show(msg.snapshot)
-        self.query_one(GpuPanel).show(msg.snapshot, plots=panels_due)
-        self.query_one(IdentityPanel).show(msg.snapshot)
-        self._log_title(msg.snapshot)
-        if panels_due:
+        self._show_alerts(msg.snapshot)  # alerts always at once
+        state_changed = msg.snapshot.get("state") != getattr(self, "_shown_state", None)
+        if panels_due or state_changed:
+            # In low-bandwidth mode everything but alerts (and a change of state) waits for the
+            # 5-second tick; the sparklines are left out there (each bar carries its own colour).
+            self._shown_state = msg.snapshot.get("state")
+            self.query_one(RunHeader).show(msg.snapshot)
+            self.query_one(StepPanel).show(msg.snapshot, plots=not low)
+            self.query_one(DynamoPanel).show(msg.snapshot)
+            self.query_one(GpuPanel).show(msg.snapshot, plots=not low)
+            self.query_one(IdentityPanel).show(msg.snapshot)
+            self._log_title(msg.snapshot)
             self._flush_log(msg.log_partial)
             self._last_panel_t = now
         self.set_timer(REFRESH_S, self._poll_files)
@@ -195,6 +205,7 @@ class RunScreen(Screen):
 
     def action_toggle_bandwidth(self) -> None:
         self.app.low_bandwidth = not self.app.low_bandwidth
+        self.apply_bandwidth()
         self.notify(f"low-bandwidth mode {'on: log and plots every 5 s' if self.app.low_bandwidth else 'off'}")
 
     def action_update_now(self) -> None:

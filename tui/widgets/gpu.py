@@ -57,7 +57,7 @@ class GpuPanel(Panel):
             self._set("#gpu-lines", Text(err, "yellow"))
             self.query_one(".plots").display = False
             return
-        self.query_one(".plots").display = True
+        self.query_one(".plots").display = plots
         lines = Text("\n").join(device_line(d) for d in gpus)
         src = snap.get("gpu_source") or ""
         if src.startswith("recorded"):

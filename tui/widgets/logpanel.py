@@ -31,4 +31,6 @@ class LogPanel(RichLog):
         if reset:
             self.clear()
         for line in lines:
-            self.write(styled(line[:2000]))
+            self.write(styled(line[:2000]), scroll_end=False)
+        if lines and self.auto_scroll:
+            self.scroll_end(animate=False, immediate=True)  # one scroll (one repaint) per batch

@@ -146,7 +146,10 @@ def run_child_json(argv: list[str], timeout_s: float, json_path: Path, env: dict
         out, _ = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         kill_group(proc)
-        out = proc.stdout.read() if proc.stdout else b""
+        try:  # a grandchild in another session could still hold the pipe: do not wait for it forever
+            out, _ = proc.communicate(timeout=5)
+        except (subprocess.TimeoutExpired, ValueError, OSError):
+            out = b""
         note = f"timed out after {timeout_s:.0f} s (process group killed)"
     finally:
         # whatever the child started in its session and left behind goes too

@@ -1,6 +1,6 @@
 """What the telemetry emitter costs a training loop.
 
-    python bench/emitter_cost.py [--quick] [--json FILE] [--dir DIR]
+    python bench/emitter_cost.py [--quick] [--json FILE] [--dir DIR] [--with-dynamo]
 
 Two measurements, both with a real ``StepTelemetry`` writing a real ``events.jsonl`` in a fresh
 temporary directory (``--dir`` picks the file system; default: the system temp dir):
@@ -15,6 +15,14 @@ temporary directory (``--dir`` picks the file system; default: the system temp d
    (A,B then B,A) so drift hits both sides. Reported: the median of the per-pair ratios B/A, the
    overhead in percent and in microseconds per step, and the spread (min, p10, p90, max of the
    ratios, nearest-rank).
+
+``--with-dynamo`` imports ``torch._dynamo`` first (as ``import transformers.Trainer`` does), so the
+emitter's once-a-second check reads real dynamo counters; the cost of one check (file + dynamo) is
+reported beside the per-call figure (amortised: once per ``check_interval_s``, 1 s).
+
+``--json`` writes the common shape of bench/common.py: figures ``emitter_us_per_step`` (median
+``step_end`` µs, baseline: an empty function call) and ``emitter_overhead_ratio`` (median of the
+per-pair ratios, with their spread), everything else under ``details``.
 
 The numbers depend on the machine and the file system (no fsync: the page cache absorbs writes).
 Compare with ``../shared/fixtures/real/append_cost.json`` (write+flush of a pre-built ~148-byte line:
@@ -114,10 +122,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="fewer repeats (a few seconds)")
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     ap.add_argument("--dir", metavar="DIR", help="where the temporary run dir is made")
+    ap.add_argument("--with-dynamo", action="store_true", help="import torch._dynamo first (real counters checked)")
+    ap.add_argument("--pairs", type=int, help="interleaved pairs (default 300 quick / 1500)")
+    ap.add_argument("--k", type=int, default=5, help="steps per side of a pair (default 5: short sides, "
+                                                    "so a preemption spoils few pairs)")
     a = ap.parse_args(argv)
 
+    dynamo_loaded = False
+    if a.with_dynamo:
+        try:
+            import torch._dynamo  # noqa: F401
+
+            dynamo_loaded = True
+        except Exception as e:  # no torch: the check has nothing to read, as in a torch-less job
+            print(f"--with-dynamo: torch._dynamo not importable ({e}); measuring without it")
     n, repeats = (2000, 5) if a.quick else (20000, 9)
-    k, pairs = (20, 10) if a.quick else (50, 40)
+    k, pairs = a.k, a.pairs or (300 if a.quick else 1500)
 
     run_dir = tempfile.mkdtemp(prefix="stepwatch-bench-", dir=a.dir)
     try:
@@ -136,6 +156,12 @@ def main(argv: list[str] | None = None) -> int:
         busy(iters)
         step_s = time.perf_counter() - t0
         res = loop_pairs(tel, iters, k, pairs)
+        checks = []
+        for _ in range(50):
+            t0 = time.perf_counter()
+            tel._check(time.perf_counter())
+            checks.append((time.perf_counter() - t0) * 1e6)
+        check_us = statistics.median(checks)
         tel.close()
         ratios = sorted(b / a for a, b in res)
         deltas_us = sorted((b - a) / k * 1e6 for a, b in res)
@@ -164,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
             "steps_per_side": k,
             "pairs": pairs,
             "ratio_median": med_ratio,
+            "ratios": ratios,
             "overhead_percent_median": (med_ratio - 1) * 100,
             "ratio_spread": {"min": ratios[0], "p10": nearest_rank(ratios, 10), "p90": nearest_rank(ratios, 90),
                              "max": ratios[-1]},
@@ -172,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
                                             "p90": nearest_rank(deltas_us, 90), "max": deltas_us[-1]},
         },
         "dropped_events": dropped,
+        "periodic_check_us_median": check_us,
+        "dynamo_loaded": dynamo_loaded,
     }
     pc_, lp = result["per_call_us"], result["loop"]
     print(f"step_end (write+flush): median {pc_['step_end_median']:.2f} us/call; empty function "
@@ -182,9 +211,36 @@ def main(argv: list[str] | None = None) -> int:
           f"({lp['overhead_percent_median']:+.2f} %, {lp['overhead_us_per_step_median']:+.1f} us/step); "
           f"spread min {sp['min']:.4f} p10 {sp['p10']:.4f} p90 {sp['p90']:.4f} max {sp['max']:.4f} "
           f"({pairs} interleaved pairs of {k} steps)")
+    print(f"periodic check (events file + dynamo{'' if dynamo_loaded else ', not loaded'}): "
+          f"{check_us:.1f} us, once per second")
     if a.json:
-        Path(a.json).write_text(json.dumps(result, indent=1) + "\n")
+        out = common_result(result, a.quick)
+        Path(a.json).write_text(json.dumps(out, indent=1) + "\n")
     return 0 if dropped == 0 else 1
+
+
+def common_result(result: dict, quick: bool) -> dict:
+    """``result`` in the common --json shape of bench/common.py."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_common", Path(__file__).with_name("common.py"))
+    common = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(common)
+    out = common.new_result("emitter_cost", quick)
+    pc_, lp = result["per_call_us"], result["loop"]
+    out["figures"] = {"emitter_us_per_step": pc_["step_end_median"], "emitter_overhead_ratio": lp["ratio_median"]}
+    out["baselines"] = {
+        "emitter_us_per_step": {"what": "an empty function call with the same arguments (median)",
+                                "value": pc_["empty_function_median"], "unit": "us"},
+        "emitter_overhead_ratio": {"what": f"the same ~{lp['busy_step_s'] * 1e3:.1f} ms CPU-busy loop bare",
+                                   "value": lp["busy_step_s"], "unit": "s"},
+    }
+    sp = dict(lp["ratio_spread"], n=lp["pairs"], median=lp["ratio_median"])
+    out["spreads"] = {"emitter_overhead_ratio": sp}
+    if result["dropped_events"]:
+        out["notes"]["emitter_us_per_step"] = f"{result['dropped_events']} events dropped"
+    out["details"] = result
+    return out
 
 
 if __name__ == "__main__":

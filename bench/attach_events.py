@@ -1,0 +1,197 @@
+"""Attach to a finished run with 100,000 step events: the full status snapshot against json.loads.
+
+    python bench/attach_events.py [--quick] [--steps 100000] [--pairs N] [--budget S] [--json FILE]
+
+Generates, in a temporary directory deleted afterwards, a finished run dir as stepwatch writes it:
+run.json (the captured process long gone), exit.json (code 0), a short train.log, and an
+events.jsonl with ``run_start``, ``--steps`` ``step`` events (lognormal durations around 19.5 s, the
+first flagged ``first``, a save every 500 steps with its ``phase`` begin/end and the next step flagged
+``save``), a ``log`` event every 10 steps, one ``dynamo`` event and ``run_end`` -- the lines
+``StepTelemetry`` writes. Then, in interleaved pairs (A B, B A, ...; page cache warm):
+
+* A, the baseline: read events.jsonl and ``json.loads`` every line, nothing else;
+* B: ``RunObserver(run_dir).refresh()`` -- a new observer each time, so the whole file is read,
+  parsed, fed to the step statistics and the fallback detector, and the snapshot built.
+
+Pairs: ``--pairs`` (default 10; ``--quick`` 4), but no new pair starts once ``--budget`` seconds
+have been spent on pairs, if at least 2 are done (a slow snapshot must not blow the quick run).
+Figures: ``attach_events_s`` (median of B, target <= 1 s) and ``attach_events_ratio`` (median of the
+per-pair B/A, target <= 3), with the spread of the pairs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import interleaved_pairs, new_result, ratio_of_pairs, spread, write_json  # noqa: E402
+
+TARGET_S, TARGET_RATIO = 1.0, 3.0
+
+
+def build_run(run_dir: Path, steps: int, seed: int = 0) -> dict:
+    """Write a finished run dir with ``steps`` step events; return counts."""
+    from monitors.runfiles import write_json_atomic
+
+    run_dir.mkdir(parents=True)
+    rng = random.Random(seed)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    t0 = 1_780_000_000.0
+    enc = json.JSONEncoder(separators=(",", ":"))
+    lines = [enc.encode({"v": 1, "kind": "run_start", "t": t0, "step": None, "rank": 0, "world_size": 1,
+                         "pid": dead.pid, "max_steps": steps,
+                         "versions": {"python": "3.11.7", "torch": "2.13.0", "transformers": "5.24.0"},
+                         "attn_implementation": {"requested": "flex_attention", "resolved": "flex_attention"}})]
+    t = t0
+    dts = []
+    pending_save = False
+    for s in range(1, steps + 1):
+        dt = 45.79 if s == 1 else round(19.5 * rng.lognormvariate(0.0, 0.08), 6)
+        flags = ["first"] if s == 1 else []
+        if pending_save:
+            flags.append("save")
+            dt = round(dt + 8.0, 6)
+            pending_save = False
+        begin, t = t, t + dt
+        if s > 1:
+            dts.append(dt)
+        lines.append(enc.encode({"v": 1, "kind": "step", "t": t, "step": s, "rank": 0, "dt": dt, "step_begin": begin,
+                                 "step_end": t, "tokens": 26048, "padded_tokens": 26112, "flags": flags}))
+        if s % 10 == 0:
+            lines.append(enc.encode({"v": 1, "kind": "log", "t": t + 0.01, "step": s, "rank": 0,
+                                     "logs": {"loss": round(rng.uniform(1.5, 3.0), 4), "grad_norm": 0.63,
+                                              "learning_rate": 2e-05, "epoch": s / steps}}))
+        if s % 500 == 0:
+            lines.append(enc.encode({"v": 1, "kind": "phase", "t": t + 0.02, "step": s, "rank": 0, "name": "save",
+                                     "state": "begin"}))
+            lines.append(enc.encode({"v": 1, "kind": "phase", "t": t + 7.9, "step": s, "rank": 0, "name": "save",
+                                     "state": "end"}))
+            pending_save = True
+        if s == 50:
+            lines.append(enc.encode({"v": 1, "kind": "dynamo", "t": t + 0.03, "step": s, "rank": 0,
+                                     "counters": {"stats": {"unique_graphs": 4}, "frames": {"total": 5, "ok": 4}},
+                                     "recompiles": 3, "recompile_limit_hits": 0}))
+    dts.sort()
+    from monitors.telemetry import step_summary
+
+    lines.append(enc.encode({"v": 1, "kind": "run_end", "t": t + 1, "step": steps, "rank": 0,
+                             "step_seconds": step_summary(dts),
+                             "dynamo": {"recompiles": 3, "recompile_limit_hits": 0}, "dropped_events": 0}))
+    (run_dir / "events.jsonl").write_text("\n".join(lines) + "\n")
+    (run_dir / "train.log").write_text("".join(
+        f"{{'loss': '{rng.uniform(1.5, 3.0):.4g}', 'grad_norm': '0.6336', 'learning_rate': '2e-05'}}\n"
+        for _ in range(200)) + "done\n")
+    write_json_atomic(run_dir / "run.json", {
+        "v": 1, "name": run_dir.name, "attempt": 1, "argv": ["python", "train.py"], "cwd": str(run_dir),
+        "env": {}, "config_path": None, "config_sha256": None, "config": None,
+        "launched_at": None, "launched_at_unix": t0, "identity": None, "preflight": None,
+        "allow_dirty_reason": None, "supervisor": {"pid": dead.pid, "create_time": 1.0, "sid": None},
+        "process": {"pid": dead.pid, "create_time": 1.0, "pgid": dead.pid}, "start_error": None})
+    write_json_atomic(run_dir / "exit.json", {"returncode": 0, "signal": None, "ended_at": None,
+                                              "ended_at_unix": t + 1, "duration_s": t + 1 - t0,
+                                              "stop_requested": False, "error": None})
+    return {"event_lines": len(lines), "step_events": steps,
+            "events_bytes": os.path.getsize(run_dir / "events.jsonl")}
+
+
+def time_json_loads(path: Path) -> float:
+    t0 = time.perf_counter()
+    with open(path, "rb") as f:
+        data = f.read()
+    for line in data.splitlines():
+        if line:
+            json.loads(line)
+    return time.perf_counter() - t0
+
+
+def time_refresh(run_dir: Path) -> tuple[float, dict]:
+    from monitors.status import RunObserver
+
+    t0 = time.perf_counter()
+    snap = RunObserver(run_dir).refresh()
+    return time.perf_counter() - t0, snap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="4 pairs instead of 10")
+    ap.add_argument("--steps", type=int, default=100_000)
+    ap.add_argument("--pairs", type=int)
+    ap.add_argument("--budget", type=float, help="seconds of pairs after which no new pair starts (min 2 pairs)")
+    ap.add_argument("--json", metavar="FILE")
+    a = ap.parse_args(argv)
+    pairs = a.pairs or (4 if a.quick else 10)
+    res = new_result("attach_events", a.quick)
+    F, N = res["figures"], res["notes"]
+    F["attach_events_s"] = F["attach_events_ratio"] = None
+    tmp = Path(tempfile.mkdtemp(prefix="stepwatch-bench-events-"))
+    try:
+        run_dir = tmp / "finished-run"
+        t0 = time.perf_counter()
+        info = build_run(run_dir, a.steps)
+        info["build_s"] = time.perf_counter() - t0
+        ev = run_dir / "events.jsonl"
+        last_snap: dict = {}
+
+        def run_b() -> float:
+            nonlocal last_snap
+            dt, last_snap = time_refresh(run_dir)
+            return dt
+
+        import monitors.status  # noqa: F401  (imports outside the timings)
+
+        pr = []
+        t_pairs = time.monotonic()
+        for i in range(pairs):
+            if a.budget is not None and i >= 2 and time.monotonic() - t_pairs > a.budget:
+                break
+            pr += interleaved_pairs(lambda: time_json_loads(ev), run_b, 1, warmup=0) if i % 2 == 0 else \
+                [tuple(reversed(interleaved_pairs(run_b, lambda: time_json_loads(ev), 1, warmup=0)[0]))]
+        pairs = len(pr)
+        a_s = [p[0] for p in pr]
+        b_s = [p[1] for p in pr]
+        rat = ratio_of_pairs(pr)
+        F["attach_events_s"] = statistics.median(b_s)
+        F["attach_events_ratio"] = rat["median"]
+        res["spreads"]["attach_events_s"] = spread(b_s)
+        res["spreads"]["attach_events_ratio"] = rat
+        res["baselines"]["attach_events_s"] = {"what": "json.loads of every line of events.jsonl (median)",
+                                               "value": statistics.median(a_s), "unit": "s"}
+        res["baselines"]["attach_events_ratio"] = res["baselines"]["attach_events_s"]
+        sc = last_snap.get("step_seconds") or {}
+        info.update({"pairs": pairs, "ratios": sorted(b / a for a, b in pr if a > 0), "json_loads_s": spread(a_s), "refresh_s": spread(b_s),
+                     "snapshot_state": last_snap.get("state"), "snapshot_step_n": sc.get("n"),
+                     "snapshot_events_lines": (last_snap.get("events") or {}).get("lines")})
+        if sc.get("n") != a.steps - 1:
+            N["attach_events_s"] = f"the snapshot counted {sc.get('n')} steps, expected {a.steps - 1}"
+        res["details"] = info
+        print(f"finished run: {info['step_events']:,} step events, {info['event_lines']:,} lines, "
+              f"{info['events_bytes'] / 1e6:.1f} MB (built in {info['build_s']:.1f} s)")
+        print(f"RunObserver.refresh(): median {F['attach_events_s']:.3f} s (target <= {TARGET_S}); "
+              f"json.loads of every line: median {statistics.median(a_s):.3f} s; ratio median "
+              f"{rat['median']:.2f} (p10 {rat['p10']:.2f}, p90 {rat['p90']:.2f}; target <= {TARGET_RATIO}; {pairs} pairs)")
+    except Exception as e:
+        for k in ("attach_events_s", "attach_events_ratio"):
+            if F[k] is None:
+                N[k] = f"{type(e).__name__}: {e}"
+        print(f"attach_events failed: {e!r}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    write_json(a.json, res)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

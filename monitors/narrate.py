@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, TextIO
 
 from monitors.runfiles import utc_iso
-from monitors.status import RunObserver
+from monitors.status import RunObserver, run_ended
 from monitors.watchdog import ProcessRef, wait_for_exit
 
 
@@ -36,6 +36,8 @@ def end_words(snap: dict[str, Any]) -> str:
         return f"killed by {snap['signal']}{after}"
     if snap.get("returncode") is not None:
         return f"exited with code {snap['returncode']}{after}"
+    if ended.get("error"):
+        return f"could not start: {ended['error']}"
     return "ended, status unknown (supervisor gone, no exit.json)"
 
 
@@ -44,7 +46,7 @@ def status_lines(snap: dict[str, Any]) -> list[str]:
     step = snap.get("step") or {}
     lines = [f"{snap['run']} attempt {snap.get('attempt') or '-'}: {snap['state']}"
              + (f", pid {snap['pid']}" if snap.get("pid") else "")
-             + (f" ({end_words(snap)})" if snap["state"] != "running" and snap.get("attempt") else "")]
+             + (f" ({end_words(snap)})" if run_ended(snap) else "")]
     lines.append(f"  step {_fmt(step.get('global_step'))}/{_fmt(step.get('max_steps'))} (from {step.get('source') or '-'}), "
                  f"ETA {_fmt(snap.get('eta_s'), 0)} s")
     lines.append(f"  {snap.get('step_line') or 'n=0 seconds_per_optimizer_step'}")
@@ -108,7 +110,7 @@ class Narrator:
             if al["id"] not in self.alerts_seen:
                 self.alerts_seen.add(al["id"])
                 self.emit("alert", f"ALERT [{al['kind']}] {al['message']}", alert=al)
-        if snap["state"] != "running" and snap.get("process_verdict") not in (None, "alive") and not self.ended_printed:
+        if run_ended(snap) and not self.ended_printed:
             self.ended_printed = True
             self.emit("exit", f"{snap['run']} {end_words(snap)}; {snap.get('step_line') or ''}",
                       returncode=snap.get("returncode"), signal=snap.get("signal"))
@@ -131,7 +133,7 @@ def watch(run_dir: Path, as_json: bool = False, every_n_steps: int = 10, out: Te
     nar = Narrator(out, as_json, every_n_steps)
     while True:
         snap = obs.refresh()
-        ended = snap["state"] != "running" and snap.get("process_verdict") not in (None, "alive")
+        ended = run_ended(snap)
         if ended and snap["state"] == "unknown":  # the supervisor may be writing exit.json right now
             deadline = time.monotonic() + 3.0
             while snap["state"] == "unknown" and time.monotonic() < deadline:

@@ -27,7 +27,7 @@ from monitors.dynamolog import DynamoLogScanner, RecompileLimit, Recompile
 from monitors.eventtail import EventReader
 from monitors.gpu.reading import WINDOW_S as GPU_WINDOW_S
 from monitors.gpu.reading import gpu_source, gpu_status_from_records
-from monitors.logtail import LogFollower
+from monitors.logtail import DEFAULT_MAX_BYTES_PER_POLL, LogFollower
 from monitors.progress import ProgressTracker, rank_prefix
 from monitors.runfiles import EVENTS_JSONL, EXIT_JSON, GPU_JSONL, RUN_JSON, STOP_JSON, TRAIN_LOG, read_json, utc_iso
 from monitors.stepstats import StepStats
@@ -36,6 +36,10 @@ from monitors.watchdog import ProcessRef, probe
 #: train.log up to this size is read from its first byte (dynamo counts and log-derived steps see
 #: the whole attempt); a bigger one only from its tail, and the snapshot says so (``log.from_start``).
 LOG_FULL_READ_MAX_BYTES = 64 * 1024 * 1024
+#: One refresh polls train.log until it has read to the end as it is now (one poll reads at most
+#: DEFAULT_MAX_BYTES_PER_POLL): a one-shot status of a finished run must see the log's last lines
+#: (the traceback) and every dynamo record. Bounded, so a writer faster than the reader cannot pin it.
+LOG_POLLS_PER_REFRESH = LOG_FULL_READ_MAX_BYTES // DEFAULT_MAX_BYTES_PER_POLL + 2
 RECENT_STEPS = 60
 HIST_BINS = 24
 #: A recompile storm: at least this many recompiles within STORM_WINDOW_STEPS optimizer steps after
@@ -174,13 +178,15 @@ class RunObserver:
                 a.run_end = ev
 
     def _read_log(self, a: _Attempt) -> None:
-        segs = a.log.poll()
-        for seg in segs:
-            for adv in a.progress.feed(seg):
-                a.last_advance_at = adv.at_s
-                if adv.dt_s is not None and adv.dt_s >= 0:
-                    a.log_stats.add(adv.step, adv.dt_s, ())
-            self._dynamo_events(a, a.dynlog.feed(seg.text))
+        for _ in range(LOG_POLLS_PER_REFRESH):
+            for seg in a.log.poll():
+                for adv in a.progress.feed(seg):
+                    a.last_advance_at = adv.at_s
+                    if adv.dt_s is not None and adv.dt_s >= 0:
+                        a.log_stats.add(adv.step, adv.dt_s, ())
+                self._dynamo_events(a, a.dynlog.feed(seg.text))
+            if not a.log.behind:
+                break
 
     def _dynamo_events(self, a: _Attempt, events: list) -> None:
         step = self._global_step(a)
@@ -237,7 +243,7 @@ class RunObserver:
         self._read_events(a)
         self._read_log(a)
         self._read_gpu(a)
-        if snap["state"] != "running" and not a.dynlog_flushed and snap["process_verdict"] not in (None, "alive"):
+        if run_ended(snap) and not a.dynlog_flushed and not a.log.behind:
             self._dynamo_events(a, a.dynlog.flush())
             a.dynlog_flushed = True
         self._steps_part(snap, a, now)
@@ -386,17 +392,19 @@ class RunObserver:
         for g in snap.get("gpu") or []:
             if str(g.get("verdict") or "").startswith("SM-busy, tensor-idle"):
                 out.append(self._alert(a, att, "gpu", f"{g.get('index')}-tensor-idle", f"GPU{g.get('index')}: {g['verdict']}", None))
-        if snap["state"] in ("exited", "unknown") and snap["process_verdict"] not in (None, "alive"):
+        if run_ended(snap):
             ended = snap.get("ended") or {}
-            bad = snap["state"] == "unknown" or snap.get("signal") or snap.get("returncode") not in (0, None)
+            bad = (snap["state"] == "unknown" or snap.get("signal") or snap.get("returncode") not in (0, None)
+                   or ended.get("error"))
             if bad:
                 from monitors.narrate import end_words  # noqa: PLC0415
 
                 stopped = " (stop requested)" if ended.get("stop_requested") else ""
                 tb = snap["log"].get("traceback_last_line")
                 last = f"traceback: {tb}" if tb else f"last log line: {snap['log'].get('last_line')!r}"
+                who = f"process {snap['pid']}" if snap["pid"] is not None else "the command"
                 out.append(self._alert(a, att, "watchdog", "end",
-                                       f"process {snap['pid']} {end_words(snap)}{stopped}; {last}",
+                                       f"{who} {end_words(snap)}{stopped}; {last}",
                                        ended.get("ended_at_unix")))
         return out
 
@@ -412,6 +420,15 @@ class RunObserver:
                 return after[i], (f"recompile storm after warm-up: {len(after)} recompiles since step {after[0]}; "
                                   f"most frequent reason: {top or 'unknown (enable TORCH_LOGS=recompiles)'}")
         return None
+
+
+def run_ended(snap: dict[str, Any]) -> bool:
+    """True once the snapshot's attempt is over: its captured process is gone (dead, reused pid,
+    zombie), or exit.json exists although no process was ever captured (the command could not be
+    started: the supervisor records the error in exit.json and run.json holds no pid)."""
+    if snap["state"] == "running":
+        return False
+    return snap.get("process_verdict") not in (None, "alive") or snap.get("ended") is not None
 
 
 def snapshot(run_dir: Path, now: float | None = None) -> dict[str, Any]:

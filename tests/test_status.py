@@ -1,0 +1,525 @@
+"""The status snapshot (issues 3 and 4): ``stepwatch status RUN [--json]`` on real run dirs.
+
+Real processes launched through the real CLI from a temp git repo, real files, the real captures
+under ``../shared/fixtures/real``. The runs that need step times use ``StepTelemetry`` in a plain
+loop (the emitter a user's loop would call), so every step event is a real write by a real process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+from datetime import datetime
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import FIXTURES_REAL, make_repo, stepwatch, wait_until
+from monitors.runfiles import read_json
+from monitors.status import RunObserver
+
+# Issue 4's JSON block: every key, always present (null when unknown).
+TOP_KEYS = ("run", "run_dir", "attempt", "state", "pid", "alive", "returncode", "signal", "versions", "step",
+            "step_seconds", "throughput", "eta_s", "warmup", "fallback", "stall", "dynamo", "attn_implementation",
+            "gpu", "gpu_error", "alerts")
+NESTED_KEYS = {
+    "versions": ("python", "torch", "transformers"),
+    "step": ("global_step", "max_steps", "source"),
+    "step_seconds": ("n", "min", "p50", "p90", "p99", "max", "last"),
+    "throughput": ("tokens_per_s", "real_tokens_per_s", "padding_share"),
+    "warmup": ("state", "until_step"),
+    "fallback": ("state", "slow_steps", "onset_step", "reason"),
+    "stall": ("state", "current_step_elapsed_s"),
+    "dynamo": ("recompiles", "graph_breaks", "unique_graphs", "recompile_limit_hits", "source"),
+    "attn_implementation": ("requested", "resolved"),
+}
+ALERT_KEYS = ("id", "kind", "at", "message")
+ALERT_KINDS = ("watchdog", "fallback", "stall", "recompile_limit", "recompile_storm", "gpu")
+
+# A plain training loop instrumented with StepTelemetry: N steps of DT seconds, then an ending.
+STEPS_PY = textwrap.dedent('''\
+    import sys, time
+    from monitors.telemetry import StepTelemetry
+
+    n, dt, end = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+    tel = StepTelemetry(max_steps=100)
+    tel.step_begin()
+    for _ in range(n):
+        time.sleep(dt)
+        tel.step_end(tokens=1000, padded_tokens=1024)
+    print(f"did {n} steps", flush=True)
+    if end == "hang":
+        print("hanging (no save, no eval)", flush=True)
+        time.sleep(600)
+    elif end == "save-hang":
+        tel.phase("save", "begin")
+        print("saving a checkpoint (slowly)", flush=True)
+        time.sleep(600)
+    else:
+        tel.close()
+        sys.exit(int(end))
+    ''')
+
+# 60 steps of ~0.05 s, then ~1.0 s steps: either every step (a full eager fallback) or only steps
+# whose cost is a checkpoint save announced by phase events (the negative control).
+FALLBACK_PY = textwrap.dedent('''\
+    import sys, time
+    from monitors.telemetry import StepTelemetry
+
+    mode = sys.argv[1]
+    tel = StepTelemetry(max_steps=100)
+    tel.step_begin()
+    for _ in range(60):
+        time.sleep(0.05)
+        tel.step_end()
+    print("60 fast steps done", flush=True)
+    if mode == "fallback":
+        for _ in range(30):
+            time.sleep(1.0)
+            tel.step_end()
+    else:
+        for _ in range(4):
+            tel.phase("save", "begin")
+            time.sleep(1.0)
+            tel.phase("save", "end")
+            time.sleep(0.05)
+            tel.step_end()
+        for _ in range(10):
+            time.sleep(0.05)
+            tel.step_end()
+    tel.close()
+    ''')
+
+
+# 12 MB of log lines, then the real dynamo capture, then a crash: more than one poll of the log
+# tailer reads (8 MB), so a one-shot status must keep reading to the end.
+BIGLOG_PY = textwrap.dedent('''\
+    import sys
+    line = "x" * 99 + "\\n"
+    for _ in range(120_000):
+        sys.stdout.write(line)
+    sys.stdout.flush()
+    with open(sys.argv[1], "rb") as f:
+        sys.stdout.buffer.write(f.read())
+    sys.stdout.flush()
+    raise RuntimeError("late failure after 12 MB of log")
+    ''')
+
+
+@pytest.fixture
+def harness(tmp_path: Path) -> Path:
+    """A clean git repo holding the scripts the runs of this module execute."""
+    return make_repo(tmp_path / "harness", {
+        "ok.py": "print('hello from the run')\n",
+        "exit3.py": "import sys\nprint('about to fail')\nsys.exit(3)\n",
+        "sleep.py": "import time\nprint('sleeping', flush=True)\ntime.sleep(600)\n",
+        "steps.py": STEPS_PY,
+        "fallback.py": FALLBACK_PY,
+        "biglog.py": BIGLOG_PY,
+    })
+
+
+# --- helpers ---------------------------------------------------------------------------------------
+
+def launch(repo: Path, *cmd: str, name: str) -> Path:
+    r = stepwatch("launch", "--no-tui", "--name", name, "--", *cmd, cwd=repo)
+    assert r.returncode == 0, r.stderr
+    return repo / "runs" / name
+
+
+def wait_exit(run_dir: Path, timeout_s: float = 30) -> dict:
+    return wait_until(lambda: read_json(run_dir / "exit.json"), timeout_s, what=f"{run_dir.name}/exit.json")
+
+
+def status_json(run_dir: Path, cwd: Path) -> dict:
+    r = stepwatch("status", str(run_dir), "--json", cwd=cwd)
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+    return json.loads(r.stdout)
+
+
+def events(run_dir: Path, kind: str | None = None) -> list[dict]:
+    try:
+        text = (run_dir / "events.jsonl").read_text()
+    except FileNotFoundError:
+        return []
+    out = [json.loads(ln) for ln in text.splitlines() if ln.strip().endswith("}")]
+    return [e for e in out if kind is None or e.get("kind") == kind]
+
+
+def run_json(run_dir: Path) -> dict:
+    return json.loads((run_dir / "run.json").read_text())
+
+
+def nvml_available() -> bool:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        pynvml.nvmlShutdown()
+        return True
+    except Exception:
+        return False
+
+
+def assert_every_key(snap: dict) -> None:
+    missing = [k for k in TOP_KEYS if k not in snap]
+    assert not missing, f"status --json lacks {missing}"
+    for k, sub in NESTED_KEYS.items():
+        assert isinstance(snap[k], dict), k
+        missing = [s for s in sub if s not in snap[k]]
+        assert not missing, f"status --json {k} lacks {missing}"
+    assert snap["state"] in ("running", "exited", "unknown")
+    assert isinstance(snap["alerts"], list)
+    for al in snap["alerts"]:
+        assert set(ALERT_KEYS) <= set(al), al
+        assert al["kind"] in ALERT_KINDS, al
+        assert al["at"].endswith("Z") and datetime.fromisoformat(al["at"].replace("Z", "+00:00")), al
+    if nvml_available():  # pragma: no cover - only on a machine with a GPU driver
+        assert snap["gpu"] is None or isinstance(snap["gpu"], list)  # None until the sampler's first tick
+    else:
+        assert snap["gpu"] in (None, []), snap["gpu"]
+        assert "NVML" in (snap["gpu_error"] or ""), snap["gpu_error"]
+
+
+def listing(d: Path) -> dict:
+    """Every entry under ``d`` (and ``d`` itself) with size, mtime and mode: what a writer would change."""
+    out = {}
+    for p in [d, *sorted(d.rglob("*"))]:
+        st = p.stat()
+        out[str(p.relative_to(d))] = (st.st_size, st.st_mtime_ns, stat.S_IMODE(st.st_mode))
+    return out
+
+
+# --- every key, every state, exit codes ------------------------------------------------------------
+
+def test_status_json_has_every_key_running_and_after_sigkill(harness: Path):
+    run_dir = launch(harness, sys.executable, "sleep.py", name="live")
+    pid = run_json(run_dir)["process"]["pid"]
+    snap = status_json(run_dir, harness)
+    assert_every_key(snap)
+    assert (snap["run"], snap["attempt"], snap["state"], snap["alive"]) == ("live", 1, "running", True)
+    assert snap["pid"] == pid and snap["run_dir"] == str(run_dir)
+    assert snap["returncode"] is None and snap["signal"] is None and snap["alerts"] == []
+
+    os.kill(pid, signal.SIGKILL)
+    wait_exit(run_dir)
+    snap = status_json(run_dir, harness)
+    assert_every_key(snap)
+    assert (snap["state"], snap["alive"], snap["returncode"], snap["signal"]) == ("exited", False, None, "SIGKILL")
+    assert [a["kind"] for a in snap["alerts"]] == ["watchdog"]
+    assert "SIGKILL" in snap["alerts"][0]["message"]
+
+
+def test_status_of_a_failed_run_exits_0_with_the_outcome_in_the_content(harness: Path):
+    run_dir = launch(harness, sys.executable, "exit3.py", name="bad")
+    wait_exit(run_dir)
+    snap = status_json(run_dir, harness)
+    assert_every_key(snap)
+    assert (snap["state"], snap["alive"], snap["returncode"], snap["signal"]) == ("exited", False, 3, None)
+    (al,) = snap["alerts"]
+    assert al["kind"] == "watchdog" and "code 3" in al["message"] and "about to fail" in al["message"]
+
+
+def test_status_of_a_run_that_does_not_exist_is_a_usage_error(harness: Path):
+    for args in (("status", "nosuch"), ("status", "nosuch", "--json"), ("status", str(harness / "runs" / "gone"))):
+        r = stepwatch(*args, cwd=harness)
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        assert r.stdout == ""
+        assert "no run" in r.stderr and "run.json" in r.stderr and "stepwatch runs" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr
+
+
+def test_status_without_json_prints_readable_lines_for_a_failed_run(harness: Path):
+    run_dir = launch(harness, sys.executable, "steps.py", "6", "0.02", "3", name="plain")
+    wait_exit(run_dir)
+    r = stepwatch("status", str(run_dir), cwd=harness)
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("plain attempt 1: exited") and "exited with code 3" in lines[0], lines[0]
+    snap = status_json(run_dir, harness)
+    assert snap["step_seconds"]["n"] == 5  # 6 steps, the first excluded
+    assert re.fullmatch(r"n=5 min=\S+ p50=\S+ p99=\S+ max=\S+ seconds_per_optimizer_step", snap["step_line"])
+    assert any(ln.strip() == snap["step_line"] for ln in lines), lines
+    assert any("step 6/100 (from events)" in ln for ln in lines), lines
+    assert any(ln.strip().startswith("ALERT [watchdog]") and "code 3" in ln for ln in lines), lines
+    assert any("NVML" in ln for ln in lines) or nvml_available(), lines
+
+
+# --- views only read ---------------------------------------------------------------------------------
+
+def test_status_and_watch_on_a_read_only_copy_write_nothing(harness: Path, tmp_path: Path):
+    src = launch(harness, sys.executable, "steps.py", "6", "0.02", "3", name="ro")
+    wait_exit(src)
+    ro = tmp_path / "mount" / "ro"
+    shutil.copytree(src, ro)
+    for p in ro.iterdir():
+        os.chmod(p, 0o444)
+    os.chmod(ro, 0o555)
+    try:
+        before = listing(ro)
+        snap = status_json(ro, tmp_path)
+        assert snap["state"] == "exited" and snap["returncode"] == 3
+        assert snap["step_seconds"] == status_json(src, harness)["step_seconds"]
+        r = stepwatch("status", str(ro), cwd=tmp_path)
+        assert r.returncode == 0 and "exited with code 3" in r.stdout, r.stderr
+        for mode in ("--plain", "--json"):
+            r = stepwatch("watch", str(ro), mode, cwd=tmp_path, timeout=30)
+            assert r.returncode == 1, r.stderr
+            assert "Traceback" not in r.stderr and "code 3" in r.stdout, (r.stdout, r.stderr)
+        # Observers in this process too (a TUI would hold one), refreshed twice.
+        obs = RunObserver(ro)
+        obs.refresh()
+        obs.refresh()
+        assert listing(ro) == before, "a view wrote into the run dir"
+    finally:
+        os.chmod(ro, 0o755)
+        for p in ro.iterdir():
+            os.chmod(p, 0o644)
+
+
+def test_status_of_an_ended_run_reads_its_log_to_the_end(harness: Path):
+    run_dir = launch(harness, sys.executable, "biglog.py", str(FIXTURES_REAL / "dynamo_recompiles.log"), name="big")
+    assert wait_exit(run_dir)["returncode"] == 1
+    assert (run_dir / "train.log").stat().st_size > 12_000_000
+    snap = status_json(run_dir, harness)
+    assert snap["log"]["from_start"] is True
+    assert snap["log"]["traceback_last_line"] == "RuntimeError: late failure after 12 MB of log"
+    assert snap["log"]["last_line"] == "RuntimeError: late failure after 12 MB of log"
+    d = snap["dynamo"]
+    assert (d["recompiles"], d["recompile_limit_hits"], d["graph_breaks"]) == (3, 1, 1), d
+    assert sorted(a["kind"] for a in snap["alerts"]) == ["recompile_limit", "watchdog"]
+    wd = next(a for a in snap["alerts"] if a["kind"] == "watchdog")
+    assert "code 1" in wd["message"] and "traceback: RuntimeError: late failure after 12 MB" in wd["message"]
+    r = stepwatch("watch", str(run_dir), "--plain", cwd=harness, timeout=30)
+    assert r.returncode == 1 and "traceback: RuntimeError: late failure" in r.stdout, r.stdout
+
+
+# --- the watchdog's part: a reused pid, a self-match --------------------------------------------------
+
+def test_alive_pid_with_a_different_create_time_reads_dead(harness: Path):
+    src = launch(harness, sys.executable, "ok.py", name="orig")
+    wait_exit(src)
+    decoy = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True,
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        ctime = psutil.Process(decoy.pid).create_time()
+        run_dirs = {}
+        for name, offset in (("reused", -3600.0), ("control", 0.0)):
+            d = harness / "runs" / name
+            shutil.copytree(src, d)
+            (d / "exit.json").unlink()  # as if the supervisor had gone too
+            run = run_json(d)
+            run["name"] = name
+            run["process"] = {"pid": decoy.pid, "create_time": ctime + offset, "pgid": decoy.pid}
+            run["supervisor"] = {"pid": decoy.pid, "create_time": ctime + offset, "sid": decoy.pid}
+            (d / "run.json").write_text(json.dumps(run))
+            run_dirs[name] = d
+        assert psutil.pid_exists(decoy.pid)
+
+        snap = status_json(run_dirs["reused"], harness)
+        assert snap["pid"] == decoy.pid
+        assert snap["alive"] is False and snap["state"] != "running", snap["state"]
+        assert snap["process_verdict"] == "reused"
+        assert [a["kind"] for a in snap["alerts"]] == ["watchdog"]
+        assert "status unknown" in snap["alerts"][0]["message"]
+        r = stepwatch("watch", str(run_dirs["reused"]), "--plain", cwd=harness, timeout=30)
+        assert r.returncode == 1 and "status unknown" in r.stdout, (r.stdout, r.stderr)
+
+        # Positive control: the same live pid with its true create_time reads alive.
+        snap = status_json(run_dirs["control"], harness)
+        assert (snap["alive"], snap["state"], snap["process_verdict"]) == (True, "running", "alive")
+    finally:
+        decoy.kill()
+        decoy.wait()
+
+
+SELF_MATCH_CHECK = textwrap.dedent('''\
+    import io, json, subprocess, sys
+    from pathlib import Path
+    import psutil
+    from monitors.narrate import watch
+    from monitors.status import RunObserver
+
+    run_dir, run_cmd = Path(sys.argv[1]), " ".join(sys.argv[2:])
+    snap = RunObserver(run_dir).refresh()
+    buf = io.StringIO()
+    code = watch(run_dir, out=buf, poll_s=0.1, should_stop=lambda: True)  # one pass, even if it reads alive
+    cli = subprocess.run([sys.executable, "-m", "tui.cli", "status", str(run_dir), "--json"],
+                         capture_output=True, text=True)
+    print(json.dumps({"me": " ".join(psutil.Process().cmdline()), "run_cmd": run_cmd, "state": snap["state"],
+                      "alive": snap["alive"], "watch_code": code, "watch_out": buf.getvalue(),
+                      "cli": json.loads(cli.stdout)}))
+    ''')
+
+
+def test_a_watcher_whose_own_argv_holds_the_run_command_still_reads_dead(harness: Path):
+    run_dir = launch(harness, sys.executable, "sleep.py", name="selfmatch")
+    run = run_json(run_dir)
+    os.kill(run["process"]["pid"], signal.SIGKILL)
+    wait_exit(run_dir)
+    # A live look-alike too: the run's exact argv in the run's cwd.
+    twin = subprocess.Popen(run["argv"], cwd=run["cwd"], start_new_session=True, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        r = subprocess.run([sys.executable, "-c", SELF_MATCH_CHECK, str(run_dir), *run["argv"]], cwd=harness,
+                           capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        assert out["run_cmd"] == " ".join(run["argv"]) and out["run_cmd"] in out["me"]  # the premise
+        assert twin.poll() is None and " ".join(psutil.Process(twin.pid).cmdline()) == out["run_cmd"]
+        assert (out["state"], out["alive"]) == ("exited", False)
+        assert out["watch_code"] == 1 and "killed by SIGKILL" in out["watch_out"], out["watch_out"]
+        assert (out["cli"]["state"], out["cli"]["alive"], out["cli"]["signal"]) == ("exited", False, "SIGKILL")
+    finally:
+        twin.kill()
+        twin.wait()
+
+
+# --- the stall detector on a real hanging process -----------------------------------------------------
+
+def test_twenty_fast_steps_then_a_hang_reads_stalled(harness: Path):
+    run_dir = launch(harness, sys.executable, "steps.py", "20", "0.02", "hang", name="hang")
+    wait_until(lambda: len(events(run_dir, "step")) == 20, 20, what="20 step events")
+    snap = wait_until(lambda: (s := status_json(run_dir, harness))["stall"]["state"] == "stalled" and s, 10,
+                      interval_s=0.2, what="stall.state == stalled")
+    assert (snap["state"], snap["alive"]) == ("running", True)
+    assert snap["step"] == {"global_step": 20, "max_steps": 100, "source": "events"}
+    assert snap["stall"]["current_step_elapsed_s"] >= 3.0  # the detector's floor (3 s)
+    stalls = [a for a in snap["alerts"] if a["kind"] == "stall"]
+    assert [a["id"] for a in stalls] == ["a1-stall-20"], snap["alerts"]
+    assert "alive but stuck" in stalls[0]["message"] and "step 20" in stalls[0]["message"]
+    # A reattach (a fresh observer in this process) sees the same alert under the same id.
+    again = RunObserver(run_dir).refresh()
+    assert again["stall"]["state"] == "stalled"
+    assert [a["id"] for a in again["alerts"] if a["kind"] == "stall"] == ["a1-stall-20"]
+
+
+def test_a_long_save_phase_is_not_a_stall(harness: Path):
+    run_dir = launch(harness, sys.executable, "steps.py", "20", "0.02", "save-hang", name="saving")
+    wait_until(lambda: events(run_dir, "phase"), 20, what="the save phase event")
+    seen = []
+
+    def past_the_stall_threshold():
+        s = status_json(run_dir, harness)
+        seen.append(s)
+        assert s["stall"]["state"] == "ok", s["stall"]
+        assert not [a for a in s["alerts"] if a["kind"] == "stall"], s["alerts"]
+        el, p99 = s["stall"]["current_step_elapsed_s"], s["step_seconds"]["p99"]
+        return el is not None and p99 is not None and el > max(4.0, 10 * p99 + 1.0)
+
+    wait_until(past_the_stall_threshold, 15, interval_s=0.2, what="the save to outlast the stall threshold")
+    assert seen[-1]["state"] == "running" and seen[-1]["step"]["global_step"] == 20
+    assert seen[-1]["step_seconds"]["n"] == 19
+
+
+# --- dynamo: the real recompile-limit warning ---------------------------------------------------------
+
+@pytest.mark.parametrize("fixture, recompiles, graph_breaks", [
+    ("dynamo_recompiles.log", 3, 1),       # TORCH_LOGS=recompiles,graph_breaks
+    ("dynamo_limit_default.log", 0, 0),    # no TORCH_LOGS: the warning alone
+])
+def test_the_real_recompile_limit_warning_raises_an_alert(harness: Path, fixture: str, recompiles: int,
+                                                          graph_breaks: int):
+    run_dir = launch(harness, "cat", str(FIXTURES_REAL / fixture), name="dyn")
+    assert wait_exit(run_dir)["returncode"] == 0
+    assert (run_dir / "train.log").read_bytes() == (FIXTURES_REAL / fixture).read_bytes()
+    snap = status_json(run_dir, harness)
+    d = snap["dynamo"]
+    assert (d["recompiles"], d["recompile_limit_hits"], d["graph_breaks"], d["source"]) == \
+        (recompiles, 1, graph_breaks, "log"), d
+    (al,) = snap["alerts"]
+    assert al["kind"] == "recompile_limit" and al["id"].startswith("a1-recompile_limit-forward")
+    assert "forward" in al["message"] and "EAGER" in al["message"].upper(), al
+    r = stepwatch("watch", str(run_dir), "--plain", cwd=harness, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"ALERT \[recompile_limit\] .*forward", r.stdout), r.stdout
+
+
+@pytest.mark.parametrize("fixture", ["hf_trainer_plain.log", "hf_trainer_compile.log"])
+def test_a_log_without_the_warning_raises_no_alert(harness: Path, fixture: str):
+    run_dir = launch(harness, "cat", str(FIXTURES_REAL / fixture), name="clean")
+    assert wait_exit(run_dir)["returncode"] == 0
+    snap = status_json(run_dir, harness)
+    assert snap["alerts"] == []
+    assert not snap["dynamo"]["recompile_limit_hits"]
+    expected_steps = {"hf_trainer_plain.log": 60, "hf_trainer_compile.log": 40}[fixture]
+    assert snap["step"] == {"global_step": expected_steps, "max_steps": expected_steps, "source": "log"}
+    assert snap["fallback"]["state"] == "ok" and snap["stall"]["state"] == "ok"
+
+
+# --- the fallback detector on real processes ----------------------------------------------------------
+
+def test_slow_steps_after_a_fast_steady_state_are_flagged_and_saves_are_not(harness: Path, tmp_path: Path):
+    pos = launch(harness, sys.executable, "fallback.py", "fallback", name="fallback")
+    neg = launch(harness, sys.executable, "fallback.py", "saves", name="saves")
+    seen = []
+
+    def flagged():
+        s = status_json(pos, harness)
+        seen.append(s)
+        return s["fallback"]["state"] == "flagged" and s
+
+    snap = wait_until(flagged, 30, interval_s=0.2, what="fallback flagged")
+    fb = snap["fallback"]
+    assert fb["onset_step"] == 61 and fb["slow_steps"][:3] == [61, 62, 63], fb
+    assert snap["warmup"]["state"] == "steady"
+    assert [a["id"] for a in snap["alerts"] if a["kind"] == "fallback"] == ["a1-fallback-61"], snap["alerts"]
+    early = [s for s in seen if (s["step"]["global_step"] or 0) <= 60]
+    assert all(s["fallback"]["state"] == "ok" and not s["alerts"] for s in early)
+    # When exactly: the snapshot of the run's files as they stood after each step (independent of how
+    # fast this test polled). The issue's bound for a full fallback: flagged by 3 slow steps.
+    verdicts = {}
+    for upto in (60, 61, 62, 63):
+        cut = tmp_path / f"cut{upto}"
+        cut.mkdir()
+        shutil.copy(pos / "run.json", cut / "run.json")
+        lines = [ln for ln in (pos / "events.jsonl").read_text().splitlines()
+                 if json.loads(ln)["kind"] != "step" or json.loads(ln)["step"] <= upto]
+        (cut / "events.jsonl").write_text("\n".join(lines) + "\n")
+        last_t = json.loads(lines[-1])["t"]
+        s = RunObserver(cut).refresh(now=last_t)
+        verdicts[upto] = (s["fallback"]["state"], [a["kind"] for a in s["alerts"]])
+    assert verdicts[60] == ("ok", []) and verdicts[61][0] == "suspected", verdicts
+    assert verdicts[63] == ("flagged", ["fallback"]), verdicts
+
+    # Negative control: the same 20x slower steps, each the cost of an announced checkpoint save.
+    assert wait_exit(neg)["returncode"] == 0
+    snap = status_json(neg, harness)
+    assert snap["step"]["global_step"] == 74 and snap["step_seconds"]["max"] > 1.0
+    assert [e["step"] for e in events(neg, "step") if "save" in e["flags"]] == [61, 62, 63, 64]
+    assert snap["fallback"]["state"] == "ok", snap["fallback"]
+    assert snap["alerts"] == []
+
+
+# --- alert ids -------------------------------------------------------------------------------------
+
+def test_alert_ids_are_stable_across_observers_and_views(harness: Path):
+    (harness / "dyn_exit3.sh").write_text(f"cat {FIXTURES_REAL / 'dynamo_recompiles.log'}\nexit 3\n")
+    subprocess.run(["git", "add", "dyn_exit3.sh"], cwd=harness, check=True)
+    subprocess.run(["git", "commit", "-qm", "dyn"], cwd=harness, check=True)
+    run_dir = launch(harness, "sh", "dyn_exit3.sh", name="ids")
+    wait_exit(run_dir)
+    first = RunObserver(run_dir).refresh()
+    second = RunObserver(run_dir).refresh()
+    again = RunObserver(run_dir)
+    again.refresh()
+    third = again.refresh()  # the same observer refreshed: no duplicate alerts
+    cli = status_json(run_dir, harness)
+    ids = [a["id"] for a in first["alerts"]]
+    assert sorted(a["kind"] for a in first["alerts"]) == ["recompile_limit", "watchdog"], first["alerts"]
+    assert len(set(ids)) == len(ids) and all(i.startswith("a1-") for i in ids)
+    for other in (second, third, cli):
+        assert [a["id"] for a in other["alerts"]] == ids
+    # The watchdog alert's time is the recorded end, the same in every view.
+    wd = [a["at"] for s in (first, second, cli) for a in s["alerts"] if a["kind"] == "watchdog"]
+    assert len(set(wd)) == 1 and wd[0] == read_json(run_dir / "exit.json")["ended_at"]

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from launcher.supervisor import Escalation
 from monitors.runfiles import EXIT_JSON, RUN_JSON, STOP_JSON, read_json, utc_iso, write_json_atomic
-from monitors.watchdog import ProcessRef, is_alive, survivors, wait_for_exit
+from monitors.rundirs import run_survivors
+from monitors.watchdog import ProcessRef, is_alive, wait_for_exit
 
 
 class StopError(Exception):
@@ -121,30 +122,6 @@ def request_stop(run_dir: Path, grace_s: float = 30.0, reason: str | None = None
                 break
             time.sleep(0.05)
     return StopOutcome(False, ex, read_json(run_dir / STOP_JSON), True, not is_alive(proc))
-
-
-def run_survivors(run_dir: Path) -> list[dict]:
-    """Processes of ENDED attempts still alive in their process group or their supervisor's session
-    (DataLoader workers, re-parented ranks: they keep GPU memory and make the next launch run out of
-    memory). Every attempt counts, rotated ones too (``run.<stamp>.json``); matched by the pgid and
-    sid that run.json captured, never by command line. A live attempt's own processes are not listed.
-    """
-    found: dict[int, dict] = {}
-    live_sids, live_pgids = set(), set()
-    attempts = []
-    for rj in sorted(run_dir.glob("run*.json")):
-        run = read_json(rj) or {}
-        proc, sup = run.get("process") or {}, run.get("supervisor") or {}
-        if is_alive(ProcessRef.from_json(proc)):
-            live_pgids.add(proc.get("pgid"))
-            live_sids.add(sup.get("sid"))
-            continue
-        attempts.append((proc.get("pgid"), sup.get("sid"), ProcessRef.from_json(sup)))
-    for pgid, sid, sup in attempts:
-        exclude = {sup.pid} if sup and is_alive(sup) else set()
-        for p in survivors(pgid if pgid not in live_pgids else None, sid if sid not in live_sids else None, exclude):
-            found[p["pid"]] = p
-    return [found[k] for k in sorted(found)]
 
 
 def kill_survivors(run_dir: Path) -> list[dict]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, TextIO
 
 from monitors.runfiles import utc_iso
-from monitors.status import RunObserver, run_ended
+from monitors.status import json_safe, RunObserver, run_ended
 from monitors.watchdog import ProcessRef, wait_for_exit
 
 
@@ -71,6 +71,10 @@ def status_lines(snap: dict[str, Any]) -> list[str]:
         lines.append(f"  commit {(ident.get('harness_commit') or 'none')[:12]} dirty at launch: {ident.get('harness_dirty_at_launch')}")
     for al in snap.get("alerts") or []:
         lines.append(f"  ALERT [{al['kind']}] {al['message']}")
+    if snap.get("survivors"):
+        lines.append(f"  {len(snap['survivors'])} process(es) of the ended run survive (they may hold GPU memory): "
+                     + ", ".join(f"{p['pid']} ({p['name']})" for p in snap["survivors"][:10])
+                     + f"; kill them with: stepwatch stop {snap['run_dir']} --survivors")
     return lines
 
 
@@ -87,7 +91,8 @@ class Narrator:
     def emit(self, kind: str, text: str, **data: Any) -> None:
         now = utc_iso(time.time())
         if self.as_json:
-            self.out.write(json.dumps({"at": now, "kind": kind, "message": text, **data}) + "\n")
+            self.out.write(json.dumps(json_safe({"at": now, "kind": kind, "message": text, **data}),
+                                      allow_nan=False, default=str) + "\n")
         else:
             self.out.write(f"{now} {text}\n")
         self.out.flush()

@@ -7,7 +7,7 @@ from pathlib import Path
 import os
 
 from monitors.runfiles import ENV_RUNS_DIR, EXIT_JSON, RUN_JSON, read_json
-from monitors.watchdog import ProcessRef, is_alive
+from monitors.watchdog import ProcessRef, is_alive, survivors
 
 
 class RunNotFound(LookupError):
@@ -59,3 +59,27 @@ def live_attempt(run_dir: Path) -> tuple[str, int] | None:
     if is_alive(sup) and read_json(run_dir / EXIT_JSON) is None:
         return ("supervisor", sup.pid)
     return None
+
+
+def run_survivors(run_dir: Path) -> list[dict]:
+    """Processes of ENDED attempts still alive in their process group or their supervisor's session
+    (DataLoader workers, re-parented ranks: they keep GPU memory and make the next launch run out of
+    memory). Every attempt counts, rotated ones too (``run.<stamp>.json``); matched by the pgid and
+    sid that run.json captured, never by command line. A live attempt's own processes are not listed.
+    """
+    found: dict[int, dict] = {}
+    live_sids, live_pgids = set(), set()
+    attempts = []
+    for rj in sorted(run_dir.glob("run*.json")):
+        run = read_json(rj) or {}
+        proc, sup = run.get("process") or {}, run.get("supervisor") or {}
+        if is_alive(ProcessRef.from_json(proc)):
+            live_pgids.add(proc.get("pgid"))
+            live_sids.add(sup.get("sid"))
+            continue
+        attempts.append((proc.get("pgid"), sup.get("sid"), ProcessRef.from_json(sup)))
+    for pgid, sid, sup in attempts:
+        exclude = {sup.pid} if sup and is_alive(sup) else set()
+        for p in survivors(pgid if pgid not in live_pgids else None, sid if sid not in live_sids else None, exclude):
+            found[p["pid"]] = p
+    return [found[k] for k in sorted(found)]

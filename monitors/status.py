@@ -17,8 +17,9 @@ Where numbers come from:
 
 from __future__ import annotations
 
+import math
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from monitors.gpu.reading import WINDOW_S as GPU_WINDOW_S
 from monitors.gpu.reading import gpu_source, gpu_status_from_records
 from monitors.logtail import DEFAULT_MAX_BYTES_PER_POLL, LogFollower
 from monitors.progress import ProgressTracker, rank_prefix
+from monitors.rundirs import run_survivors
 from monitors.runfiles import EVENTS_JSONL, EXIT_JSON, GPU_JSONL, RUN_JSON, STOP_JSON, TRAIN_LOG, read_json, utc_iso
 from monitors.stepstats import StepStats
 from monitors.watchdog import ProcessRef, probe
@@ -41,6 +43,9 @@ LOG_FULL_READ_MAX_BYTES = 64 * 1024 * 1024
 #: (the traceback) and every dynamo record. Bounded, so a writer faster than the reader cannot pin it.
 LOG_POLLS_PER_REFRESH = LOG_FULL_READ_MAX_BYTES // DEFAULT_MAX_BYTES_PER_POLL + 2
 RECENT_STEPS = 60
+STEP_ENDS_KEPT = 5000  # step -> step_end, for alert times taken from the files
+#: A run.json whose supervisor recorded nothing this long after launch: the supervisor died first.
+SUPERVISOR_SILENT_S = 60.0
 HIST_BINS = 24
 #: A recompile storm: at least this many recompiles within STORM_WINDOW_STEPS optimizer steps after
 #: warm-up (dynamic padding gives a new shape per batch).
@@ -52,7 +57,7 @@ SNAPSHOT_KEYS = (
     "run", "run_dir", "attempt", "state", "pid", "alive", "returncode", "signal", "ended", "launched_at_unix",
     "versions", "step", "step_seconds", "step_line", "throughput", "eta_s", "warmup", "fallback", "stall",
     "dynamo", "attn_implementation", "gpu", "gpu_error", "gpu_source", "gpu_history", "alerts", "identity",
-    "log", "events", "histogram", "recent_dt", "process_verdict", "stop", "last_logs",
+    "log", "events", "histogram", "recent_dt", "process_verdict", "stop", "last_logs", "survivors",
 )
 
 
@@ -80,7 +85,7 @@ def _null_snapshot() -> dict[str, Any]:
         "events": {"file": None, "lines": 0, "corrupt_lines": 0, "dropped_events": None},
         "histogram": {"edges_s": [], "counts": []},
         "recent_dt": [],
-        "process_verdict": None, "stop": None, "last_logs": None,
+        "process_verdict": None, "stop": None, "last_logs": None, "survivors": [],
     }
 
 
@@ -139,6 +144,8 @@ class _Attempt:
         self.last_logs: dict[str, Any] | None = None
         self.last_advance_at: float | None = None  # arrival of the log's last step advance (unix s)
         self.first_alert_t: dict[str, float] = {}
+        self.step_end_by_step: OrderedDict[int, float] = OrderedDict()  # the last STEP_ENDS_KEPT steps
+        self.stall_at: float | None = None
 
 
 class RunObserver:
@@ -163,6 +170,10 @@ class RunObserver:
             if kind == "step" and isinstance(ev.get("dt"), (int, float)) and ev["dt"] >= 0:
                 a.stats.add_record(ev)
                 a.detector.update(ev)
+                if ev.get("step") is not None and isinstance(ev.get("step_end"), (int, float)):
+                    a.step_end_by_step[int(ev["step"])] = float(ev["step_end"])
+                    if len(a.step_end_by_step) > STEP_ENDS_KEPT:
+                        a.step_end_by_step.popitem(last=False)
                 a.last_step = ev
                 if "recompile" in (ev.get("flags") or []) and ev.get("step") is not None:
                     a.recompile_steps.append(int(ev["step"]))
@@ -250,6 +261,8 @@ class RunObserver:
         self._dynamo_part(snap, a)
         self._gpu_part(snap, a)
         self._log_part(snap, a, now)
+        if run_ended(snap):
+            snap["survivors"] = self._survivors(now)
         snap["alerts"] = self._alerts(snap, a, run)
         return snap
 
@@ -272,6 +285,13 @@ class RunObserver:
             snap["state"] = "running"
         elif ex is not None:
             snap["state"] = "exited"
+        elif proc is None and not run.get("start_error"):
+            sup = ProcessRef.from_json(run.get("supervisor"))
+            launched = run.get("launched_at_unix")
+            silent = isinstance(launched, (int, float)) and time.time() - launched > SUPERVISOR_SILENT_S
+            if (sup is not None and probe(sup) != "alive") or (sup is None and silent):
+                # the supervisor died before it recorded the child: nothing will ever say more
+                snap["process_verdict"] = "never_recorded"
         snap["stop"] = read_json(self.run_dir / STOP_JSON)
 
     def _steps_part(self, snap: dict[str, Any], a: _Attempt, now: float) -> None:
@@ -304,6 +324,8 @@ class RunObserver:
                 started = a.last_advance_at
             sv = stall_state(started, now, stats, a.open_phase)
             snap["stall"] = sv.as_dict()
+            # when it became a stall, from the files: the step's start plus the threshold
+            a.stall_at = started + sv.threshold_s if sv.state == "stalled" and started and sv.threshold_s else None
         snap["last_logs"] = a.last_logs or a.progress.last_log
 
     def _dynamo_part(self, snap: dict[str, Any], a: _Attempt) -> None:
@@ -357,6 +379,13 @@ class RunObserver:
                           "corrupt_lines": a.events.corrupt_lines,
                           "dropped_events": (a.run_end or {}).get("dropped_events")}
 
+    def _survivors(self, now: float) -> list[dict[str, Any]]:
+        """What outlives the ended run in its process groups/sessions (scanned at most every 5 s)."""
+        cached = getattr(self, "_surv_cache", None)
+        if cached is None or now - cached[0] > 5.0:
+            self._surv_cache = (now, run_survivors(self.run_dir))
+        return self._surv_cache[1]
+
     # --- alerts ----------------------------------------------------------------------------------
     def _alert(self, a: _Attempt, attempt: Any, kind: str, key: str, message: str, at: float | None) -> dict[str, Any]:
         aid = f"a{attempt}-{kind}-{key}"
@@ -381,14 +410,16 @@ class RunObserver:
             out.append(self._alert(a, att, "recompile_storm", str(storm[0]), storm[1], None))
         fb = snap["fallback"]
         if fb.get("state") == "flagged":
-            out.append(self._alert(a, att, "fallback", str(fb.get("onset_step")),
-                                   f"step times went bimodal (eager fallback?): {fb.get('reason')}", None))
+            onset = fb.get("onset_step")
+            out.append(self._alert(a, att, "fallback", str(onset),
+                                   f"step times went bimodal (eager fallback?): {fb.get('reason')}",
+                                   a.step_end_by_step.get(onset) if onset is not None else None))
         st = snap["stall"]
         if st.get("state") == "stalled":
             gs = snap["step"].get("global_step")
             out.append(self._alert(a, att, "stall", str(gs),
                                    f"alive but stuck: no optimizer step for {st['current_step_elapsed_s']:.0f} s after "
-                                   f"step {gs} (p99 {snap['step_seconds'].get('p99')} s)", None))
+                                   f"step {gs} (p99 {snap['step_seconds'].get('p99')} s)", a.stall_at))
         for g in snap.get("gpu") or []:
             if str(g.get("verdict") or "").startswith("SM-busy, tensor-idle"):
                 out.append(self._alert(a, att, "gpu", f"{g.get('index')}-tensor-idle", f"GPU{g.get('index')}: {g['verdict']}", None))
@@ -420,6 +451,18 @@ class RunObserver:
                 return after[i], (f"recompile storm after warm-up: {len(after)} recompiles since step {after[0]}; "
                                   f"most frequent reason: {top or 'unknown (enable TORCH_LOGS=recompiles)'}")
         return None
+
+
+def json_safe(obj: Any) -> Any:
+    """``obj`` with every non-finite float (a NaN loss) replaced by the string ``"NaN"``,
+    ``"Infinity"`` or ``"-Infinity"``: strict JSON parsers reject bare NaN, and null would hide it."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "NaN" if obj != obj else ("Infinity" if obj > 0 else "-Infinity")
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
 
 
 def run_ended(snap: dict[str, Any]) -> bool:

@@ -434,6 +434,8 @@ def test_survivors_of_an_ended_run_are_listed_and_can_be_killed(repo: Path):
         r = stepwatch("stop", str(run_dir))
         assert r.returncode == 0 and "already ended" in r.stdout
         assert f"{worker}" in r.stderr and "--survivors" in r.stderr
+        r = stepwatch("status", str(run_dir), "--json")
+        assert [p["pid"] for p in json.loads(r.stdout)["survivors"]] == [worker]
         r = stepwatch("relaunch", "--no-tui", str(run_dir), "--allow-dirty", "x")
         assert f"{worker}" in r.stderr and "survive" in r.stderr
         assert r.returncode == 0, r.stderr

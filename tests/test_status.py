@@ -16,6 +16,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import time
 from datetime import datetime
 from pathlib import Path
 
@@ -523,3 +524,28 @@ def test_alert_ids_are_stable_across_observers_and_views(harness: Path):
     # The watchdog alert's time is the recorded end, the same in every view.
     wd = [a["at"] for s in (first, second, cli) for a in s["alerts"] if a["kind"] == "watchdog"]
     assert len(set(wd)) == 1 and wd[0] == read_json(run_dir / "exit.json")["ended_at"]
+
+
+def test_status_json_is_strict_json_even_with_a_nan_loss(tmp_path: Path):
+    from monitors.status import json_safe
+
+    assert json_safe({"a": [float("nan"), float("inf"), -float("inf"), 1.5]}) == {"a": ["NaN", "Infinity", "-Infinity", 1.5]}
+    run_dir = tmp_path / "nan"
+    run_dir.mkdir()
+    (run_dir / "run.json").write_text(json.dumps({"name": "nan", "attempt": 1, "process": {"pid": 2_147_483_000,
+                                                  "create_time": 1.0, "pgid": 1}}))
+    (run_dir / "events.jsonl").write_text('{"v":1,"kind":"log","t":1.0,"step":3,"rank":0,"logs":{"loss":NaN}}\n')
+    r = stepwatch("status", str(run_dir), "--json")
+    assert r.returncode == 0, r.stderr
+    snap = json.loads(r.stdout, parse_constant=lambda c: pytest.fail(f"bare {c} in status --json"))
+    assert snap["last_logs"]["loss"] == "NaN"
+
+
+def test_a_supervisor_that_died_before_recording_the_child_reads_ended(tmp_path: Path):
+    run_dir = tmp_path / "lost"
+    run_dir.mkdir()
+    (run_dir / "run.json").write_text(json.dumps({
+        "name": "lost", "attempt": 1, "launched_at_unix": time.time() - 3600,
+        "supervisor": {"pid": None, "create_time": None}, "process": {"pid": None, "create_time": None, "pgid": None}}))
+    r = stepwatch("watch", str(run_dir), "--plain", timeout=30)
+    assert r.returncode == 1 and "status unknown" in r.stdout

@@ -251,7 +251,7 @@ def _launched_at(run_dir: Path) -> str | None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from monitors.status import RunObserver  # noqa: PLC0415
+    from monitors.status import RunObserver, json_safe  # noqa: PLC0415
 
     try:
         run_dir = resolve_run(args.run, _runs_dir(args)) if args.run else _newest(args)
@@ -260,7 +260,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     snap = RunObserver(run_dir).refresh()
     if args.json:
-        print(json.dumps(snap, indent=2, default=str))
+        print(json.dumps(json_safe(snap), indent=2, default=str, allow_nan=False))
     else:
         from monitors.narrate import status_lines  # noqa: PLC0415
 

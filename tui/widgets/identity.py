@@ -16,6 +16,10 @@ class IdentityPanel(Static):
         dirty = ident.get("harness_dirty_at_launch")
         text = (f"commit {commit} ({ident.get('describe') or '-'}) dirty at launch: {dirty}  branch {ident.get('branch') or '-'}"
                 f"  attempt {snap.get('attempt') or '-'}  log {(snap.get('log') or {}).get('file') or 'train.log'}")
+        surv = snap.get("survivors") or []
+        if surv:
+            text = (f"{len(surv)} process(es) of the ended run survive (GPU memory?): "
+                    + ", ".join(str(p["pid"]) for p in surv[:6]) + " -- stepwatch stop --survivors RUN;  " + text)
         if text != getattr(self, "_last", None):
             self._last = text
             self.update(text)

@@ -132,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         model.forward = torch.compile(model.forward, dynamic=False)
         print("demo: torch.compile(dynamic=False), recompile_limit=2, batches of changing length", flush=True)
     ds = SyntheticTokens(a.steps * a.batch, a.seq_len, cfg.vocab_size, varlen=a.compile)
-    out_dir = tempfile.mkdtemp(prefix="stepwatch-demo-out-")
+    scratch = tempfile.TemporaryDirectory(prefix="stepwatch-demo-out-")  # removed at exit: ~95 MB per run
+    out_dir = scratch.name
     targs = TrainingArguments(
         output_dir=out_dir, max_steps=a.steps, per_device_train_batch_size=a.batch, learning_rate=1e-3,
         warmup_steps=5, logging_steps=10, save_strategy="steps" if a.save_every else "no",
@@ -140,12 +141,15 @@ def main(argv: list[str] | None = None) -> int:
         dataloader_num_workers=0, seed=0,
     )
     print(f"demo: {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters, {a.steps} steps, "
-          f"checkpoints in {out_dir}", flush=True)
+          f"checkpoints in {out_dir} (removed at exit)", flush=True)
     trainer = Trainer(model=model, args=targs, train_dataset=ds, data_collator=collate, callbacks=[
         StepwatchCallback(attn_implementation_requested=ATTN_IMPLEMENTATION),
         DemoFaults(a.crash_at, a.hang_at, a.fallback_at, a.fallback_factor),
     ])
-    out = trainer.train()
+    try:
+        out = trainer.train()
+    finally:
+        scratch.cleanup()
     loss = out.training_loss
     print(f"demo: done, training loss {loss:.4f}{'' if math.isfinite(loss) else ' (not finite!)'}", flush=True)
     return 0

@@ -67,8 +67,23 @@ def _check_unknown(table: dict, accepted: tuple[str, ...], where: str) -> None:
         )
 
 
+def _unknown_keys(data: dict[str, Any], where: str) -> None:
+    """Every unknown key at every level in one error (a newcomer fixes them all in one go)."""
+    problems = []
+    for table, accepted, label in ((data, TOP_KEYS, where),
+                                   (data.get("preflight"), PREFLIGHT_KEYS, f"{where} [preflight]"),
+                                   (data.get("alerts"), ALERTS_KEYS, f"{where} [alerts]")):
+        if isinstance(table, dict):
+            try:
+                _check_unknown(table, accepted, label)
+            except ConfigError as e:
+                problems.append(str(e))
+    if problems:
+        raise ConfigError("\n".join(problems))
+
+
 def _validate(data: dict[str, Any], base: Path, where: str, runs_dir_override: Path | None = None) -> RunConfig:
-    _check_unknown(data, TOP_KEYS, where)
+    _unknown_keys(data, where)
     for key in ("name", "command"):
         if key not in data:
             raise ConfigError(f"{where}: missing required key {key!r}")

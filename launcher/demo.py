@@ -77,7 +77,7 @@ def nvml_unavailable_reason() -> str | None:
         return str(e) or type(e).__name__
 
 
-def gpu_recording_env(choice: str) -> tuple[dict[str, str], str]:
+def gpu_recording_env(choice: str, headless: bool = False) -> tuple[dict[str, str], str]:
     """The environment for the demo's supervisor (its GPU sampler) and a line saying what it reads.
 
     ``choice``: "auto" (replay the bundled recording only when NVML is unavailable), "none" (the
@@ -93,7 +93,7 @@ def gpu_recording_env(choice: str) -> tuple[dict[str, str], str]:
             return {}, "GPU: live NVML"
         return ({ENV_GPU_RECORDING: DEMO_GPU_RECORDING},
                 f"GPU: NVML unavailable here ({why}); the demo REPLAYS a recorded synthetic H100 "
-                f"({DEMO_GPU_RECORDING}), labelled 'recorded' on screen")
+                f"({DEMO_GPU_RECORDING}), labelled 'recorded' in {'stepwatch status' if headless else 'the GPU panel'}")
     return {ENV_GPU_RECORDING: choice}, f"GPU: replaying the recording {choice}"
 
 

@@ -47,8 +47,9 @@ def status_lines(snap: dict[str, Any]) -> list[str]:
     lines = [f"{snap['run']} attempt {snap.get('attempt') or '-'}: {snap['state']}"
              + (f", pid {snap['pid']}" if snap.get("pid") else "")
              + (f" ({end_words(snap)})" if run_ended(snap) else "")]
-    lines.append(f"  step {_fmt(step.get('global_step'))}/{_fmt(step.get('max_steps'))} (from {step.get('source') or '-'}), "
-                 f"ETA {_fmt(snap.get('eta_s'), 0)} s")
+    eta = f", ETA {_fmt(snap.get('eta_s'), 0)} s" if snap.get("eta_s") is not None else ""
+    src = f" (from {step['source']})" if step.get("source") else ""
+    lines.append(f"  step {_fmt(step.get('global_step'))}/{_fmt(step.get('max_steps'))}{src}{eta}")
     lines.append(f"  {snap.get('step_line') or 'n=0 seconds_per_optimizer_step'}")
     fb, st = snap.get("fallback") or {}, snap.get("stall") or {}
     lines.append(f"  fallback {fb.get('state')}" + (f": {fb['reason']}" if fb.get("reason") else "")
@@ -60,17 +61,20 @@ def status_lines(snap: dict[str, Any]) -> list[str]:
     lines.append(f"  attention requested {_fmt(a.get('requested'))} -> resolved {_fmt(a.get('resolved'))}; "
                  f"torch {_fmt(v.get('torch'))}, transformers {_fmt(v.get('transformers'))}")
     if snap.get("gpu"):
+        src = snap.get("gpu_source") or ""
+        if src.startswith("recorded"):
+            lines.append(f"  GPU: RECORDED replay, not this machine's GPU ({src.split(':', 1)[-1]})")
         for g in snap["gpu"]:
             lines.append(f"  GPU{g.get('index')} {g.get('name')}: kernel-active {_fmt(g.get('util_pct'), 0)}%, "
                          f"power {_fmt(g.get('power_w'), 0)}/{_fmt(g.get('power_limit_w'), 0)} W"
-                         + (f", {g['verdict']}" if g.get("verdict") else ""))
+                         + (f"; over the last 30 s: {g['verdict']}" if g.get("verdict") else ""))
     else:
         lines.append(f"  GPU: {snap.get('gpu_error') or 'no samples'}")
     ident = snap.get("identity") or {}
     if ident:
         lines.append(f"  commit {(ident.get('harness_commit') or 'none')[:12]} dirty at launch: {ident.get('harness_dirty_at_launch')}")
     for al in snap.get("alerts") or []:
-        lines.append(f"  ALERT [{al['kind']}] {al['message']}")
+        lines.append(f"  ALERT [{al['kind']}] {al['message']}" + (" (acknowledged)" if al.get("acknowledged") else ""))
     if snap.get("survivors"):
         lines.append(f"  {len(snap['survivors'])} process(es) of the ended run survive (they may hold GPU memory): "
                      + ", ".join(f"{p['pid']} ({p['name']})" for p in snap["survivors"][:10])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import difflib
 import os
 
 from monitors.runfiles import ENV_RUNS_DIR, EXIT_JSON, RUN_JSON, read_json
@@ -25,8 +26,12 @@ def resolve_run(arg: str, runs_dir: Path) -> Path:
     q = runs_dir / arg
     if q.is_dir() and (q / RUN_JSON).exists():
         return q.resolve()
-    raise RunNotFound(f"no run {arg!r}: neither {p.resolve()} nor {q} is a run directory (one with a {RUN_JSON}). "
-                      f"List runs with: stepwatch runs --runs-dir DIR")
+    known = [d.name for d in list_runs(runs_dir)]
+    close = difflib.get_close_matches(arg, known, n=1)
+    hint = (f" Did you mean {close[0]!r}?" if close else "") + (
+        f" Runs under {runs_dir}: {', '.join(known[:10])}." if known else f" There are no runs under {runs_dir}.")
+    raise RunNotFound(f"no run {arg!r}: neither {p.resolve()} nor {q} is a run directory (one with a {RUN_JSON})."
+                      f"{hint} List runs with: stepwatch runs --runs-dir DIR")
 
 
 def list_runs(runs_dir: Path) -> list[Path]:

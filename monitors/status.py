@@ -30,6 +30,7 @@ from monitors.gpu.reading import WINDOW_S as GPU_WINDOW_S
 from monitors.gpu.reading import gpu_source, gpu_status_from_records
 from monitors.logtail import DEFAULT_MAX_BYTES_PER_POLL, LogFollower
 from monitors.progress import ProgressTracker, rank_prefix
+from monitors.acks import read_acked
 from monitors.rundirs import run_survivors
 from monitors.runfiles import EVENTS_JSONL, EXIT_JSON, GPU_JSONL, RUN_JSON, STOP_JSON, TRAIN_LOG, read_json, utc_iso
 from monitors.stepstats import StepStats
@@ -264,6 +265,9 @@ class RunObserver:
         if run_ended(snap):
             snap["survivors"] = self._survivors(now)
         snap["alerts"] = self._alerts(snap, a, run)
+        acked = read_acked(self.run_dir)
+        for al in snap["alerts"]:
+            al["acknowledged"] = al["id"] in acked
         return snap
 
     def _process_part(self, snap: dict[str, Any], run: dict[str, Any]) -> None:
@@ -314,7 +318,7 @@ class RunObserver:
         hist = stats.histogram(bins=HIST_BINS)
         snap["histogram"] = {"edges_s": [h[0] for h in hist] + ([hist[-1][1]] if hist else []),
                              "counts": [h[2] for h in hist]}
-        snap["recent_dt"] = [r.dt_s for r in stats.recent(RECENT_STEPS)]
+        snap["recent_dt"] = [r.dt_s for r in stats.recent(RECENT_STEPS) if r.counted]  # as the summary counts
         if use_events:
             snap["warmup"] = a.detector.warmup()
             snap["fallback"] = a.detector.snapshot()
@@ -427,6 +431,8 @@ class RunObserver:
             ended = snap.get("ended") or {}
             bad = (snap["state"] == "unknown" or snap.get("signal") or snap.get("returncode") not in (0, None)
                    or ended.get("error"))
+            if ended.get("stop_requested"):
+                bad = False  # the operator asked for it: an event (exit.json says how it ended), not an alert
             if bad:
                 from monitors.narrate import end_words  # noqa: PLC0415
 

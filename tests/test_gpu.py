@@ -39,18 +39,13 @@ from monitors.gpu.sampler import GpuSampler, run_sampler, start_sampler_thread
 from monitors.gpu.schema import DEVICE_KEYS, RECORD_KEYS
 from monitors.gpu import synthetic
 
+from conftest import wait_until  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 
 
 def wait_for(cond, timeout_s: float = 10.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        v = cond()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.01)
+    return wait_until(cond, timeout_s, interval_s=0.01, what=what)
 
 
 # ------------------------------------------------------------------------------------------------

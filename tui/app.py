@@ -124,8 +124,8 @@ class StepwatchApp(App):
             self.exit_message = (f"stepwatch: left {rs.snap.get('run')} running (pid {rs.snap.get('pid')}); "
                                  f"reattach with: stepwatch attach {rs.run_dir}")
         else:
-            self.exit_message = "stepwatch: bye; no run was touched"
-        self.exit(message=self.exit_message)
+            self.exit_message = "stepwatch: closed; quitting the app never stops a run"
+        self.exit(message=self.exit_message)  # Textual prints it once the terminal is restored
 
     def action_launch(self) -> None:
         if self._debounced("launch"):
@@ -213,11 +213,15 @@ class StepwatchApp(App):
         from launcher.stop import StopError, request_stop  # noqa: PLC0415
 
         try:
-            request_stop(run_dir, grace_s=30.0, reason="stopped from the TUI", wait=False)
+            out = request_stop(run_dir, grace_s=30.0, reason="stopped from the TUI", wait=False)
         except StopError as e:
             self.post_message(ActionDone("stop", False, str(e)))
             return
-        self.post_message(ActionDone("stop", True, "stop requested: SIGINT sent; the supervisor escalates"))
+        if out.already_ended:
+            self.post_message(ActionDone("stop", True, f"{run_dir.name} had already ended; nothing to stop"))
+            return
+        self.post_message(ActionDone("stop", True, "stop requested: the supervisor sends SIGINT, then SIGTERM and "
+                                                   "SIGKILL after 30 s each"))
 
     def on_action_done(self, msg: ActionDone) -> None:
         self._busy = False
@@ -257,6 +261,4 @@ def run_app(run_dir: Path | None, runs_dir: Path, low_bandwidth: bool = False) -
     _tolerate_non_utf8_input()
     app = StepwatchApp(run_dir, runs_dir, low_bandwidth)
     app.run()
-    if app.exit_message:
-        print(app.exit_message)
     return 0

@@ -56,40 +56,58 @@ def _open_tui(run_dir: Path, args: argparse.Namespace) -> int:
     return run_app(run_dir=run_dir, runs_dir=run_dir.parent, low_bandwidth=getattr(args, "low_bandwidth", False))
 
 
-def cmd_launch(args: argparse.Namespace) -> int:
-    from launcher.config import ConfigError, config_from_flags, load_config  # noqa: PLC0415
+def _launch_and_follow(args: argparse.Namespace, make_cfg, verb: str, follow_headless: bool = False) -> int:
+    """Build the config with ``make_cfg()`` (may print), launch it, then open the TUI, follow it
+    headless (``follow_headless``: the demo's --no-tui), or return. Maps refusals to exit codes:
+    ConfigError / RunNotFound -> 2, LaunchRefused -> 1."""
+    from launcher.config import ConfigError  # noqa: PLC0415
     from launcher.launch import LaunchRefused, launch  # noqa: PLC0415
 
-    cmd = list(getattr(args, "command", None) or [])
     try:
-        if args.config and not cmd:
-            cfg = load_config(args.config, runs_dir_override=Path(args.runs_dir).resolve() if args.runs_dir else None)
-        elif args.config and cmd:
-            _err("give either CONFIG.toml or `-- CMD ARGS...`, not both")
+        cfg = make_cfg()
+        if cfg is None:
             return EXIT_USAGE
-        else:
-            cfg = config_from_flags(cmd, args.name, args.cwd, args.runs_dir, args.env)
-        res = launch(cfg, allow_dirty=args.allow_dirty, override=args.override)
-    except ConfigError as e:
+        res = launch(cfg, allow_dirty=getattr(args, "allow_dirty", None), override=getattr(args, "override", None))
+    except (ConfigError, RunNotFound) as e:
         _err(str(e))
         return EXIT_USAGE
     except LaunchRefused as e:
         _err(str(e))
         return EXIT_FAILED
-    _print_launch(res, "launched")
+    _print_launch(res, verb)
+    if args.no_tui and follow_headless:
+        from monitors.narrate import watch  # noqa: PLC0415
+
+        return watch(res.run_dir, every_n_steps=10)
     return EXIT_OK if args.no_tui else _open_tui(res.run_dir, args)
 
 
-def cmd_relaunch(args: argparse.Namespace) -> int:
-    from launcher.config import ConfigError  # noqa: PLC0415
-    from launcher.launch import LaunchRefused, launch, relaunch_config  # noqa: PLC0415
+def cmd_launch(args: argparse.Namespace) -> int:
+    from launcher.config import config_from_flags, load_config  # noqa: PLC0415
 
-    try:
+    def make_cfg():
+        cmd = list(getattr(args, "command", None) or [])
+        if args.config and cmd:
+            _err("give either CONFIG.toml or `-- CMD ARGS...`, not both")
+            return None
+        if args.config:
+            return load_config(args.config, runs_dir_override=Path(args.runs_dir).resolve() if args.runs_dir else None)
+        return config_from_flags(cmd, args.name, args.cwd, args.runs_dir, args.env)
+
+    return _launch_and_follow(args, make_cfg, "launched")
+
+
+def cmd_relaunch(args: argparse.Namespace) -> int:
+    from launcher.launch import relaunch_config  # noqa: PLC0415
+
+    def make_cfg():
         run_dir = resolve_run(args.run, _runs_dir(args))
         live = live_attempt(run_dir)
         if live:
-            _err(f"REFUSING: {run_dir.name} is still running ({live[0]} pid {live[1]}). Stop it first: stepwatch stop {run_dir}")
-            return EXIT_FAILED
+            from launcher.launch import LaunchRefused  # noqa: PLC0415
+
+            raise LaunchRefused(f"REFUSING: {run_dir.name} is still running ({live[0]} pid {live[1]}). "
+                                f"Stop it first: stepwatch stop {run_dir}")
         _warn_survivors(run_dir)
         cfg, changes = relaunch_config(run_dir)
         if changes:
@@ -98,18 +116,10 @@ def cmd_relaunch(args: argparse.Namespace) -> int:
                 print(f"  {c}")
         else:
             print("config unchanged since the last attempt")
-        res = launch(cfg, allow_dirty=args.allow_dirty, override=args.override)
-    except RunNotFound as e:
-        _err(str(e))
-        return EXIT_USAGE
-    except ConfigError as e:
-        _err(str(e))
-        return EXIT_USAGE
-    except LaunchRefused as e:
-        _err(str(e))
-        return EXIT_FAILED
-    _print_launch(res, "relaunched")
-    return EXIT_OK if args.no_tui else _open_tui(res.run_dir, args)
+        print(f"command: {' '.join(cfg.command)}  (cwd {cfg.cwd})")
+        return cfg
+
+    return _launch_and_follow(args, make_cfg, "relaunched")
 
 
 def _describe_end(ex: dict | None) -> str:
@@ -169,8 +179,6 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from launcher.config import ConfigError  # noqa: PLC0415
-    from launcher.launch import LaunchRefused, launch  # noqa: PLC0415
     from launcher.demo import DemoUnavailable, demo_config, gpu_recording_env  # noqa: PLC0415
 
     script_args: list[str] = []
@@ -180,25 +188,20 @@ def cmd_demo(args: argparse.Namespace) -> int:
             script_args += [f"--{flag.replace('_', '-')}", str(v)]
     if args.compile:
         script_args.append("--compile")
-    try:
+
+    def make_cfg():
         cfg, where = demo_config(_runs_dir(args), script_args)
         print(where)
-        gpu_env, gpu_line = gpu_recording_env(args.gpu_recording)
+        gpu_env, gpu_line = gpu_recording_env(args.gpu_recording, headless=args.no_tui)
         print(gpu_line)
         os.environ.update(gpu_env)  # the supervisor (and its GPU sampler) inherit it
-        res = launch(cfg)
+        return cfg
+
+    try:
+        return _launch_and_follow(args, make_cfg, "launched demo:", follow_headless=True)
     except DemoUnavailable as e:
         _err(str(e))
         return EXIT_USAGE
-    except (ConfigError, LaunchRefused) as e:
-        _err(str(e))
-        return EXIT_FAILED
-    _print_launch(res, "launched demo:")
-    if args.no_tui:
-        from monitors.narrate import watch  # noqa: PLC0415
-
-        return watch(res.run_dir, every_n_steps=10)
-    return _open_tui(res.run_dir, args)
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:

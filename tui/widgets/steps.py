@@ -55,7 +55,7 @@ class StepPanel(Panel):
         ss = snap.get("step_seconds") or {}
         line = snap.get("step_line") or "n=0 seconds_per_optimizer_step"
         if ss.get("last") is not None:
-            line += f"  last={secs(ss['last'])} p90={secs(ss.get('p90'))}"
+            line += f"  p90={secs(ss.get('p90'))} last={secs(ss['last'])}"
         self._set("#step-line", line)
         self._set("#step-verdict", _verdict_text(snap))
         tp = snap.get("throughput") or {}
@@ -63,7 +63,7 @@ class StepPanel(Panel):
             self._set("#throughput", f"{tp['tokens_per_s']:.0f} tok/s padded, {tp.get('real_tokens_per_s') or 0:.0f} real, "
                                      f"padding {100 * (tp.get('padding_share') or 0):.1f}%")
         else:
-            self._set("#throughput", "throughput: steps carry no token counts")
+            self._set("#throughput", "tokens/s: unknown (the job reports no token counts per step)")
         if plots:
             hist = snap.get("histogram") or {}
             counts = hist.get("counts") or []

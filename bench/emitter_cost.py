@@ -105,16 +105,17 @@ def loop_pairs(tel: StepTelemetry, iters: int, k: int, pairs: int) -> list[tuple
             tel.step_end(tokens=26048, padded_tokens=26112)
         return pc() - t0
 
-    out = []
-    for i in range(pairs):
-        if i % 2 == 0:
-            a = run_a()
-            b = run_b()
-        else:
-            b = run_b()
-            a = run_a()
-        out.append((a, b))
-    return out
+    return _common().interleaved_pairs(run_a, run_b, pairs, warmup=0)
+
+
+def _common():
+    """bench/common.py, loaded by path (this script also runs alone, without bench/ on sys.path)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_common", Path(__file__).with_name("common.py"))
+    common = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(common)
+    return common
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -221,11 +222,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def common_result(result: dict, quick: bool) -> dict:
     """``result`` in the common --json shape of bench/common.py."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_common", Path(__file__).with_name("common.py"))
-    common = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(common)
+    common = _common()
     out = common.new_result("emitter_cost", quick)
     pc_, lp = result["per_call_us"], result["loop"]
     out["figures"] = {"emitter_us_per_step": pc_["step_end_median"], "emitter_overhead_ratio": lp["ratio_median"]}

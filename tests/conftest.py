@@ -29,6 +29,19 @@ def wait_until(cond: Callable[[], object], timeout_s: float = 10.0, interval_s: 
         time.sleep(interval_s)
 
 
+def step_controls():
+    """tests/fixtures/step_controls.py (the detector controls), loaded once by path."""
+    import importlib.util
+
+    name = "stepwatch_test_step_controls"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).parent / "fixtures" / "step_controls.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
+
+
 def git(repo: Path, *args: str) -> str:
     """Run git in ``repo`` and return its stdout (raises on failure)."""
     return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout.strip()

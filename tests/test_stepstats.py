@@ -2,27 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import random
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from conftest import step_controls
 from monitors.stepstats import StepStats, nearest_rank, nearest_rank_index
 
 
 def _controls():
-    name = "stepwatch_test_step_controls"
-    if name not in sys.modules:
-        path = Path(__file__).parent / "fixtures" / "step_controls.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
+    return step_controls()
 
 
 def feed(values, first=None, start_step=1):

@@ -73,19 +73,9 @@ STATUS_KEYS = (
     "verdict",
     "unsupported",
 )
-_STATUS_METRICS = (
-    "util_pct",
-    "power_w",
-    "power_limit_w",
-    "power_share",
-    "mem_used_bytes",
-    "mem_total_bytes",
-    "sm_clock_mhz",
-    "temperature_c",
-    "sm_active_pct",
-    "sm_occupancy_pct",
-    "tensor_active_pct",
-)
+#: The numeric metrics of a status row (each null with a reason in ``unsupported`` when unreadable).
+_STATUS_METRICS = tuple(k for k in STATUS_KEYS if k not in ("index", "name", "uuid", "used_by_run", "verdict",
+                                                              "unsupported"))
 
 
 def power_share(power_w: float | None, power_limit_w: float | None) -> float | None:

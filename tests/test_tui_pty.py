@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import select
 import shutil
 import signal
@@ -26,11 +27,13 @@ LEGACY_MOUSE = b"\x1b[M\xff\xff\xff\x1b[M \xc8\xc8\x1b[M#\x80\x80"  # X10 mouse,
 class PtyApp:
     """``stepwatch attach RUN`` on a fresh 80x24 pty, its output collected."""
 
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, **env_extra: str):
         self.master, slave = os.openpty()
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
         env = dict(os.environ, TERM="xterm-256color", LANG="C.UTF-8")
         env.pop("COLORTERM", None)
+        env.pop("NO_COLOR", None)
+        env.update(env_extra)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tui.cli", "attach", str(run_dir)], stdin=slave, stdout=slave, stderr=slave,
             env=env, close_fds=True, cwd=REPO_ROOT,
@@ -103,3 +106,31 @@ def test_hangup_ends_the_app_and_never_the_run(repo: Path):
         assert probe(ref) == "alive"
     finally:
         app.close()
+
+
+def _hued_256_codes(out: bytes) -> set[int]:
+    """256-colour codes (fg or bg) that are not a grey (grey ramp, or an r=g=b cube entry)."""
+    def grey(c: int) -> bool:
+        if c >= 232:
+            return True
+        if 16 <= c <= 231:
+            c -= 16
+            return c // 36 == c // 6 % 6 == c % 6
+        return c in (0, 7, 8, 15)
+    codes = {int(c) for c in re.findall(rb"[34]8;5;(\d+)", out)}
+    return {c for c in codes if not grey(c)}
+
+
+def test_no_color_is_honoured_and_a_16_colour_terminal_gets_no_256_colour_codes(static_run: Path):
+    seen = {}
+    for label, extra in (("default", {}), ("NO_COLOR", {"NO_COLOR": "1"}), ("xterm", {"TERM": "xterm"})):
+        app = PtyApp(static_run, **extra)
+        try:
+            assert app.pump(lambda: b"ended-sigkill" in app.out), (label, app.out[-300:])
+            app.pump(timeout_s=1.0)
+            seen[label] = app.out
+        finally:
+            app.close()
+    assert _hued_256_codes(seen["default"])  # the check can see colour at all
+    assert _hued_256_codes(seen["NO_COLOR"]) == set()  # monochrome: greys only
+    assert re.search(rb"[34]8;5;", seen["xterm"]) is None  # a plain xterm gets no 256-colour codes

@@ -83,11 +83,12 @@ stalled while it runs; once it ends the fallback detector takes over.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, insort
 from collections import deque
+from itertools import islice
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any, Iterable, Mapping
-
-from sortedcontainers import SortedList
 
 from monitors.stepstats import nearest_rank
 
@@ -163,65 +164,234 @@ def _median(values: Iterable[float]) -> float:
     return nearest_rank(sorted(values), 50)
 
 
+# Windows here hold at most a few hundred values: a plain sorted list kept with bisect (C code, a
+# memmove of a few hundred pointers) is several times cheaper per add/remove than a SortedList, and
+# gives the same order. SortedList.add inserts to the right of equal values and remove() deletes the
+# leftmost equal value; insort_right / del at bisect_left do the same, so even 0.0 and -0.0 end up
+# in the same places and every nearest-rank read returns the same object.
+
+
+def _remove(sorted_list: list, value: Any) -> None:
+    del sorted_list[bisect_left(sorted_list, value)]
+
+
+def _median_index(n: int) -> int:
+    """nearest_rank_index(50, n) for n >= 1: rank ceil(n/2), 0-based."""
+    return (n - 1) >> 1
+
+
 class _Baseline:
     """Recent accepted steps: the median step time, and width-aware expected times.
 
-    Holds at most ``maxlen`` steps, (dt seconds, width tokens or None). O(log n) add/evict,
-    O(log n + NEIGHBORS) expected().
+    Holds at most ``maxlen`` steps, (dt seconds, width tokens or None), first in first out.
+    O(1) add/evict plus a memmove while a sorted view is kept up to date; expected() is
+    O(NEIGHBORS log NEIGHBORS) in a run of repeated widths, O(log n + NEIGHBORS) otherwise.
+
+    Widths: one deque per distinct width (``_groups``, arrival order) and the distinct log widths
+    in a sorted list (``_lws``). A new step is the newest of its group and the evicted one the
+    oldest of the window, hence of its group, so both ends are O(1). Read in ``_lws`` order (the
+    groups of one log width merged by arrival), they are exactly the sorted list
+    ``[(log w, seq, dt, w), ...]`` that expected() picks neighbours from (:meth:`_around`).
+
+    Sorted views (the step times for ``median_s``, the times per token for ``level``): read at every
+    step only in some runs (the step times when steps have no width). Each is kept in step with the
+    window while it is read, left as it was (stale) after ``_VIEW_IDLE`` adds without a read, and
+    rebuilt by one sort at the next read. Both give the same list: the window is first in, first
+    out, so a stable sort in arrival order places equal values (0.0 and -0.0) exactly where
+    insort-right / delete-leftmost put them. A stale view still bounds the current median from
+    above (:meth:`level_bound`).
     """
 
     def __init__(self, maxlen: int) -> None:
         self.maxlen = maxlen
-        self._q: deque[tuple[int, float, float | None]] = deque()
-        self._dts: SortedList = SortedList()
-        self._by_width: SortedList = SortedList()  # (log w, seq, dt, w)
-        self._per_token: SortedList = SortedList()  # dt / w
-        self._seq = 0
+        self._q: deque[tuple[float, float | None, float | None]] = deque()  # (dt, w, dt / w)
+        self._n_width = 0
+        self._groups: dict[float, deque[float]] = {}  # width -> step times, arrival order
+        self._lws: list[float] = []  # sorted distinct log widths
+        self._lw_ws: dict[float, list[float]] = {}  # log width -> the widths with that log
+        self._shared: set[float] = set()  # log widths shared by more than one width (float ties)
+        # sorted views: the list, whether it is exact (kept in step), adds since its last read
+        self._dts: list[float] = []
+        self._dts_sync = True
+        self._dts_idle = 0
+        self._pt: list[float] = []
+        self._pt_sync = True
+        self._pt_idle = 0
+        self._pt_evicted = 0  # width steps evicted since _pt went stale
 
     def __len__(self) -> int:
         return len(self._q)
 
     @property
     def n_width(self) -> int:
-        return len(self._by_width)
+        return self._n_width
 
     def add(self, dt: float, w: float | None) -> None:
-        self._seq += 1
-        self._q.append((self._seq, dt, w))
-        self._dts.add(dt)
-        if w is not None:
-            self._by_width.add((math.log(w), self._seq, dt, w))
-            self._per_token.add(dt / w)
-        if len(self._q) > self.maxlen:
-            seq, odt, ow = self._q.popleft()
-            self._dts.remove(odt)
+        q = self._q
+        if w is None:
+            q.append((dt, None, None))
+        else:
+            pt = dt / w
+            q.append((dt, w, pt))
+            g = self._groups.get(w)
+            if g is None:
+                self._new_group(w, dt)
+            else:
+                g.append(dt)
+            self._n_width += 1
+            if self._pt_sync:
+                if self._pt_idle >= _VIEW_IDLE:
+                    self._pt_sync = False
+                    self._pt_evicted = 0
+                else:
+                    self._pt_idle += 1
+                    insort(self._pt, pt)
+        if self._dts_sync:
+            if self._dts_idle >= _VIEW_IDLE:
+                self._dts_sync = False
+            else:
+                self._dts_idle += 1
+                insort(self._dts, dt)
+        if len(q) > self.maxlen:
+            odt, ow, opt = q.popleft()
+            if self._dts_sync:
+                d = self._dts
+                del d[bisect_left(d, odt)]
             if ow is not None:
-                self._by_width.remove((math.log(ow), seq, odt, ow))
-                self._per_token.remove(odt / ow)
+                g = self._groups[ow]
+                g.popleft()  # the oldest step of the window is the oldest of its group
+                if not g:
+                    self._drop_group(ow)
+                self._n_width -= 1
+                if self._pt_sync:
+                    v = self._pt
+                    del v[bisect_left(v, opt)]
+                else:
+                    self._pt_evicted += 1
+
+    def _new_group(self, w: float, dt: float) -> None:
+        self._groups[w] = deque((dt,))
+        lw = math.log(w)
+        ws = self._lw_ws.get(lw)
+        if ws is None:
+            self._lw_ws[lw] = [w]
+            insort(self._lws, lw)
+        else:
+            ws.append(w)
+            self._shared.add(lw)
+
+    def _drop_group(self, w: float) -> None:
+        del self._groups[w]
+        lw = math.log(w)
+        ws = self._lw_ws[lw]
+        ws.remove(w)
+        if not ws:
+            del self._lw_ws[lw]
+            _remove(self._lws, lw)
+        if len(ws) < 2:
+            self._shared.discard(lw)
+
+    # ------------------------------------------------------------------ sorted views
+    def _sorted_dts(self) -> list[float]:
+        if not self._dts_sync:
+            self._dts = sorted(map(_DT_OF, self._q))
+            self._dts_sync = True
+        self._dts_idle = 0
+        return self._dts
+
+    def _sorted_pt(self) -> list[float]:
+        if not self._pt_sync:
+            q = self._q
+            if self._n_width == len(q):
+                self._pt = sorted(map(_PT_OF, q))
+            else:
+                self._pt = sorted(e[2] for e in q if e[2] is not None)
+            self._pt_sync = True
+        self._pt_idle = 0
+        return self._pt
 
     def median_s(self) -> float | None:
-        return nearest_rank(self._dts, 50) if self._dts else None
+        if not self._q:
+            return None
+        d = self._sorted_dts()
+        return d[(len(d) - 1) >> 1]
 
     def level(self) -> float | None:
         """Median per padded token when every step has a width, else median seconds per step."""
         if not self._q:
             return None
-        if len(self._by_width) == len(self._q):
-            return nearest_rank(self._per_token, 50)
-        return nearest_rank(self._dts, 50)
+        d = self._sorted_pt() if self._n_width == len(self._q) else self._sorted_dts()
+        return d[(len(d) - 1) >> 1]
+
+    def level_bound(self) -> float | None:
+        """An upper bound of the per-token median (``level()`` when every step has a width), or
+        None; does not count as a read of the view.
+
+        The current multiset T is the view's S less at most r = ``_pt_evicted`` of its values, plus
+        new ones. Removing r values moves an order statistic at most r ranks up in S, adding values
+        only lowers it: T[m] <= S[m + r].
+        """
+        n = self._n_width
+        if not n:
+            return None
+        i = ((n - 1) >> 1) + (0 if self._pt_sync else self._pt_evicted)
+        pt = self._pt
+        return pt[i] if i < len(pt) else None
+
+    # ------------------------------------------------------------------ expected
+    def _by_log_width(self, lw: float) -> list[tuple[float, int, float, float]]:
+        """The steps of log width ``lw`` as ``(log w, seq, dt, w)``, in arrival order."""
+        # The seq in the tuples is not read by expected(): only their order (arrival) matters.
+        ws = self._lw_ws[lw]
+        if len(ws) == 1:
+            w = ws[0]
+            return [(lw, 0, dt, w) for dt in self._groups[w]]
+        return [(lw, 0, dt, w) for dt, w, _ in self._q if w in ws]  # widths of one log (rare)
+
+    def _around(self, lw: float, k: int) -> list[tuple[float, int, float, float]]:
+        """``by_width[max(0, i - k) : i + k]`` of the sorted list ``[(log w, seq, dt, w)]`` of
+        the steps with a width, where ``i`` is the first position with log w >= ``lw``."""
+        lws = self._lws
+        j = bisect_left(lws, lw)
+        left: list[tuple[float, int, float, float]] = []
+        jj = j - 1
+        while jj >= 0 and len(left) < k:
+            left[:0] = self._by_log_width(lws[jj])[-(k - len(left)) :]
+            jj -= 1
+        right: list[tuple[float, int, float, float]] = []
+        jj = j
+        while jj < len(lws) and len(right) < k:
+            right.extend(self._by_log_width(lws[jj])[: k - len(right)])
+            jj += 1
+        return left + right
 
     def expected(self, w: float | None) -> tuple[float | None, str]:
         """Expected seconds for a step of width ``w`` and the mode used ("width" or "median")."""
-        if w is not None and len(self._by_width) >= min(NEIGHBORS, max(3, len(self._q))):
-            bw = self._by_width
+        nw = self._n_width
+        # nw >= min(NEIGHBORS, max(3, len(self._q))), without the two calls
+        if w is not None and (nw >= NEIGHBORS or (nw >= 3 and nw >= len(self._q))):
+            k = NEIGHBORS
+            g = self._groups.get(w)
+            if g is not None and len(g) >= k and not (self._shared and math.log(w) in self._shared):
+                # Fast path, the same numbers: at least k steps have width w and no other width
+                # has its log. In the sorted list they are the first k from position i, at
+                # distance 0.0; every other candidate is to the left (log w_i < log w: a non-zero
+                # distance), so the stable sort keeps these k first, in order, and each is scaled
+                # by max(1, w / w_i) ** 2 == 1.0 exactly.
+                picked = sorted(islice(g, k))
+                return picked[(k - 1) >> 1], "width"
             lw = math.log(w)
-            i = bw.bisect_left((lw,))
-            around = list(bw.islice(max(0, i - NEIGHBORS), min(len(bw), i + NEIGHBORS)))
+            around = self._around(lw, k)
             around.sort(key=lambda e: abs(e[0] - lw))
-            picked = [dt_i * max(1.0, w / w_i) ** 2 for _, _, dt_i, w_i in around[:NEIGHBORS]]
+            picked = [dt_i * max(1.0, w / w_i) ** 2 for _, _, dt_i, w_i in around[:k]]
             return _median(picked), "width"
-        m = self.median_s()
-        return m, "median"
+        return self.median_s(), "median"
+
+
+_DT_OF = itemgetter(0)
+_PT_OF = itemgetter(2)
+#: A sorted view of _Baseline stops following the window after this many adds without a read.
+_VIEW_IDLE = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,6 +412,53 @@ class StepVerdict:
     slow: bool
     excused: str | None
     state: str
+
+
+_INF = math.inf
+
+# StepVerdict's generated __init__ sets each of its 8 fields with object.__setattr__ (it is frozen):
+# ~1.7 us, a fifth of a judged step. _verdict builds the same object (class StepVerdict, the same
+# slot values) as a _VerdictBuilder, a plain class with the very same slots whose __init__ stores
+# them directly, then gives it its class: CPython allows __class__ assignment between classes of the
+# same layout. About a third of the cost; tests/test_detectors.py compares the two.
+class _VerdictBuilder:
+    __slots__ = StepVerdict.__slots__
+
+    def __init__(
+        self,
+        step: int | None,
+        dt_s: float,
+        expected_s: float | None,
+        score: float | None,
+        trip_ratio: float | None,
+        slow: bool,
+        excused: str | None,
+        state: str,
+    ) -> None:
+        self.step = step
+        self.dt_s = dt_s
+        self.expected_s = expected_s
+        self.score = score
+        self.trip_ratio = trip_ratio
+        self.slow = slow
+        self.excused = excused
+        self.state = state
+
+
+def _verdict(
+    step: int | None,
+    dt_s: float,
+    expected_s: float | None,
+    score: float | None,
+    trip_ratio: float | None,
+    slow: bool,
+    excused: str | None,
+    state: str,
+) -> StepVerdict:
+    """``StepVerdict(step, dt_s, ...)``, without the frozen dataclass's per-field setattr."""
+    v = _VerdictBuilder(step, dt_s, expected_s, score, trip_ratio, slow, excused, state)
+    v.__class__ = StepVerdict  # type: ignore[assignment]
+    return v  # type: ignore[return-value]
 
 
 @dataclass(slots=True)
@@ -304,9 +521,10 @@ class FallbackDetector:
         self._history: deque[tuple[int | None, float, float | None, str]] = deque(maxlen=4096)
         # steady state
         self._base = _Baseline(self.baseline_window)
-        self._scores: SortedList = SortedList()
+        self._scores: list[float] = []  # sorted (see _Baseline)
         self._scores_q: deque[float] = deque()
         self._short: deque[tuple[float, float | None]] = deque(maxlen=self.steady_run)
+        self._short_no_width = 0  # steps in _short without a width
         # the last flag_window judged steps: (the slow record or None, judged index, in the valley)
         self._window: deque[tuple[_Slow | None, int, bool]] = deque(maxlen=self.flag_window)
         # results
@@ -348,11 +566,17 @@ class FallbackDetector:
         padded_tokens: int | None = None,
     ) -> StepVerdict:
         """Feed one step: global_step (only reported), seconds, flags, real / padded token counts."""
-        dt = _dt(dt_s)
-        fl = set(flags or ())
-        w = _width(tokens, padded_tokens)
+        # the common cases first, each the same value (or the same error) as the general helper
+        dt = dt_s if type(dt_s) is float and 0.0 <= dt_s < _INF else _dt(dt_s)
+        excuse = None
+        if flags:
+            fl = set(flags)
+            for f in EXEMPT_FLAGS:
+                if f in fl:
+                    excuse = f
+                    break
+        w = float(padded_tokens) if type(padded_tokens) is int and padded_tokens > 0 else _width(tokens, padded_tokens)
         self._seen += 1
-        excuse = next((f for f in EXEMPT_FLAGS if f in fl), None)
 
         if excuse is not None:
             if excuse == "first":
@@ -363,34 +587,77 @@ class FallbackDetector:
                 trip = self._trip()
                 score = dt / exp if exp else None
             self._excused.append((step, excuse, score))
-            return StepVerdict(step, dt, exp, score, trip, False, excuse, self._state)
+            return _verdict(step, dt, exp, score, trip, False, excuse, self._state)
 
         if not self._steady:
             self._history.append((step, dt, w, "w"))
             return self._warming_step(step, dt, w)
 
-        exp, _mode = self._base.expected(w)
-        trip = self._trip()
-        score = _ratio(dt, exp)
-        slow = score > trip
+        base = self._base
+        # base.expected(w)[0]; its fast path inlined (a run of repeated widths: see expected())
+        g = base._groups.get(w) if w is not None else None
+        if g is not None and len(g) >= NEIGHBORS and not base._shared:
+            exp = sorted(islice(g, NEIGHBORS))[(NEIGHBORS - 1) >> 1]
+        else:
+            exp = base.expected(w)[0]
+        # _trip(), inlined
+        sc = self._scores
+        n = len(sc)
+        if n < 4:
+            trip = self.trip_ratio_min
+        else:
+            trip = 1.0 + self.spread_mult * ((sc[-(-75 * n // 100) - 1] - sc[-(-25 * n // 100) - 1]) / 1.349)
+            if not trip > self.trip_ratio_min:  # max(trip_ratio_min, trip)
+                trip = self.trip_ratio_min
+        # _ratio(dt, exp), inlined
+        if exp is None:
+            score = 1.0
+        elif exp > 0:
+            score = dt / exp
+        else:
+            score = _INF if dt > 0 else 1.0
         self._judged += 1
-        if slow:
+        if score > trip:
             rec = _Slow(step, dt, exp or 0.0, score)
             self._history.append((step, dt, w, "s"))
             self._window.append((rec, self._judged, False))
             self._on_slow(rec)
-        else:
-            self._history.append((step, dt, w, "a"))
-            self._window.append((None, self._judged, score > trip / self.valley_div))
-            self._accept(dt, w, score)
-            if self._max_ok_score is None or score > self._max_ok_score:
-                self._max_ok_score, self._max_ok_step = score, step
-            if self._state == SUSPECTED and not any(x for x, _, _ in self._window):
-                self._state = OK
-                self._onset = None
-                self._onset_judged = None
-            self._check_drop()
-        return StepVerdict(step, dt, exp, score, trip, slow, None, self._state)
+            return _verdict(step, dt, exp, score, trip, True, None, self._state)
+        self._history.append((step, dt, w, "a"))
+        self._window.append((None, self._judged, score > trip / self.valley_div))
+        # _accept(dt, w, score), inlined: the baseline, the score window, the short window
+        base.add(dt, w)
+        insort(sc, score)
+        sq = self._scores_q
+        sq.append(score)
+        if len(sq) > self.baseline_window:
+            del sc[bisect_left(sc, sq.popleft())]
+        short = self._short
+        if len(short) == short.maxlen and short[0][1] is None:
+            self._short_no_width -= 1  # about to fall out of the window
+        short.append((dt, w))
+        if w is None:
+            self._short_no_width += 1
+        if self._max_ok_score is None or score > self._max_ok_score:
+            self._max_ok_score, self._max_ok_step = score, step
+        if self._state == SUSPECTED and not any(x for x, _, _ in self._window):
+            self._state = OK
+            self._onset = None
+            self._onset_judged = None
+        if self._state != FLAGGED and len(short) >= self.steady_run:
+            # _check_drop(); its first test inlined: the newest step at or above a bound of the limit
+            nw = base._n_width
+            if w is None or self._short_no_width or nw != len(base._q):
+                self._check_drop()
+            else:
+                # base.level_bound(), inlined
+                i = ((nw - 1) >> 1) + (0 if base._pt_sync else base._pt_evicted)
+                pt = base._pt
+                if i >= len(pt) or dt / w < pt[i] / self.drop_factor:
+                    self._check_drop()
+        v = _VerdictBuilder(step, dt, exp, score, trip, False, None, self._state)  # _verdict(), inlined
+        v.__class__ = StepVerdict  # type: ignore[assignment]
+        return v  # type: ignore[return-value]
 
     # ------------------------------------------------------------------ warm-up
     def _warming_step(self, step: int | None, dt: float, w: float | None) -> StepVerdict:
@@ -408,7 +675,7 @@ class FallbackDetector:
         need = max(self.steady_run, math.ceil(self._warm_count / 2))
         if self._run >= need and len(self._warm) >= self.steady_run:
             self._declare_steady()
-        return StepVerdict(step, dt, exp, score, None, False, WARMING, self._state)
+        return _verdict(step, dt, exp, score, None, False, WARMING, self._state)
 
     def _declare_steady(self) -> None:
         """End of warm-up: the baseline starts from the run of in-band steps, less its leading
@@ -427,9 +694,10 @@ class FallbackDetector:
         self._base = _Baseline(self.baseline_window)
         for dt, w in recent:
             self._base.add(dt, w)
-        self._scores = SortedList()
+        self._scores = []
         self._scores_q = deque()
         self._short.clear()
+        self._short_no_width = 0
         for dt, w in recent:
             self._push_score(_ratio(dt, self._base.expected(w)[0]))
 
@@ -445,31 +713,45 @@ class FallbackDetector:
         (per padded token when every step has a width, else seconds): what came before was still
         warm-up (a slow plateau can pass for steady). Restart the baseline from those steps and move
         until_step to the last earlier step that ran > steady_band x the new level."""
-        if self._state == FLAGGED or len(self._short) < self.steady_run:
+        short = self._short
+        if self._state == FLAGGED or len(short) < self.steady_run:
             return
-        per_token = self._base.n_width == len(self._base) and all(w is not None for _, w in self._short)
-        level = self._base.level() if per_token else self._base.median_s()
+        base = self._base
+        per_token = base._n_width == len(base._q) and not self._short_no_width
+        if per_token:
+            # Most steps: a bound of the level without sorting. level <= bound, so a step at or
+            # above bound / drop_factor is at or above the limit, and the exact test would stop too.
+            bound = base.level_bound()
+            if bound is not None:
+                limit = bound / self.drop_factor
+                for dt, w in short:
+                    if dt / w >= limit:  # type: ignore[operator]
+                        return
+        level = base.level() if per_token else base.median_s()
         if not level:
             return
         limit = level / self.drop_factor
-        if any((dt / w if per_token else dt) >= limit for dt, w in self._short):  # type: ignore[operator]
-            return
-        self._restart_baseline(list(self._short))
+        # any step at or above the limit keeps the baseline (in a steady run the first one is)
+        if per_token:
+            for dt, w in short:
+                if dt / w >= limit:  # type: ignore[operator]
+                    return
+        else:
+            for dt, _ in short:
+                if dt >= limit:
+                    return
+        self._restart_baseline(list(short))
         until = self._last_warmup_step(list(self._history))
         if until is not None:
             self._until_step = until
 
     # ------------------------------------------------------------------ steady state
     def _push_score(self, s: float) -> None:
-        self._scores.add(s)
-        self._scores_q.append(s)
-        if len(self._scores_q) > self.baseline_window:
-            self._scores.remove(self._scores_q.popleft())
-
-    def _accept(self, dt: float, w: float | None, score: float) -> None:
-        self._base.add(dt, w)
-        self._push_score(score)
-        self._short.append((dt, w))
+        insort(self._scores, s)
+        q = self._scores_q
+        q.append(s)
+        if len(q) > self.baseline_window:
+            _remove(self._scores, q.popleft())
 
     def spread(self) -> float | None:
         """Robust sigma of recent accepted scores: IQR / 1.349 (x expected units); None before steady."""

@@ -13,7 +13,9 @@ Rules, all from playbook 4.3:
   counted values, so every reported number is a step that really happened.
 * A mean is never reported: it hides the bimodality a partial fallback produces.
 
-Cost: ``add`` is O(log n) (one ``SortedList.add``) plus O(1) deque work. Memory: the sorted list
+Cost: ``add`` is O(1) (deque and list appends); the counted durations reach the sorted list at the
+next read of an order statistic, O(k log n) for k new steps (one sort when k is large, as when a
+long finished run is read in one go). Memory: the sorted list
 holds one float per counted step (about 32 bytes each, ~32 MB at 10^6 steps); everything else is
 bounded (``recent_maxlen`` records for the screen, ``window`` steps for throughput and ETA).
 
@@ -77,6 +79,36 @@ def nearest_rank(sorted_values: Sequence[float], p: float) -> float:
     return sorted_values[nearest_rank_index(p, len(sorted_values))]
 
 
+# StepRecord's generated __init__ sets its 7 fields with object.__setattr__ (it is frozen): ~1.5 us,
+# a third of an add. add() builds the same object (class StepRecord, the same slot values) as a
+# _RecordBuilder, a plain class with the very same slots whose __init__ stores them directly, then
+# gives it its class: CPython allows __class__ assignment between classes of the same layout. About
+# a third of the cost; tests/test_stepstats.py compares the two.
+class _RecordBuilder:
+    __slots__ = StepRecord.__slots__
+
+    def __init__(
+        self,
+        step: int | None,
+        dt_s: float,
+        flags: tuple[str, ...],
+        tokens: int | None,
+        padded_tokens: int | None,
+        t: float | None,
+        counted: bool,
+    ) -> None:
+        self.step = step
+        self.dt_s = dt_s
+        self.flags = flags
+        self.tokens = tokens
+        self.padded_tokens = padded_tokens
+        self.t = t
+        self.counted = counted
+
+
+_INF = math.inf
+
+
 def _check_dt(dt_s: Any) -> float:
     try:
         dt = float(dt_s)
@@ -109,7 +141,9 @@ class StepStats:
     def __init__(self, recent_maxlen: int = 4096, window: int = 200) -> None:
         if recent_maxlen < 1 or window < 1:
             raise ValueError("recent_maxlen and window must be >= 1")
-        self._sorted: SortedList = SortedList()
+        self._sorted_list: SortedList = SortedList()
+        # counted durations not yet in _sorted_list, in arrival order (see the _sorted property)
+        self._pending: list[float] = []
         self._recent: deque[StepRecord] = deque(maxlen=recent_maxlen)
         self._window: deque[StepRecord] = deque(maxlen=window)
         self._last: float | None = None
@@ -135,15 +169,27 @@ class StepStats:
         ``tokens`` / ``padded_tokens``: real and padded token counts of the step, or None.
         ``t``: unix seconds of the step's end, or None.
         """
-        dt = _check_dt(dt_s)
+        # the common cases first, each the same value (or the same error) as the general helper
+        dt = dt_s if type(dt_s) is float and 0.0 <= dt_s < _INF else _check_dt(dt_s)
         fl = tuple(flags or ())
         counted = FIRST not in fl
-        rec = StepRecord(step, dt, fl, _opt_int(tokens), _opt_int(padded_tokens), t, counted)
+        rec = _RecordBuilder(  # StepRecord(...), see _RecordBuilder
+            step,
+            dt,
+            fl,
+            tokens if tokens is None or (type(tokens) is int and tokens >= 0) else _opt_int(tokens),
+            padded_tokens
+            if padded_tokens is None or (type(padded_tokens) is int and padded_tokens >= 0)
+            else _opt_int(padded_tokens),
+            t,
+            counted,
+        )
+        rec.__class__ = StepRecord  # type: ignore[assignment]
         self._recent.append(rec)
         self._seen += 1
         self._last_step = step
         if counted:
-            self._sorted.add(dt)
+            self._pending.append(dt)
             self._window.append(rec)
             self._last = dt
         else:
@@ -168,6 +214,17 @@ class StepStats:
         )
 
     # ------------------------------------------------------------------ order statistics
+    @property
+    def _sorted(self) -> SortedList:
+        """Every counted duration, sorted. ``add`` only appends to ``_pending``; the first read
+        after adds merges them in one ``SortedList.update`` (one sort when the batch is large, as when
+        attaching to a long run; else one ``add`` each, in sorted order). Equal values keep their
+        arrival order either way, as with one ``add`` per step, so every read returns the same value."""
+        if self._pending:
+            self._sorted_list.update(self._pending)
+            self._pending = []
+        return self._sorted_list
+
     @property
     def n(self) -> int:
         """Number of counted steps (first steps of processes excluded)."""

@@ -47,6 +47,9 @@ def status_lines(snap: dict[str, Any]) -> list[str]:
     lines = [f"{snap['run']} attempt {snap.get('attempt') or '-'}: {snap['state']}"
              + (f", pid {snap['pid']}" if snap.get("pid") else "")
              + (f" ({end_words(snap)})" if run_ended(snap) else "")]
+    if snap["state"] == "running" and snap.get("supervisor_alive") is False:
+        lines.append("  WARNING: the supervisor is gone (killed?): the run goes on, but no exit code will be recorded "
+                     "and `stop` will escalate from the command line itself")
     eta = f", ETA {_fmt(snap.get('eta_s'), 0)} s" if snap.get("eta_s") is not None else ""
     src = f" (from {step['source']})" if step.get("source") else ""
     lines.append(f"  step {_fmt(step.get('global_step'))}/{_fmt(step.get('max_steps'))}{src}{eta}")

@@ -58,7 +58,7 @@ SNAPSHOT_KEYS = (
     "run", "run_dir", "attempt", "state", "pid", "alive", "returncode", "signal", "ended", "launched_at_unix",
     "versions", "step", "step_seconds", "step_line", "throughput", "eta_s", "warmup", "fallback", "stall",
     "dynamo", "attn_implementation", "gpu", "gpu_error", "gpu_source", "gpu_history", "alerts", "identity",
-    "log", "events", "histogram", "recent_dt", "process_verdict", "stop", "last_logs", "survivors",
+    "log", "events", "histogram", "recent_dt", "process_verdict", "stop", "last_logs", "survivors", "supervisor_alive",
 )
 
 
@@ -86,7 +86,7 @@ def _null_snapshot() -> dict[str, Any]:
         "events": {"file": None, "lines": 0, "corrupt_lines": 0, "dropped_events": None},
         "histogram": {"edges_s": [], "counts": []},
         "recent_dt": [],
-        "process_verdict": None, "stop": None, "last_logs": None, "survivors": [],
+        "process_verdict": None, "stop": None, "last_logs": None, "survivors": [], "supervisor_alive": None,
     }
 
 
@@ -285,6 +285,8 @@ class RunObserver:
             snap["returncode"] = ex.get("returncode")
             snap["signal"] = ex.get("signal")
             snap["ended"] = {k: ex.get(k) for k in ("ended_at", "ended_at_unix", "duration_s", "stop_requested", "error")}
+        sup_ref = ProcessRef.from_json(run.get("supervisor"))
+        snap["supervisor_alive"] = sup_ref is not None and probe(sup_ref) == "alive"
         if snap["alive"]:
             snap["state"] = "running"
         elif ex is not None:

@@ -549,3 +549,19 @@ def test_a_supervisor_that_died_before_recording_the_child_reads_ended(tmp_path:
         "supervisor": {"pid": None, "create_time": None}, "process": {"pid": None, "create_time": None, "pgid": None}}))
     r = stepwatch("watch", str(run_dir), "--plain", timeout=30)
     assert r.returncode == 1 and "status unknown" in r.stdout
+
+
+def test_status_warns_when_the_supervisor_is_gone_while_the_child_runs(repo: Path):
+    r = stepwatch("launch", "--no-tui", "--name", "r", "--", sys.executable, "sleep.py", cwd=repo)
+    assert r.returncode == 0, r.stderr
+    run_dir = repo / "runs" / "r"
+    run = json.loads((run_dir / "run.json").read_text())
+    s = json.loads(stepwatch("status", str(run_dir), "--json").stdout)
+    assert s["state"] == "running" and s["supervisor_alive"] is True
+    os.kill(run["supervisor"]["pid"], signal.SIGKILL)
+    wait_until(lambda: json.loads(stepwatch("status", str(run_dir), "--json").stdout)["supervisor_alive"] is False,
+               10, what="the supervisor to read dead")
+    out = stepwatch("status", str(run_dir)).stdout
+    assert "supervisor is gone" in out and "running" in out
+    r = stepwatch("stop", str(run_dir), "--grace", "1")
+    assert r.returncode == 0 and "supervisor" in r.stdout and "ended after SIGINT" in r.stdout

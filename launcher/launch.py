@@ -62,7 +62,7 @@ def launch(cfg: RunConfig, allow_dirty: str | None = None, override: str | None 
     """
     for flag, val in (("--allow-dirty", allow_dirty), ("--override", override)):
         if val is not None and not val.strip():
-            raise LaunchRefused(f"{flag} needs a non-empty REASON; it is recorded in run.json")
+            raise ConfigError(f"{flag} needs a non-empty REASON; it is recorded in run.json")
     if not cfg.cwd.is_dir():
         raise ConfigError(f"cwd does not exist or is not a directory: {cfg.cwd}")
     exe = resolve_executable(cfg)

@@ -522,3 +522,10 @@ def test_grace_must_be_finite_and_not_negative(repo: Path):
     for g in ("-5", "inf", "nan"):
         r = stepwatch("stop", "r", "--runs-dir", str(repo / "runs"), "--grace", g)
         assert r.returncode == 2 and "--grace" in r.stderr, g
+
+
+def test_an_empty_override_reason_is_a_usage_error(repo: Path):
+    (repo / "ok.py").write_text("print('changed')\n")
+    r = launch(repo, sys.executable, "ok.py", extra=("--allow-dirty", "  "))
+    assert r.returncode == 2 and "non-empty REASON" in r.stderr
+    assert not (repo / "runs" / "r" / "run.json").exists()

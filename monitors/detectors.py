@@ -85,8 +85,8 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, insort
 from collections import deque
-from itertools import islice
 from dataclasses import dataclass, field
+from itertools import islice
 from operator import itemgetter
 from typing import Any, Iterable, Mapping
 
@@ -168,16 +168,12 @@ def _median(values: Iterable[float]) -> float:
 # memmove of a few hundred pointers) is several times cheaper per add/remove than a SortedList, and
 # gives the same order. SortedList.add inserts to the right of equal values and remove() deletes the
 # leftmost equal value; insort_right / del at bisect_left do the same, so even 0.0 and -0.0 end up
-# in the same places and every nearest-rank read returns the same object.
+# in the same places and every nearest-rank read returns the same value, sign of zero included.
+# (nearest_rank_index(50, n) is (n - 1) >> 1 for n >= 1: rank ceil(n / 2).)
 
 
 def _remove(sorted_list: list, value: Any) -> None:
     del sorted_list[bisect_left(sorted_list, value)]
-
-
-def _median_index(n: int) -> int:
-    """nearest_rank_index(50, n) for n >= 1: rank ceil(n/2), 0-based."""
-    return (n - 1) >> 1
 
 
 class _Baseline:
@@ -521,8 +517,15 @@ class FallbackDetector:
         self._history: deque[tuple[int | None, float, float | None, str]] = deque(maxlen=4096)
         # steady state
         self._base = _Baseline(self.baseline_window)
-        self._scores: list[float] = []  # sorted (see _Baseline)
+        # scores of the last baseline_window accepted steps (arrival order), and a sorted view of them
+        # kept like _Baseline's (in step while read exactly, else stale; see _trip)
         self._scores_q: deque[float] = deque()
+        self._scores: list[float] = []
+        self._scores_sync = True
+        self._scores_idle = 0
+        self._scores_added = 0  # scores pushed / evicted since the view went stale
+        self._scores_evicted = 0
+        self._short_max = self.steady_run  # self._short.maxlen
         self._short: deque[tuple[float, float | None]] = deque(maxlen=self.steady_run)
         self._short_no_width = 0  # steps in _short without a width
         # the last flag_window judged steps: (the slow record or None, judged index, in the valley)
@@ -575,7 +578,10 @@ class FallbackDetector:
                 if f in fl:
                     excuse = f
                     break
-        w = float(padded_tokens) if type(padded_tokens) is int and padded_tokens > 0 else _width(tokens, padded_tokens)
+        if type(padded_tokens) is int and padded_tokens > 0:
+            w: float | None = float(padded_tokens)
+        else:
+            w = _width(tokens, padded_tokens)
         self._seen += 1
 
         if excuse is not None:
@@ -600,15 +606,18 @@ class FallbackDetector:
             exp = sorted(islice(g, NEIGHBORS))[(NEIGHBORS - 1) >> 1]
         else:
             exp = base.expected(w)[0]
-        # _trip(), inlined
+        # _trip(); its first test inlined: the bound of a stale view of the scores (see _trip)
+        sq = self._scores_q
         sc = self._scores
-        n = len(sc)
-        if n < 4:
-            trip = self.trip_ratio_min
-        else:
-            trip = 1.0 + self.spread_mult * ((sc[-(-75 * n // 100) - 1] - sc[-(-25 * n // 100) - 1]) / 1.349)
-            if not trip > self.trip_ratio_min:  # max(trip_ratio_min, trip)
-                trip = self.trip_ratio_min
+        n = len(sq)
+        trip = self.trip_ratio_min
+        if n >= 4 and not self._scores_sync:
+            hi = -(-75 * n // 100) - 1 + self._scores_evicted
+            lo = -(-25 * n // 100) - 1 - self._scores_added
+            if lo < 0 or hi >= len(sc) or 1.0 + self.spread_mult * ((sc[hi] - sc[lo]) / 1.349) > trip:
+                trip = self._trip()
+        elif n >= 4:
+            trip = self._trip()
         # _ratio(dt, exp), inlined
         if exp is None:
             score = 1.0
@@ -625,15 +634,11 @@ class FallbackDetector:
             return _verdict(step, dt, exp, score, trip, True, None, self._state)
         self._history.append((step, dt, w, "a"))
         self._window.append((None, self._judged, score > trip / self.valley_div))
-        # _accept(dt, w, score), inlined: the baseline, the score window, the short window
+        # accepted: into the baseline, the score window and the short window
         base.add(dt, w)
-        insort(sc, score)
-        sq = self._scores_q
-        sq.append(score)
-        if len(sq) > self.baseline_window:
-            del sc[bisect_left(sc, sq.popleft())]
+        self._push_score(score)
         short = self._short
-        if len(short) == short.maxlen and short[0][1] is None:
+        if len(short) == self._short_max and short[0][1] is None:
             self._short_no_width -= 1  # about to fall out of the window
         short.append((dt, w))
         if w is None:
@@ -694,8 +699,10 @@ class FallbackDetector:
         self._base = _Baseline(self.baseline_window)
         for dt, w in recent:
             self._base.add(dt, w)
-        self._scores = []
         self._scores_q = deque()
+        self._scores = []
+        self._scores_sync = True
+        self._scores_idle = 0
         self._short.clear()
         self._short_no_width = 0
         for dt, w in recent:
@@ -747,24 +754,74 @@ class FallbackDetector:
 
     # ------------------------------------------------------------------ steady state
     def _push_score(self, s: float) -> None:
-        insort(self._scores, s)
         q = self._scores_q
         q.append(s)
+        if not self._scores_sync:
+            self._scores_added += 1
+        elif self._scores_idle >= _VIEW_IDLE:
+            self._scores_sync = False
+            self._scores_added = 1
+            self._scores_evicted = 0
+        else:
+            self._scores_idle += 1
+            insort(self._scores, s)
         if len(q) > self.baseline_window:
-            _remove(self._scores, q.popleft())
+            old = q.popleft()
+            if self._scores_sync:
+                sc = self._scores
+                del sc[bisect_left(sc, old)]
+            else:
+                self._scores_evicted += 1
+
+    def _sorted_scores(self) -> list[float]:
+        if not self._scores_sync:
+            self._scores = sorted(self._scores_q)
+            self._scores_sync = True
+        self._scores_idle = 0
+        return self._scores
 
     def spread(self) -> float | None:
         """Robust sigma of recent accepted scores: IQR / 1.349 (x expected units); None before steady."""
-        n = len(self._scores)
+        n = len(self._scores_q)
         if n < 4:
             return None
-        return (nearest_rank(self._scores, 75) - nearest_rank(self._scores, 25)) / 1.349
+        sc = self._sorted_scores()
+        return (nearest_rank(sc, 75) - nearest_rank(sc, 25)) / 1.349
 
     def _trip(self) -> float:
-        sigma = self.spread()
-        if sigma is None:
-            return self.trip_ratio_min
-        return max(self.trip_ratio_min, 1.0 + self.spread_mult * sigma)
+        """max(trip_ratio_min, 1 + spread_mult * spread()).
+
+        At most steps the sorted scores are not needed. While they are stale (S, with a scores
+        pushed and r evicted since), the nearest-rank p75 and p25 of the current window lie within
+        S[i75 + r] and S[i25 - a] (removing r values moves an order statistic at most r ranks up,
+        adding a values at most a ranks down). The trip formula never decreases as p75 - p25 grows
+        (IEEE rounding is monotone; with spread_mult <= 0 it stays at the minimum), so when those
+        bounds give a trip at or below trip_ratio_min, the exact trip is trip_ratio_min.
+        add() tests that bound inline before calling this.
+        """
+        tmin = self.trip_ratio_min
+        n = len(self._scores_q)
+        if n < 4:
+            return tmin
+        i75 = -(-75 * n // 100) - 1  # nearest_rank_index(75, n), n >= 4
+        i25 = -(-25 * n // 100) - 1
+        if not self._scores_sync:
+            sc = self._scores
+            hi, lo = i75 + self._scores_evicted, i25 - self._scores_added
+            if lo >= 0 and hi < len(sc) and not 1.0 + self.spread_mult * ((sc[hi] - sc[lo]) / 1.349) > tmin:
+                return tmin
+            # a fresh snapshot; it stays a stale view (no add kept in step) unless the trip is needed
+            self._scores = sc = sorted(self._scores_q)
+            self._scores_added = self._scores_evicted = 0
+        else:
+            sc = self._scores
+        trip = 1.0 + self.spread_mult * ((sc[i75] - sc[i25]) / 1.349)
+        if not trip > tmin:  # max(tmin, trip)
+            return tmin
+        # above the minimum: the exact value is read at every step, keep the view in step
+        self._scores_sync = True
+        self._scores_idle = 0
+        return trip
 
     def _on_slow(self, s: _Slow) -> None:
         self._slow.append(s)

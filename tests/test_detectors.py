@@ -6,21 +6,30 @@ runs as a table with the trip point's margins.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import importlib.util
+import math
+import random
 import sys
 from pathlib import Path
 
 import pytest
+from sortedcontainers import SortedList
 
 from monitors.detectors import (
     FLAG_WINDOW,
+    NEIGHBORS,
     STEADY_RUN,
     TRIP_RATIO_MIN,
     FallbackDetector,
     StallVerdict,
+    StepVerdict,
+    _Baseline,
+    _verdict,
     stall_state,
 )
-from monitors.stepstats import StepStats
+from monitors.stepstats import StepStats, nearest_rank
 
 
 def _controls():
@@ -346,3 +355,285 @@ def test_stall_unknown_start_and_clock_skew():
     s = fast_stats()
     assert stall_state(None, 100.0, s, None).as_dict() == {"state": "ok", "current_step_elapsed_s": None}
     assert stall_state(100.0, 90.0, s, None).current_step_elapsed_s == 0.0
+
+
+# ---------------------------------------------------------------- the speed-up changed no output
+# FallbackDetector keeps its windows incrementally (sorted lists, per-width deques, stale sorted views
+# with rank bounds; see _Baseline and _trip). These tests pin every output to what the straightforward
+# implementation gave: the digests below were recorded with the detector as it was before that change
+# (each step's verdict, state, onset and warm-up; snapshot() and details() every 25 steps and at the end).
+
+
+def _random_stream(seed):
+    """Step records that reach the odd corners: widths repeated, bucketed, missing, of equal log
+    (adjacent floats), junk; 0 s and -0.0 s steps, spikes, drops, every flag, partial fallbacks."""
+    rng = random.Random(seed)
+    n = rng.choice([60, 300, 900])
+    mode = rng.choice(["const", "buckets", "mixed_none", "none", "nearlog", "junk"])
+    buckets = rng.sample([512, 1024, 2048, 3072, 4096, 8192, 10240], rng.randint(1, 5))
+    level = rng.choice([0.05, 1.0, 20.0])
+    recs, step = [], rng.randint(0, 5000)
+    for i in range(n):
+        if mode == "const":
+            w = 26112
+        elif mode == "buckets":
+            w = rng.choice(buckets)
+        elif mode == "mixed_none":
+            w = rng.choice(buckets + [None, None])
+        elif mode == "none":
+            w = None
+        elif mode == "nearlog":  # different widths whose logs are equal
+            w = rng.choice([1e15, math.nextafter(1e15, 2e15), 4096.0, math.nextafter(4096.0, 0.0)])
+        else:
+            w = rng.choice([0, -5, True, "x", None, 1e300, 1e-300, float("nan"), 3, 3.0000000000000004, 2048])
+        plain = isinstance(w, (int, float)) and not isinstance(w, bool) and w == w and 0 < w < 1e200
+        dt = level * ((w if plain else 2048) / 2048) * rng.lognormvariate(0, rng.choice([0.02, 0.17, 0.6]))
+        r = rng.random()
+        if r < 0.02:
+            dt = 0.0
+        elif r < 0.03:
+            dt = -0.0
+        elif r < 0.06:
+            dt *= rng.choice([3, 8, 20, 50])
+        if seed % 3 == 0 and i > n // 2 and rng.random() < 0.3:
+            dt *= 20
+        if seed % 5 == 1 and i > n // 3:
+            dt /= 4
+        dt = round(dt, rng.choice([2, 6, 12]))
+        flags = ["first"] if i == 0 or rng.random() < 0.01 else []
+        flags += [f for f in ("save", "eval", "recompile", "other") if rng.random() < 0.015]
+        if isinstance(w, float) and plain:
+            tokens, padded = w, w
+        elif plain:
+            tokens, padded = (w * 8 if rng.random() < 0.8 else None), (w * 8 if rng.random() < 0.8 else None)
+        else:
+            tokens, padded = w, (w if rng.random() < 0.5 else None)
+        recs.append(
+            {"kind": "step", "step": step, "dt": dt, "flags": flags, "tokens": tokens, "padded_tokens": padded}
+        )
+        step += 1 + (rng.randint(1, 40) if rng.random() < 0.01 else 0)
+    return recs
+
+
+_STREAM_PARAMS = [
+    {},
+    dict(baseline_window=12, steady_run=4, flag_window=6, flag_min_slow=2),
+    dict(baseline_window=30, steady_run=3, flag_window=10, trip_ratio_min=2.0, spread_mult=3.0),
+    dict(baseline_window=1, steady_run=1, flag_window=1, flag_min_slow=1),
+    dict(baseline_window=9, steady_run=2, drop_factor=1.2, steady_band=1.5, valley_div=1.1),
+    dict(valley_div=8.0, flag_min_slow=4, trip_ratio_min=3.0),
+]
+
+
+def _outputs_digest(cases, read):
+    """sha256 over the outputs of a fresh detector per (params, records) case. ``read``: also read
+    state, onset, warm-up, trip and spread after every step and snapshot() / details() every 25;
+    else only the verdicts, and everything after the last step (reads bring the detector's sorted
+    views up to date, so both ways are pinned)."""
+    h = hashlib.sha256()
+    for params, records in cases:
+        d = FallbackDetector(**params)
+        for i, rec in enumerate(records):
+            try:
+                v = d.update(rec)
+            except (ValueError, OverflowError) as e:  # junk widths can overflow t(w) (w / w_i) ** 2
+                row = repr(e)
+            else:
+                row = (v.step, v.dt_s, v.expected_s, v.score, v.trip_ratio, v.slow, v.excused, v.state) if v else None
+            h.update(repr(row).encode())
+            if read:
+                h.update(repr((d.state, d.onset_step, d.warmup(), d.trip_ratio, d.spread())).encode())
+            if (read and i % 25 == 0) or i == len(records) - 1:
+                h.update(repr((d.state, d.onset_step, d.warmup(), d.snapshot(), d.details())).encode())
+    return h.hexdigest()
+
+
+def _synthetic_controls(seed):
+    return [c for c in sc.all_controls(seed) if not c.name.startswith("dynamo_step_times")]
+
+
+# recorded with the detector before the speed-up (see above); (read, seed) -> digest
+_CONTROL_DIGESTS = {
+    (True, 0): "28154c4b5464f0e034bb29d5562796c3f6d074b92cf7506104d8b99481af5a95",
+    (True, 1): "d4ba1fe11f12ba80d8fedfb56fe7a230dde78c08d87e1f1afb7d3878f39680a4",
+    (True, 2): "550a76ca5579243919ad07738ee4196e3cbe77918019ba4c4336cc7c9d702279",
+    (False, 0): "1a28f6e30d990be68413f8773efcf1671ca95ecb83776a00d86f716deb128259",
+    (False, 1): "5fe477c04ee7e610386d69b0179c5b8090900c7bfc828ce053f1b340fac34303",
+    (False, 2): "48c7a9d0c3bae4c6fcf62ed0fbd95e8cbbb4d158f2ebadb7703fad42767b6a69",
+}
+_STREAMS_DIGESTS = {
+    True: "87f98b7c4d412557b7398ccd02f5c441308f0e5874cff82cb8beac37899c80c5",
+    False: "0b7cabad81bfc9e76b47b811c76da373a3f2213d376c84d374c8e71e8d617727",
+}
+_REAL_CSVS = [
+    ("dynamo_step_times.csv", False),
+    ("dynamo_step_times.csv", True),
+    ("dynamo_step_times_default.csv", False),
+    ("dynamo_step_times_warmcache.csv", False),
+]
+_REAL_DIGESTS = {
+    True: "9719fa65589925f48038782c120760de64f6ef89fa9a65e6b1bf63c5c0923617",
+    False: "406dbe2a537bcc17338c0c6d27df7b91e15e48850d3c2e107c4bc1523a4b4c37",
+}
+
+
+@pytest.mark.parametrize("read, seed", sorted(_CONTROL_DIGESTS))
+def test_every_output_on_the_controls_is_what_it_was(read, seed):
+    cases = [({}, c.records) for c in _synthetic_controls(seed)]
+    assert _outputs_digest(cases, read) == _CONTROL_DIGESTS[read, seed]
+
+
+@pytest.mark.parametrize("read", [True, False])
+def test_every_output_on_the_real_captures_is_what_it_was(read):
+    if not all((sc.REAL_FIXTURES / name).exists() for name, _ in _REAL_CSVS):
+        pytest.skip("../shared/fixtures/real is not there")
+    cases = [({}, sc.real_csv(name, tokens).records) for name, tokens in _REAL_CSVS]
+    assert _outputs_digest(cases, read) == _REAL_DIGESTS[read]
+
+
+@pytest.mark.parametrize("read", [True, False])
+def test_every_output_on_odd_streams_is_what_it_was(read):
+    cases = [(_STREAM_PARAMS[s % len(_STREAM_PARAMS)], _random_stream(s)) for s in range(60)]
+    assert _outputs_digest(cases, read) == _STREAMS_DIGESTS[read]
+
+
+class _ReferenceBaseline:
+    """_Baseline as first written: SortedLists, a sorted (log w, seq, dt, w) list, islice + sort."""
+
+    def __init__(self, maxlen):
+        self.maxlen, self.q, self.seq = maxlen, [], 0
+        self.dts, self.by_width, self.per_token = SortedList(), SortedList(), SortedList()
+
+    def add(self, dt, w):
+        self.seq += 1
+        self.q.append((self.seq, dt, w))
+        self.dts.add(dt)
+        if w is not None:
+            self.by_width.add((math.log(w), self.seq, dt, w))
+            self.per_token.add(dt / w)
+        if len(self.q) > self.maxlen:
+            seq, odt, ow = self.q.pop(0)
+            self.dts.remove(odt)
+            if ow is not None:
+                self.by_width.remove((math.log(ow), seq, odt, ow))
+                self.per_token.remove(odt / ow)
+
+    def median_s(self):
+        return nearest_rank(self.dts, 50) if self.dts else None
+
+    def level(self):
+        if not self.q:
+            return None
+        return nearest_rank(self.per_token if len(self.by_width) == len(self.q) else self.dts, 50)
+
+    def expected(self, w):
+        bw = self.by_width
+        if w is not None and len(bw) >= min(NEIGHBORS, max(3, len(self.q))):
+            lw = math.log(w)
+            i = bw.bisect_left((lw,))
+            around = list(bw.islice(max(0, i - NEIGHBORS), min(len(bw), i + NEIGHBORS)))
+            around.sort(key=lambda e: abs(e[0] - lw))
+            picked = [dt_i * max(1.0, w / w_i) ** 2 for _, _, dt_i, w_i in around[:NEIGHBORS]]
+            return nearest_rank(sorted(picked), 50), "width"
+        return self.median_s(), "median"
+
+
+def _same(a, b):
+    """Equal, and the same sign of zero (0.0 and -0.0 compare equal)."""
+    if isinstance(a, float) and isinstance(b, float):
+        return a == b and math.copysign(1.0, a) == math.copysign(1.0, b) or (a != a and b != b)
+    return a == b
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_baseline_matches_the_reference_on_random_windows(seed):
+    """Repeated widths (the fast path), a few buckets, widths whose logs are equal, missing widths,
+    0.0 and -0.0 step times: expected(), median_s() and level() give the reference's very values,
+    the sorted views in step or rebuilt, and level_bound() never falls below level()."""
+    rng = random.Random(seed)
+    maxlen = rng.choice([1, 3, 9, 20, 200])
+    widths = rng.choice([
+        [26112.0],
+        [1024.0, 2048.0, 4096.0],
+        [4096.0, math.nextafter(4096.0, 0.0), 8192.0],
+        [1024.0, 2048.0, None],
+        [None],
+    ])
+    fast, ref = _Baseline(maxlen), _ReferenceBaseline(maxlen)
+    every = rng.choice([1, 5, 17, 60])  # reads this often: the sorted views go stale in between
+    for i in range(rng.choice([50, 600])):
+        dt = rng.choice([0.0, -0.0, round(rng.lognormvariate(3, 0.3), rng.choice([1, 6]))])
+        w = rng.choice(widths)
+        fast.add(dt, w)
+        ref.add(dt, w)
+        assert len(fast) == len(ref.q) and fast.n_width == len(ref.by_width)
+        if i % every:
+            continue
+        for q in set(widths) | {None, 3000.0}:
+            (a, ma), (b, mb) = fast.expected(q), ref.expected(q)
+            assert ma == mb and _same(a, b), (i, q, a, b)
+        bound = fast.level_bound()  # before the exact reads below bring the views up to date
+        lvl = ref.level()
+        if bound is not None and fast.n_width == len(fast) and lvl is not None:
+            assert bound >= lvl
+        assert _same(fast.median_s(), ref.median_s()) and _same(fast.level(), lvl)
+
+
+def test_trip_and_spread_match_the_formula_at_every_step():
+    """trip_ratio and spread() (bounded from stale sorted scores at most steps) equal the formula
+    on the sorted scores, on a quiet run (trip at its minimum) and a noisy one (trip above it)."""
+    # a quiet run (trip always at its minimum), a noisy one (always above), and one that crosses
+    # the minimum ~50 times (the sorted scores switch between stale and kept in step)
+    for params, sigma in (({}, 0.08), (dict(spread_mult=40.0), 0.3), (dict(spread_mult=17.0), 0.3)):
+        d = FallbackDetector(**params)
+        rng = random.Random(3)
+        above = 0
+        for i in range(1500):
+            sc = sorted(d._scores_q)  # the scores the step is judged against
+            v = d.add(i, 20.0 * rng.lognormvariate(0, sigma), ["first"] if i == 0 else ())
+            if v.trip_ratio is None or len(sc) < 4:
+                continue
+            spread = (nearest_rank(sc, 75) - nearest_rank(sc, 25)) / 1.349
+            trip = max(d.trip_ratio_min, 1.0 + d.spread_mult * spread)
+            above += trip > d.trip_ratio_min
+            assert v.trip_ratio == trip, i
+            if i % 97 == 0:  # reading spread() brings the sorted scores up to date
+                sc = sorted(d._scores_q)
+                assert d.spread() == (nearest_rank(sc, 75) - nearest_rank(sc, 25)) / 1.349
+        assert above == 0 if not params else above > 500
+
+
+def test_verdict_builder_makes_the_dataclass():
+    args = (12, 19.5, 19.75, 0.987, 6.0, False, None, "ok")
+    a, b = _verdict(*args), StepVerdict(*args)
+    assert type(a) is StepVerdict and a == b and hash(a) == hash(b) and repr(a) == repr(b)
+    assert dataclasses.astuple(a) == args
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        a.state = "flagged"
+    assert isinstance(FallbackDetector().add(1, 2.0), StepVerdict)
+
+
+@pytest.mark.parametrize("through_add", [False, True])  # _trip(), and the same bound inlined in add()
+@pytest.mark.parametrize(
+    "window, then",
+    [
+        ([1.0] * 160 + [0.3] * 40, [0.3] * 10),  # 10 low scores added: p25 falls from 1.0 to 0.3
+        ([1.0] * 160 + [1.7] * 40, [1.7] * 11),  # 11 scores of 1.0 evicted: p75 rises from 1.0 to 1.7
+    ],
+)
+def test_trip_bound_counts_the_scores_added_and_evicted(window, then, through_add):
+    """A stale view S of the scores bounds p25 from below by S[i25 - added] and p75 from above by
+    S[i75 + evicted]. In both cases the trip rises above its minimum after the snapshot, which a
+    bound that ignored the added or the evicted scores would miss."""
+    d = FallbackDetector()
+    for i in range(300):
+        d.add(i, 20.0)  # steady, every score 1.0
+    for s in window:
+        d._push_score(s)
+    assert d._trip() == TRIP_RATIO_MIN  # sigma 0; a fresh snapshot, stale from here on
+    for s in then:
+        d._push_score(s)  # evicting the oldest 1.0s
+    sc = sorted(d._scores_q)
+    expected = 1.0 + d.spread_mult * ((nearest_rank(sc, 75) - nearest_rank(sc, 25)) / 1.349)
+    assert expected > TRIP_RATIO_MIN
+    assert (d.add(300, 20.0).trip_ratio if through_add else d._trip()) == expected

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import subprocess
 import sys
 
 import pytest
+from sortedcontainers import SortedList
 
 from conftest import step_controls
-from monitors.stepstats import StepStats, nearest_rank, nearest_rank_index
+from monitors.stepstats import StepRecord, StepStats, nearest_rank, nearest_rank_index
 
 
 def _controls():
@@ -212,6 +214,70 @@ def test_histogram_edges_and_errors():
         s.histogram(scale="sqrt")
     with pytest.raises(ValueError):
         s.histogram(lo_s=0.0, scale="log")
+
+
+# ---------------------------------------------------------------- the fast add changed no output
+
+
+def _same(a, b):
+    """Equal, and the same sign of zero (0.0 and -0.0 compare equal)."""
+    if isinstance(a, float) and isinstance(b, float):
+        return a == b and math.copysign(1.0, a) == math.copysign(1.0, b)
+    return a == b
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_deferred_sorting_reads_what_one_add_per_step_gives(seed):
+    """add() only appends; the sorted list takes the new steps at the next read (one sort for a
+    big batch, one SortedList.add each for a few). Against a SortedList fed at every add, with reads
+    after every step, every 7th, or only at the end, and many 0.0 / -0.0 steps (equal but not the
+    same: their order decides which one a percentile returns)."""
+    rng = random.Random(seed)
+    s, ref = StepStats(), SortedList()
+    every = rng.choice([1, 7, 10**9])
+    n = rng.choice([30, 3000])
+    for i in range(n):
+        dt = rng.choice([0.0, -0.0, 5e-324, round(rng.lognormvariate(3, 0.5), rng.choice([1, 6]))])
+        first = rng.random() < 0.02
+        assert s.add(i, dt, ["first"] if first else ()) is not first
+        if not first:
+            ref.add(dt)
+        if i % every == 0 or i == n - 1:
+            assert s.n == len(ref)
+            for p in (0, 1, 10, 25, 50, 75, 90, 99, 99.9, 100):
+                assert _same(s.percentile(p), nearest_rank(ref, p) if ref else None), (i, p)
+            if ref:
+                assert _same(s.min, ref[0]) and _same(s.max, ref[-1])
+                assert sum(c for _, _, c in s.histogram(bins=7, scale="linear")) == len(ref)
+
+
+def test_add_builds_the_dataclass_record():
+    s = StepStats()
+    s.add(7, 19.5, ["save"], 26048, 26112, 1.5)
+    s.add(8, 45.79, ["first"], True, -3, None)
+    a, b = s.recent()
+    assert type(a) is StepRecord and a == StepRecord(7, 19.5, ("save",), 26048, 26112, 1.5, True)
+    assert hash(a) == hash(StepRecord(7, 19.5, ("save",), 26048, 26112, 1.5, True))
+    assert repr(b) == repr(StepRecord(8, 45.79, ("first",), 1, None, None, False))
+    assert dataclasses.astuple(b) == (8, 45.79, ("first",), 1, None, None, False)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        a.dt_s = 1.0
+
+
+def test_fast_argument_checks_give_the_same_values_and_errors():
+    """The inline checks for plain floats and ints in add() against the general helpers."""
+    s = StepStats()
+    for dt in (-1.0, float("nan"), float("inf"), "x", None):
+        with pytest.raises(ValueError):
+            s.add(1, dt)
+    assert s.seen == 0
+    s.add(1, 7, (), 5, 0)  # an int dt, and 0 tokens
+    s.add(2, "2.5", (), 5.9, "12")  # strings and floats go through the helpers
+    s.add(3, -0.0, (), -1, 2**70)
+    r1, r2, r3 = s.recent()
+    assert (r1.dt_s, type(r1.dt_s), r1.tokens, r1.padded_tokens) == (7.0, float, 5, 0)
+    assert (r2.dt_s, r2.tokens, r2.padded_tokens) == (2.5, 5, 12)
+    assert math.copysign(1.0, r3.dt_s) == -1.0 and (r3.tokens, r3.padded_tokens) == (None, 2**70)
 
 
 # ---------------------------------------------------------------- hygiene

@@ -17,8 +17,10 @@ import logging
 import math
 import os
 import platform
+import random
 import re
 import shutil
+import struct
 import subprocess
 import sys
 import textwrap
@@ -684,3 +686,128 @@ def test_a_process_of_the_old_attempt_never_writes_into_the_rotated_in_file(tmp_
     assert [json.loads(ln)["step"] for ln in old if json.loads(ln)["kind"] == "step"] == [1, 2]
     assert tel.dropped_events >= 2 and tel.disabled
     assert capsys.readouterr().err.count("rotated or removed") == 1
+
+
+# ---------------------------------------------------------------- the step line without the encoder
+
+
+def _random_float(rng):
+    r = rng.random()
+    if r < 0.25:  # any bit pattern: NaN, infinities, subnormals, huge and tiny
+        return struct.unpack("<d", struct.pack("<Q", rng.getrandbits(64)))[0]
+    if r < 0.45:
+        return rng.choice([0.0, -0.0, math.inf, -math.inf, math.nan, 5e-324, 1e16, 1e-7, 1e22, 0.1, 1780000000.0])
+    if r < 0.75:
+        return 1_780_000_000 + rng.random() * 1e6  # time.time()
+    return round(rng.expovariate(1.0) * 20, 6)  # a dt
+
+
+def _random_int(rng):
+    return rng.choice([0, 1, -1, 612, 2**63, -(2**70), 10**40, rng.randrange(10**6), None, True, False, 3.0, "7",
+                       collections.Counter])
+
+
+def _random_str(rng):
+    alphabet = ["a", "Z", '"', "\\", "/", "\n", "\t", "\x00", "\x1f", "\x7f",
+                "é", "中", "\ud800", "😀", " ", "\u2028"]
+    return "".join(rng.choice(alphabet) for _ in range(rng.randrange(8)))
+
+
+@pytest.mark.parametrize("plain", [True, False])
+def test_step_line_is_what_the_encoder_writes(plain):
+    """The template gives the encoder's very bytes, or declines (None) and the encoder is used:
+    random floats (every bit pattern), ints of any size, bools, None, other types, and flags with
+    quotes, backslashes, control characters, non-ASCII and lone surrogates."""
+    rng = random.Random(8 + plain)
+    built = 0
+    for _ in range(40_000):
+        if plain:  # the types step_end passes: mostly the template's
+            t, dt, b = 1_780_000_000 + rng.random() * 1e6, round(rng.expovariate(0.05), 6), 1_780_000_000.5
+            step, rank = rng.randrange(10**7), rng.randrange(8)
+            tok = rng.choice([None, rng.randrange(10**6)])
+            pad = rng.choice([None, rng.randrange(10**6), True])
+        else:
+            t, dt, b = _random_float(rng), _random_float(rng), _random_float(rng)
+            step, rank, tok, pad = (_random_int(rng) for _ in range(4))
+        flags = [rng.choice(["first", "eval", "save", "recompile", _random_str(rng)]) for _ in range(rng.randrange(4))]
+        if rng.random() < 0.03:
+            flags.append(rng.choice([1, None, b"x"]))
+        line = tcore._step_line(t, step, rank, dt, b, tok, pad, flags)
+        if line is None:
+            continue
+        built += 1
+        ev = {"v": tcore.SCHEMA_VERSION, "kind": "step", "t": t, "step": step, "rank": rank, "dt": dt,
+              "step_begin": b, "step_end": t, "tokens": tok, "padded_tokens": pad, "flags": flags}
+        assert line == tcore._ENCODER.encode(ev)
+    assert built > (20_000 if plain else 3_000)
+
+
+def test_step_events_are_byte_identical_with_and_without_the_template(tmp_path, monkeypatch):
+    """The same calls on the same clocks write the same file whether step lines come from the
+    template or from the encoder (numpy-like ints and floats, which the template declines, included)."""
+
+    class Int(int):
+        pass
+
+    class Float(float):
+        pass
+
+    def run(run_dir, template):
+        if not template:
+            monkeypatch.setattr(tcore, "_step_line", lambda *a: None)
+        clock = [100.0]
+        fake_time = SimpleNamespace(perf_counter=lambda: clock[0], time=lambda: 1.78e9 + clock[0])
+        monkeypatch.setattr(tcore, "time", fake_time)
+        tel = StepTelemetry(run_dir=run_dir, check_interval_s=1e9)
+        rng = random.Random(5)
+        for i in range(300):
+            clock[0] += rng.choice([0.001, 0.1234567, 19.5, 1e-7, 3.0])
+            if i % 50 == 7:
+                tel.phase(rng.choice(["save", "eval"]), "end")
+            tokens = rng.choice([None, 26048, Int(26048), 0])
+            padded = rng.choice([None, 26112, Float(26112.0)])
+            flags = rng.choice([None, (), ["x"], ["first", 'q"\\é'], [7]])
+            tel.step_end(tokens, padded, flags, step=rng.choice([None, i, Int(i)]))
+        tel.close()
+        monkeypatch.undo()
+        return (run_dir / "events.jsonl").read_bytes()
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    with_template = run(tmp_path / "a", True)
+    with_encoder = run(tmp_path / "b", False)
+    assert with_template.count(b'"kind":"step"') == 300
+    assert with_template == with_encoder
+
+
+def test_short_writes_complete_the_line_and_a_zero_write_disables(tmp_path, monkeypatch, capsys):
+    """os.write may write part of a line: the rest follows, one write at a time, and the line is
+    whole. A write of 0 bytes stops writing (counted as dropped); run_end's retry first ends the
+    half-written line."""
+    real_write = os.write
+    budget = {"max": 7, "zero_after": None, "calls": 0}
+
+    def short_write(fd, data):
+        budget["calls"] += 1
+        if budget["zero_after"] is not None and budget["calls"] > budget["zero_after"]:
+            budget["zero_after"] = None
+            return 0
+        return real_write(fd, bytes(data[: budget["max"]]))
+
+    monkeypatch.setattr(tcore.os, "write", short_write)
+    tel = StepTelemetry(run_dir=tmp_path, check_interval_s=1e9)
+    tel.step_end(26048, 26112)
+    tel.step_end(None, None, ["x"])
+    events = read_events(tmp_path / "events.jsonl")
+    assert [ev["kind"] for ev in events] == ["run_start", "step", "step"] and not tel.dropped_events
+    budget["zero_after"] = budget["calls"] + 2  # the next line stops after 14 bytes
+    tel.step_end()
+    assert tel.disabled and tel.dropped_events == 1
+    tel.step_end()
+    assert tel.dropped_events == 2
+    budget["max"] = 10**6
+    tel.run_end()
+    lines = (tmp_path / "events.jsonl").read_bytes().split(b"\n")
+    assert len(lines[3]) == 14 and json.loads(lines[4])["kind"] == "run_end"
+    assert json.loads(lines[4])["dropped_events"] == 2
+    assert "short write" in capsys.readouterr().err

@@ -15,10 +15,11 @@ Where the numbers come from:
   every step since ``run_start`` except the first.
 * ``dynamo``: :mod:`monitors.telemetry.dynamo`, compared at most once per ``check_interval_s``.
 
-Cost per step (measured by ``bench/emitter_cost.py``): two clock reads, one ``json.dumps``, one
-``os.write`` of the whole line to an ``O_APPEND`` descriptor (the buffered write + flush: one
-syscall, no fsync), no CUDA synchronisation. Once per ``check_interval_s`` (1 s): one ``stat`` and
-``fstat`` of the events file (was it removed or replaced?) and the dynamo check.
+Cost per step (measured by ``bench/emitter_cost.py``): two clock reads, the step line built from a
+fixed template (the same bytes as the JSON encoder, which is used for unusual value types and for the
+other events), one ``os.write`` of the whole line to an ``O_APPEND`` descriptor (the buffered write +
+flush: one syscall, no fsync), no CUDA synchronisation. Once per ``check_interval_s`` (1 s): one
+``stat`` and ``fstat`` of the events file (was it removed or replaced?) and the dynamo check.
 
 Failure: nothing raises into the training loop. An ``OSError`` on open or write (ENOSPC, the run dir
 removed, a read-only file system, a path whose parent is a file) disables writing; every event from
@@ -132,6 +133,76 @@ def _json_default(o: Any) -> Any:
 
 #: One encoder for every event (``json.dumps`` with non-default arguments builds a new one per call).
 _ENCODER = json.JSONEncoder(separators=(",", ":"), default=_json_default)
+
+# The step event, the one written at every step, is built from a template instead (about a third of
+# the encoder's cost). It gives the very bytes _ENCODER gives for the same values, as the C encoder
+# writes them: a float (finite) as float.__repr__, an int as int.__repr__, None as null, a str through
+# encode_basestring_ascii (the function the encoder itself uses with ensure_ascii), the keys in order,
+# no spaces. Any other type or a non-finite float goes to the encoder (tests/test_telemetry.py
+# compares the two over random values).
+_encode_str = json.encoder.encode_basestring_ascii
+_STEP_HEAD = '{"v":' + _ENCODER.encode(SCHEMA_VERSION) + ',"kind":"step","t":'
+_FLAG_JSON = {f: _encode_str(f) for f in FLAGS}
+_INF = float("inf")
+#: (t, repr(t)) of the last step line: a step's step_begin is the previous step's t, the same float
+#: object, so its repr (the dearest part of the line) is taken from here. One tuple: read and
+#: replaced whole.
+_last_t_repr: tuple[Any, str] = (None, "")
+
+
+def _step_line(
+    t: Any,
+    step: Any,
+    rank: Any,
+    dt: Any,
+    step_begin: Any,
+    tokens: Any,
+    padded_tokens: Any,
+    flags: list[Any],
+) -> str | None:
+    """``_ENCODER.encode`` of the step event (``step_end`` = ``t``), or None when a value is not of
+    the plain types the template writes (a float that is finite, an int, None, a str)."""
+    global _last_t_repr
+    if not (
+        type(t) is float
+        and type(dt) is float
+        and type(step_begin) is float
+        and -_INF < t < _INF
+        and -_INF < dt < _INF
+        and -_INF < step_begin < _INF
+        and type(step) is int
+        and type(rank) is int
+    ):
+        return None
+    if tokens is None:
+        tok = "null"
+    elif type(tokens) is int:
+        tok = repr(tokens)
+    else:
+        return None
+    if padded_tokens is None:
+        pad = "null"
+    elif type(padded_tokens) is int:
+        pad = repr(padded_tokens)
+    else:
+        return None
+    if flags:
+        parts = []
+        for f in flags:
+            if type(f) is not str:
+                return None
+            parts.append(_FLAG_JSON.get(f) or _encode_str(f))
+        fl = ",".join(parts)
+    else:
+        fl = ""
+    last_t, last_repr = _last_t_repr
+    br = last_repr if step_begin is last_t else repr(step_begin)
+    tr = repr(t)
+    _last_t_repr = (t, tr)
+    return (
+        f'{_STEP_HEAD}{tr},"step":{step!r},"rank":{rank!r},"dt":{dt!r},"step_begin":{br},'
+        f'"step_end":{tr},"tokens":{tok},"padded_tokens":{pad},"flags":[{fl}]}}'
+    )
 
 
 class StepTelemetry:
@@ -356,11 +427,15 @@ class StepTelemetry:
             due = now >= self._next_check
             if due:  # before the write: a removed file must not swallow this event uncounted
                 self._check_file()
-            self._emit({
-                "v": SCHEMA_VERSION, "kind": "step", "t": wall, "step": step, "rank": self.rank, "dt": dt,
-                "step_begin": b_wall, "step_end": wall, "tokens": tokens, "padded_tokens": padded_tokens,
-                "flags": out_flags,
-            })
+            line = _step_line(wall, step, self.rank, dt, b_wall, tokens, padded_tokens, out_flags)
+            if line is not None:
+                self._emit_line(line)
+            else:
+                self._emit({
+                    "v": SCHEMA_VERSION, "kind": "step", "t": wall, "step": step, "rank": self.rank, "dt": dt,
+                    "step_begin": b_wall, "step_end": wall, "tokens": tokens, "padded_tokens": padded_tokens,
+                    "flags": out_flags,
+                })
             if due:
                 self._next_check = now + self.check_interval_s
                 self._check_dynamo()
@@ -523,25 +598,40 @@ class StepTelemetry:
                     self._warned_serialise = True
                     _warn(f"dropped a {ev.get('kind')} event that is not JSON-serialisable ({e}); training continues")
                 return False
-            if self._disabled and self._partial_line:
-                data = b"\n" + data  # end the line a failed write left half-written
-            try:
-                if self._fd is None:
-                    self._open()
+            return self._write_locked(data)
+
+    def _emit_line(self, line: str) -> bool:
+        """Append ``line`` (one event, already serialised, ASCII) with one write, as :meth:`_emit`."""
+        with self._lock:
+            if self._disabled:
+                self.dropped_events += 1
+                return False
+            return self._write_locked((line + "\n").encode("utf-8"))
+
+    def _write_locked(self, data: bytes) -> bool:
+        """The write of :meth:`_emit` (the lock held): one line, one ``os.write``, never raises."""
+        if self._disabled and self._partial_line:
+            data = b"\n" + data  # end the line a failed write left half-written
+        try:
+            if self._fd is None:
+                self._open()
+            n = os.write(self._fd, data)  # type: ignore[arg-type]
+            if n != len(data):  # a short write: the rest, one write at a time
                 view = memoryview(data)
                 while view:
-                    n = os.write(self._fd, view)  # type: ignore[arg-type]
                     if n <= 0:
                         raise OSError(errno.EIO, "short write")
                     if n < len(view):
                         self._partial_line = True
                     view = view[n:]
-                self._partial_line = False
-                return True
-            except OSError as e:
-                self.dropped_events += 1
-                self._disable(e)
-                return False
+                    if view:
+                        n = os.write(self._fd, view)  # type: ignore[arg-type]
+            self._partial_line = False
+            return True
+        except OSError as e:
+            self.dropped_events += 1
+            self._disable(e)
+            return False
 
     def _disable(self, e: OSError) -> None:
         self._disabled = True

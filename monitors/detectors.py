@@ -568,101 +568,134 @@ class FallbackDetector:
         tokens: int | None = None,
         padded_tokens: int | None = None,
     ) -> StepVerdict:
-        """Feed one step: global_step (only reported), seconds, flags, real / padded token counts."""
-        # the common cases first, each the same value (or the same error) as the general helper
-        dt = dt_s if type(dt_s) is float and 0.0 <= dt_s < _INF else _dt(dt_s)
-        excuse = None
-        if flags:
-            fl = set(flags)
-            for f in EXEMPT_FLAGS:
-                if f in fl:
-                    excuse = f
-                    break
-        if type(padded_tokens) is int and padded_tokens > 0:
-            w: float | None = float(padded_tokens)
-        else:
-            w = _width(tokens, padded_tokens)
-        self._seen += 1
+        """Feed one step: global_step (only reported), seconds, flags, real / padded token counts.
 
-        if excuse is not None:
-            if excuse == "first":
-                self._last_first_step = step
-            exp = score = trip = None
-            if self._steady:
-                exp, _ = self._base.expected(w)
-                trip = self._trip()
-                score = dt / exp if exp else None
-            self._excused.append((step, excuse, score))
-            return _verdict(step, dt, exp, score, trip, False, excuse, self._state)
+        Raises ValueError for a ``dt_s`` that is not a finite number >= 0 (nothing is changed)."""
+        return self._feed(((step, dt_s, flags, tokens, padded_tokens),), True)[0][1]
 
-        if not self._steady:
-            self._history.append((step, dt, w, "w"))
-            return self._warming_step(step, dt, w)
+    def add_many(
+        self, rows: Iterable[tuple[Any, Any, Any, Any, Any]]
+    ) -> list[tuple[int, StepVerdict]]:
+        """Feed many steps, each ``(step, dt_s, flags, tokens, padded_tokens)`` as :meth:`add` takes
+        them, in order: the detector ends in the very state one :meth:`add` per row leaves, and each
+        verdict is the same. Returns ``(row index, verdict)`` of the slow steps only (a backlog of
+        10^5 steps needs no verdict object per step). A bad ``dt_s`` raises ValueError as
+        :meth:`add` does; the rows before it are fed."""
+        return self._feed(rows, False)
 
-        base = self._base
-        # base.expected(w)[0]; its fast path inlined (a run of repeated widths: see expected())
-        g = base._groups.get(w) if w is not None else None
-        if g is not None and len(g) >= NEIGHBORS and not base._shared:
-            exp = sorted(islice(g, NEIGHBORS))[(NEIGHBORS - 1) >> 1]
-        else:
-            exp = base.expected(w)[0]
-        # _trip(); its first test inlined: the bound of a stale view of the scores (see _trip)
-        sq = self._scores_q
-        sc = self._scores
-        n = len(sq)
-        trip = self.trip_ratio_min
-        if n >= 4 and not self._scores_sync:
-            hi = -(-75 * n // 100) - 1 + self._scores_evicted
-            lo = -(-25 * n // 100) - 1 - self._scores_added
-            if lo < 0 or hi >= len(sc) or 1.0 + self.spread_mult * ((sc[hi] - sc[lo]) / 1.349) > trip:
-                trip = self._trip()
-        elif n >= 4:
-            trip = self._trip()
-        # _ratio(dt, exp), inlined
-        if exp is None:
-            score = 1.0
-        elif exp > 0:
-            score = dt / exp
-        else:
-            score = _INF if dt > 0 else 1.0
-        self._judged += 1
-        if score > trip:
-            rec = _Slow(step, dt, exp or 0.0, score)
-            self._history.append((step, dt, w, "s"))
-            self._window.append((rec, self._judged, False))
-            self._on_slow(rec)
-            return _verdict(step, dt, exp, score, trip, True, None, self._state)
-        self._history.append((step, dt, w, "a"))
-        self._window.append((None, self._judged, score > trip / self.valley_div))
-        # accepted: into the baseline, the score window and the short window
-        base.add(dt, w)
-        self._push_score(score)
-        short = self._short
-        if len(short) == self._short_max and short[0][1] is None:
-            self._short_no_width -= 1  # about to fall out of the window
-        short.append((dt, w))
-        if w is None:
-            self._short_no_width += 1
-        if self._max_ok_score is None or score > self._max_ok_score:
-            self._max_ok_score, self._max_ok_step = score, step
-        if self._state == SUSPECTED and not any(x for x, _, _ in self._window):
-            self._state = OK
-            self._onset = None
-            self._onset_judged = None
-        if self._state != FLAGGED and len(short) >= self.steady_run:
-            # _check_drop(); its first test inlined: the newest step at or above a bound of the limit
-            nw = base._n_width
-            if w is None or self._short_no_width or nw != len(base._q):
-                self._check_drop()
+    def _feed(
+        self, rows: Iterable[tuple[Any, Any, Any, Any, Any]], every: bool
+    ) -> list[tuple[int, StepVerdict]]:
+        """The one implementation of :meth:`add` / :meth:`add_many`: ``(index, verdict)`` of every
+        row when ``every``, else of the slow rows. The steady, judged step (nearly every step of a
+        long run) is inlined in the loop: no call per step, no verdict unless wanted."""
+        out: list[tuple[int, StepVerdict]] = []
+        trip_min, spread_mult, valley_div = self.trip_ratio_min, self.spread_mult, self.valley_div
+        history, window = self._history, self._window
+        for i, (step, dt_s, flags, tokens, padded_tokens) in enumerate(rows):
+            # the common cases first, each the same value (or the same error) as the general helper
+            dt = dt_s if type(dt_s) is float and 0.0 <= dt_s < _INF else _dt(dt_s)
+            excuse = None
+            if flags:
+                fl = set(flags)
+                for f in EXEMPT_FLAGS:
+                    if f in fl:
+                        excuse = f
+                        break
+            if type(padded_tokens) is int and padded_tokens > 0:
+                w: float | None = float(padded_tokens)
             else:
-                # base.level_bound(), inlined
-                i = ((nw - 1) >> 1) + (0 if base._pt_sync else base._pt_evicted)
-                pt = base._pt
-                if i >= len(pt) or dt / w < pt[i] / self.drop_factor:
+                w = _width(tokens, padded_tokens)
+            self._seen += 1
+
+            if excuse is not None:
+                v = self._excused_step(step, dt, w, excuse)
+                if every:
+                    out.append((i, v))
+                continue
+            if not self._steady:
+                history.append((step, dt, w, "w"))
+                v = self._warming_step(step, dt, w)
+                if every:
+                    out.append((i, v))
+                continue
+
+            base = self._base  # may be replaced by _check_drop: read per step
+            # base.expected(w)[0]; its fast path inlined (a run of repeated widths: see expected())
+            g = base._groups.get(w) if w is not None else None
+            if g is not None and len(g) >= NEIGHBORS and not base._shared:
+                exp = sorted(islice(g, NEIGHBORS))[(NEIGHBORS - 1) >> 1]
+            else:
+                exp = base.expected(w)[0]
+            # _trip(); its first test inlined: the bound of a stale view of the scores (see _trip)
+            sc = self._scores
+            n = len(self._scores_q)
+            trip = trip_min
+            if n >= 4 and not self._scores_sync:
+                hi = -(-75 * n // 100) - 1 + self._scores_evicted
+                lo = -(-25 * n // 100) - 1 - self._scores_added
+                if lo < 0 or hi >= len(sc) or 1.0 + spread_mult * ((sc[hi] - sc[lo]) / 1.349) > trip:
+                    trip = self._trip()
+            elif n >= 4:
+                trip = self._trip()
+            # _ratio(dt, exp), inlined
+            if exp is None:
+                score = 1.0
+            elif exp > 0:
+                score = dt / exp
+            else:
+                score = _INF if dt > 0 else 1.0
+            self._judged += 1
+            if score > trip:
+                rec = _Slow(step, dt, exp or 0.0, score)
+                history.append((step, dt, w, "s"))
+                window.append((rec, self._judged, False))
+                self._on_slow(rec)
+                out.append((i, _verdict(step, dt, exp, score, trip, True, None, self._state)))
+                continue
+            history.append((step, dt, w, "a"))
+            window.append((None, self._judged, score > trip / valley_div))
+            # accepted: into the baseline, the score window and the short window
+            base.add(dt, w)
+            self._push_score(score)
+            short = self._short
+            if len(short) == self._short_max and short[0][1] is None:
+                self._short_no_width -= 1  # about to fall out of the window
+            short.append((dt, w))
+            if w is None:
+                self._short_no_width += 1
+            if self._max_ok_score is None or score > self._max_ok_score:
+                self._max_ok_score, self._max_ok_step = score, step
+            if self._state == SUSPECTED and not any(x for x, _, _ in window):
+                self._state = OK
+                self._onset = None
+                self._onset_judged = None
+            if self._state != FLAGGED and len(short) >= self.steady_run:
+                # _check_drop(); its first test inlined: the newest step at or above a bound of the limit
+                nw = base._n_width
+                if w is None or self._short_no_width or nw != len(base._q):
                     self._check_drop()
-        v = _VerdictBuilder(step, dt, exp, score, trip, False, None, self._state)  # _verdict(), inlined
-        v.__class__ = StepVerdict  # type: ignore[assignment]
-        return v  # type: ignore[return-value]
+                else:
+                    # base.level_bound(), inlined
+                    j = ((nw - 1) >> 1) + (0 if base._pt_sync else base._pt_evicted)
+                    pt = base._pt
+                    if j >= len(pt) or dt / w < pt[j] / self.drop_factor:
+                        self._check_drop()
+            if every:
+                out.append((i, _verdict(step, dt, exp, score, trip, False, None, self._state)))
+        return out
+
+    def _excused_step(self, step: int | None, dt: float, w: float | None, excuse: str) -> StepVerdict:
+        """A step flagged first / recompile / save / eval: scored for display, never counted."""
+        if excuse == "first":
+            self._last_first_step = step
+        exp = score = trip = None
+        if self._steady:
+            exp, _ = self._base.expected(w)
+            trip = self._trip()
+            score = dt / exp if exp else None
+        self._excused.append((step, excuse, score))
+        return _verdict(step, dt, exp, score, trip, False, excuse, self._state)
 
     # ------------------------------------------------------------------ warm-up
     def _warming_step(self, step: int | None, dt: float, w: float | None) -> StepVerdict:

@@ -1,9 +1,11 @@
 """Read a run's ``events.jsonl`` incrementally, from its first byte (DESIGN.md section 4).
 
-Attaching to a finished 7-hour run means ~10^4-10^5 lines: the reader reads big chunks (4 MiB),
-splits on ``\\n`` and ``json.loads`` each line -- 100,000 lines in well under a second (measured by
-the tests' sizes and by ``bench/``, not asserted as a time). Then each :meth:`EventReader.read_new`
-returns only what was appended since.
+Attaching to a finished 7-hour run means ~10^4-10^5 lines: the reader reads chunks of 1 MiB
+(~7,000 events), splits them on ``\\n`` and parses each chunk's lines in one call (orjson, the
+standard library's ``json`` for what orjson refuses), and :meth:`EventReader.iter_new` hands them
+over a chunk at a time, so a caller folds 100,000 events into its state without ever holding them
+all (``bench/attach_events.py`` measures it; no test asserts a time). Then each read returns only
+what was appended since.
 
 * A half-written last line (no ``\\n`` yet) waits for its newline.
 * A line that is not a JSON object (corrupt, a crash mid-write followed by more lines, invalid
@@ -23,11 +25,23 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Iterator, Literal
+
+try:  # a declared dependency; the standard library parses alone if it is missing
+    from orjson import loads as _fast_loads
+except ImportError:  # pragma: no cover - exercised by tests that hide orjson
+    _fast_loads = json.loads
 
 __all__ = ["EventReader", "Restart"]
 
-_CHUNK = 4 * 1024 * 1024
+# orjson reads an integer beyond 64 bits as a float (json keeps it exact), so a chunk with a run of
+# 19 or more digits anywhere (such integers, or a float written without exponent to 19+ digits,
+# which the emitter's repr() never writes) is parsed by the standard library. The test: map every
+# digit to "0" and look for 19 zeros (C speed, ~1.4 ms per MiB measured; a regex was 17 ms).
+_DIGITS_TO_ZERO = bytes(0x30 if 0x30 <= i <= 0x39 else i for i in range(256))
+_LONG_DIGIT_RUN = b"0" * 19
+
+_CHUNK = 1024 * 1024
 #: A line longer than this (bytes) without a newline is treated as corrupt and skipped when it ends.
 DEFAULT_MAX_LINE_BYTES = 16 * 1024 * 1024
 
@@ -87,12 +101,24 @@ class EventReader:
         Never raises for a missing, truncated, replaced or corrupt file. Raises PermissionError only
         if the file exists and cannot be opened (a caller must say that, not hide it).
         """
+        out: list[dict[str, Any]] = []
+        for batch in self.iter_new():
+            out.extend(batch)
+        return out
+
+    def iter_new(self) -> Iterator[list[dict[str, Any]]]:
+        """:meth:`read_new` a chunk (1 MiB, ~7,000 events) at a time: yields non-empty lists of the
+        JSON objects of complete lines, in file order, until the end of what is written now.
+
+        The file position moves as each chunk is read: a caller that stops early continues from
+        there at its next call. Errors as :meth:`read_new`.
+        """
         self.restarted = False
         try:
             st = os.stat(self.path)
         except (FileNotFoundError, NotADirectoryError):
             self.exists = False
-            return []
+            return
         self.exists = True
         if self._fd is not None:
             if (st.st_dev, st.st_ino) != self._id:
@@ -103,22 +129,23 @@ class EventReader:
             try:
                 fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
             except FileNotFoundError:
-                return []
+                return
             fst = os.fstat(fd)
             self._fd = fd
             self._id = (fst.st_dev, fst.st_ino)
             self.offset = 0
-        out: list[dict[str, Any]] = []
-        while True:
+        while self._fd is not None:
             data = os.pread(self._fd, _CHUNK, self.offset)
             if not data:
                 break
             self.offset += len(data)
             self.bytes_read += len(data)
+            out: list[dict[str, Any]] = []
             self._parse(data, out)
+            if out:
+                yield out
             if len(data) < _CHUNK:
                 break
-        return out
 
     def close(self) -> None:
         """Close the file descriptor (a later read_new() reopens and restarts from byte 0)."""
@@ -169,21 +196,17 @@ class EventReader:
             self._hold(rest)
             return
         self.lines_read += len(lines)
-        # Fast path: parse the whole batch as one JSON array (one C-level call instead of one per
-        # line: ~2x faster on 10^5 lines). Trusted only when it yields exactly one value per line;
-        # anything else (a corrupt line, invalid UTF-8) falls back to line by line.
+        # Fast path: parse the whole chunk as one JSON array (one call instead of one per line).
+        # Trusted only when it yields exactly one value per line; anything else (a corrupt line,
+        # invalid UTF-8, a value orjson refuses) goes line by line.
+        loads = json.loads if _LONG_DIGIT_RUN in body.translate(_DIGITS_TO_ZERO) else _fast_loads
         batch = None
         try:
-            batch = json.loads(b"[" + b",".join(lines) + b"]")
+            batch = loads(b"[" + b",".join(lines) + b"]")
         except ValueError:  # JSONDecodeError and UnicodeDecodeError both are ValueErrors
             batch = None
         if batch is None or len(batch) != len(lines):
-            batch = []
-            for line in lines:
-                try:
-                    batch.append(json.loads(line))
-                except ValueError:
-                    batch.append(None)
+            batch = [_loads_line(line, loads) for line in lines]
         for obj in batch:
             if type(obj) is dict:
                 out.append(obj)
@@ -201,3 +224,21 @@ class EventReader:
             self._carry = b""
         else:
             self._carry = rest
+
+
+def _loads_line(line: bytes, loads: Any) -> Any:
+    """One line's JSON value, or None when it is not JSON.
+
+    ``loads`` (orjson's, or json's for a chunk with long digit runs) first; what it refuses goes to
+    the standard library, whose reading is the definition (the emitter writes with ``json``, which
+    also reads ``NaN`` / ``Infinity``, ``1e400``, a lone surrogate escape and a UTF-8 BOM, all of
+    which orjson rejects), so what a line means never depends on orjson.
+    """
+    try:
+        return loads(line)
+    except ValueError:
+        pass
+    try:
+        return json.loads(line)
+    except ValueError:
+        return None

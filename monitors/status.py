@@ -20,10 +20,11 @@ from __future__ import annotations
 import math
 import time
 from collections import OrderedDict, deque
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
-from monitors.detectors import FallbackDetector, stall_state
+from monitors.detectors import FLAGGED, FallbackDetector, stall_state
 from monitors.dynamolog import DynamoLogScanner, RecompileLimit, Recompile
 from monitors.eventtail import EventReader
 from monitors.gpu.reading import WINDOW_S as GPU_WINDOW_S
@@ -44,7 +45,13 @@ LOG_FULL_READ_MAX_BYTES = 64 * 1024 * 1024
 #: (the traceback) and every dynamo record. Bounded, so a writer faster than the reader cannot pin it.
 LOG_POLLS_PER_REFRESH = LOG_FULL_READ_MAX_BYTES // DEFAULT_MAX_BYTES_PER_POLL + 2
 RECENT_STEPS = 60
-STEP_ENDS_KEPT = 5000  # step -> step_end, for alert times taken from the files
+#: slow steps' global_step -> step_end kept (a fallback onset is a slow step of the last flag window)
+SLOW_ENDS_KEPT = 1000
+_RANK_0 = (0, None)
+_MAX_TOKENS = 2**53
+_STEP_KEYS = ("rank", "step", "dt", "flags", "tokens", "padded_tokens", "t", "step_end")
+_STEP_FIELDS = itemgetter(*_STEP_KEYS)
+_INF = math.inf
 #: A run.json whose supervisor recorded nothing this long after launch: the supervisor died first.
 SUPERVISOR_SILENT_S = 60.0
 HIST_BINS = 24
@@ -83,7 +90,7 @@ def _null_snapshot() -> dict[str, Any]:
         "identity": None,
         "log": {"file": None, "last_line": None, "traceback_last_line": None, "last_byte_age_s": None,
                 "from_start": None},
-        "events": {"file": None, "lines": 0, "corrupt_lines": 0, "dropped_events": None},
+        "events": {"file": None, "lines": 0, "corrupt_lines": 0, "unusable_steps": 0, "dropped_events": None},
         "histogram": {"edges_s": [], "counts": []},
         "recent_dt": [],
         "process_verdict": None, "stop": None, "last_logs": None, "survivors": [], "supervisor_alive": None,
@@ -145,7 +152,9 @@ class _Attempt:
         self.last_logs: dict[str, Any] | None = None
         self.last_advance_at: float | None = None  # arrival of the log's last step advance (unix s)
         self.first_alert_t: dict[str, float] = {}
-        self.step_end_by_step: OrderedDict[int, float] = OrderedDict()  # the last STEP_ENDS_KEPT steps
+        self.slow_step_ends: OrderedDict[int, float] = OrderedDict()  # the last SLOW_ENDS_KEPT slow steps
+        self.flagged_onset_end: float | None = None  # step_end of the flagged cluster's onset
+        self.unusable_steps = 0  # step events whose dt is not a finite number >= 0
         self.stall_at: float | None = None
 
 
@@ -164,30 +173,72 @@ class RunObserver:
 
     # --- readers ---------------------------------------------------------------------------------
     def _read_events(self, a: _Attempt) -> None:
-        for ev in a.events.read_new():
-            kind = ev.get("kind")
-            if ev.get("rank") not in (0, None):
-                continue  # rank 0 speaks for the run
-            if kind == "step" and isinstance(ev.get("dt"), (int, float)) and ev["dt"] >= 0:
-                a.stats.add_record(ev)
-                a.detector.update(ev)
-                if ev.get("step") is not None and isinstance(ev.get("step_end"), (int, float)):
-                    a.step_end_by_step[int(ev["step"])] = float(ev["step_end"])
-                    if len(a.step_end_by_step) > STEP_ENDS_KEPT:
-                        a.step_end_by_step.popitem(last=False)
-                a.last_step = ev
-                if "recompile" in (ev.get("flags") or []) and ev.get("step") is not None:
-                    a.recompile_steps.append(int(ev["step"]))
-            elif kind == "run_start":
-                a.run_start = ev
-            elif kind == "phase":
-                a.open_phase = ev.get("name") if ev.get("state") == "begin" else None
-            elif kind == "dynamo":
-                a.dynamo_ev = ev
-            elif kind == "log":
-                a.last_logs = ev.get("logs")
-            elif kind == "run_end":
-                a.run_end = ev
+        """Fold what events.jsonl gained into the attempt's state, a chunk at a time
+        (:meth:`EventReader.iter_new`: the events of a 100,000-step backlog are never held whole),
+        then the steps (a tuple each) fed to the statistics and the detector in one call each.
+
+        A step whose ``dt`` is not a finite number >= 0 (null: unknown) or whose ``flags`` is not a
+        list of strings feeds nothing and is counted in ``events.unusable_steps``; ``tokens`` /
+        ``padded_tokens`` other than an integer in [0, 2**53) read as unknown (null). A line that is
+        not JSON is counted by the reader.
+        """
+        rows: list[tuple[Any, float, Any, Any, Any, Any]] = []
+        ends: list[Any] = []
+        last_step = None
+        for batch in a.events.iter_new():
+            for ev in batch:
+                kind = ev.get("kind")
+                if kind == "step":
+                    try:  # every key is there in what the emitter writes: one lookup for all
+                        rank, step, dt, flags, tokens, padded, t, step_end = _STEP_FIELDS(ev)
+                    except KeyError:
+                        rank, step, dt, flags, tokens, padded, t, step_end = map(ev.get, _STEP_KEYS)
+                    if rank not in _RANK_0:
+                        continue  # rank 0 speaks for the run
+                    flags = flags or ()
+                    if (
+                        (type(dt) is not float and (type(dt) is not int or dt is True or dt is False))
+                        or not 0 <= dt < _INF  # NaN fails too
+                        or (flags and (type(flags) is not list or not all(type(f) is str for f in flags)))
+                    ):
+                        a.unusable_steps += 1
+                        continue
+                    if tokens is not None and (type(tokens) is not int or not 0 <= tokens < _MAX_TOKENS):
+                        tokens = None
+                    if padded is not None and (type(padded) is not int or not 0 <= padded < _MAX_TOKENS):
+                        padded = None
+                    rows.append((step, dt, flags, tokens, padded, t))
+                    ends.append(step_end)
+                    last_step = ev
+                    if flags and "recompile" in flags and type(step) is int:
+                        a.recompile_steps.append(step)
+                    continue
+                if ev.get("rank") not in _RANK_0:
+                    continue
+                if kind == "run_start":
+                    a.run_start = ev
+                elif kind == "phase":
+                    a.open_phase = ev.get("name") if ev.get("state") == "begin" else None
+                elif kind == "dynamo":
+                    a.dynamo_ev = ev
+                elif kind == "log":
+                    a.last_logs = ev.get("logs")
+                elif kind == "run_end":
+                    a.run_end = ev
+        if not rows:
+            return
+        a.last_step = last_step
+        a.stats.add_many(rows)
+        slow_ends = a.slow_step_ends
+        for i, v in a.detector.add_many([r[:5] for r in rows]):
+            # when a fallback alert happened, from the file: its onset (a slow step)'s end
+            step, se = rows[i][0], ends[i]
+            if type(step) is int and isinstance(se, (int, float)):
+                slow_ends[step] = float(se)
+                if len(slow_ends) > SLOW_ENDS_KEPT:
+                    slow_ends.popitem(last=False)
+            if v.state == FLAGGED and a.flagged_onset_end is None:
+                a.flagged_onset_end = slow_ends.get(a.detector.onset_step)  # type: ignore[arg-type]
 
     def _read_log(self, a: _Attempt) -> None:
         for _ in range(LOG_POLLS_PER_REFRESH):
@@ -233,9 +284,8 @@ class RunObserver:
 
     @staticmethod
     def _global_step(a: _Attempt) -> int | None:
-        if a.last_step is not None and a.last_step.get("step") is not None:
-            return int(a.last_step["step"])
-        return a.progress.global_step
+        step = _finite(a.last_step.get("step")) if a.last_step is not None else None
+        return int(step) if step is not None else a.progress.global_step
 
     # --- the snapshot ----------------------------------------------------------------------------
     def refresh(self, now: float | None = None) -> dict[str, Any]:
@@ -325,7 +375,7 @@ class RunObserver:
             snap["warmup"] = a.detector.warmup()
             snap["fallback"] = a.detector.snapshot()
         if snap["state"] == "running":
-            started = a.last_step.get("step_end") if a.last_step else None
+            started = _finite(a.last_step.get("step_end")) if a.last_step else None
             if started is None and not use_events:
                 started = a.last_advance_at
             sv = stall_state(started, now, stats, a.open_phase)
@@ -382,7 +432,7 @@ class RunObserver:
         snap["log"] = {"file": TRAIN_LOG, "last_line": last, "traceback_last_line": traceback_last_line(lines),
                        "last_byte_age_s": a.log.last_byte_age_s, "from_start": a.log_from_start}
         snap["events"] = {"file": EVENTS_JSONL if a.events.exists else None, "lines": a.events.lines_read,
-                          "corrupt_lines": a.events.corrupt_lines,
+                          "corrupt_lines": a.events.corrupt_lines, "unusable_steps": a.unusable_steps,
                           "dropped_events": (a.run_end or {}).get("dropped_events")}
 
     def _survivors(self, now: float) -> list[dict[str, Any]]:
@@ -419,7 +469,7 @@ class RunObserver:
             onset = fb.get("onset_step")
             out.append(self._alert(a, att, "fallback", str(onset),
                                    f"step times went bimodal (eager fallback?): {fb.get('reason')}",
-                                   a.step_end_by_step.get(onset) if onset is not None else None))
+                                   a.flagged_onset_end))
         st = snap["stall"]
         if st.get("state") == "stalled":
             gs = snap["step"].get("global_step")
@@ -459,6 +509,13 @@ class RunObserver:
                 return after[i], (f"recompile storm after warm-up: {len(after)} recompiles since step {after[0]}; "
                                   f"most frequent reason: {top or 'unknown (enable TORCH_LOGS=recompiles)'}")
         return None
+
+
+def _finite(v: Any) -> float | int | None:
+    """``v`` when it is a finite int or float (not a bool), else None: a value read from a file."""
+    if type(v) is int or (type(v) is float and math.isfinite(v)):
+        return v
+    return None
 
 
 def json_safe(obj: Any) -> Any:

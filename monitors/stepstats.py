@@ -119,6 +119,14 @@ def _check_dt(dt_s: Any) -> float:
     return dt
 
 
+def _is_dt(dt_s: Any) -> bool:
+    try:
+        _check_dt(dt_s)
+    except ValueError:
+        return False
+    return True
+
+
 def _opt_int(v: Any) -> int | None:
     if v is None:
         return None
@@ -195,6 +203,53 @@ class StepStats:
         else:
             self._excluded_first += 1
         return counted
+
+    def add_many(self, rows: Sequence[tuple[Any, Any, Any, Any, Any, Any]]) -> int:
+        """:meth:`add` for each row ``(step, dt_s, flags, tokens, padded_tokens, t)``, in order, and
+        the very same state after; returns how many rows were counted.
+
+        Attaching to a long run feeds 10^5 steps at once, and only the last ``recent_maxlen`` of
+        them (and the last ``window`` counted) stay in the deques: records are built for those rows
+        only, the others just add their duration. A bad ``dt_s`` raises ValueError as :meth:`add`
+        does; the rows before it are added.
+        """
+        n = len(rows)
+        if n == 0:
+            return 0
+        # the first row whose record survives: within the last recent_maxlen rows, or among the
+        # last `window` counted ones
+        keep = max(0, n - (self._recent.maxlen or n))
+        need = self._window.maxlen or n
+        i = n
+        while i > 0 and need > 0:
+            i -= 1
+            fl = rows[i][2]
+            if not fl or FIRST not in tuple(fl):
+                need -= 1
+        keep = min(keep, i)
+        head = rows[:keep]
+        try:  # every duration first: a bad one must find the rows before it added in full
+            dts = [r[1] if type(r[1]) is float and 0.0 <= r[1] < _INF else _check_dt(r[1]) for r in head]
+        except ValueError:
+            bad = next(k for k, r in enumerate(head) if not _is_dt(r[1]))
+            self.add_many(rows[:bad])
+            self.add(*rows[bad])  # raises the ValueError add() raises
+            raise AssertionError("unreachable") from None
+        pending = self._pending
+        counted_n = 0
+        for dt, (step, _dt_s, flags, _tokens, _padded, _t) in zip(dts, head):
+            if flags and FIRST in tuple(flags):
+                self._excluded_first += 1
+            else:
+                pending.append(dt)
+                counted_n += 1
+                self._last = dt
+            self._seen += 1
+            self._last_step = step
+        add = self.add
+        for row in rows[keep:]:
+            counted_n += add(*row)
+        return counted_n
 
     def add_record(self, rec: dict[str, Any]) -> bool:
         """Add an ``events.jsonl`` ``step`` record (a dict with step, dt, flags, tokens, ...).

@@ -637,3 +637,68 @@ def test_trip_bound_counts_the_scores_added_and_evicted(window, then, through_ad
     expected = 1.0 + d.spread_mult * ((nearest_rank(sc, 75) - nearest_rank(sc, 25)) / 1.349)
     assert expected > TRIP_RATIO_MIN
     assert (d.add(300, 20.0).trip_ratio if through_add else d._trip()) == expected
+
+
+# ---------------------------------------------------------------- add_many: a backlog in one call
+
+
+def _rows(records):
+    """What update() hands add(), for the step records it does not ignore."""
+    return [
+        (r.get("step"), r["dt"], r.get("flags") or (), r.get("tokens"), r.get("padded_tokens"))
+        for r in records
+        if r.get("kind", "step") == "step" and r.get("dt") is not None
+    ]
+
+
+def _state(d):
+    return repr((d.state, d.onset_step, d.warmup(), d.snapshot(), d.details(), d.trip_ratio, d.spread()))
+
+
+def _add_many_cases():
+    cases = [({}, c.records) for seed in (0, 1) for c in _synthetic_controls(seed)]
+    for s in range(60):
+        params, recs = _STREAM_PARAMS[s % len(_STREAM_PARAMS)], _random_stream(s)
+        d = FallbackDetector(**params)
+        try:
+            for r in recs:
+                d.update(r)
+        except (ValueError, OverflowError):
+            continue  # junk that raises: see test_add_many_raises_like_add
+        cases.append((params, recs))
+    return cases
+
+
+@pytest.mark.parametrize("chunks", ["one", "random", "whole"])
+def test_add_many_is_add_one_by_one(chunks):
+    """add_many() in chunks of every size leaves the detector in the state one add() per step
+    leaves, read after every chunk, and returns exactly the slow verdicts add() returned."""
+    rng = random.Random(7)
+    cases = _add_many_cases()
+    assert len(cases) > 60
+    slow_seen = 0
+    for params, records in cases:
+        rows = _rows(records)
+        one, many = FallbackDetector(**params), FallbackDetector(**params)
+        i = 0
+        while i < len(rows):
+            size = {"one": 1, "random": rng.choice([1, 2, 7, 40, 333, 5000]), "whole": len(rows)}[chunks]
+            chunk = rows[i : i + size]
+            expected = [(k, v) for k, v in ((k, one.add(*row)) for k, row in enumerate(chunk)) if v.slow]
+            assert many.add_many(chunk) == expected
+            slow_seen += len(expected)
+            i += len(chunk)
+            if chunks != "whole" or i == len(rows):
+                assert _state(many) == _state(one)
+    assert slow_seen > 1000  # the positives' slow steps were compared too
+
+
+def test_add_many_raises_like_add_and_keeps_the_rows_before():
+    d, ref = FallbackDetector(), FallbackDetector()
+    rows = [(i, 20.0 + (i % 3) * 0.1, (), None, None) for i in range(100)]
+    for row in rows[:60]:
+        ref.add(*row)
+    bad = list(rows[:60]) + [(60, float("nan"), (), None, None)] + rows[61:]
+    with pytest.raises(ValueError, match="finite"):
+        d.add_many(bad)
+    assert _state(d) == _state(ref) and d._seen == ref._seen == 60

@@ -113,7 +113,7 @@ def test_over_long_line_is_skipped_as_corrupt_with_bounded_buffer(tmp_path: Path
 
 
 def test_chunk_boundaries_do_not_split_events(tmp_path: Path) -> None:
-    """Lines straddling the 4 MiB read chunks come out whole."""
+    """Lines straddling the 1 MiB read chunks come out whole."""
     p = tmp_path / EVENTS_JSONL
     payload = "z" * 997
     with open(p, "w") as f:
@@ -130,3 +130,77 @@ def test_a_line_holding_two_objects_is_corrupt_even_when_the_batch_parses(tmp_pa
     r = EventReader(p)
     assert r.read_new() == [{"a": 1}, {"d": 4}]
     assert r.corrupt_lines == 1
+
+
+def _json_reading(raw: bytes) -> list:
+    """What the standard library reads from each line (the definition), corrupt lines dropped."""
+    out = []
+    for line in raw.split(b"\n"):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if type(obj) is dict:
+            out.append(obj)
+    return out
+
+
+def _same_values(a, b) -> bool:
+    """Equal, with the same types all the way down (an int must not come back a float), NaN == NaN."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same_values(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_same_values(x, y) for x, y in zip(a, b))
+    if isinstance(a, float):
+        return repr(a) == repr(b)
+    return a == b
+
+
+def test_every_line_reads_as_the_standard_library_reads_it(tmp_path: Path) -> None:
+    """orjson parses the chunks; what it refuses or reads differently (NaN / Infinity, 1e400, a lone
+    surrogate, a BOM, an integer beyond 64 bits, which it turns into a float) must come out as
+    ``json`` reads it, whichever chunk the line falls in."""
+    import random
+
+    rng = random.Random(3)
+    specials = [b'{"loss":NaN}', b'{"loss":-Infinity,"x":1}', b'{"v":1e400}', b'{"s":"\\ud800"}',
+                b'\xef\xbb\xbf{"bom":1}', b'{"big":123456789012345678901234567890}',
+                b'{"neg":-9223372036854775809}', b'{"u64":18446744073709551615}', b'{"z":-0.0,"e":5e-324}',
+                b'{"nested":{"a":[1,2.5,"\\u00e9",null,true]}}', b"[1,2]", b"{not json}", b'"str"', b"\xff\xfe"]
+    lines = []
+    for i in range(30_000):
+        if rng.random() < 0.002:
+            lines.append(rng.choice(specials))
+        else:
+            ev = step_event(i)
+            ev["dt"] = rng.choice([rng.lognormvariate(0, 1), rng.random() * 1e-9, float(rng.randint(0, 10**6)),
+                                   rng.uniform(-1e300, 1e300)])
+            ev["tokens"] = rng.choice([None, rng.randint(0, 2**63 - 1), -rng.randint(0, 2**63)])
+            lines.append(json.dumps(ev, separators=(",", ":")).encode())
+    raw = b"\n".join(lines) + b"\n"
+    p = tmp_path / EVENTS_JSONL
+    p.write_bytes(raw)
+    r = EventReader(p)
+    got = r.read_new()
+    want = _json_reading(raw)
+    assert len(got) == len(want) and all(_same_values(x, y) for x, y in zip(got, want))
+    assert r.corrupt_lines == sum(1 for ln in lines if ln in (b"[1,2]", b"{not json}", b'"str"', b"\xff\xfe"))
+    assert any(type(e.get("big")) is int for e in got)  # the specials were drawn
+
+
+def test_iter_new_hands_the_backlog_over_in_chunks_and_resumes(tmp_path: Path) -> None:
+    p = tmp_path / EVENTS_JSONL
+    write_events(p, 0, 20_000)  # ~4 MB: several chunks
+    r = EventReader(p)
+    it = r.iter_new()
+    first = next(it)
+    assert 0 < len(first) < 20_000 and first[0]["step"] == 0
+    del it  # the caller stops early: the next read goes on from the chunk after
+    rest = r.read_new()
+    assert [e["step"] for e in first + rest] == list(range(20_000))
+    write_events(p, 20_000, 20_005)
+    assert [len(b) for b in r.iter_new()] == [5] and list(r.iter_new()) == []

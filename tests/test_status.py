@@ -565,3 +565,83 @@ def test_status_warns_when_the_supervisor_is_gone_while_the_child_runs(repo: Pat
     assert "supervisor is gone" in out and "running" in out
     r = stepwatch("stop", str(run_dir), "--grace", "1")
     assert r.returncode == 0 and "supervisor" in r.stdout and "ended after SIGINT" in r.stdout
+
+
+# --- what events.jsonl may hold that the emitter never writes ----------------------------------------
+
+def _finished_run_dir(path: Path, lines: list[str]) -> Path:
+    """A run dir as a finished attempt leaves it (the process long gone), events.jsonl = ``lines``."""
+    from monitors.runfiles import write_json_atomic
+
+    path.mkdir()
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    write_json_atomic(path / "run.json", {"v": 1, "name": path.name, "attempt": 1, "argv": ["python", "train.py"],
+                                          "launched_at_unix": 1_780_000_000.0,
+                                          "process": {"pid": gone.pid, "create_time": 1.0, "pgid": gone.pid}})
+    write_json_atomic(path / "exit.json", {"returncode": 0, "signal": None, "ended_at_unix": 1_780_100_000.0,
+                                           "stop_requested": False, "error": None})
+    (path / "events.jsonl").write_text("".join(ln + "\n" for ln in lines))
+    return path
+
+
+def _step(step: int, dt, t: float, **kw) -> dict:
+    ev = {"v": 1, "kind": "step", "t": t, "step": step, "rank": 0, "dt": dt, "step_begin": t - 1.0, "step_end": t,
+          "tokens": None, "padded_tokens": None, "flags": ["first"] if step == 1 else []}
+    ev.update(kw)
+    return ev
+
+
+def test_step_lines_the_emitter_never_writes_are_counted_and_never_fatal(tmp_path: Path):
+    t0 = 1_780_000_000.0
+    good = [_step(i, 1.0 + (i % 5) / 100, t0 + i) for i in range(1, 41)]
+    junk = [
+        _step(41, float("inf"), t0 + 41), _step(42, float("nan"), t0 + 42), _step(43, -1.0, t0 + 43),
+        _step(44, "1.0", t0 + 44), _step(45, True, t0 + 45), _step(46, None, t0 + 46),
+        _step(47, 1.0, t0 + 47, flags="first"), _step(48, 1.0, t0 + 48, flags=[1]),
+        _step(49, 1.0, t0 + 49, flags={"save": 1}),
+    ]
+    odd_but_usable = [  # widths that read as unknown, a missing rank, a number too big for orjson
+        _step(50, 1.01, t0 + 50, tokens=1e300, padded_tokens="x"), _step(51, 1.02, t0 + 51, tokens=-5, padded_tokens=2**70),
+        {k: v for k, v in _step(52, 1.03, t0 + 52).items() if k not in ("rank", "t", "tokens")},
+        _step(53, 1.04, t0 + 53, padded_tokens=123456789012345678901234567890),
+    ]
+    last = _step("fifty-four", 1.0, t0 + 54, step_end="later")  # a step that is not a number, an odd end
+    lines = [json.dumps(e) for e in good + junk + odd_but_usable + [last]] + ["{not json", "[1, 2]"]
+    run_dir = _finished_run_dir(tmp_path / "odd", lines)
+    snap = RunObserver(run_dir).refresh()
+    assert snap["events"]["unusable_steps"] == len(junk)
+    assert snap["events"]["corrupt_lines"] == 2
+    assert snap["step_seconds"]["n"] == len(good) - 1 + len(odd_but_usable) + 1
+    assert snap["step"]["global_step"] is None  # the last step's number is not a number: unknown, no crash
+    assert snap["state"] == "exited" and snap["fallback"]["state"] == "ok"
+    cli = subprocess.run([sys.executable, "-m", "tui.cli", "status", str(run_dir), "--json"], capture_output=True,
+                         text=True, timeout=60)
+    assert cli.returncode == 0 and json.loads(cli.stdout)["events"]["unusable_steps"] == len(junk), cli.stderr
+
+
+def test_a_flagged_fallback_keeps_its_onset_time_however_many_slow_steps_follow(tmp_path: Path):
+    """The fallback alert's time is its onset step's end, read from the file, even 3,000 slow steps
+    (more than the slow-step ends kept) after it; and in one refresh or in many."""
+    t, lines, onset_end = 1_780_000_000.0, [], None
+    for i in range(1, 3201):
+        dt = 1.0 + (i % 7) / 100 if i <= 200 else 20.0 + (i % 7) / 10
+        t += dt
+        if i == 201:
+            onset_end = t
+        lines.append(json.dumps(_step(i, dt, t)))
+    run_dir = _finished_run_dir(tmp_path / "eager", lines)
+    whole = RunObserver(run_dir).refresh()
+    assert whole["fallback"]["state"] == "flagged" and whole["fallback"]["onset_step"] == 201
+    (al,) = [a for a in whole["alerts"] if a["kind"] == "fallback"]
+    from monitors.runfiles import utc_iso
+
+    assert al["id"] == "a1-fallback-201" and al["at"] == utc_iso(onset_end)
+
+    piecewise = _finished_run_dir(tmp_path / "eager-live", [])
+    obs = RunObserver(piecewise)
+    for k in range(0, len(lines), 250):  # appended as a live run writes it, refreshed in between
+        with open(piecewise / "events.jsonl", "a") as f:
+            f.write("".join(ln + "\n" for ln in lines[k : k + 250]))
+        snap = obs.refresh()
+    assert [a for a in snap["alerts"] if a["kind"] == "fallback"] == [al]

@@ -291,3 +291,40 @@ def test_monitors_stay_headless():
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def _stats_state(s):
+    return repr((s.n, s.seen, s.excluded_first, s.last_step, s.summary(), s.canonical_line(), s.recent(),
+                 s.recent_p50(), s.throughput(), s.eta_s(10**6, s.last_step), s.histogram(bins=9)))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_add_many_is_add_one_by_one(seed):
+    """add_many() builds records only for what the deques keep; in chunks of every size it leaves
+    what one add() per row leaves, whatever the share of `first` steps (which the window skips)."""
+    rng = random.Random(seed)
+    recent, window = rng.choice([(4096, 200), (50, 20), (10, 30), (1, 1)])
+    one, many = StepStats(recent, window), StepStats(recent, window)
+    first_share = rng.choice([0.0, 0.02, 0.5, 0.97])
+    rows = []
+    for i in range(rng.choice([0, 5, 300, 6000])):
+        flags = rng.choice([["first"], ("first", "save")]) if rng.random() < first_share else rng.choice([[], None, ["save"]])
+        rows.append((i, rng.choice([rng.lognormvariate(0, 0.3), 0.0, 2]), flags,
+                     rng.choice([None, 4096, -1, "12"]), rng.choice([None, 8192]), rng.choice([None, 1.7e9 + i])))
+    i = 0
+    while i < len(rows):
+        chunk = rows[i : i + rng.choice([1, 3, 64, 5000, 10**6])]
+        assert many.add_many(chunk) == sum(one.add(*r) for r in chunk)
+        i += len(chunk)
+        assert _stats_state(many) == _stats_state(one)
+    assert many.add_many([]) == 0 and _stats_state(many) == _stats_state(one)
+
+
+def test_add_many_raises_like_add_and_keeps_the_rows_before():
+    s, ref = StepStats(recent_maxlen=10, window=5), StepStats(recent_maxlen=10, window=5)
+    rows = [(i, 1.0 + i / 100, ["first"] if i == 0 else [], None, None, None) for i in range(50)]
+    for r in rows[:30]:
+        ref.add(*r)
+    with pytest.raises(ValueError, match="finite"):
+        s.add_many(rows[:30] + [(30, float("inf"), [], None, None, None)] + rows[31:])
+    assert _stats_state(s) == _stats_state(ref)

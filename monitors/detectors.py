@@ -90,7 +90,7 @@ from itertools import islice
 from operator import itemgetter
 from typing import Any, Iterable, Mapping
 
-from monitors.stepstats import nearest_rank
+from monitors.stepstats import check_step_seconds, nearest_rank
 
 # --------------------------------------------------------------------------- fallback constants
 #: Minimum trip point, x the expected time. Real jitter max/p50 = 2.32; a fallback ~20 (playbook 4.3).
@@ -139,16 +139,6 @@ def _width(tokens: Any, padded_tokens: Any) -> float | None:
         if math.isfinite(f) and f > 0:
             return f
     return None
-
-
-def _dt(dt_s: Any) -> float:
-    try:
-        dt = float(dt_s)
-    except (TypeError, ValueError):
-        raise ValueError(f"step duration must be a number of seconds, got {dt_s!r}") from None
-    if not math.isfinite(dt) or dt < 0:
-        raise ValueError(f"step duration must be finite and >= 0 seconds, got {dt_s!r}")
-    return dt
 
 
 def _ratio(dt: float, expected: float | None) -> float:
@@ -594,7 +584,7 @@ class FallbackDetector:
         history, window = self._history, self._window
         for i, (step, dt_s, flags, tokens, padded_tokens) in enumerate(rows):
             # the common cases first, each the same value (or the same error) as the general helper
-            dt = dt_s if type(dt_s) is float and 0.0 <= dt_s < _INF else _dt(dt_s)
+            dt = dt_s if type(dt_s) is float and 0.0 <= dt_s < _INF else check_step_seconds(dt_s)
             excuse = None
             if flags:
                 fl = set(flags)

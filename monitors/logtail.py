@@ -34,7 +34,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 __all__ = [
     "Segment",
@@ -603,27 +603,28 @@ class ChangeNotifier:
         if self.on_notice is not None:
             self.on_notice(self.fallback_reason)
 
+    def _watch_args(self) -> dict[str, Any]:
+        """What ``watchfiles.watch`` / ``awatch`` are given: this directory only, our filter, a tick
+        every ``tick_s`` even without changes, native notifications only (a failure falls back to
+        our own size/inode polling, never to watchfiles' mtime polling)."""
+        return {
+            "watch_filter": self._filter(),
+            "debounce": self.debounce_ms,
+            "step": self.step_ms,
+            "stop_event": self.stop_event,
+            "rust_timeout": int(self.tick_s * 1000),
+            "yield_on_timeout": True,
+            "recursive": False,
+            "force_polling": False,
+        }
+
     def __iter__(self) -> Iterator[Notice]:
         if self.mode == "watchfiles":
             try:
                 import watchfiles
 
-                for changes in watchfiles.watch(
-                    self.directory,
-                    watch_filter=self._filter(),
-                    debounce=self.debounce_ms,
-                    step=self.step_ms,
-                    stop_event=self.stop_event,
-                    rust_timeout=int(self.tick_s * 1000),
-                    yield_on_timeout=True,
-                    recursive=False,
-                    force_polling=False,
-                    raise_interrupt=True,
-                ):
-                    if changes:
-                        yield Notice("watchfiles", frozenset(p for _c, p in changes))
-                    else:
-                        yield Notice("tick")
+                for changes in watchfiles.watch(self.directory, raise_interrupt=True, **self._watch_args()):
+                    yield _notice(changes)
                     if self._stopped():
                         return
                 return  # stop_event set
@@ -649,21 +650,8 @@ class ChangeNotifier:
             try:
                 import watchfiles
 
-                async for changes in watchfiles.awatch(
-                    self.directory,
-                    watch_filter=self._filter(),
-                    debounce=self.debounce_ms,
-                    step=self.step_ms,
-                    stop_event=self.stop_event,  # type: ignore[arg-type]
-                    rust_timeout=int(self.tick_s * 1000),
-                    yield_on_timeout=True,
-                    recursive=False,
-                    force_polling=False,
-                ):
-                    if changes:
-                        yield Notice("watchfiles", frozenset(p for _c, p in changes))
-                    else:
-                        yield Notice("tick")
+                async for changes in watchfiles.awatch(self.directory, **self._watch_args()):
+                    yield _notice(changes)
                     if self._stopped():
                         return
                 return
@@ -674,6 +662,11 @@ class ChangeNotifier:
             if self._stopped():
                 return
             yield Notice("poll")
+
+
+def _notice(changes: set[tuple[Any, str]]) -> Notice:
+    """A watchfiles batch as a :class:`Notice` (an empty one: the tick of ``yield_on_timeout``)."""
+    return Notice("watchfiles", frozenset(p for _c, p in changes)) if changes else Notice("tick")
 
 
 def follow(

@@ -109,7 +109,10 @@ class _RecordBuilder:
 _INF = math.inf
 
 
-def _check_dt(dt_s: Any) -> float:
+def check_step_seconds(dt_s: Any) -> float:
+    """``dt_s`` as float seconds of one optimizer step. Raises ValueError, naming the value, when it
+    is not a number, not finite or negative (a NaN or a negative time is a caller bug, not a step).
+    Shared by :class:`StepStats` and the fallback detector."""
     try:
         dt = float(dt_s)
     except (TypeError, ValueError):
@@ -121,7 +124,7 @@ def _check_dt(dt_s: Any) -> float:
 
 def _is_dt(dt_s: Any) -> bool:
     try:
-        _check_dt(dt_s)
+        check_step_seconds(dt_s)
     except ValueError:
         return False
     return True
@@ -178,7 +181,7 @@ class StepStats:
         ``t``: unix seconds of the step's end, or None.
         """
         # the common cases first, each the same value (or the same error) as the general helper
-        dt = dt_s if type(dt_s) is float and 0.0 <= dt_s < _INF else _check_dt(dt_s)
+        dt = dt_s if type(dt_s) is float and 0.0 <= dt_s < _INF else check_step_seconds(dt_s)
         fl = tuple(flags or ())
         counted = FIRST not in fl
         rec = _RecordBuilder(  # StepRecord(...), see _RecordBuilder
@@ -229,7 +232,7 @@ class StepStats:
         keep = min(keep, i)
         head = rows[:keep]
         try:  # every duration first: a bad one must find the rows before it added in full
-            dts = [r[1] if type(r[1]) is float and 0.0 <= r[1] < _INF else _check_dt(r[1]) for r in head]
+            dts = [r[1] if type(r[1]) is float and 0.0 <= r[1] < _INF else check_step_seconds(r[1]) for r in head]
         except ValueError:
             bad = next(k for k, r in enumerate(head) if not _is_dt(r[1]))
             self.add_many(rows[:bad])

@@ -8,11 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib.util
 import math
 import random
-import sys
-from pathlib import Path
 
 import pytest
 from sortedcontainers import SortedList
@@ -29,21 +26,11 @@ from monitors.detectors import (
     _verdict,
     stall_state,
 )
+from conftest import step_controls
 from monitors.stepstats import StepStats, nearest_rank
 
 
-def _controls():
-    name = "stepwatch_test_step_controls"
-    if name not in sys.modules:
-        path = Path(__file__).parent / "fixtures" / "step_controls.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
-
-
-sc = _controls()
+sc = step_controls()
 
 
 def run(control):

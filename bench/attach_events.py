@@ -16,7 +16,9 @@ first flagged ``first``, a save every 500 steps with its ``phase`` begin/end and
 Pairs: ``--pairs`` (default 10; ``--quick`` 4), but no new pair starts once ``--budget`` seconds
 have been spent on pairs, if at least 2 are done (a slow snapshot must not blow the quick run).
 Figures: ``attach_events_s`` (median of B, target <= 1 s) and ``attach_events_ratio`` (median of the
-per-pair B/A, target <= 3), with the spread of the pairs.
+per-pair B/A, target <= 3), with the spread of the pairs. Details only (no target): what a user waits
+for, ``stepwatch status RUN --json`` as a whole process (interpreter start, imports, the refresh, the
+JSON out; median of 3), beside ``python -c pass``.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import interleaved_pairs, new_result, ratio_of_pairs, spread, write_json  # noqa: E402
+from common import ROOT, interleaved_pairs, new_result, ratio_of_pairs, spread, write_json  # noqa: E402
 
 TARGET_S, TARGET_RATIO = 1.0, 3.0
 
@@ -170,6 +172,16 @@ def main(argv: list[str] | None = None) -> int:
         res["baselines"]["attach_events_s"] = {"what": "json.loads of every line of events.jsonl (median)",
                                                "value": statistics.median(a_s), "unit": "s"}
         res["baselines"]["attach_events_ratio"] = res["baselines"]["attach_events_s"]
+        cli, bare = [], []
+        for _ in range(3):
+            t1 = time.perf_counter()
+            subprocess.run([sys.executable, "-c", "pass"], check=True)
+            t2 = time.perf_counter()
+            subprocess.run([sys.executable, "-m", "tui.cli", "status", str(run_dir), "--json"], check=True, cwd=ROOT,
+                           stdout=subprocess.DEVNULL)
+            bare.append(t2 - t1)
+            cli.append(time.perf_counter() - t2)
+        info["cli_status_json_s"], info["python_startup_s"] = spread(cli), spread(bare)
         sc = last_snap.get("step_seconds") or {}
         info.update({"pairs": pairs, "ratios": sorted(b / a for a, b in pr if a > 0), "json_loads_s": spread(a_s), "refresh_s": spread(b_s),
                      "snapshot_state": last_snap.get("state"), "snapshot_step_n": sc.get("n"),
@@ -182,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"RunObserver.refresh(): median {F['attach_events_s']:.3f} s (target <= {TARGET_S}); "
               f"json.loads of every line: median {statistics.median(a_s):.3f} s; ratio median "
               f"{rat['median']:.2f} (p10 {rat['p10']:.2f}, p90 {rat['p90']:.2f}; target <= {TARGET_RATIO}; {pairs} pairs)")
+        print(f"stepwatch status --json, the whole process: median {statistics.median(cli):.3f} s "
+              f"(python -c pass: {statistics.median(bare):.3f} s)")
     except Exception as e:
         for k in ("attach_events_s", "attach_events_ratio"):
             if F[k] is None:

@@ -196,6 +196,31 @@ async def test_home_lists_runs_and_enter_attaches(tmp_path: Path):
         await until(pilot, lambda: "KILLED SIGKILL" in text(app.screen.query_one("#header")), what="the header")
 
 
+async def test_home_reads_each_runs_events_once_across_refreshes(tmp_path: Path, monkeypatch):
+    """The home list refreshes every REFRESH_S; each refresh must read only what a run's files
+    gained, not the whole events.jsonl again (10 runs of 100,000 steps would cost ~10 s a refresh)."""
+    import tui.screens.home as home
+
+    monkeypatch.setattr(home, "REFRESH_S", 0.1)
+    run_dir = _copy_static(tmp_path)
+    events = run_dir / "events.jsonl"
+    lines = events.read_text().splitlines()
+    last = json.loads([ln for ln in lines if json.loads(ln).get("kind") == "step"][-1])
+    app = StepwatchApp(None, run_dir.parent)
+    async with app.run_test(size=(100, 30)) as pilot:
+        table = app.screen.query_one("#runs")
+        await until(pilot, lambda: table.row_count == 1, what="one run listed")
+        obs = app.screen._observers[run_dir]
+        more = [dict(last, step=last["step"] + k, t=last["t"] + k, step_end=last["step_end"] + k, flags=[])
+                for k in range(1, 4)]
+        with open(events, "a") as f:
+            f.write("".join(json.dumps(e) + "\n" for e in more))
+        want = f"{last['step'] + 3}/"
+        await until(pilot, lambda: any(want in str(c) for c in table.get_row_at(0)), what="the appended steps listed")
+        assert app.screen._observers[run_dir] is obs  # the same observer, refreshed
+        assert obs.a.events.bytes_read == events.stat().st_size  # every byte read once
+
+
 def test_cli_attach_unknown_run_is_a_usage_error(tmp_path: Path):
     r = stepwatch("attach", "nope", "--runs-dir", str(tmp_path))
     assert r.returncode == 2 and "no run 'nope'" in r.stderr

@@ -3,6 +3,7 @@ Enter attaches; ``l`` launches from a config."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 from textual import work
@@ -21,7 +22,9 @@ REFRESH_S = 2.0
 
 
 class HomeScreen(Screen):
-    """A table of runs, refreshed every 2 s in a worker."""
+    """A table of runs, refreshed every 2 s in a worker. One :class:`RunObserver` per run is kept
+    between refreshes, so each refresh reads only what the runs' files gained (a new observer
+    each time would re-read every run's whole events.jsonl every 2 s)."""
 
     BINDINGS = [Binding("enter", "attach", "attach", priority=True)]
 
@@ -29,6 +32,8 @@ class HomeScreen(Screen):
         super().__init__()
         self.runs_dir = runs_dir
         self.rows: list[dict] = []
+        self._observers: dict[Path, RunObserver] = {}
+        self._observers_lock = threading.Lock()  # a worker still running when the next one starts
 
     def compose(self) -> ComposeResult:
         yield Static(f" stepwatch  runs in {self.runs_dir}", id="header")
@@ -44,12 +49,24 @@ class HomeScreen(Screen):
     @work(thread=True, exclusive=True, exit_on_error=False, group="home")
     def _list(self) -> None:
         rows = []
-        for d in list_runs(self.runs_dir):
-            snap = RunObserver(d).refresh()
-            acked = read_acked(d)
-            snap["_open_alerts"] = len([a for a in snap.get("alerts") or [] if a["id"] not in acked])
-            rows.append(snap)
+        with self._observers_lock:
+            runs = list_runs(self.runs_dir)
+            for gone in set(self._observers) - set(runs):
+                del self._observers[gone]
+            for d in runs:
+                obs = self._observers.get(d)
+                if obs is None:
+                    obs = self._observers[d] = RunObserver(d)
+                rows.append(self._row(obs))
         self.post_message(RunsListed(rows))
+
+    @staticmethod
+    def _row(obs: RunObserver) -> dict:
+        """The run's snapshot, with ``_open_alerts``: its alerts not acknowledged yet."""
+        snap = obs.refresh()
+        acked = read_acked(obs.run_dir)
+        snap["_open_alerts"] = len([a for a in snap.get("alerts") or [] if a["id"] not in acked])
+        return snap
 
     def on_runs_listed(self, msg: RunsListed) -> None:
         t = self.query_one(DataTable)

@@ -543,3 +543,16 @@ def snapshot(run_dir: Path, now: float | None = None) -> dict[str, Any]:
     """One-shot status of ``run_dir`` from its files (see :class:`RunObserver`)."""
     return RunObserver(run_dir).refresh(now)
 
+
+def process_snapshot(run_dir: Path) -> dict[str, Any]:
+    """The watchdog's part of the snapshot only (run, attempt, state, pid, alive, returncode, signal,
+    ended, ...) from run.json and exit.json and a probe of the captured pid; every other key as in
+    a run with no files. Reads no events or log: a listing of many long runs stays instant."""
+    snap = _null_snapshot()
+    run_dir = Path(run_dir)
+    snap["run_dir"], snap["run"] = str(run_dir), run_dir.name
+    run = read_json(run_dir / RUN_JSON)
+    if run is not None:
+        RunObserver(run_dir)._process_part(snap, run)
+    return snap
+

@@ -645,3 +645,19 @@ def test_a_flagged_fallback_keeps_its_onset_time_however_many_slow_steps_follow(
             f.write("".join(ln + "\n" for ln in lines[k : k + 250]))
         snap = obs.refresh()
     assert [a for a in snap["alerts"] if a["kind"] == "fallback"] == [al]
+
+
+def test_process_snapshot_is_the_watchdog_part_without_reading_events(tmp_path: Path):
+    """`stepwatch runs` lists many runs: it takes the watchdog's keys from run.json / exit.json only."""
+    from monitors.status import process_snapshot, snapshot
+
+    src = Path(__file__).parent / "fixtures" / "runs" / "ended-sigkill"
+    run_dir = tmp_path / "ended-sigkill"
+    shutil.copytree(src, run_dir)
+    full, part = snapshot(run_dir), process_snapshot(run_dir)
+    keys = ("run", "run_dir", "attempt", "state", "pid", "alive", "returncode", "signal", "ended", "process_verdict",
+            "launched_at_unix", "identity")
+    assert {k: part[k] for k in keys} == {k: full[k] for k in keys}
+    assert full["signal"] == "SIGKILL" and full["step_seconds"]["n"] > 0
+    assert part["step_seconds"]["n"] == 0 and part["events"]["file"] is None  # events.jsonl not read
+    assert process_snapshot(tmp_path / "nothing")["state"] == "unknown"

@@ -232,7 +232,7 @@ def _warn_survivors(run_dir: Path) -> None:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    from monitors.status import snapshot  # noqa: PLC0415
+    from monitors.status import process_snapshot  # noqa: PLC0415
 
     runs_dir = _runs_dir(args)
     runs = list_runs(runs_dir)
@@ -241,7 +241,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
         return EXIT_OK
     print(f"{'NAME':24} {'ATT':>3} {'STATE':9} {'PID':>8} {'STARTED':24} EXIT")
     for d in runs:
-        s = snapshot(d)
+        s = process_snapshot(d)  # the columns need no events: a long run's events.jsonl is not read
         end = s["signal"] or ("" if s["returncode"] is None else f"code {s['returncode']}")
         print(f"{s['run'][:24]:24} {s['attempt'] or '-':>3} {s['state']:9} {s['pid'] or '-':>8} {_launched_at(d) or '-':24} {end}")
     return EXIT_OK

@@ -134,7 +134,7 @@ def _width(tokens: Any, padded_tokens: Any) -> float | None:
             continue
         try:
             f = float(v)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # OverflowError: an int beyond a float's range
             continue
         if math.isfinite(f) and f > 0:
             return f
@@ -401,6 +401,7 @@ class StepVerdict:
 
 
 _INF = math.inf
+_EXACT_INT = 2**53  # ints below convert to float exactly; bigger ones go through _width
 
 # StepVerdict's generated __init__ sets each of its 8 fields with object.__setattr__ (it is frozen):
 # ~1.7 us, a fifth of a judged step. _verdict builds the same object (class StepVerdict, the same
@@ -592,7 +593,7 @@ class FallbackDetector:
                     if f in fl:
                         excuse = f
                         break
-            if type(padded_tokens) is int and padded_tokens > 0:
+            if type(padded_tokens) is int and 0 < padded_tokens < _EXACT_INT:
                 w: float | None = float(padded_tokens)
             else:
                 w = _width(tokens, padded_tokens)

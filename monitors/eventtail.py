@@ -1,10 +1,10 @@
 """Read a run's ``events.jsonl`` incrementally, from its first byte (DESIGN.md section 4).
 
 Attaching to a finished 7-hour run means ~10^4-10^5 lines: the reader reads chunks of 1 MiB
-(~7,000 events), splits them on ``\\n`` and parses each chunk's lines in one call (orjson, the
-standard library's ``json`` for what orjson refuses), and :meth:`EventReader.iter_new` hands them
-over a chunk at a time, so a caller folds 100,000 events into its state without ever holding them
-all (``bench/attach_events.py`` measures it; no test asserts a time). Then each read returns only
+(~7,000 events), splits them on ``\\n`` and parses each line with orjson (the standard library's
+``json`` for what orjson refuses or could read differently), and :meth:`EventReader.iter_new`
+hands them over a chunk at a time, so a caller folds 100,000 events into its state without ever
+holding them all (``bench/attach_events.py`` measures it; no test asserts a time). Then each read returns only
 what was appended since.
 
 * A half-written last line (no ``\\n`` yet) waits for its newline.
@@ -196,22 +196,23 @@ class EventReader:
             self._hold(rest)
             return
         self.lines_read += len(lines)
-        # Fast path: parse the whole chunk as one JSON array (one call instead of one per line).
-        # Trusted only when it yields exactly one value per line; anything else (a corrupt line,
-        # invalid UTF-8, a value orjson refuses) goes line by line.
+        # Each line on its own (joining the lines into one JSON array would be no faster with
+        # orjson, and two corrupt lines can join into valid values); json where orjson may differ.
         loads = json.loads if _LONG_DIGIT_RUN in body.translate(_DIGITS_TO_ZERO) else _fast_loads
-        batch = None
-        try:
-            batch = loads(b"[" + b",".join(lines) + b"]")
-        except ValueError:  # JSONDecodeError and UnicodeDecodeError both are ValueErrors
-            batch = None
-        if batch is None or len(batch) != len(lines):
-            batch = [_loads_line(line, loads) for line in lines]
-        for obj in batch:
+        append = out.append
+        corrupt = 0
+        for line in lines:
+            try:
+                obj = loads(line)
+            except ValueError:  # JSONDecodeError and UnicodeDecodeError both are ValueErrors
+                obj = _loads_line(line)
+            except RecursionError:  # nested deeper than json's recursion allows
+                obj = None
             if type(obj) is dict:
-                out.append(obj)
+                append(obj)
             else:
-                self.corrupt_lines += 1
+                corrupt += 1
+        self.corrupt_lines += corrupt
         self._hold(rest)
 
     def _hold(self, rest: bytes) -> None:
@@ -226,19 +227,15 @@ class EventReader:
             self._carry = rest
 
 
-def _loads_line(line: bytes, loads: Any) -> Any:
-    """One line's JSON value, or None when it is not JSON.
+def _loads_line(line: bytes) -> Any:
+    """The standard library's reading of a line orjson refused, or None when it is not JSON.
 
-    ``loads`` (orjson's, or json's for a chunk with long digit runs) first; what it refuses goes to
-    the standard library, whose reading is the definition (the emitter writes with ``json``, which
-    also reads ``NaN`` / ``Infinity``, ``1e400``, a lone surrogate escape and a UTF-8 BOM, all of
-    which orjson rejects), so what a line means never depends on orjson.
+    The standard library is the definition (the emitter writes with ``json``, which also reads
+    ``NaN`` / ``Infinity``, ``1e400``, a lone surrogate escape and a UTF-8 BOM, all of which orjson
+    rejects), so what a line means never depends on orjson. A line nested deeper than json's
+    recursion allows is not JSON here either.
     """
     try:
-        return loads(line)
-    except ValueError:
-        pass
-    try:
         return json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None

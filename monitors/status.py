@@ -48,7 +48,7 @@ RECENT_STEPS = 60
 #: slow steps' global_step -> step_end kept (a fallback onset is a slow step of the last flag window)
 SLOW_ENDS_KEPT = 1000
 _RANK_0 = (0, None)
-_MAX_TOKENS = 2**53
+_MAX_INT = 2**53  # token counts, integer seconds and step numbers read from a file stay below
 _STEP_KEYS = ("rank", "step", "dt", "flags", "tokens", "padded_tokens", "t", "step_end")
 _STEP_FIELDS = itemgetter(*_STEP_KEYS)
 _INF = math.inf
@@ -197,17 +197,18 @@ class RunObserver:
                         continue  # rank 0 speaks for the run
                     flags = flags or ()
                     if (
-                        (type(dt) is not float and (type(dt) is not int or dt is True or dt is False))
-                        or not 0 <= dt < _INF  # NaN fails too
+                        not (0.0 <= dt < _INF if type(dt) is float else type(dt) is int and 0 <= dt < _MAX_INT)
                         or (flags and (type(flags) is not list or not all(type(f) is str for f in flags)))
-                    ):
+                    ):  # a NaN dt fails 0.0 <= dt; a bool is not an int here
                         a.unusable_steps += 1
                         continue
-                    if tokens is not None and (type(tokens) is not int or not 0 <= tokens < _MAX_TOKENS):
+                    if type(step) is not int:
+                        step = _step_no(step)
+                    if tokens is not None and (type(tokens) is not int or not 0 <= tokens < _MAX_INT):
                         tokens = None
-                    if padded is not None and (type(padded) is not int or not 0 <= padded < _MAX_TOKENS):
+                    if padded is not None and (type(padded) is not int or not 0 <= padded < _MAX_INT):
                         padded = None
-                    rows.append((step, dt, flags, tokens, padded, t))
+                    rows.append((step, dt, flags, tokens, padded, _unix_time(t)))
                     ends.append(step_end)
                     last_step = ev
                     if flags and "recompile" in flags and type(step) is int:
@@ -232,9 +233,9 @@ class RunObserver:
         slow_ends = a.slow_step_ends
         for i, v in a.detector.add_many([r[:5] for r in rows]):
             # when a fallback alert happened, from the file: its onset (a slow step)'s end
-            step, se = rows[i][0], ends[i]
-            if type(step) is int and isinstance(se, (int, float)):
-                slow_ends[step] = float(se)
+            step, se = rows[i][0], _unix_time(ends[i])
+            if step is not None and se is not None:
+                slow_ends[step] = se
                 if len(slow_ends) > SLOW_ENDS_KEPT:
                     slow_ends.popitem(last=False)
             if v.state == FLAGGED and a.flagged_onset_end is None:
@@ -284,8 +285,8 @@ class RunObserver:
 
     @staticmethod
     def _global_step(a: _Attempt) -> int | None:
-        step = _finite(a.last_step.get("step")) if a.last_step is not None else None
-        return int(step) if step is not None else a.progress.global_step
+        step = _step_no(a.last_step.get("step")) if a.last_step is not None else None
+        return step if step is not None else a.progress.global_step
 
     # --- the snapshot ----------------------------------------------------------------------------
     def refresh(self, now: float | None = None) -> dict[str, Any]:
@@ -353,12 +354,12 @@ class RunObserver:
     def _steps_part(self, snap: dict[str, Any], a: _Attempt, now: float) -> None:
         rs = a.run_start or {}
         if rs:
-            snap["versions"] = {k: (rs.get("versions") or {}).get(k) for k in ("python", "torch", "transformers")}
-            snap["attn_implementation"] = {k: (rs.get("attn_implementation") or {}).get(k) for k in ("requested", "resolved")}
+            snap["versions"] = {k: _obj(rs.get("versions")).get(k) for k in ("python", "torch", "transformers")}
+            snap["attn_implementation"] = {k: _obj(rs.get("attn_implementation")).get(k) for k in ("requested", "resolved")}
         use_events = a.stats.seen > 0
         stats = a.stats if use_events or a.log_stats.seen == 0 else a.log_stats
         gs = self._global_step(a)
-        max_steps = rs.get("max_steps") or a.progress.total
+        max_steps = _step_no(rs.get("max_steps")) or a.progress.total
         snap["step"] = {"global_step": gs, "max_steps": max_steps,
                         "source": "events" if use_events else ("log" if gs is not None else None)}
         summ = stats.summary()
@@ -375,7 +376,7 @@ class RunObserver:
             snap["warmup"] = a.detector.warmup()
             snap["fallback"] = a.detector.snapshot()
         if snap["state"] == "running":
-            started = _finite(a.last_step.get("step_end")) if a.last_step else None
+            started = _unix_time(a.last_step.get("step_end")) if a.last_step else None
             if started is None and not use_events:
                 started = a.last_advance_at
             sv = stall_state(started, now, stats, a.open_phase)
@@ -387,18 +388,18 @@ class RunObserver:
     def _dynamo_part(self, snap: dict[str, Any], a: _Attempt) -> None:
         ev_part = None
         if a.dynamo_ev is not None:
-            c = a.dynamo_ev.get("counters") or {}
+            c = _obj(a.dynamo_ev.get("counters"))
             gb = c.get("graph_break")
             ev_part = {
-                "recompiles": a.dynamo_ev.get("recompiles"),
-                "recompile_limit_hits": a.dynamo_ev.get("recompile_limit_hits"),
-                "unique_graphs": (c.get("stats") or {}).get("unique_graphs"),
-                "graph_breaks": sum(v for v in gb.values() if isinstance(v, (int, float))) if isinstance(gb, dict) else 0,
+                "recompiles": _count(a.dynamo_ev.get("recompiles")),
+                "recompile_limit_hits": _count(a.dynamo_ev.get("recompile_limit_hits")),
+                "unique_graphs": _count(_obj(c.get("stats")).get("unique_graphs")),
+                "graph_breaks": sum(v for v in map(_count, gb.values()) if v is not None) if type(gb) is dict else 0,
             }
-        if a.run_end and isinstance(a.run_end.get("dynamo"), dict):
+        if a.run_end and type(a.run_end.get("dynamo")) is dict:
             ev_part = ev_part or {"unique_graphs": None, "graph_breaks": None}
             for k in ("recompiles", "recompile_limit_hits"):
-                if a.run_end["dynamo"].get(k) is not None:
+                if _count(a.run_end["dynamo"].get(k)) is not None:
                     ev_part[k] = a.run_end["dynamo"][k]
         log_counts = a.dynlog.counts()
         log_seen = bool(log_counts["recompiles"] or log_counts["recompile_limit_hits"] or log_counts["graph_breaks"])
@@ -511,9 +512,36 @@ class RunObserver:
         return None
 
 
-def _finite(v: Any) -> float | int | None:
-    """``v`` when it is a finite int or float (not a bool), else None: a value read from a file."""
-    if type(v) is int or (type(v) is float and math.isfinite(v)):
+def _step_no(v: Any) -> int | None:
+    """A global_step read from a file: an int (not a bool), or a float with an integral value, in
+    (-2**53, 2**53); else None (unknown)."""
+    if type(v) is int:
+        return v if -_MAX_INT < v < _MAX_INT else None
+    if type(v) is float and v.is_integer() and -_MAX_INT < v < _MAX_INT:
+        return int(v)
+    return None
+
+
+#: Unix seconds read from a file are believed between 1970 and the year 3000.
+_UNIX_MAX = 32_503_680_000.0
+
+
+def _unix_time(v: Any) -> float | None:
+    """Unix seconds read from a file (``t``, ``step_end``): a number in [0, year 3000) as a float,
+    else None (a NaN, 1e300 or a string would break every time computed from it)."""
+    if (type(v) is float or type(v) is int) and 0 <= v < _UNIX_MAX:
+        return float(v)
+    return None
+
+
+def _obj(v: Any) -> dict[str, Any]:
+    """``v`` when it is a JSON object, else an empty one: a nested value read from a file."""
+    return v if type(v) is dict else {}
+
+
+def _count(v: Any) -> int | float | None:
+    """A counter read from a file: a finite number >= 0 (not a bool), else None."""
+    if (type(v) is int or (type(v) is float and math.isfinite(v))) and v >= 0:
         return v
     return None
 

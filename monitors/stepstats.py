@@ -115,19 +115,11 @@ def check_step_seconds(dt_s: Any) -> float:
     Shared by :class:`StepStats` and the fallback detector."""
     try:
         dt = float(dt_s)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an int beyond a float's range
         raise ValueError(f"step duration must be a number of seconds, got {dt_s!r}") from None
     if not math.isfinite(dt) or dt < 0:
         raise ValueError(f"step duration must be finite and >= 0 seconds, got {dt_s!r}")
     return dt
-
-
-def _is_dt(dt_s: Any) -> bool:
-    try:
-        check_step_seconds(dt_s)
-    except ValueError:
-        return False
-    return True
 
 
 def _opt_int(v: Any) -> int | None:
@@ -135,7 +127,7 @@ def _opt_int(v: Any) -> int | None:
         return None
     try:
         i = int(v)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: int(inf)
         return None
     return i if i >= 0 else None
 
@@ -207,16 +199,27 @@ class StepStats:
             self._excluded_first += 1
         return counted
 
-    def add_many(self, rows: Sequence[tuple[Any, Any, Any, Any, Any, Any]]) -> int:
+    def add_many(self, rows: Iterable[tuple[Any, Any, Any, Any, Any, Any]]) -> int:
         """:meth:`add` for each row ``(step, dt_s, flags, tokens, padded_tokens, t)``, in order, and
         the very same state after; returns how many rows were counted.
 
         Attaching to a long run feeds 10^5 steps at once, and only the last ``recent_maxlen`` of
         them (and the last ``window`` counted) stay in the deques: records are built for those rows
-        only, the others just add their duration. A bad ``dt_s`` raises ValueError as :meth:`add`
-        does; the rows before it are added.
+        only, the others just add their duration. Every row's duration and flags are checked before
+        any row is added: a row :meth:`add` would refuse raises what add() raises, with exactly the
+        rows before it added.
         """
-        n = len(rows)
+        norm: list[tuple[Any, float, tuple[Any, ...], Any, Any, Any]] = []
+        for step, dt_s, flags, tokens, padded, t in rows:
+            try:
+                dt = dt_s if type(dt_s) is float and 0.0 <= dt_s < _INF else check_step_seconds(dt_s)
+                fl = tuple(flags or ())  # once: flags may be an iterator
+            except Exception as e:
+                self.add_many(norm)  # the rows before it, in full
+                self.add(step, dt_s, flags, tokens, padded, t)  # raises what add() raises
+                raise e
+            norm.append((step, dt, fl, tokens, padded, t))
+        n = len(norm)
         if n == 0:
             return 0
         # the first row whose record survives: within the last recent_maxlen rows, or among the
@@ -226,22 +229,13 @@ class StepStats:
         i = n
         while i > 0 and need > 0:
             i -= 1
-            fl = rows[i][2]
-            if not fl or FIRST not in tuple(fl):
+            if FIRST not in norm[i][2]:
                 need -= 1
         keep = min(keep, i)
-        head = rows[:keep]
-        try:  # every duration first: a bad one must find the rows before it added in full
-            dts = [r[1] if type(r[1]) is float and 0.0 <= r[1] < _INF else check_step_seconds(r[1]) for r in head]
-        except ValueError:
-            bad = next(k for k, r in enumerate(head) if not _is_dt(r[1]))
-            self.add_many(rows[:bad])
-            self.add(*rows[bad])  # raises the ValueError add() raises
-            raise AssertionError("unreachable") from None
         pending = self._pending
         counted_n = 0
-        for dt, (step, _dt_s, flags, _tokens, _padded, _t) in zip(dts, head):
-            if flags and FIRST in tuple(flags):
+        for step, dt, fl, _tokens, _padded, _t in norm[:keep]:
+            if FIRST in fl:
                 self._excluded_first += 1
             else:
                 pending.append(dt)
@@ -250,7 +244,7 @@ class StepStats:
             self._seen += 1
             self._last_step = step
         add = self.add
-        for row in rows[keep:]:
+        for row in norm[keep:]:
             counted_n += add(*row)
         return counted_n
 

@@ -204,3 +204,14 @@ def test_iter_new_hands_the_backlog_over_in_chunks_and_resumes(tmp_path: Path) -
     assert [e["step"] for e in first + rest] == list(range(20_000))
     write_events(p, 20_000, 20_005)
     assert [len(b) for b in r.iter_new()] == [5] and list(r.iter_new()) == []
+
+
+def test_corrupt_lines_never_join_into_events_and_deep_nesting_is_not_fatal(tmp_path: Path) -> None:
+    """Two halves of a broken line pair must not read as events (as they would joined into one JSON
+    array); a line nested 100,000 deep (json's RecursionError) is corrupt, not a crash."""
+    p = tmp_path / EVENTS_JSONL
+    deep = b'{"a":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    p.write_bytes(b'{"a":1},{"b":2\n"c":3}\n{"ok":1}\n{"a":1},{"b":2}\n[1\n2]\n' + deep + b'\n{"ok":2}\n')
+    r = EventReader(p)
+    assert r.read_new() == [{"ok": 1}, {"ok": 2}]
+    assert r.corrupt_lines == 6

@@ -597,7 +597,7 @@ def test_step_lines_the_emitter_never_writes_are_counted_and_never_fatal(tmp_pat
     good = [_step(i, 1.0 + (i % 5) / 100, t0 + i) for i in range(1, 41)]
     junk = [
         _step(41, float("inf"), t0 + 41), _step(42, float("nan"), t0 + 42), _step(43, -1.0, t0 + 43),
-        _step(44, "1.0", t0 + 44), _step(45, True, t0 + 45), _step(46, None, t0 + 46),
+        _step(44, "1.0", t0 + 44), _step(45, True, t0 + 45), _step(46, None, t0 + 46), _step(46, 10**400, t0 + 46),
         _step(47, 1.0, t0 + 47, flags="first"), _step(48, 1.0, t0 + 48, flags=[1]),
         _step(49, 1.0, t0 + 49, flags={"save": 1}),
     ]
@@ -661,3 +661,47 @@ def test_process_snapshot_is_the_watchdog_part_without_reading_events(tmp_path: 
     assert full["signal"] == "SIGKILL" and full["step_seconds"]["n"] > 0
     assert part["step_seconds"]["n"] == 0 and part["events"]["file"] is None  # events.jsonl not read
     assert process_snapshot(tmp_path / "nothing")["state"] == "unknown"
+
+
+@pytest.mark.parametrize("live", [False, True])
+def test_odd_values_in_every_event_kind_never_break_the_snapshot(tmp_path: Path, live: bool):
+    """Numbers where objects belong and the reverse, in run_start, dynamo, log, phase and run_end
+    events, and hostile step numbers / ends on the very steps alerts are built from (the fallback
+    onset, a recompile storm's steps, the last step a stall is timed from): status still answers,
+    and every alert time is a real date."""
+    t0 = 1_780_000_000.0
+    evs = [{"v": 1, "kind": "run_start", "t": t0, "rank": 0, "versions": [1], "attn_implementation": "sdpa",
+            "max_steps": "x"},
+           {"v": 1, "kind": "dynamo", "t": t0, "rank": 0, "counters": {"stats": [1], "graph_break": {"a": "x"}},
+            "recompiles": "x", "recompile_limit_hits": [1]},
+           {"v": 1, "kind": "log", "t": t0, "rank": 0, "logs": [1]},
+           {"v": 1, "kind": "phase", "t": t0, "rank": 0, "name": ["save"], "state": "end"}]
+    t = t0
+    for i in range(1, 321):
+        dt = 1.0 + (i % 7) / 100 if i <= 200 else 20.0 + (i % 7) / 10
+        t += dt
+        ev = _step(i, dt, t)
+        ev["step"] = "one" if i == 1 else (float(i) if i % 2 else i)
+        if i == 201:
+            ev.update(step=[201], step_end=float("nan"))  # the onset of the fallback
+        if 250 <= i < 256:
+            ev.update(flags=["recompile"], step_end=1e300)
+        evs.append(ev)
+    evs[-1]["step_end"] = -1e300  # what a stall would be timed from
+    evs.append({"v": 1, "kind": "run_end", "t": t, "rank": 0, "dynamo": {"recompiles": [3]}, "step_seconds": "x"})
+    run_dir = _finished_run_dir(tmp_path / "odd", [json.dumps(e) for e in evs])
+    if live:  # the process alive: eta and stall are computed too
+        (run_dir / "exit.json").unlink()
+        run = read_json(run_dir / "run.json")
+        run["process"] = {"pid": os.getpid(), "create_time": psutil.Process().create_time(), "pgid": os.getpgid(0)}
+        (run_dir / "run.json").write_text(json.dumps(run))
+    snap = RunObserver(run_dir).refresh()
+    assert snap["state"] == ("running" if live else "exited")
+    assert snap["versions"]["torch"] is None and snap["step"]["max_steps"] is None
+    assert snap["dynamo"]["recompiles"] is None or isinstance(snap["dynamo"]["recompiles"], int)
+    assert snap["fallback"]["state"] == "flagged" and snap["fallback"]["onset_step"] is None
+    assert all(isinstance(a["at"], str) and a["at"].startswith("20") for a in snap["alerts"]), snap["alerts"]
+    assert snap["step"]["global_step"] == 320 and snap["step_seconds"]["n"] == 319  # ended at -1e300: counted
+    cli = subprocess.run([sys.executable, "-m", "tui.cli", "status", str(run_dir), "--json"], capture_output=True,
+                         text=True, timeout=60)
+    assert cli.returncode == 0, cli.stderr

@@ -320,11 +320,27 @@ def test_add_many_is_add_one_by_one(seed):
     assert many.add_many([]) == 0 and _stats_state(many) == _stats_state(one)
 
 
-def test_add_many_raises_like_add_and_keeps_the_rows_before():
+@pytest.mark.parametrize("bad_at", [0, 3, 30, 47])
+@pytest.mark.parametrize("bad", [(float("inf"), [], ValueError), (-1.0, [], ValueError), (10**400, [], ValueError),
+                                 (1.0, 5, TypeError)])
+def test_add_many_raises_like_add_and_keeps_the_rows_before(bad_at, bad):
+    """Wherever the bad row sits (among the rows whose records are skipped, or the kept tail), the
+    rows before it are added in full, records included, and add()'s error comes out."""
+    dt, flags, err = bad
     s, ref = StepStats(recent_maxlen=10, window=5), StepStats(recent_maxlen=10, window=5)
-    rows = [(i, 1.0 + i / 100, ["first"] if i == 0 else [], None, None, None) for i in range(50)]
-    for r in rows[:30]:
+    rows = [(i, 1.0 + i / 100, ["first"] if i == 0 else [], 4096, 8192, 1.7e9 + i) for i in range(50)]
+    for r in rows[:bad_at]:
         ref.add(*r)
-    with pytest.raises(ValueError, match="finite"):
-        s.add_many(rows[:30] + [(30, float("inf"), [], None, None, None)] + rows[31:])
+    with pytest.raises(err):
+        ref.add(bad_at, dt, flags)
+    with pytest.raises(err):
+        s.add_many(rows[:bad_at] + [(bad_at, dt, flags, None, None, None)] + rows[bad_at + 1 :])
     assert _stats_state(s) == _stats_state(ref)
+
+
+def test_add_many_reads_flags_given_as_an_iterator_once():
+    s, ref = StepStats(), StepStats()
+    rows = [(1, 45.0, iter(["first"]), None, None, None), (2, 1.0, iter([]), None, None, None)]
+    ref.add(1, 45.0, iter(["first"]))
+    ref.add(2, 1.0, iter([]))
+    assert s.add_many(rows) == 1 and _stats_state(s) == _stats_state(ref) and s.excluded_first == 1

@@ -562,28 +562,29 @@ class FallbackDetector:
         """Feed one step: global_step (only reported), seconds, flags, real / padded token counts.
 
         Raises ValueError for a ``dt_s`` that is not a finite number >= 0 (nothing is changed)."""
-        return self._feed(((step, dt_s, flags, tokens, padded_tokens),), True)[0][1]
+        return self._feed(((step, dt_s, flags, tokens, padded_tokens, None),), True)[0][1]
 
     def add_many(
-        self, rows: Iterable[tuple[Any, Any, Any, Any, Any]]
+        self, rows: Iterable[tuple[Any, Any, Any, Any, Any, Any]]
     ) -> list[tuple[int, StepVerdict]]:
-        """Feed many steps, each ``(step, dt_s, flags, tokens, padded_tokens)`` as :meth:`add` takes
-        them, in order: the detector ends in the very state one :meth:`add` per row leaves, and each
+        """Feed many steps, each ``(step, dt_s, flags, tokens, padded_tokens, t)`` as :meth:`add`
+        takes them (``t`` is not read: the rows :meth:`StepStats.add_many` takes), in order: the detector ends in the very state one :meth:`add` per row leaves, and each
         verdict is the same. Returns ``(row index, verdict)`` of the slow steps only (a backlog of
         10^5 steps needs no verdict object per step). A bad ``dt_s`` raises ValueError as
         :meth:`add` does; the rows before it are fed."""
         return self._feed(rows, False)
 
     def _feed(
-        self, rows: Iterable[tuple[Any, Any, Any, Any, Any]], every: bool
+        self, rows: Iterable[tuple[Any, Any, Any, Any, Any, Any]], every: bool
     ) -> list[tuple[int, StepVerdict]]:
         """The one implementation of :meth:`add` / :meth:`add_many`: ``(index, verdict)`` of every
         row when ``every``, else of the slow rows. The steady, judged step (nearly every step of a
         long run) is inlined in the loop: no call per step, no verdict unless wanted."""
         out: list[tuple[int, StepVerdict]] = []
         trip_min, spread_mult, valley_div = self.trip_ratio_min, self.spread_mult, self.valley_div
+        baseline_window = self.baseline_window
         history, window = self._history, self._window
-        for i, (step, dt_s, flags, tokens, padded_tokens) in enumerate(rows):
+        for i, (step, dt_s, flags, tokens, padded_tokens, _t) in enumerate(rows):
             # the common cases first, each the same value (or the same error) as the general helper
             dt = dt_s if type(dt_s) is float and 0.0 <= dt_s < _INF else check_step_seconds(dt_s)
             excuse = None
@@ -646,9 +647,34 @@ class FallbackDetector:
                 continue
             history.append((step, dt, w, "a"))
             window.append((None, self._judged, score > trip / valley_div))
-            # accepted: into the baseline, the score window and the short window
-            base.add(dt, w)
-            self._push_score(score)
+            # accepted: into the baseline, the score window and the short window. base.add(dt, w)
+            # and self._push_score(score), inlined for the common case: a width seen before (g),
+            # every sorted view stale (see _Baseline and _trip); else the methods.
+            if g is not None and not base._pt_sync and not base._dts_sync:
+                q = base._q
+                q.append((dt, w, dt / w))  # type: ignore[operator]
+                g.append(dt)
+                base._n_width += 1
+                if len(q) > base.maxlen:
+                    ow = q.popleft()[1]
+                    if ow is not None:
+                        og = base._groups[ow]
+                        og.popleft()
+                        if not og:
+                            base._drop_group(ow)
+                        base._n_width -= 1
+                        base._pt_evicted += 1
+            else:
+                base.add(dt, w)
+            if self._scores_sync:
+                self._push_score(score)
+            else:
+                sq = self._scores_q
+                sq.append(score)
+                self._scores_added += 1
+                if len(sq) > baseline_window:
+                    sq.popleft()
+                    self._scores_evicted += 1
             short = self._short
             if len(short) == self._short_max and short[0][1] is None:
                 self._short_no_width -= 1  # about to fall out of the window

@@ -216,7 +216,9 @@ class RunObserver:
                         tokens = None
                     if padded is not None and (type(padded) is not int or not 0 <= padded < _MAX_INT):
                         padded = None
-                    rows.append((step, dt, flags, tokens, padded, _unix_time(t)))
+                    if type(t) is not float or not 0.0 <= t < _UNIX_MAX:
+                        t = _unix_time(t)
+                    rows.append((step, dt, flags, tokens, padded, t))
                     ends.append(step_end)
                     last_step = ev
                     if flags and "recompile" in flags and type(step) is int:
@@ -239,7 +241,7 @@ class RunObserver:
         a.last_step = last_step
         a.stats.add_many(rows)
         slow_ends = a.slow_step_ends
-        for i, v in a.detector.add_many([r[:5] for r in rows]):
+        for i, v in a.detector.add_many(rows):
             # when a fallback alert happened, from the file: its onset (a slow step)'s end
             step, se = rows[i][0], _unix_time(ends[i])
             if step is not None and se is not None:

@@ -632,7 +632,7 @@ def test_trip_bound_counts_the_scores_added_and_evicted(window, then, through_ad
 def _rows(records):
     """What update() hands add(), for the step records it does not ignore."""
     return [
-        (r.get("step"), r["dt"], r.get("flags") or (), r.get("tokens"), r.get("padded_tokens"))
+        (r.get("step"), r["dt"], r.get("flags") or (), r.get("tokens"), r.get("padded_tokens"), r.get("t"))
         for r in records
         if r.get("kind", "step") == "step" and r.get("dt") is not None
     ]
@@ -671,7 +671,7 @@ def test_add_many_is_add_one_by_one(chunks):
         while i < len(rows):
             size = {"one": 1, "random": rng.choice([1, 2, 7, 40, 333, 5000]), "whole": len(rows)}[chunks]
             chunk = rows[i : i + size]
-            expected = [(k, v) for k, v in ((k, one.add(*row)) for k, row in enumerate(chunk)) if v.slow]
+            expected = [(k, v) for k, v in ((k, one.add(*row[:5])) for k, row in enumerate(chunk)) if v.slow]
             assert many.add_many(chunk) == expected
             slow_seen += len(expected)
             i += len(chunk)
@@ -682,10 +682,10 @@ def test_add_many_is_add_one_by_one(chunks):
 
 def test_add_many_raises_like_add_and_keeps_the_rows_before():
     d, ref = FallbackDetector(), FallbackDetector()
-    rows = [(i, 20.0 + (i % 3) * 0.1, (), None, None) for i in range(100)]
+    rows = [(i, 20.0 + (i % 3) * 0.1, (), None, None, None) for i in range(100)]
     for row in rows[:60]:
-        ref.add(*row)
-    bad = list(rows[:60]) + [(60, float("nan"), (), None, None)] + rows[61:]
+        ref.add(*row[:5])
+    bad = list(rows[:60]) + [(60, float("nan"), (), None, None, None)] + rows[61:]
     with pytest.raises(ValueError, match="finite"):
         d.add_many(bad)
     assert _state(d) == _state(ref) and d._seen == ref._seen == 60

@@ -33,6 +33,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from monitors.logtail import LogFollower  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402  (bench/common.py)
 from monitors.runfiles import TRAIN_LOG  # noqa: E402
 
 SCREEN_LINES = 200
@@ -143,11 +145,6 @@ def main(argv: list[str] | None = None) -> int:
           f"(min {min(tai) * 1000:.2f}, max {max(tai) * 1000:.2f})")
     print(f"ratio follower/tail: {res['ratio_follower_over_tail']:.2f}")
     if args.json:
-        import importlib.util
-
-        spec = importlib.util.spec_from_file_location("bench_common", Path(__file__).with_name("common.py"))
-        common = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(common)
         out = common.new_result("attach_log", args.quick)
         out["figures"]["attach_log_s"] = med_f
         out["spreads"]["attach_log_s"] = common.spread(fol)

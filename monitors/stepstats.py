@@ -272,8 +272,14 @@ class StepStats:
         after adds merges them in one ``SortedList.update`` (one sort when the batch is large, as when
         attaching to a long run; else one ``add`` each, in sorted order). Equal values keep their
         arrival order either way, as with one ``add`` per step, so every read returns the same value."""
-        if self._pending:
-            self._sorted_list.update(self._pending)
+        pending = self._pending
+        if pending:
+            if len(pending) <= 16:  # a live refresh: one add each (update() would sort them first, for nothing)
+                add = self._sorted_list.add
+                for v in pending:  # arrival order: each lands right of its equals, as update() places them
+                    add(v)
+            else:
+                self._sorted_list.update(pending)
             self._pending = []
         return self._sorted_list
 

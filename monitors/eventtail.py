@@ -157,6 +157,14 @@ class EventReader:
         self._fd = None
         self._id = None
 
+    def __del__(self) -> None:  # pragma: no cover - best effort
+        # an observer dropped without close() (a run gone from a list, a new attempt) must not
+        # leave its descriptor open for the life of the process
+        try:
+            self.close()
+        except Exception:
+            pass
+
     def __enter__(self) -> EventReader:
         return self
 

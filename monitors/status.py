@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import gc
 import math
+import threading
 import time
 from collections import OrderedDict, deque
 from contextlib import contextmanager
@@ -157,6 +158,14 @@ class _Attempt:
         self.slow_step_ends: OrderedDict[int, float] = OrderedDict()  # the last SLOW_ENDS_KEPT slow steps
         self.flagged_onset_end: float | None = None  # step_end of the flagged cluster's onset
         self.unusable_steps = 0  # step events whose dt is not a finite number >= 0
+
+    def close(self) -> None:
+        """Close the files this attempt's readers hold open."""
+        for reader in (self.events, self.gpu, self.log):
+            try:
+                reader.close()
+            except Exception:
+                pass
         self.stall_at: float | None = None
 
 
@@ -308,12 +317,24 @@ class RunObserver:
         run = read_json(self.run_dir / RUN_JSON)
         if run is None:
             return snap
-        if run.get("attempt") != self._attempt_no or self.a is None:
-            self._attempt_no = run.get("attempt")
+        # an attempt is its number and its launch time: a run dir removed and launched again under
+        # the same name is attempt 1 again, but not the same attempt
+        key = (run.get("attempt"), run.get("launched_at_unix"))
+        if key != self._attempt_no or self.a is None:
+            self._attempt_no = key
+            if self.a is not None:
+                self.a.close()
             self.a = _Attempt(self.run_dir)
         a = self.a
         self._process_part(snap, run)
         self._read_events(a)
+        if a.events.restarted:
+            # events.jsonl was replaced or truncated under the same attempt (a run dir made again
+            # with the same name and launch time, a hand edit): what was built from the old file
+            # is not this file's story; start the attempt over from byte 0 of the new one
+            a.close()
+            self.a = a = _Attempt(self.run_dir)
+            self._read_events(a)
         self._read_log(a)
         self._read_gpu(a)
         if run_ended(snap) and not a.dynlog_flushed and not a.log.behind:
@@ -522,17 +543,30 @@ class RunObserver:
         return None
 
 
+_gc_lock = threading.Lock()
+_gc_pausers = 0  # threads inside _gc_paused now
+_gc_was_enabled = False  # what the first of them found
+
+
 @contextmanager
 def _gc_paused() -> Iterator[None]:
     """The cyclic garbage collector off for the block (reference counting still frees everything),
-    and on again after it if it was on. Process-wide, hence for bulk reads only."""
-    was = gc.isenabled()
-    gc.disable()
+    and back as it was once the last thread inside such a block leaves (observers refresh in
+    several TUI workers at once: each must not restore what another found). Process-wide, hence
+    for bulk reads only."""
+    global _gc_pausers, _gc_was_enabled
+    with _gc_lock:
+        if _gc_pausers == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _gc_pausers += 1
     try:
         yield
     finally:
-        if was:
-            gc.enable()
+        with _gc_lock:
+            _gc_pausers -= 1
+            if _gc_pausers == 0 and _gc_was_enabled:
+                gc.enable()
 
 
 def _step_no(v: Any) -> int | None:

@@ -569,7 +569,7 @@ def test_status_warns_when_the_supervisor_is_gone_while_the_child_runs(repo: Pat
 
 # --- what events.jsonl may hold that the emitter never writes ----------------------------------------
 
-def _finished_run_dir(path: Path, lines: list[str]) -> Path:
+def _finished_run_dir(path: Path, lines: list[str], launched_at_unix: float = 1_780_000_000.0) -> Path:
     """A run dir as a finished attempt leaves it (the process long gone), events.jsonl = ``lines``."""
     from monitors.runfiles import write_json_atomic
 
@@ -577,7 +577,7 @@ def _finished_run_dir(path: Path, lines: list[str]) -> Path:
     gone = subprocess.Popen(["true"])
     gone.wait()
     write_json_atomic(path / "run.json", {"v": 1, "name": path.name, "attempt": 1, "argv": ["python", "train.py"],
-                                          "launched_at_unix": 1_780_000_000.0,
+                                          "launched_at_unix": launched_at_unix,
                                           "process": {"pid": gone.pid, "create_time": 1.0, "pgid": gone.pid}})
     write_json_atomic(path / "exit.json", {"returncode": 0, "signal": None, "ended_at_unix": 1_780_100_000.0,
                                            "stop_requested": False, "error": None})
@@ -705,3 +705,62 @@ def test_odd_values_in_every_event_kind_never_break_the_snapshot(tmp_path: Path,
     cli = subprocess.run([sys.executable, "-m", "tui.cli", "status", str(run_dir), "--json"], capture_output=True,
                          text=True, timeout=60)
     assert cli.returncode == 0, cli.stderr
+
+
+@pytest.mark.parametrize("same_launch_time", [False, True])
+def test_a_run_dir_launched_again_under_the_same_name_is_a_new_attempt(tmp_path: Path, same_launch_time: bool):
+    """Removed and launched again (attempt 1 again): a kept observer (the home list, the run
+    screen) must not add the new run's steps to the old one's. Told apart by the launch time, or,
+    when even that is the same, by events.jsonl being another file."""
+    t0 = 1_780_000_000.0
+    old = _finished_run_dir(tmp_path / "r", [json.dumps(_step(i, 1.0, t0 + i)) for i in range(1, 501)])
+    obs = RunObserver(old)
+    assert obs.refresh()["step_seconds"]["n"] == 499
+    shutil.rmtree(old)
+    _finished_run_dir(tmp_path / "r", [json.dumps(_step(i, 0.25, t0 + 9000 + i)) for i in range(1, 4)],
+                      launched_at_unix=t0 if same_launch_time else t0 + 9000)
+    snap = obs.refresh()
+    assert (snap["step_seconds"]["n"], snap["step_seconds"]["p50"], snap["step"]["global_step"]) == (2, 0.25, 3)
+    fresh = RunObserver(old).refresh()
+    assert {k: snap[k] for k in ("step_seconds", "fallback", "warmup", "events")} == \
+        {k: fresh[k] for k in ("step_seconds", "fallback", "warmup", "events")}
+
+
+def test_gc_pause_is_restored_when_refreshes_overlap_in_threads():
+    """Two observers refreshing at once: the second must not take the first's pause for the
+    collector's normal state (it would stay off for the life of the TUI)."""
+    import gc
+    import threading
+
+    from monitors.status import _gc_paused
+
+    assert gc.isenabled()
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+    seen = {}
+
+    def first():
+        with _gc_paused():
+            a_in.set()
+            b_in.wait(5)
+        a_out.set()
+
+    def second():
+        a_in.wait(5)
+        with _gc_paused():
+            b_in.set()
+            a_out.wait(5)  # the first leaves while this one is still inside
+            seen["inside"] = gc.isenabled()
+
+    ts = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(10)
+    assert seen == {"inside": False} and gc.isenabled()
+    gc.disable()
+    try:
+        with _gc_paused():
+            pass
+        assert not gc.isenabled()  # a caller that turned it off keeps it off
+    finally:
+        gc.enable()

@@ -432,18 +432,10 @@ class _VerdictBuilder:
         self.state = state
 
 
-def _verdict(
-    step: int | None,
-    dt_s: float,
-    expected_s: float | None,
-    score: float | None,
-    trip_ratio: float | None,
-    slow: bool,
-    excused: str | None,
-    state: str,
-) -> StepVerdict:
-    """``StepVerdict(step, dt_s, ...)``, without the frozen dataclass's per-field setattr."""
-    v = _VerdictBuilder(step, dt_s, expected_s, score, trip_ratio, slow, excused, state)
+def _verdict(*fields: Any) -> StepVerdict:
+    """``StepVerdict(*fields)`` (step, dt_s, expected_s, score, trip_ratio, slow, excused, state),
+    without the frozen dataclass's per-field setattr."""
+    v = _VerdictBuilder(*fields)
     v.__class__ = StepVerdict  # type: ignore[assignment]
     return v  # type: ignore[return-value]
 

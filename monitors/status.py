@@ -158,6 +158,7 @@ class _Attempt:
         self.slow_step_ends: OrderedDict[int, float] = OrderedDict()  # the last SLOW_ENDS_KEPT slow steps
         self.flagged_onset_end: float | None = None  # step_end of the flagged cluster's onset
         self.unusable_steps = 0  # step events whose dt is not a finite number >= 0
+        self.stall_at: float | None = None
 
     def close(self) -> None:
         """Close the files this attempt's readers hold open."""
@@ -166,7 +167,6 @@ class _Attempt:
                 reader.close()
             except Exception:
                 pass
-        self.stall_at: float | None = None
 
 
 class RunObserver:

@@ -4,8 +4,8 @@ Attaching to a finished 7-hour run means ~10^4-10^5 lines: the reader reads chun
 (~7,000 events), splits them on ``\\n`` and parses each line with orjson (the standard library's
 ``json`` for what orjson refuses or could read differently), and :meth:`EventReader.iter_new`
 hands them over a chunk at a time, so a caller folds 100,000 events into its state without ever
-holding them all (``bench/attach_events.py`` measures it; no test asserts a time). Then each read returns only
-what was appended since.
+holding them all (``bench/attach_events.py`` measures it; no test asserts a time). Then each read
+returns only what was appended since.
 
 * A half-written last line (no ``\\n`` yet) waits for its newline.
 * A line that is not a JSON object (corrupt, a crash mid-write followed by more lines, invalid
@@ -29,7 +29,7 @@ from typing import Any, Iterator, Literal
 
 try:  # a declared dependency; the standard library parses alone if it is missing
     from orjson import loads as _fast_loads
-except ImportError:  # pragma: no cover - exercised by tests that hide orjson
+except ImportError:  # pragma: no cover - the tests run with orjson installed
     _fast_loads = json.loads
 
 __all__ = ["EventReader", "Restart"]

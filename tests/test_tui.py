@@ -186,11 +186,18 @@ async def test_80x24_keeps_header_summary_and_banner_visible(tmp_path: Path):
 
 
 async def test_home_lists_runs_and_enter_attaches(tmp_path: Path):
+    from monitors.acks import acknowledge
+    from monitors.status import snapshot
+
     run_dir = _copy_static(tmp_path)
+    alerts = [a["id"] for a in snapshot(run_dir)["alerts"]]
+    assert len(alerts) >= 2
+    acknowledge(run_dir, alerts[:1])
     app = StepwatchApp(None, run_dir.parent)
     async with app.run_test(size=(100, 30)) as pilot:
         table = app.screen.query_one("#runs")
         await until(pilot, lambda: table.row_count == 1, what="one run listed")
+        assert str(table.get_row_at(0)[-1]) == str(len(alerts) - 1)  # the open alerts: one acknowledged
         await pilot.press("enter")
         await until(pilot, lambda: type(app.screen).__name__ == "RunScreen", what="the run screen")
         await until(pilot, lambda: "KILLED SIGKILL" in text(app.screen.query_one("#header")), what="the header")

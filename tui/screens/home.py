@@ -12,7 +12,6 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
-from monitors.acks import read_acked
 from monitors.rundirs import list_runs
 from monitors.status import RunObserver
 from tui.format import secs, state_word
@@ -62,10 +61,10 @@ class HomeScreen(Screen):
 
     @staticmethod
     def _row(obs: RunObserver) -> dict:
-        """The run's snapshot, with ``_open_alerts``: its alerts not acknowledged yet."""
+        """The run's snapshot, with ``_open_alerts``: its alerts not acknowledged yet (refresh()
+        has marked each from acks.jsonl)."""
         snap = obs.refresh()
-        acked = read_acked(obs.run_dir)
-        snap["_open_alerts"] = len([a for a in snap.get("alerts") or [] if a["id"] not in acked])
+        snap["_open_alerts"] = sum(1 for a in snap.get("alerts") or [] if not a.get("acknowledged"))
         return snap
 
     def on_runs_listed(self, msg: RunsListed) -> None:

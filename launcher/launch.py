@@ -128,6 +128,23 @@ def next_attempt(run_dir: Path) -> int:
     return best + 1
 
 
+#: How long a relaunch waits for the previous attempt's supervisor, its child already ended, to
+#: finish (it saves its last fold of events.jsonl after exit.json; see monitors/eventstate.py).
+LAST_SUPERVISOR_WAIT_S = 15.0
+
+
+def _let_the_last_supervisor_finish(run_dir: Path) -> None:
+    """Wait (at most LAST_SUPERVISOR_WAIT_S) for the previous attempt's supervisor to exit, so its
+    last save lands before the files are rotated. The child is gone already (live_attempt refused
+    otherwise); when the supervisor takes longer, the launch goes on: the saved state is only a
+    shortcut, refused by a view unless it fits the attempt and the file."""
+    from monitors.watchdog import ProcessRef, wait_for_exit  # noqa: PLC0415
+
+    sup = ProcessRef.from_json((read_json(run_dir / RUN_JSON) or {}).get("supervisor"))
+    if sup is not None:
+        wait_for_exit(sup, timeout_s=LAST_SUPERVISOR_WAIT_S, poll_s=0.05)
+
+
 def _start(cfg: RunConfig, exe: str, tree, checklist: Checklist, allow_dirty: str | None, override: str | None,
            wait_s: float) -> LaunchResult:
     run_dir = cfg.run_dir
@@ -137,6 +154,7 @@ def _start(cfg: RunConfig, exe: str, tree, checklist: Checklist, allow_dirty: st
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         attempt = next_attempt(run_dir)
+        _let_the_last_supervisor_finish(run_dir)
         rotated = rotate(run_dir)
     except OSError as e:
         raise LaunchRefused(f"cannot prepare the run dir {run_dir}: {e.strerror or e}. "

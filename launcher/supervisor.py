@@ -119,6 +119,25 @@ def _start_gpu_sampler(run_dir: Path, child_pid: int, stop: threading.Event) -> 
     threading.Thread(target=target, name="gpu-sampler", daemon=True).start()
 
 
+def _start_events_state(run_dir: Path, run: dict[str, Any], done: threading.Event) -> threading.Thread | None:
+    """Start the thread that folds events.jsonl and saves the fold for quick attaches
+    (:func:`monitors.eventstate.follow`); any failure is logged and ignored."""
+    try:
+        from monitors.eventstate import follow  # noqa: PLC0415
+    except Exception as e:  # pragma: no cover - only when the package is broken
+        _log(f"events state not saved: {type(e).__name__}: {e}")
+        return None
+    key = (run.get("attempt"), run.get("launched_at_unix"))
+    t = threading.Thread(target=follow, args=(run_dir, key, done), kwargs={"log": _log}, name="events-state",
+                         daemon=True)
+    t.start()
+    return t
+
+
+#: After the child ended, how long the supervisor waits for the last save of the events state.
+EVENTS_STATE_FINAL_S = 60.0
+
+
 def _child_signal_defaults() -> None:
     """In the child before exec: SIGHUP back to its default (the supervisor ignores it, and an
     ignored signal stays ignored across exec). Runs before any supervisor thread exists."""
@@ -172,6 +191,7 @@ def supervise(run_dir: Path) -> int:
 
     child_done = threading.Event()
     _start_gpu_sampler(run_dir, child.pid, child_done)
+    events_state = _start_events_state(run_dir, run, child_done)
     escalation: Escalation | None = None
     while True:
         try:
@@ -200,6 +220,8 @@ def supervise(run_dir: Path) -> int:
         except OSError as e:
             _log(f"could not complete stop.json: {e}")
     _log(f"child ended: returncode={exit_rec['returncode']} signal={sig_name}")
+    if events_state is not None:
+        events_state.join(EVENTS_STATE_FINAL_S)  # the last save: an attach then reads no backlog
     return 0
 
 

@@ -20,6 +20,7 @@ returns only what was appended since.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -64,6 +65,8 @@ class EventReader:
         path: the file (e.g. ``<run_dir>/events.jsonl``); it need not exist yet.
         max_line_bytes: a line longer than this is not buffered whole: it is skipped and counted
             corrupt (an events line is ~150 bytes).
+        digest: keep a SHA-256 of every byte read from the current file, for :meth:`position`
+            (the supervisor's saved state names the exact bytes it was built from).
 
     Attributes:
         corrupt_lines: lines skipped because they were not a JSON object.
@@ -78,9 +81,12 @@ class EventReader:
         exists: whether the path existed at the last read.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES, digest: bool = False
+    ) -> None:
         self.path = Path(path)
         self.max_line_bytes = max_line_bytes
+        self._digest = hashlib.sha256() if digest else None
         self.corrupt_lines = 0
         self.lines_read = 0
         self.bytes_read = 0
@@ -140,12 +146,78 @@ class EventReader:
                 break
             self.offset += len(data)
             self.bytes_read += len(data)
+            if self._digest is not None:
+                self._digest.update(data)
             out: list[dict[str, Any]] = []
             self._parse(data, out)
             if out:
                 yield out
             if len(data) < _CHUNK:
                 break
+
+    def position(self) -> dict[str, Any]:
+        """Where the reader stands, for :meth:`resume`: ``offset`` (bytes read), ``sha256`` (hex
+        digest of those bytes; needs ``digest=True``, else ValueError), ``carry`` (the bytes of a
+        half-written last line, as latin-1 text), ``skipping_long``, ``lines_read``, ``corrupt_lines``."""
+        if self._digest is None:
+            raise ValueError("position() needs an EventReader made with digest=True")
+        return {"offset": self.offset, "sha256": self._digest.hexdigest(), "carry": self._carry.decode("latin-1"),
+                "skipping_long": self._skipping_long, "lines_read": self.lines_read,
+                "corrupt_lines": self.corrupt_lines}
+
+    def resume(self, pos: dict[str, Any]) -> str | None:
+        """Continue where another reader of the same bytes stood (its :meth:`position`): the file the
+        path names now must start with exactly the ``offset`` bytes whose SHA-256 ``pos`` holds.
+        Reads those bytes once (hashing, not parsing: ~20 ms for 15 MB) instead of parsing them.
+
+        Returns None when resumed (the next read returns what follows), else why not, in words;
+        the reader is then unchanged. Only a reader that has read nothing may resume (ValueError).
+        """
+        if self._fd is not None or self.offset or self.generation:
+            raise ValueError("only a reader that has read nothing can resume")
+        try:
+            offset, want = pos["offset"], pos["sha256"]
+            carry = pos["carry"].encode("latin-1")
+            skipping, lines, corrupt = pos["skipping_long"], pos["lines_read"], pos["corrupt_lines"]
+        except (KeyError, TypeError, AttributeError, UnicodeEncodeError):
+            return "the saved position is malformed"
+        if not (type(offset) is int and offset >= 0 and type(want) is str and type(skipping) is bool
+                and type(lines) is int and lines >= 0 and type(corrupt) is int and corrupt >= 0
+                and len(carry) <= offset):
+            return "the saved position is malformed"
+        try:
+            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError as e:
+            return f"{self.path.name} cannot be opened: {e.strerror or e}"
+        ok = False
+        try:
+            fst = os.fstat(fd)
+            if fst.st_size < offset:
+                return f"{self.path.name} is shorter ({fst.st_size} bytes) than the saved state's {offset}"
+            h = hashlib.sha256()
+            at = 0
+            while at < offset:
+                data = os.pread(fd, min(4 * _CHUNK, offset - at), at)
+                if not data:
+                    return f"{self.path.name} ended at byte {at} while hashing {offset}"
+                h.update(data)
+                at += len(data)
+            if h.hexdigest() != want:
+                return f"the first {offset} bytes of {self.path.name} are not those the saved state was built from"
+            ok = True
+        except OSError as e:
+            return f"{self.path.name} could not be read: {e.strerror or e}"
+        finally:
+            if not ok:
+                os.close(fd)
+        self._fd, self._id = fd, (fst.st_dev, fst.st_ino)
+        self.exists = True
+        self.offset = self.bytes_read = offset
+        self._carry, self._skipping_long = carry, skipping
+        self.lines_read, self.corrupt_lines = lines, corrupt
+        if self._digest is not None:
+            self._digest = h
+        return None
 
     def close(self) -> None:
         """Close the file descriptor (a later read_new() reopens and restarts from byte 0)."""
@@ -179,6 +251,8 @@ class EventReader:
         self._carry = b""
         self._skipping_long = False
         self.lines_read = 0
+        if self._digest is not None:
+            self._digest = hashlib.sha256()
         self.generation += 1
         self.restarts += 1
         self.restarted = True

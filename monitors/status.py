@@ -17,17 +17,14 @@ Where numbers come from:
 
 from __future__ import annotations
 
-import gc
 import math
-import threading
 import time
-from collections import OrderedDict, deque
-from contextlib import contextmanager
-from operator import itemgetter
+from collections import deque
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-from monitors.detectors import FLAGGED, FallbackDetector, stall_state
+from monitors.detectors import stall_state
+from monitors.eventfold import EventsFold, step_no, unix_time
 from monitors.dynamolog import DynamoLogScanner, RecompileLimit, Recompile
 from monitors.eventtail import EventReader
 from monitors.gpu.reading import WINDOW_S as GPU_WINDOW_S
@@ -36,7 +33,7 @@ from monitors.logtail import DEFAULT_MAX_BYTES_PER_POLL, LogFollower
 from monitors.progress import ProgressTracker, rank_prefix
 from monitors.acks import read_acked
 from monitors.rundirs import run_survivors
-from monitors.runfiles import EVENTS_JSONL, EXIT_JSON, GPU_JSONL, RUN_JSON, STOP_JSON, TRAIN_LOG, read_json, utc_iso
+from monitors.runfiles import EVENTS_JSONL, EVENTS_STATE, EXIT_JSON, GPU_JSONL, RUN_JSON, STOP_JSON, TRAIN_LOG, read_json, utc_iso
 from monitors.stepstats import StepStats
 from monitors.watchdog import ProcessRef, probe
 
@@ -48,13 +45,6 @@ LOG_FULL_READ_MAX_BYTES = 64 * 1024 * 1024
 #: (the traceback) and every dynamo record. Bounded, so a writer faster than the reader cannot pin it.
 LOG_POLLS_PER_REFRESH = LOG_FULL_READ_MAX_BYTES // DEFAULT_MAX_BYTES_PER_POLL + 2
 RECENT_STEPS = 60
-#: slow steps' global_step -> step_end kept (a fallback onset is a slow step of the last flag window)
-SLOW_ENDS_KEPT = 1000
-_RANK_0 = (0, None)
-_MAX_INT = 2**53  # token counts, integer seconds and step numbers read from a file stay below
-_STEP_KEYS = ("rank", "step", "dt", "flags", "tokens", "padded_tokens", "t", "step_end")
-_STEP_FIELDS = itemgetter(*_STEP_KEYS)
-_INF = math.inf
 #: A run.json whose supervisor recorded nothing this long after launch: the supervisor died first.
 SUPERVISOR_SILENT_S = 60.0
 HIST_BINS = 24
@@ -93,7 +83,8 @@ def _null_snapshot() -> dict[str, Any]:
         "identity": None,
         "log": {"file": None, "last_line": None, "traceback_last_line": None, "last_byte_age_s": None,
                 "from_start": None},
-        "events": {"file": None, "lines": 0, "corrupt_lines": 0, "unusable_steps": 0, "dropped_events": None},
+        "events": {"file": None, "lines": 0, "corrupt_lines": 0, "unusable_steps": 0, "dropped_events": None,
+                   "resume": None},
         "histogram": {"edges_s": [], "counts": []},
         "recent_dt": [],
         "process_verdict": None, "stop": None, "last_logs": None, "survivors": [], "supervisor_alive": None,
@@ -139,25 +130,16 @@ class _Attempt:
         self.gpu = EventReader(run_dir / GPU_JSONL)
         self.gpu_window: deque[dict[str, Any]] = deque()
         self.gpu_history: dict[str, dict[str, deque]] = {}
-        self.stats = StepStats()
-        self.detector = FallbackDetector()
+        self.ev = EventsFold()  # what events.jsonl says (from a saved state, see refresh())
+        self.ev_resume: dict[str, Any] | None = None  # the snapshot's events.resume
         self.progress = ProgressTracker()
         self.log_stats = StepStats()
         self.dynlog = DynamoLogScanner()
         self.dynlog_flushed = False
         self.limit_hits: list[tuple[RecompileLimit, int | None, float]] = []  # (event, global_step, seen at)
-        self.recompile_steps: deque[int] = deque(maxlen=1000)  # global_step of each recompile seen
-        self.run_start: dict[str, Any] | None = None
-        self.run_end: dict[str, Any] | None = None
-        self.dynamo_ev: dict[str, Any] | None = None
-        self.last_step: dict[str, Any] | None = None
-        self.open_phase: str | None = None
-        self.last_logs: dict[str, Any] | None = None
+        self.log_recompile_steps: deque[int] = deque(maxlen=1000)  # global_step of each recompile the log shows
         self.last_advance_at: float | None = None  # arrival of the log's last step advance (unix s)
         self.first_alert_t: dict[str, float] = {}
-        self.slow_step_ends: OrderedDict[int, float] = OrderedDict()  # the last SLOW_ENDS_KEPT slow steps
-        self.flagged_onset_end: float | None = None  # step_end of the flagged cluster's onset
-        self.unusable_steps = 0  # step events whose dt is not a finite number >= 0
         self.stall_at: float | None = None
 
     def close(self) -> None:
@@ -175,91 +157,53 @@ class RunObserver:
     ``refresh()`` reads whatever is new in the run's files and returns a fresh snapshot dict.
     Raises nothing for missing or half-written files; a run dir without run.json gives state
     ``unknown``. Not thread-safe: one observer per thread.
+
+    ``use_saved_state``: start an attempt from the supervisor's saved fold of events.jsonl
+    (``events.state.json``, :mod:`monitors.eventstate`) when it checks out, reading only the lines
+    after it; False folds every line (the bench's cold attach, tests that compare the two).
     """
 
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, *, use_saved_state: bool = True):
         self.run_dir = Path(run_dir)
+        self.use_saved_state = use_saved_state
         self._attempt_no: Any = object()
         self.a: _Attempt | None = None
 
+    def _new_attempt(self, key: tuple[Any, Any], resume: bool) -> _Attempt:
+        """A fresh _Attempt; with ``resume``, its events fold from the saved state when it checks out."""
+        a = _Attempt(self.run_dir)
+        if resume and self.use_saved_state:
+            from monitors.eventstate import load  # noqa: PLC0415 - only needed at an attach
+
+            fold, a.ev_resume = load(self.run_dir, key, a.events)
+            if fold is not None:
+                a.ev = fold
+        return a
+
+    def _read_events(self, a: _Attempt, key: tuple[Any, Any]) -> _Attempt:
+        """Fold what events.jsonl gained into ``a`` (see :meth:`EventsFold.fold`); returns the
+        attempt to use from now on (a new one when the file was replaced or a saved state broke)."""
+        try:
+            a.ev.fold(a.events)
+        except Exception as e:
+            if a.ev_resume is None or a.ev_resume.get("from_offset") is None:
+                raise  # a bug of ours, not a saved state that does not fit: let it show
+            # a saved state that checked out but does not take the next steps: fold from byte 0
+            refused = f"the saved state failed on the following lines: {type(e).__name__}: {e}"
+            a.close()
+            a = _Attempt(self.run_dir)
+            a.ev_resume = {"file": EVENTS_STATE, "from_offset": None, "from_line": None, "refused": refused}
+            a.ev.fold(a.events)
+        if a.events.restarted:
+            # events.jsonl was replaced or truncated under the same attempt (a run dir made again
+            # with the same name and launch time, a hand edit): what was built from the old file
+            # is not this file's story; start the attempt over from byte 0 of the new one
+            a.close()
+            a = self._new_attempt(key, resume=False)
+            a.ev.fold(a.events)
+        return a
+
     # --- readers ---------------------------------------------------------------------------------
-    def _read_events(self, a: _Attempt) -> None:
-        """Fold what events.jsonl gained into the attempt's state, a chunk at a time
-        (:meth:`EventReader.iter_new`: the events of a 100,000-step backlog are never held whole),
-        then the steps (a tuple each) fed to the statistics and the detector in one call each.
-
-        A step whose ``dt`` is not a finite number >= 0 (null: unknown) or whose ``flags`` is not a
-        list of strings feeds nothing and is counted in ``events.unusable_steps``; ``tokens`` /
-        ``padded_tokens`` other than an integer in [0, 2**53) read as unknown (null). A line that is
-        not JSON is counted by the reader.
-        """
-        # A backlog allocates ~10^5 acyclic dicts and tuples: the cyclic garbage collector would
-        # walk them again and again as they pile up (~18 % of an attach, measured) and find nothing.
-        with _gc_paused():
-            self._fold_events(a)
-
-    def _fold_events(self, a: _Attempt) -> None:
-        rows: list[tuple[Any, float, Any, Any, Any, Any]] = []
-        ends: list[Any] = []
-        last_step = None
-        for batch in a.events.iter_new():
-            for ev in batch:
-                kind = ev.get("kind")
-                if kind == "step":
-                    try:  # every key is there in what the emitter writes: one lookup for all
-                        rank, step, dt, flags, tokens, padded, t, step_end = _STEP_FIELDS(ev)
-                    except KeyError:
-                        rank, step, dt, flags, tokens, padded, t, step_end = map(ev.get, _STEP_KEYS)
-                    if rank not in _RANK_0:
-                        continue  # rank 0 speaks for the run
-                    flags = flags or ()
-                    if (
-                        not (0.0 <= dt < _INF if type(dt) is float else type(dt) is int and 0 <= dt < _MAX_INT)
-                        or (flags and (type(flags) is not list or not all(type(f) is str for f in flags)))
-                    ):  # a NaN dt fails 0.0 <= dt; a bool is not an int here
-                        a.unusable_steps += 1
-                        continue
-                    if type(step) is not int:
-                        step = _step_no(step)
-                    if tokens is not None and (type(tokens) is not int or not 0 <= tokens < _MAX_INT):
-                        tokens = None
-                    if padded is not None and (type(padded) is not int or not 0 <= padded < _MAX_INT):
-                        padded = None
-                    if type(t) is not float or not 0.0 <= t < _UNIX_MAX:
-                        t = _unix_time(t)
-                    rows.append((step, dt, flags, tokens, padded, t))
-                    ends.append(step_end)
-                    last_step = ev
-                    if flags and "recompile" in flags and type(step) is int:
-                        a.recompile_steps.append(step)
-                    continue
-                if ev.get("rank") not in _RANK_0:
-                    continue
-                if kind == "run_start":
-                    a.run_start = ev
-                elif kind == "phase":
-                    a.open_phase = ev.get("name") if ev.get("state") == "begin" else None
-                elif kind == "dynamo":
-                    a.dynamo_ev = ev
-                elif kind == "log":
-                    a.last_logs = ev.get("logs")
-                elif kind == "run_end":
-                    a.run_end = ev
-        if not rows:
-            return
-        a.last_step = last_step
-        a.stats.add_many(rows)
-        slow_ends = a.slow_step_ends
-        for i, v in a.detector.add_many(rows):
-            # when a fallback alert happened, from the file: its onset (a slow step)'s end
-            step, se = rows[i][0], _unix_time(ends[i])
-            if step is not None and se is not None:
-                slow_ends[step] = se
-                if len(slow_ends) > SLOW_ENDS_KEPT:
-                    slow_ends.popitem(last=False)
-            if v.state == FLAGGED and a.flagged_onset_end is None:
-                a.flagged_onset_end = slow_ends.get(a.detector.onset_step)  # type: ignore[arg-type]
-
     def _read_log(self, a: _Attempt) -> None:
         for _ in range(LOG_POLLS_PER_REFRESH):
             for seg in a.log.poll():
@@ -277,7 +221,7 @@ class RunObserver:
             if isinstance(e, RecompileLimit):
                 a.limit_hits.append((e, step, time.time()))
             elif isinstance(e, Recompile) and step is not None:
-                a.recompile_steps.append(step)
+                a.log_recompile_steps.append(step)
 
     def _read_gpu(self, a: _Attempt) -> None:
         new = a.gpu.read_new()
@@ -304,7 +248,7 @@ class RunObserver:
 
     @staticmethod
     def _global_step(a: _Attempt) -> int | None:
-        step = _step_no(a.last_step.get("step")) if a.last_step is not None else None
+        step = step_no(a.ev.last_step.get("step")) if a.ev.last_step is not None else None
         return step if step is not None else a.progress.global_step
 
     # --- the snapshot ----------------------------------------------------------------------------
@@ -324,17 +268,9 @@ class RunObserver:
             self._attempt_no = key
             if self.a is not None:
                 self.a.close()
-            self.a = _Attempt(self.run_dir)
-        a = self.a
+            self.a = self._new_attempt(key, resume=True)
         self._process_part(snap, run)
-        self._read_events(a)
-        if a.events.restarted:
-            # events.jsonl was replaced or truncated under the same attempt (a run dir made again
-            # with the same name and launch time, a hand edit): what was built from the old file
-            # is not this file's story; start the attempt over from byte 0 of the new one
-            a.close()
-            self.a = a = _Attempt(self.run_dir)
-            self._read_events(a)
+        self.a = a = self._read_events(self.a, key)
         self._read_log(a)
         self._read_gpu(a)
         if run_ended(snap) and not a.dynlog_flushed and not a.log.behind:
@@ -383,14 +319,14 @@ class RunObserver:
         snap["stop"] = read_json(self.run_dir / STOP_JSON)
 
     def _steps_part(self, snap: dict[str, Any], a: _Attempt, now: float) -> None:
-        rs = a.run_start or {}
+        rs = a.ev.run_start or {}
         if rs:
             snap["versions"] = {k: _obj(rs.get("versions")).get(k) for k in ("python", "torch", "transformers")}
             snap["attn_implementation"] = {k: _obj(rs.get("attn_implementation")).get(k) for k in ("requested", "resolved")}
-        use_events = a.stats.seen > 0
-        stats = a.stats if use_events or a.log_stats.seen == 0 else a.log_stats
+        use_events = a.ev.stats.seen > 0
+        stats = a.ev.stats if use_events or a.log_stats.seen == 0 else a.log_stats
         gs = self._global_step(a)
-        max_steps = _step_no(rs.get("max_steps")) or a.progress.total
+        max_steps = step_no(rs.get("max_steps")) or a.progress.total
         snap["step"] = {"global_step": gs, "max_steps": max_steps,
                         "source": "events" if use_events else ("log" if gs is not None else None)}
         summ = stats.summary()
@@ -404,34 +340,34 @@ class RunObserver:
                              "counts": [h[2] for h in hist]}
         snap["recent_dt"] = [r.dt_s for r in stats.recent(RECENT_STEPS) if r.counted]  # as the summary counts
         if use_events:
-            snap["warmup"] = a.detector.warmup()
-            snap["fallback"] = a.detector.snapshot()
+            snap["warmup"] = a.ev.detector.warmup()
+            snap["fallback"] = a.ev.detector.snapshot()
         if snap["state"] == "running":
-            started = _unix_time(a.last_step.get("step_end")) if a.last_step else None
+            started = unix_time(a.ev.last_step.get("step_end")) if a.ev.last_step else None
             if started is None and not use_events:
                 started = a.last_advance_at
-            sv = stall_state(started, now, stats, a.open_phase)
+            sv = stall_state(started, now, stats, a.ev.open_phase)
             snap["stall"] = sv.as_dict()
             # when it became a stall, from the files: the step's start plus the threshold
             a.stall_at = started + sv.threshold_s if sv.state == "stalled" and started and sv.threshold_s else None
-        snap["last_logs"] = a.last_logs or a.progress.last_log
+        snap["last_logs"] = a.ev.last_logs or a.progress.last_log
 
     def _dynamo_part(self, snap: dict[str, Any], a: _Attempt) -> None:
         ev_part = None
-        if a.dynamo_ev is not None:
-            c = _obj(a.dynamo_ev.get("counters"))
+        if a.ev.dynamo_ev is not None:
+            c = _obj(a.ev.dynamo_ev.get("counters"))
             gb = c.get("graph_break")
             ev_part = {
-                "recompiles": _count(a.dynamo_ev.get("recompiles")),
-                "recompile_limit_hits": _count(a.dynamo_ev.get("recompile_limit_hits")),
+                "recompiles": _count(a.ev.dynamo_ev.get("recompiles")),
+                "recompile_limit_hits": _count(a.ev.dynamo_ev.get("recompile_limit_hits")),
                 "unique_graphs": _count(_obj(c.get("stats")).get("unique_graphs")),
                 "graph_breaks": sum(v for v in map(_count, gb.values()) if v is not None) if type(gb) is dict else 0,
             }
-        if a.run_end and type(a.run_end.get("dynamo")) is dict:
+        if a.ev.run_end and type(a.ev.run_end.get("dynamo")) is dict:
             ev_part = ev_part or {"unique_graphs": None, "graph_breaks": None}
             for k in ("recompiles", "recompile_limit_hits"):
-                if _count(a.run_end["dynamo"].get(k)) is not None:
-                    ev_part[k] = a.run_end["dynamo"][k]
+                if _count(a.ev.run_end["dynamo"].get(k)) is not None:
+                    ev_part[k] = a.ev.run_end["dynamo"][k]
         log_counts = a.dynlog.counts()
         log_seen = bool(log_counts["recompiles"] or log_counts["recompile_limit_hits"] or log_counts["graph_breaks"])
         log_part = {"recompiles": log_counts["recompiles"], "recompile_limit_hits": log_counts["recompile_limit_hits"],
@@ -464,8 +400,8 @@ class RunObserver:
         snap["log"] = {"file": TRAIN_LOG, "last_line": last, "traceback_last_line": traceback_last_line(lines),
                        "last_byte_age_s": a.log.last_byte_age_s, "from_start": a.log_from_start}
         snap["events"] = {"file": EVENTS_JSONL if a.events.exists else None, "lines": a.events.lines_read,
-                          "corrupt_lines": a.events.corrupt_lines, "unusable_steps": a.unusable_steps,
-                          "dropped_events": (a.run_end or {}).get("dropped_events")}
+                          "corrupt_lines": a.events.corrupt_lines, "unusable_steps": a.ev.unusable_steps,
+                          "dropped_events": (a.ev.run_end or {}).get("dropped_events"), "resume": a.ev_resume}
 
     def _survivors(self, now: float) -> list[dict[str, Any]]:
         """What outlives the ended run in its process groups/sessions (scanned at most every 5 s)."""
@@ -501,7 +437,7 @@ class RunObserver:
             onset = fb.get("onset_step")
             out.append(self._alert(a, att, "fallback", str(onset),
                                    f"step times went bimodal (eager fallback?): {fb.get('reason')}",
-                                   a.flagged_onset_end))
+                                   a.ev.flagged_onset_end))
         st = snap["stall"]
         if st.get("state") == "stalled":
             gs = snap["step"].get("global_step")
@@ -531,64 +467,19 @@ class RunObserver:
 
     @staticmethod
     def _storm(snap: dict[str, Any], a: _Attempt) -> tuple[int, str] | None:
+        """A recompile storm in what one source saw: the step flags of events.jsonl, else the
+        recompile records of train.log (the same recompile is often in both: never added up)."""
         wu = snap["warmup"]
-        if wu.get("state") != "steady" or len(a.recompile_steps) < STORM_MIN_RECOMPILES:
+        if wu.get("state") != "steady":
             return None
-        after = [s for s in a.recompile_steps if wu.get("until_step") is None or s > wu["until_step"]]
-        for i in range(len(after) - STORM_MIN_RECOMPILES + 1):
-            if after[i + STORM_MIN_RECOMPILES - 1] - after[i] <= STORM_WINDOW_STEPS:
-                top = snap["dynamo"].get("top_recompile_reason")
-                return after[i], (f"recompile storm after warm-up: {len(after)} recompiles since step {after[0]}; "
-                                  f"most frequent reason: {top or 'unknown (enable TORCH_LOGS=recompiles)'}")
+        for steps in (a.ev.recompile_steps, a.log_recompile_steps):
+            after = [s for s in steps if wu.get("until_step") is None or s > wu["until_step"]]
+            for i in range(len(after) - STORM_MIN_RECOMPILES + 1):
+                if after[i + STORM_MIN_RECOMPILES - 1] - after[i] <= STORM_WINDOW_STEPS:
+                    top = snap["dynamo"].get("top_recompile_reason")
+                    return after[i], (f"recompile storm after warm-up: {len(after)} recompiles since step {after[0]}; "
+                                      f"most frequent reason: {top or 'unknown (enable TORCH_LOGS=recompiles)'}")
         return None
-
-
-_gc_lock = threading.Lock()
-_gc_pausers = 0  # threads inside _gc_paused now
-_gc_was_enabled = False  # what the first of them found
-
-
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    """The cyclic garbage collector off for the block (reference counting still frees everything),
-    and back as it was once the last thread inside such a block leaves (observers refresh in
-    several TUI workers at once: each must not restore what another found). Process-wide, hence
-    for bulk reads only."""
-    global _gc_pausers, _gc_was_enabled
-    with _gc_lock:
-        if _gc_pausers == 0:
-            _gc_was_enabled = gc.isenabled()
-            gc.disable()
-        _gc_pausers += 1
-    try:
-        yield
-    finally:
-        with _gc_lock:
-            _gc_pausers -= 1
-            if _gc_pausers == 0 and _gc_was_enabled:
-                gc.enable()
-
-
-def _step_no(v: Any) -> int | None:
-    """A global_step read from a file: an int (not a bool), or a float with an integral value, in
-    (-2**53, 2**53); else None (unknown)."""
-    if type(v) is int:
-        return v if -_MAX_INT < v < _MAX_INT else None
-    if type(v) is float and v.is_integer() and -_MAX_INT < v < _MAX_INT:
-        return int(v)
-    return None
-
-
-#: Unix seconds read from a file are believed between 1970 and the year 3000.
-_UNIX_MAX = 32_503_680_000.0
-
-
-def _unix_time(v: Any) -> float | None:
-    """Unix seconds read from a file (``t``, ``step_end``): a number in [0, year 3000) as a float,
-    else None (a NaN, 1e300 or a string would break every time computed from it)."""
-    if (type(v) is float or type(v) is int) and 0 <= v < _UNIX_MAX:
-        return float(v)
-    return None
 
 
 def _obj(v: Any) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from conftest import REPO_ROOT, git, make_repo, stepwatch
+from conftest import REPO_ROOT, git, make_repo, stepwatch, wait_until
 from monitors.runfiles import read_json, utc_stamp
 
 TINY = ["--steps", "12", "--hidden", "64", "--layers", "2", "--seq-len", "64", "--save-every", "0"]
@@ -49,6 +49,11 @@ def test_crash_then_relaunch_without_the_flag(tmp_path: Path):
     assert w.returncode == 0, w.stdout
 
     assert (run_dir / f"train.{stamp}.log").read_bytes() == first_log  # the crashed attempt's evidence
+    # the supervisor's saved fold of attempt 1 went with it, and attempt 2 has its own
+    old_state = json.loads((run_dir / f"events.{stamp}.state.json").read_text())
+    assert old_state["attempt"][0] == 1 and old_state["events"]["offset"] == (run_dir / f"events.{stamp}.jsonl").stat().st_size
+    wait_until(lambda: (read_json(run_dir / "events.state.json") or {}).get("attempt", [None])[0] == 2,
+               timeout_s=60, what="attempt 2's last events state")
     assert (run_dir / "train.log").read_bytes().count(b"Traceback") == 0
     s = json.loads(stepwatch("status", str(run_dir), "--json").stdout)
     assert s["attempt"] == 2 and s["state"] == "exited" and s["returncode"] == 0
@@ -56,3 +61,5 @@ def test_crash_then_relaunch_without_the_flag(tmp_path: Path):
     assert s["versions"]["torch"] and s["versions"]["transformers"]
     assert s["attn_implementation"] == {"requested": "sdpa", "resolved": "sdpa"}
     assert s["alerts"] == []
+    assert s["events"]["resume"] == {"file": "events.state.json", "from_offset": (run_dir / "events.jsonl").stat().st_size,
+                                     "from_line": s["events"]["lines"], "refused": None}

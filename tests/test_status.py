@@ -732,7 +732,7 @@ def test_gc_pause_is_restored_when_refreshes_overlap_in_threads():
     import gc
     import threading
 
-    from monitors.status import _gc_paused
+    from monitors.eventfold import gc_paused as _gc_paused
 
     assert gc.isenabled()
     a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()

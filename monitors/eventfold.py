@@ -1,0 +1,188 @@
+"""What one attempt's ``events.jsonl`` says, folded into state: step statistics, the fallback
+detector, the latest run_start / dynamo / log / phase / run_end records, and counters.
+
+:class:`EventsFold` is the events half of a status snapshot (``monitors/status.py`` builds the rest
+from run.json, train.log and gpu.jsonl). The supervisor folds the same way and saves the result
+beside events.jsonl (``monitors/eventstate.py``) so an attach can start from there; one class does
+both, so the two cannot drift apart. Values read from the file are sanitised here (a step whose dt
+is not a number is counted, never fed).
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import threading
+from collections import deque
+from contextlib import contextmanager
+from operator import itemgetter
+from typing import Any, Iterator
+
+from monitors.detectors import FLAGGED, FallbackDetector
+from monitors.eventtail import EventReader
+from monitors.stepstats import StepStats
+
+#: slow steps' global_step -> step_end kept (a fallback onset is a slow step of the last flag window)
+SLOW_ENDS_KEPT = 1000
+#: recompiles (their global_step) remembered for the storm alert
+RECOMPILE_STEPS_KEPT = 1000
+_RANK_0 = (0, None)
+_MAX_INT = 2**53  # token counts, integer seconds and step numbers read from a file stay below
+_STEP_KEYS = ("rank", "step", "dt", "flags", "tokens", "padded_tokens", "t", "step_end")
+_STEP_FIELDS = itemgetter(*_STEP_KEYS)
+_INF = math.inf
+#: Unix seconds read from a file are believed between 1970 and the year 3000.
+_UNIX_MAX = 32_503_680_000.0
+
+
+class EventsFold:
+    """The state built from one attempt's events.jsonl, rank 0's records (rank 0 speaks for the run).
+
+    Attributes (all read by ``monitors/status.py``):
+        stats: :class:`StepStats` of the step events' ``dt`` (seconds per optimizer step).
+        detector: the :class:`FallbackDetector` fed the same steps.
+        recompile_steps: global_step of each step flagged ``recompile`` (the last 1,000).
+        run_start, run_end, dynamo_ev: the latest record of that kind (a dict as read), or None.
+        last_step: the latest usable ``step`` record; last_logs: the latest ``log`` record's ``logs``.
+        open_phase: the name of a ``phase`` begun and not yet ended (``save``, ``eval``), or None.
+        slow_step_ends: global_step -> step_end (unix s) of the last SLOW_ENDS_KEPT slow steps.
+        flagged_onset_end: step_end of the onset of the cluster that made the detector flag.
+        unusable_steps: step events whose dt is not a finite number >= 0 or whose flags is not a
+            list of strings (fed to nothing, counted).
+    """
+
+    def __init__(self) -> None:
+        self.stats = StepStats()
+        self.detector = FallbackDetector()
+        self.recompile_steps: deque[int] = deque(maxlen=RECOMPILE_STEPS_KEPT)
+        self.run_start: dict[str, Any] | None = None
+        self.run_end: dict[str, Any] | None = None
+        self.dynamo_ev: dict[str, Any] | None = None
+        self.last_step: dict[str, Any] | None = None
+        self.open_phase: Any = None
+        self.last_logs: Any = None
+        self.slow_step_ends: dict[int, float] = {}  # insertion order: oldest first
+        self.flagged_onset_end: float | None = None
+        self.unusable_steps = 0
+
+    def fold(self, reader: EventReader) -> None:
+        """Fold what ``reader`` gained (:meth:`EventReader.iter_new`, a chunk at a time: the events
+        of a 100,000-step backlog are never held whole), then the steps (a tuple each) fed to the
+        statistics and the detector in one call each.
+
+        A step whose ``dt`` is not a finite number >= 0 (null: unknown) or whose ``flags`` is not a
+        list of strings feeds nothing and is counted in :attr:`unusable_steps`; ``tokens`` /
+        ``padded_tokens`` other than an integer in [0, 2**53) read as unknown (None). A line that is
+        not JSON is counted by the reader. Raises nothing for what a file holds.
+        """
+        # A backlog allocates ~10^5 acyclic dicts and tuples: the cyclic garbage collector would
+        # walk them again and again as they pile up (~18 % of an attach, measured) and find nothing.
+        with gc_paused():
+            self._fold(reader)
+
+    def _fold(self, reader: EventReader) -> None:
+        rows: list[tuple[Any, float, Any, Any, Any, Any]] = []
+        ends: list[Any] = []
+        last_step = None
+        recompile_steps = self.recompile_steps
+        for batch in reader.iter_new():
+            for ev in batch:
+                kind = ev.get("kind")
+                if kind == "step":
+                    try:  # every key is there in what the emitter writes: one lookup for all
+                        rank, step, dt, flags, tokens, padded, t, step_end = _STEP_FIELDS(ev)
+                    except KeyError:
+                        rank, step, dt, flags, tokens, padded, t, step_end = map(ev.get, _STEP_KEYS)
+                    if rank not in _RANK_0:
+                        continue  # rank 0 speaks for the run
+                    flags = flags or ()
+                    if (
+                        not (0.0 <= dt < _INF if type(dt) is float else type(dt) is int and 0 <= dt < _MAX_INT)
+                        or (flags and (type(flags) is not list or not all(type(f) is str for f in flags)))
+                    ):  # a NaN dt fails 0.0 <= dt; a bool is not an int here
+                        self.unusable_steps += 1
+                        continue
+                    if type(step) is not int:
+                        step = step_no(step)
+                    if tokens is not None and (type(tokens) is not int or not 0 <= tokens < _MAX_INT):
+                        tokens = None
+                    if padded is not None and (type(padded) is not int or not 0 <= padded < _MAX_INT):
+                        padded = None
+                    if type(t) is not float or not 0.0 <= t < _UNIX_MAX:
+                        t = unix_time(t)
+                    rows.append((step, dt, flags, tokens, padded, t))
+                    ends.append(step_end)
+                    last_step = ev
+                    if flags and "recompile" in flags and type(step) is int:
+                        recompile_steps.append(step)
+                    continue
+                if ev.get("rank") not in _RANK_0:
+                    continue
+                if kind == "run_start":
+                    self.run_start = ev
+                elif kind == "phase":
+                    self.open_phase = ev.get("name") if ev.get("state") == "begin" else None
+                elif kind == "dynamo":
+                    self.dynamo_ev = ev
+                elif kind == "log":
+                    self.last_logs = ev.get("logs")
+                elif kind == "run_end":
+                    self.run_end = ev
+        if not rows:
+            return
+        self.last_step = last_step
+        self.stats.add_many(rows)
+        slow_ends = self.slow_step_ends
+        for i, v in self.detector.add_many(rows):
+            # when a fallback alert happened, from the file: its onset (a slow step)'s end
+            step, se = rows[i][0], unix_time(ends[i])
+            if step is not None and se is not None:
+                slow_ends[step] = se
+                if len(slow_ends) > SLOW_ENDS_KEPT:
+                    del slow_ends[next(iter(slow_ends))]
+            if v.state == FLAGGED and self.flagged_onset_end is None:
+                self.flagged_onset_end = slow_ends.get(self.detector.onset_step)  # type: ignore[arg-type]
+
+
+_gc_lock = threading.Lock()
+_gc_pausers = 0  # threads inside gc_paused now
+_gc_was_enabled = False  # what the first of them found
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """The cyclic garbage collector off for the block (reference counting still frees everything),
+    and back as it was once the last thread inside such a block leaves (observers refresh in
+    several TUI workers at once: each must not restore what another found). Process-wide, hence
+    for bulk reads only."""
+    global _gc_pausers, _gc_was_enabled
+    with _gc_lock:
+        if _gc_pausers == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _gc_pausers += 1
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _gc_pausers -= 1
+            if _gc_pausers == 0 and _gc_was_enabled:
+                gc.enable()
+
+
+def step_no(v: Any) -> int | None:
+    """A global_step read from a file: an int (not a bool), or a float with an integral value, in
+    (-2**53, 2**53); else None (unknown)."""
+    if type(v) is int:
+        return v if -_MAX_INT < v < _MAX_INT else None
+    if type(v) is float and v.is_integer() and -_MAX_INT < v < _MAX_INT:
+        return int(v)
+    return None
+
+
+def unix_time(v: Any) -> float | None:
+    """Unix seconds read from a file (``t``, ``step_end``): a number in [0, year 3000) as a float,
+    else None (a NaN, 1e300 or a string would break every time computed from it)."""
+    if (type(v) is float or type(v) is int) and 0 <= v < _UNIX_MAX:
+        return float(v)
+    return None

@@ -1,0 +1,288 @@
+"""The supervisor's saved fold of events.jsonl (events.state.json): an attach that starts from it
+and reads only the tail must show exactly what folding every line shows, and a state that does not
+fit the file, the attempt or the code must be refused (and the attach still right)."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+from pathlib import Path
+
+import pytest
+
+from conftest import step_controls
+from monitors.detectors import FallbackDetector
+from monitors.eventfold import EventsFold
+from monitors.eventstate import StateError, code_digest, decode, encode, follow, load, save
+from monitors.eventtail import EventReader
+from monitors.runfiles import EVENTS_STATE
+from monitors.status import RunObserver
+
+PID = 2_147_483_000  # above any pid_max: never alive
+T0 = 1_780_000_000.0
+CONTROLS = ("variable_width_fallback", "full_fallback", "save_spikes", "recompile_burst", "variable_width_no_tokens")
+
+
+def _control(name: str, seed: int = 0):
+    return next(c for c in step_controls().all_controls(seed) if c.name == name)
+
+
+def event_lines(name: str, seed: int = 0) -> list[bytes]:
+    """A whole attempt's events.jsonl for one detector control, with every other kind of line a
+    run writes, and the junk a file can hold (a corrupt line, an unusable step, rank 1, NaN)."""
+    recs = _control(name, seed).records
+    rng = random.Random(seed)
+    out = [{"v": 1, "kind": "run_start", "t": T0, "step": None, "rank": 0, "max_steps": len(recs),
+            "versions": {"python": "3.11", "torch": "2.13.0", "transformers": "5.0"},
+            "attn_implementation": {"requested": None, "resolved": "sdpa"}}]
+    lines: list[bytes] = []
+    for i, r in enumerate(recs):
+        r = dict(r)
+        if i in (40, 41, 43, 44, 46) or rng.random() < 0.01:
+            r["flags"] = list(r["flags"]) + ["recompile"]
+        out.append(r)
+        if i % 37 == 0:
+            out.append({"v": 1, "kind": "log", "t": r["t"], "step": r["step"], "rank": 0,
+                        "logs": {"loss": float("nan") if i == 74 else 2.0 - i / 1e4, "epoch": i / len(recs)}})
+        if i % 101 == 0:
+            out.append({"v": 1, "kind": "phase", "t": r["t"], "step": r["step"], "rank": 0, "name": "save",
+                        "state": "begin" if i % 202 == 0 else "end"})
+        if i % 90 == 0:
+            out.append({"v": 1, "kind": "dynamo", "t": r["t"], "step": r["step"], "rank": 0,
+                        "counters": {"stats": {"unique_graphs": i // 90}}, "recompiles": i // 90,
+                        "recompile_limit_hits": 0})
+        if i == 60:
+            out.append(dict(r, dt="slow"))  # unusable: counted
+        if i == 70:
+            out.append(dict(r, rank=1, dt=999.0))  # another rank: not rank 0's story
+    out.append({"v": 1, "kind": "run_end", "t": recs[-1]["t"] + 1, "step": recs[-1]["step"], "rank": 0,
+                "dynamo": {"recompiles": 7, "recompile_limit_hits": 0}, "dropped_events": 0})
+    for k, ev in enumerate(out):
+        lines.append(json.dumps(ev).encode() + b"\n")
+        if k == 120:
+            lines.append(b'{"v": 1, "kind": "step", "dt": \n')  # a crash mid-write: corrupt
+    return lines
+
+
+def write_run(run_dir: Path, events: bytes, attempt: int = 1) -> tuple[int, float]:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "run.json").write_text(json.dumps({
+        "v": 1, "name": run_dir.name, "attempt": attempt, "launched_at_unix": T0,
+        "process": {"pid": PID, "create_time": T0, "pgid": PID}, "supervisor": {"pid": PID - 1, "create_time": T0}}))
+    (run_dir / "events.jsonl").write_bytes(events)
+    (run_dir / "exit.json").write_text(json.dumps({"returncode": 0, "signal": None, "ended_at_unix": T0 + 9e5,
+                                                   "duration_s": 9e5}))
+    return (attempt, T0)
+
+
+def save_once(run_dir: Path, key) -> None:
+    """What the supervisor does at the end of a run: fold what is there and save it."""
+    done = threading.Event()
+    done.set()
+    follow(run_dir, key, done, every_s=0)
+
+
+def comparable(snap: dict) -> str:
+    snap = json.loads(json.dumps(snap))
+    snap["events"]["resume"] = None
+    snap["log"]["last_byte_age_s"] = None
+    for al in snap["alerts"]:
+        if al["kind"] not in ("fallback", "watchdog"):
+            al["at"] = None  # when this observer first saw it; the fallback's time is from the file
+    return json.dumps(snap, sort_keys=True)
+
+
+def test_a_resumed_attach_equals_folding_every_line_at_random_cut_points(tmp_path: Path):
+    """The supervisor saved at a random byte (mid-line too); the run then wrote the rest. The attach
+    that starts from the state shows the very snapshot a full fold shows, and the fold itself (every
+    attribute, encoded) is the same."""
+    rng = random.Random(3)
+    cuts_tested = resumed = flagged = 0
+    for name in CONTROLS:
+        data = b"".join(event_lines(name))
+        for k in range(4):
+            cut = rng.randrange(1, len(data)) if k else len(data)  # k == 0: saved at the very end
+            run_dir = tmp_path / f"{name}-{k}"
+            key = write_run(run_dir, data[:cut])
+            save_once(run_dir, key)
+            (run_dir / "events.jsonl").write_bytes(data)  # the rest of the run (same inode: appended)
+            fast, full = RunObserver(run_dir), RunObserver(run_dir, use_saved_state=False)
+            s_fast, s_full = fast.refresh(), full.refresh()
+            assert s_fast["events"]["resume"]["refused"] is None, s_fast["events"]["resume"]
+            assert s_fast["events"]["resume"]["from_offset"] == cut
+            assert s_full["events"]["resume"] is None
+            assert comparable(s_fast) == comparable(s_full), (name, cut)
+            assert encode(fast.a.ev) == encode(full.a.ev), (name, cut)
+            cuts_tested += 1
+            resumed += s_fast["events"]["resume"]["from_line"] > 0
+            flagged += s_full["fallback"]["state"] == "flagged"
+            # and after more lines, live: both observers follow on equally
+            with open(run_dir / "events.jsonl", "ab") as f:
+                f.write(b"".join(event_lines(name, seed=1)[1:200]))
+            assert comparable(fast.refresh()) == comparable(full.refresh())
+    assert cuts_tested == 20 and resumed >= 18 and flagged >= 8
+
+
+def test_the_codec_keeps_shared_objects_shared_and_the_detector_goes_on_the_same(tmp_path: Path):
+    """A flagged detector holds each slow step once, referenced from its flag window, its slow
+    list, its onset and its flag cluster; restored, they are still one object each, and the
+    restored detector judges the next steps exactly as the original."""
+    rows = [(r["step"], r["dt"], r["flags"], r["tokens"], r["padded_tokens"], r["t"])
+            for r in _control("partial_fallback_15pct").records]
+    half = len(rows) * 2 // 3
+    d = FallbackDetector()
+    d.add_many(rows[:half])
+    assert d.state in ("suspected", "flagged") and d._onset is not None
+    back = decode(json.loads(json.dumps(encode(d))))
+    assert back._onset in [s for s in back._slow] and any(back._onset is s for s in back._slow)
+    assert all(any(x is s for s in back._slow) for x, _, _ in back._window if x is not None)
+    assert back.add_many(rows[half:]) == d.add_many(rows[half:])
+    assert back.snapshot() == d.snapshot() and back.details() == d.details()
+
+
+def test_floats_round_trip_exactly(tmp_path: Path):
+    vals = [0.1, -0.0, 0.0, 1e-320, 1.7976931348623157e308, float("inf"), float("-inf"), 2**63, -(2**70)]
+    back = decode(json.loads(json.dumps(encode({"v": vals, 0.5: (1, [2.5])}))))
+    assert [repr(x) for x in back["v"]] == [repr(x) for x in vals]
+    assert back[0.5] == (1, [2.5])
+    nan = decode(json.loads(json.dumps(encode([float("nan")]))))[0]
+    assert nan != nan
+
+
+@pytest.mark.parametrize("spoil, why", [
+    ("edit", "are not those the saved state was built from"),
+    ("truncate", "is shorter"),
+    ("attempt", "saved for attempt"),
+    ("code", "another version of stepwatch"),
+    ("format", "format 99"),
+    ("not json", "not JSON"),
+    ("class", "may not make a 'Popen'"),
+    ("field", "has the wrong fields"),
+])
+def test_a_state_that_does_not_fit_is_refused_and_the_attach_still_right(tmp_path: Path, spoil: str, why: str):
+    data = b"".join(event_lines("variable_width_fallback"))
+    run_dir = tmp_path / "r"
+    key = write_run(run_dir, data[: len(data) // 2])
+    save_once(run_dir, key)
+    (run_dir / "events.jsonl").write_bytes(data)
+    path = run_dir / EVENTS_STATE
+    doc = json.loads(path.read_text())
+    if spoil == "edit":  # a byte before the saved offset differs (same length)
+        b = bytearray(data)
+        i = b.index(b'"dt": ', 1000) + 6
+        b[i] = ord("9") if b[i] != ord("9") else ord("8")
+        (run_dir / "events.jsonl").write_bytes(bytes(b))
+    elif spoil == "truncate":
+        (run_dir / "events.jsonl").write_bytes(data[: len(data) // 4])
+    elif spoil == "attempt":  # the dir was launched again without a rotation
+        write_run(run_dir, data, attempt=2)
+    elif spoil == "code":
+        doc["code"] = "0" * 64
+    elif spoil == "format":
+        doc["v"] = 99
+    elif spoil == "class":
+        doc["state"]["f"]["stats"] = {"O": "Popen", "f": {}, "#": 10**6}
+    elif spoil == "field":
+        doc["state"]["f"]["extra"] = 1
+    if spoil in ("code", "format", "class", "field"):
+        path.write_text(json.dumps(doc))
+    if spoil == "not json":
+        path.write_text(path.read_text()[:1000])
+    snap = RunObserver(run_dir).refresh()
+    assert why in (snap["events"]["resume"]["refused"] or ""), snap["events"]["resume"]
+    assert snap["events"]["resume"]["from_offset"] is None
+    assert comparable(snap) == comparable(RunObserver(run_dir, use_saved_state=False).refresh())
+
+
+def test_a_state_that_checks_out_but_breaks_on_the_next_lines_falls_back_to_a_full_fold(tmp_path: Path):
+    data = b"".join(event_lines("full_fallback"))
+    run_dir = tmp_path / "r"
+    key = write_run(run_dir, data[: len(data) // 2])
+    save_once(run_dir, key)
+    (run_dir / "events.jsonl").write_bytes(data)
+    doc = json.loads((run_dir / EVENTS_STATE).read_text())
+    doc["state"]["f"]["detector"]["f"]["_seen"] = "many"  # well formed, the wrong type: += 1 fails on the tail
+    (run_dir / EVENTS_STATE).write_text(json.dumps(doc))
+    snap = RunObserver(run_dir).refresh()
+    assert "failed on the following lines" in snap["events"]["resume"]["refused"]
+    assert comparable(snap) == comparable(RunObserver(run_dir, use_saved_state=False).refresh())
+
+
+def test_no_state_file_is_no_resume_and_a_reader_needs_a_digest_to_say_where_it_is(tmp_path: Path):
+    run_dir = tmp_path / "r"
+    write_run(run_dir, b"".join(event_lines("save_spikes")))
+    assert RunObserver(run_dir).refresh()["events"]["resume"] is None
+    with pytest.raises(ValueError, match="digest=True"):
+        EventReader(run_dir / "events.jsonl").position()
+    r = EventReader(run_dir / "events.jsonl", digest=True)
+    r.read_new()
+    with pytest.raises(ValueError, match="read nothing"):
+        r.resume(r.position())
+    r.close()
+
+
+def test_save_refuses_what_it_cannot_carry(tmp_path: Path):
+    fold = EventsFold()
+    fold.last_logs = {"odd": object()}  # not a value a JSON line gives: a bug, said so
+    r = EventReader(tmp_path / "events.jsonl", digest=True)
+    with pytest.raises(StateError, match="cannot save"):
+        save(tmp_path, fold, r, (1, T0))
+    assert not (tmp_path / EVENTS_STATE).exists()
+
+
+def test_load_checks_the_code_digest_of_the_source(tmp_path: Path):
+    run_dir = tmp_path / "r"
+    key = write_run(run_dir, b"".join(event_lines("save_spikes")))
+    save_once(run_dir, key)
+    assert json.loads((run_dir / EVENTS_STATE).read_text())["code"] == code_digest()
+    fold, info = load(run_dir, key, EventReader(run_dir / "events.jsonl"))
+    assert fold is not None and info["from_offset"] == (run_dir / "events.jsonl").stat().st_size
+
+
+def test_the_supervisors_loop_saves_as_the_file_grows_and_once_more_at_the_end(tmp_path: Path):
+    from conftest import wait_until
+
+    lines = event_lines("full_fallback")
+    run_dir = tmp_path / "r"
+    key = write_run(run_dir, b"")
+    done = threading.Event()
+    t = threading.Thread(target=follow, args=(run_dir, key, done), kwargs={"every_s": 0.05}, daemon=True)
+    t.start()
+    ev = run_dir / "events.jsonl"
+
+    def saved_offset() -> int | None:
+        try:
+            return json.loads((run_dir / EVENTS_STATE).read_bytes())["events"]["offset"]
+        except (OSError, ValueError):
+            return None
+
+    with open(ev, "ab") as f:
+        for part in (lines[:100], lines[100:300]):
+            f.write(b"".join(part))
+            f.flush()
+            size = ev.stat().st_size
+            wait_until(lambda: saved_offset() == size, what=f"a save at byte {size}")
+        f.write(b"".join(lines[300:]) + b'{"v": 1, "kind": "st')  # the run ends mid-line
+    done.set()
+    t.join(10)
+    assert not t.is_alive()
+    assert saved_offset() == ev.stat().st_size
+    snap = RunObserver(run_dir).refresh()
+    assert snap["events"]["resume"]["from_offset"] == ev.stat().st_size
+    assert comparable(snap) == comparable(RunObserver(run_dir, use_saved_state=False).refresh())
+    assert snap["fallback"]["state"] == "flagged"
+
+
+def test_an_oversized_state_is_refused_unread(tmp_path: Path, monkeypatch):
+    import monitors.eventstate as es
+
+    run_dir = tmp_path / "r"
+    key = write_run(run_dir, b"".join(event_lines("save_spikes")))
+    save_once(run_dir, key)
+    size = (run_dir / EVENTS_STATE).stat().st_size
+    monkeypatch.setattr(es, "MAX_STATE_BYTES", size - 1)
+    snap = RunObserver(run_dir).refresh()
+    assert snap["events"]["resume"]["refused"] == f"{size} bytes, more than the {size - 1} a saved state may have"
+    monkeypatch.setattr(es, "MAX_STATE_BYTES", size)
+    assert RunObserver(run_dir).refresh()["events"]["resume"]["refused"] is None

@@ -1,9 +1,11 @@
 """Log rotation on relaunch: one file describes one attempt (playbook 4.7.1).
 
 Every per-attempt file of the previous attempt is renamed with the UTC stamp of that attempt's
-launch (``train.log`` -> ``train.20260826T101500Z.log``). Never appended to, never deleted. When the
-stamped names are taken (two relaunches within one second), ``-1``, ``-2``, ... is added to the stamp;
-one suffix serves all of an attempt's files so they stay together.
+launch (``train.log`` -> ``train.20260826T101500Z.log``). Never appended to, never deleted, except
+an events.state.json of another attempt than run.json's (derived data, filed late: see
+:func:`_drop_misfiled_state`). When the stamped names are taken (two relaunches within one second),
+``-1``, ``-2``, ... is added to the stamp; one suffix serves all of an attempt's files so they stay
+together.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from monitors.runfiles import PER_ATTEMPT_FILES, RUN_JSON, read_json, stamped_name, utc_stamp
+from monitors.runfiles import EVENTS_STATE, PER_ATTEMPT_FILES, RUN_JSON, read_json, stamped_name, utc_stamp
 
 
 def attempt_stamp(run_dir: Path) -> str | None:
@@ -42,6 +44,23 @@ def plan_rotation(run_dir: Path) -> list[tuple[Path, Path]]:
         k += 1
 
 
+def _drop_misfiled_state(run_dir: Path) -> None:
+    """Remove an events.state.json that is not the attempt's in run.json: a previous attempt's
+    supervisor saved it late, after a relaunch had rotated the files. It is derived data (views
+    refuse it for this attempt and fold events.jsonl themselves), so it is not evidence to keep, and
+    rotated under this attempt's stamp it would sit with the wrong attempt's files."""
+    path = run_dir / EVENTS_STATE
+    if not path.exists():
+        return
+    run = read_json(run_dir / RUN_JSON) or {}
+    state = read_json(path) or {}
+    if state.get("attempt") != [run.get("attempt"), run.get("launched_at_unix")]:
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+
+
 def rotate(run_dir: Path) -> list[tuple[Path, Path]]:
     """Rename the previous attempt's files (see :func:`plan_rotation`); returns what was renamed.
 
@@ -49,6 +68,7 @@ def rotate(run_dir: Path) -> list[tuple[Path, Path]]:
     overwritten (``os.link`` fails with FileExistsError, and the plan is recomputed). Raises OSError
     when the directory is not writable.
     """
+    _drop_misfiled_state(run_dir)
     for _ in range(100):
         plan = plan_rotation(run_dir)
         try:

@@ -22,16 +22,19 @@ The format: every value is JSON; a float is a JSON number (``NaN``/``Infinity`` 
 writes them, which round-trips every float exactly, -0.0 included); anything else is an object
 with one tag: ``{"L": [...]}`` list, ``{"T": [...]}`` tuple, ``{"Q": [...], "m": maxlen}`` deque,
 ``{"D": [[k, v], ...]}`` dict (keys may be numbers), ``{"S": [...]}`` set, ``{"SL": [...]}``
-SortedList, ``{"O": class, "f": fields}`` object, and ``{"R": n}`` for an object met before (``"#":
-n`` marks its first place): objects shared between containers (the detector's slow-step records)
-stay shared.
+SortedList, ``{"O": class, "f": fields}`` object, ``{"J": value}`` a record read from events.jsonl
+kept as it was. The slotted records (a slow step, a StepRecord) sit in several windows at once:
+each is written once with ``"#": n`` and then referred to as ``{"R": n}``, so they stay shared.
+Nothing else may be shared, so a state read back is a tree the size of its file.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import os
+import sys
 import threading
 import time
 from collections import deque
@@ -52,52 +55,73 @@ SAVE_EVERY_S = 30.0
 #: The supervisor waits at least this many times the cost of its last save before the next one
 #: (a 100,000-step state costs ~0.2 s to save: 30 s apart, under 1 % of a core).
 SAVE_COST_SHARE = 100.0
-#: A saved state bigger than this is refused unread (100,000 steps make ~1.6 MB).
-MAX_STATE_BYTES = 256 * 1024 * 1024
+#: A saved state bigger than this is refused unread (100,000 steps make ~1.6 MB; reading one back
+#: takes ~15x its size in memory).
+MAX_STATE_BYTES = 64 * 1024 * 1024
 #: A half-written last line longer than this (bytes) is not saved; the next save will have it whole.
 MAX_CARRY_BYTES = 1024 * 1024
 
-# class name -> (class, a fresh instance's attribute names or None for slots classes)
+# class name -> (class, a factory of a fresh instance, or None for the slotted records)
 _CLASSES: dict[str, tuple[type, Callable[[], Any] | None]] = {
     "EventsFold": (EventsFold, EventsFold),
     "StepStats": (StepStats, StepStats),
-    "StepRecord": (StepRecord, None),
     "FallbackDetector": (FallbackDetector, FallbackDetector),
     "_Baseline": (_Baseline, lambda: _Baseline(1)),
+    "StepRecord": (StepRecord, None),
     "_Slow": (_Slow, None),
 }
+_NUM = (int, float)
+_OPT_INT = (int, type(None))
+_OPT_NUM = (int, float, type(None))
+#: The slotted records, the only objects a state may hold twice (the detector's slow-step records
+#: sit in several windows at once; StepStats' records in its recent and window deques), and the
+#: types of their fields, in slot order (bool is never taken for an int).
+_RECORD_FIELDS: dict[str, tuple[tuple[type, ...], ...]] = {
+    "_Slow": (_OPT_INT, _NUM, _NUM, _NUM),
+    "StepRecord": (_OPT_INT, _NUM, (tuple,), _OPT_INT, _OPT_INT, _OPT_NUM, (bool,)),
+}
+#: Attributes holding a value read from events.jsonl as it was (a JSON tree): saved as JSON, unwalked.
+_RAW_FIELDS = {"EventsFold": frozenset({"run_start", "run_end", "dynamo_ev", "last_step", "open_phase", "last_logs"})}
 _MODULES = ("monitors.eventfold", "monitors.eventtail", "monitors.detectors", "monitors.stepstats", __name__)
-_code_digest: str | None = None
-_fields_cache: dict[str, tuple[str, ...]] = {}
+_fields_cache: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {}
 
 
 class StateError(ValueError):
     """A saved state that cannot be read back: malformed, an unknown class, attributes that are
-    not the class's own."""
+    not the class's own, a value of the wrong type, a container held twice."""
+
+
+def _source_digest() -> str:
+    h = hashlib.sha256()
+    for name in _MODULES:
+        mod = sys.modules.get(name) or importlib.import_module(name)
+        h.update(Path(mod.__file__ or name).read_bytes())
+    return h.hexdigest()
+
+
+_code_digest: str | None = None
 
 
 def code_digest() -> str:
-    """SHA-256 (hex) of the source files of the modules whose objects a saved state holds."""
+    """SHA-256 (hex) of the source files of the modules whose objects a saved state holds, read
+    when this module is first asked (the supervisor asks as it starts following)."""
     global _code_digest
     if _code_digest is None:
-        import importlib  # noqa: PLC0415
-
-        h = hashlib.sha256()
-        for name in _MODULES:
-            h.update(Path(importlib.import_module(name).__file__ or name).read_bytes())
-        _code_digest = h.hexdigest()
+        _code_digest = _source_digest()
     return _code_digest
 
 
-def _fields(name: str) -> tuple[str, ...]:
-    """The attribute names an instance of ``_CLASSES[name]`` has, in a fixed order."""
+def _fields(name: str) -> tuple[tuple[str, ...], dict[str, Any]]:
+    """The attribute names of ``_CLASSES[name]`` in a fixed order, and a fresh instance's values
+    ({} for the slotted records)."""
     f = _fields_cache.get(name)
     if f is None:
         cls, fresh = _CLASSES[name]
         if fresh is None:
-            f = tuple(s for c in reversed(cls.__mro__) for s in getattr(c, "__slots__", ()))
+            f = (tuple(s for c in reversed(cls.__mro__) for s in getattr(c, "__slots__", ())), {})
         else:
-            f = tuple(vars(fresh()))
+            v = vars(fresh())
+            f = (tuple(v), v)
         _fields_cache[name] = f
     return f
 
@@ -110,46 +134,48 @@ _PLAIN = (type(None), bool, int, float, str)
 
 def encode(obj: Any) -> Any:
     """``obj`` as a JSON-ready value (see the module docstring). Raises StateError for a value of a
-    type the format does not carry."""
-    memo: dict[int, int] = {}
-    return _enc(obj, memo)
+    type the format does not carry, or a container held in two places (it would come back as two)."""
+    return _enc(obj, {}, set())
 
 
-def _enc(o: Any, memo: dict[int, int]) -> Any:
+def _enc(o: Any, memo: dict[int, int], seen: set[int]) -> Any:
     t = type(o)
     if t in _PLAIN:
         return o
     if t is tuple:
-        return {"T": [_enc(x, memo) for x in o]}
-    ref = memo.get(id(o))
-    if ref is not None:
-        return {"R": ref}
-    n = memo[id(o)] = len(memo)
-    if t is list:
-        return {"L": _items(o, memo), "#": n}
-    if t is deque:
-        return {"Q": _items(o, memo), "m": o.maxlen, "#": n}
-    if t is dict:
-        return {"D": [[_enc(k, memo), _enc(v, memo)] for k, v in o.items()], "#": n}
-    if t is set:
-        return {"S": _items(o, memo), "#": n}
-    if t is SortedList:
-        return {"SL": _items(o, memo), "#": n}
+        return {"T": [_enc(x, memo, seen) for x in o]}
     name = t.__name__
+    if name in _RECORD_FIELDS and _CLASSES[name][0] is t:
+        ref = memo.get(id(o))
+        if ref is not None:
+            return {"R": ref}
+        n = memo[id(o)] = len(memo)
+        return {"O": name, "f": [_enc(getattr(o, k), memo, seen) for k in _fields(name)[0]], "#": n}
+    if id(o) in seen:
+        raise StateError(f"a {name} is held in two places")
+    seen.add(id(o))
+    if t is list:
+        return {"L": _items(o, memo, seen)}
+    if t is deque:
+        return {"Q": _items(o, memo, seen), "m": o.maxlen}
+    if t is dict:
+        return {"D": [[_enc(k, memo, seen), _enc(v, memo, seen)] for k, v in o.items()]}
+    if t is set:
+        return {"S": _items(o, memo, seen)}
+    if t is SortedList:
+        return {"SL": _items(o, memo, seen)}
     if _CLASSES.get(name, (None,))[0] is not t:
         raise StateError(f"cannot save a {t.__module__}.{t.__qualname__}")
-    fields = _fields(name)
-    if _CLASSES[name][1] is None:
-        return {"O": name, "f": [_enc(getattr(o, k), memo) for k in fields], "#": n}
     d = vars(o)
-    return {"O": name, "f": {k: _enc(d[k], memo) for k in fields}, "#": n}
+    raw = _RAW_FIELDS.get(name, ())
+    return {"O": name, "f": {k: {"J": d[k]} if k in raw else _enc(d[k], memo, seen) for k in _fields(name)[0]}}
 
 
-def _items(seq: Any, memo: dict[int, int]) -> list[Any]:
+def _items(seq: Any, memo: dict[int, int], seen: set[int]) -> list[Any]:
     out = list(seq)
     for i, x in enumerate(out):  # most lists hold only floats: copied as they are
         if type(x) not in _PLAIN:
-            out[i] = _enc(x, memo)
+            out[i] = _enc(x, memo, seen)
     return out
 
 
@@ -157,12 +183,15 @@ def _items(seq: Any, memo: dict[int, int]) -> list[Any]:
 # decoding
 
 def decode(node: Any) -> Any:
-    """The value :func:`encode` made ``node`` from. Raises StateError for anything else."""
+    """The value :func:`encode` made ``node`` from. Raises StateError for anything else: every
+    object made is checked (its attributes are its class's own, each of the type a fresh instance
+    holds), and nothing is held twice but the slotted records, so what comes back is a tree of the
+    size of the file (no cycles, no shared containers)."""
     try:
         return _dec(node, {})
     except StateError:
         raise
-    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError, MemoryError) as e:
         raise StateError(f"malformed saved state: {type(e).__name__}: {e}") from None
 
 
@@ -171,59 +200,64 @@ def _dec(n: Any, objs: dict[int, Any]) -> Any:
         if type(n) is list:
             raise StateError("a bare list in a saved state")
         return n
-    if "R" in n:
-        return objs[n["R"]]
     if "T" in n:
         return tuple(_dec_items(n["T"], objs))
-    i = n["#"]
-    if type(i) is not int or i in objs:
-        raise StateError(f"bad object number {i!r}")
     if "L" in n:
-        lst: list[Any] = []
-        objs[i] = lst
-        lst.extend(_dec_items(n["L"], objs))
-        return lst
+        return _dec_items(n["L"], objs)
     if "Q" in n:
         m = n["m"]
-        if m is not None and (type(m) is not int or m < 0):
+        if m is not None and (type(m) is not int or not 0 <= m <= 1 << 24):
             raise StateError(f"bad deque maxlen {m!r}")
-        q: deque[Any] = deque(maxlen=m)
-        objs[i] = q
-        q.extend(_dec_items(n["Q"], objs))
-        return q
+        return deque(_dec_items(n["Q"], objs), maxlen=m)
     if "D" in n:
-        d: dict[Any, Any] = {}
-        objs[i] = d
-        for k, v in n["D"]:
-            d[_dec(k, objs)] = _dec(v, objs)
-        return d
+        return {_dec(k, objs): _dec(v, objs) for k, v in n["D"]}
     if "S" in n:
-        s: set[Any] = set()
-        objs[i] = s
-        s.update(_dec_items(n["S"], objs))
-        return s
+        return set(_dec_items(n["S"], objs))
     if "SL" in n:
-        sl = SortedList()
-        objs[i] = sl
-        sl.update(_dec_items(n["SL"], objs))
-        return sl
+        return SortedList(_dec_items(n["SL"], objs))
+    if "R" in n:
+        o = objs.get(n["R"]) if type(n["R"]) is int else None
+        if o is None:
+            raise StateError(f"a reference to no record: {n['R']!r}")
+        return o
     name = n["O"]
     if name not in _CLASSES:
         raise StateError(f"a saved state may not make a {name!r}")
-    cls, fresh = _CLASSES[name]
-    fields = _fields(name)
+    cls, _ = _CLASSES[name]
+    fields, fresh = _fields(name)
     o = cls.__new__(cls)
-    objs[i] = o
     f = n["f"]
-    if fresh is None:
+    kinds = _RECORD_FIELDS.get(name)
+    if kinds is not None:
+        i = n["#"]
+        if type(i) is not int or i in objs:
+            raise StateError(f"bad record number {i!r}")
         if type(f) is not list or len(f) != len(fields):
             raise StateError(f"a saved {name} has the wrong fields")
-        for k, v in zip(fields, f):
-            object.__setattr__(o, k, _dec(v, objs))  # frozen dataclasses too
-    else:
-        if type(f) is not dict or set(f) != set(fields):
-            raise StateError(f"a saved {name} has the wrong fields")
-        vars(o).update((k, _dec(v, objs)) for k, v in f.items())
+        for k, kind, v in zip(fields, kinds, f):
+            v = _dec(v, objs)
+            if type(v) not in kind or (k == "flags" and not all(type(x) is str for x in v)):
+                raise StateError(f"a saved {name}.{k} is a {type(v).__name__}")
+            object.__setattr__(o, k, v)  # frozen dataclasses too
+        objs[i] = o
+        return o
+    if type(f) is not dict or set(f) != set(fields):
+        raise StateError(f"a saved {name} has the wrong fields")
+    raw = _RAW_FIELDS.get(name, ())
+    d = vars(o)
+    for k, v in f.items():
+        if k in raw:
+            if type(v) is not dict or set(v) != {"J"}:
+                raise StateError(f"a saved {name}.{k} is not a value read from events.jsonl")
+            d[k] = v["J"]  # a JSON tree as json.loads made it
+            continue
+        v = d[k] = _dec(v, objs)
+        want = fresh[k]
+        if want is None:
+            if type(v) not in _OPT_NUM and type(v) is not _Slow:
+                raise StateError(f"a saved {name}.{k} is a {type(v).__name__}")
+        elif type(v) is not type(want):
+            raise StateError(f"a saved {name}.{k} is a {type(v).__name__}, not a {type(want).__name__}")
     return o
 
 
@@ -257,7 +291,10 @@ def save(run_dir: Path, fold: EventsFold, reader: EventReader, attempt_key: tupl
     doc = {"v": FORMAT, "what": "stepwatch: the supervisor's fold of events.jsonl, for a quick attach",
            "code": code_digest(), "attempt": list(attempt_key), "saved_at_unix": time.time(),
            "events": pos, "state": encode(fold)}
-    write_json_atomic(Path(run_dir) / EVENTS_STATE, doc, indent=None)
+    try:
+        write_json_atomic(Path(run_dir) / EVENTS_STATE, doc, indent=None)
+    except (TypeError, ValueError, RecursionError) as e:  # a record read from the file json cannot write back
+        raise StateError(f"cannot write the state as JSON: {type(e).__name__}: {e}") from None
     return True
 
 
@@ -317,14 +354,18 @@ def follow(run_dir: Path, attempt_key: tuple[Any, Any], done: threading.Event,
     ended), fold and save one last time and return. Stops saving for good when events.jsonl is
     replaced or truncated, or run.json names another attempt (a relaunch rotated the files).
 
-    Never raises: a failure is logged once (``log``) and the loop ends; a view then folds from
-    byte 0 as it would without a saved state.
+    Never raises. A save that fails (a full disk, a record json cannot write back) is logged once
+    per reason (``log``) and tried again at the next round; the last good save stays, and a view
+    reads a longer tail after it. Any other failure is logged and ends the loop: views then fold
+    from byte 0, as without a saved state.
     """
     run_dir = Path(run_dir)
+    code_digest()  # of the source as it is when the supervisor starts, not 30 s later
     reader = EventReader(run_dir / EVENTS_JSONL, digest=True)
     fold = EventsFold()
     saved_at = -1
     wait_s = every_s
+    failed: set[str] = set()
     try:
         while True:
             last = done.wait(wait_s)
@@ -336,8 +377,15 @@ def follow(run_dir: Path, attempt_key: tuple[Any, Any], done: threading.Event,
                     log("events state: events.jsonl or run.json changed under this attempt; no more saves")
                 return
             t0 = time.monotonic()
-            if reader.exists and reader.offset != saved_at and save(run_dir, fold, reader, attempt_key):
-                saved_at = reader.offset
+            if reader.exists and reader.offset != saved_at:
+                try:
+                    if save(run_dir, fold, reader, attempt_key):
+                        saved_at = reader.offset
+                except (OSError, StateError) as e:
+                    why = f"events state not saved: {type(e).__name__}: {e}"
+                    if why not in failed and log is not None:
+                        log(why + " (tried again at each round; said once)")
+                    failed.add(why)
                 # a long run's state is MBs: never spend more than 1/SAVE_COST_SHARE of the time saving
                 wait_s = max(every_s, (time.monotonic() - t0) * SAVE_COST_SHARE)
             if last:

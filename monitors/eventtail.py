@@ -278,14 +278,25 @@ class EventReader:
             self._hold(rest)
             return
         self.lines_read += len(lines)
-        # Each line on its own (joining the lines into one JSON array would be no faster with
-        # orjson, and two corrupt lines can join into valid values); json where orjson may differ.
-        loads = json.loads if _LONG_DIGIT_RUN in body.translate(_DIGITS_TO_ZERO) else _fast_loads
-        append = out.append
         corrupt = 0
+        if len(body) > self.max_line_bytes:
+            # a line over the limit is corrupt wherever the reads split it (only a carried-over
+            # line can make a body this long: a read is 1 MiB)
+            n = len(lines)
+            lines = [ln for ln in lines if len(ln) <= self.max_line_bytes]
+            corrupt = n - len(lines)
+        # Each line on its own (joining the lines into one JSON array would be no faster with
+        # orjson, and two corrupt lines can join into valid values); json where orjson may differ:
+        # a line with a run of 19+ digits (decided per line, so how a line reads never depends on
+        # which lines share its read).
+        long_digits = _LONG_DIGIT_RUN in body.translate(_DIGITS_TO_ZERO)
+        append = out.append
         for line in lines:
             try:
-                obj = loads(line)
+                if long_digits and _LONG_DIGIT_RUN in line.translate(_DIGITS_TO_ZERO):
+                    obj = json.loads(line)
+                else:
+                    obj = _fast_loads(line)
             except ValueError:  # JSONDecodeError and UnicodeDecodeError both are ValueErrors
                 obj = _loads_line(line)
             except RecursionError:  # nested deeper than json's recursion allows

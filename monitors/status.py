@@ -2,8 +2,10 @@
 
 ``stepwatch status --json`` prints it, the TUI draws it, ``watch --plain`` narrates its changes.
 A :class:`RunObserver` keeps incremental readers (events.jsonl from its start, train.log, gpu.jsonl)
-so following a live run costs only the new bytes; :func:`snapshot` is the one-shot form. Views only
-read: nothing here writes into the run dir. Every key is always present (null when unknown).
+so following a live run costs only the new bytes; :func:`snapshot` is the one-shot form. An attach
+starts events.jsonl from the supervisor's saved fold when it checks out (``events.state.json``,
+:mod:`monitors.eventstate`), the same state a fold of every line gives. Views only read: nothing
+here writes into the run dir. Every key is always present (null when unknown).
 
 Where numbers come from:
 - process state: run.json's captured pid + create_time (``kill -0``, psutil), exit.json;
@@ -182,28 +184,21 @@ class RunObserver:
 
     def _read_events(self, a: _Attempt, key: tuple[Any, Any]) -> _Attempt:
         """Fold what events.jsonl gained into ``a`` (see :meth:`EventsFold.fold`); returns the
-        attempt to use from now on (a new one when the file was replaced or a saved state broke)."""
-        try:
-            a.ev.fold(a.events)
-        except Exception as e:
-            if a.ev_resume is None or a.ev_resume.get("from_offset") is None:
-                raise  # a bug of ours, not a saved state that does not fit: let it show
-            # a saved state that checked out but does not take the next steps: fold from byte 0
-            refused = f"the saved state failed on the following lines: {type(e).__name__}: {e}"
-            a.close()
-            a = _Attempt(self.run_dir)
-            a.ev_resume = {"file": EVENTS_STATE, "from_offset": None, "from_line": None, "refused": refused}
-            a.ev.fold(a.events)
+        attempt to use from now on (a new one when the file was replaced)."""
+        a.ev.fold(a.events)
         if a.events.restarted:
             # events.jsonl was replaced or truncated under the same attempt (a run dir made again
             # with the same name and launch time, a hand edit): what was built from the old file
             # is not this file's story; start the attempt over from byte 0 of the new one
+            resumed = a.ev_resume is not None
             a.close()
             a = self._new_attempt(key, resume=False)
+            if resumed:
+                a.ev_resume = {"file": EVENTS_STATE, "from_offset": None, "from_line": None,
+                               "refused": f"{EVENTS_JSONL} was replaced or truncated after the saved state was checked"}
             a.ev.fold(a.events)
         return a
 
-    # --- readers ---------------------------------------------------------------------------------
     def _read_log(self, a: _Attempt) -> None:
         for _ in range(LOG_POLLS_PER_REFRESH):
             for seg in a.log.poll():
@@ -254,6 +249,21 @@ class RunObserver:
     # --- the snapshot ----------------------------------------------------------------------------
     def refresh(self, now: float | None = None) -> dict[str, Any]:
         """Read what is new and return the snapshot (a new dict each call)."""
+        try:
+            return self._refresh(now)
+        except Exception as e:
+            a = self.a
+            if a is None or a.ev_resume is None or a.ev_resume.get("from_offset") is None:
+                raise  # a bug of ours, not a saved state: let it show
+            # A saved state that checked out (source, attempt, bytes, every type) and still fails:
+            # made by hand. Drop it and fold every line, as without it.
+            a.close()
+            self.a = _Attempt(self.run_dir)
+            self.a.ev_resume = {"file": EVENTS_STATE, "from_offset": None, "from_line": None,
+                                "refused": f"the saved state failed in use: {type(e).__name__}: {e}"}
+            return self._refresh(now)
+
+    def _refresh(self, now: float | None) -> dict[str, Any]:
         now = time.time() if now is None else now
         snap = _null_snapshot()
         snap["run_dir"] = str(self.run_dir)

@@ -159,6 +159,11 @@ def test_floats_round_trip_exactly(tmp_path: Path):
     ("not json", "not JSON"),
     ("class", "may not make a 'Popen'"),
     ("field", "has the wrong fields"),
+    ("maxlen", "bad deque maxlen 1000000000000000000000000000000"),
+    ("type", "a saved EventsFold.stats is a dict, not a StepStats"),
+    ("shared list", "a reference to no record: 999999"),
+    ("record in a list's place", "FallbackDetector._excused is a StepRecord, not a deque"),
+    ("raw", "EventsFold.last_logs is not a value read from events.jsonl"),
 ])
 def test_a_state_that_does_not_fit_is_refused_and_the_attach_still_right(tmp_path: Path, spoil: str, why: str):
     data = b"".join(event_lines("variable_width_fallback"))
@@ -185,7 +190,17 @@ def test_a_state_that_does_not_fit_is_refused_and_the_attach_still_right(tmp_pat
         doc["state"]["f"]["stats"] = {"O": "Popen", "f": {}, "#": 10**6}
     elif spoil == "field":
         doc["state"]["f"]["extra"] = 1
-    if spoil in ("code", "format", "class", "field"):
+    elif spoil == "maxlen":
+        doc["state"]["f"]["recompile_steps"]["m"] = 10**30
+    elif spoil == "type":
+        doc["state"]["f"]["stats"] = {"D": []}
+    elif spoil == "shared list":  # a list held twice could nest itself 2**60 times in 200 KB
+        doc["state"]["f"]["detector"]["f"]["_excused"] = {"R": 999999}
+    elif spoil == "record in a list's place":
+        doc["state"]["f"]["detector"]["f"]["_excused"] = {"R": 0}
+    elif spoil == "raw":
+        doc["state"]["f"]["last_logs"] = {"L": [{"R": 0}]}
+    if spoil not in ("edit", "truncate", "attempt", "not json"):
         path.write_text(json.dumps(doc))
     if spoil == "not json":
         path.write_text(path.read_text()[:1000])
@@ -195,17 +210,19 @@ def test_a_state_that_does_not_fit_is_refused_and_the_attach_still_right(tmp_pat
     assert comparable(snap) == comparable(RunObserver(run_dir, use_saved_state=False).refresh())
 
 
-def test_a_state_that_checks_out_but_breaks_on_the_next_lines_falls_back_to_a_full_fold(tmp_path: Path):
+def test_a_state_that_checks_out_but_fails_in_use_falls_back_to_a_full_fold(tmp_path: Path):
     data = b"".join(event_lines("full_fallback"))
     run_dir = tmp_path / "r"
     key = write_run(run_dir, data[: len(data) // 2])
     save_once(run_dir, key)
     (run_dir / "events.jsonl").write_bytes(data)
     doc = json.loads((run_dir / EVENTS_STATE).read_text())
-    doc["state"]["f"]["detector"]["f"]["_seen"] = "many"  # well formed, the wrong type: += 1 fails on the tail
+    stats = doc["state"]["f"]["stats"]["f"]
+    assert len(stats["_pending"]["L"]) > 100  # the supervisor never reads: all its steps wait to be sorted in
+    stats["_pending"]["L"] = [str(x) for x in stats["_pending"]["L"]]  # every type checked still checks out
     (run_dir / EVENTS_STATE).write_text(json.dumps(doc))
-    snap = RunObserver(run_dir).refresh()
-    assert "failed on the following lines" in snap["events"]["resume"]["refused"]
+    snap = RunObserver(run_dir).refresh()  # strings and floats do not sort together
+    assert "the saved state failed in use: TypeError" in snap["events"]["resume"]["refused"]
     assert comparable(snap) == comparable(RunObserver(run_dir, use_saved_state=False).refresh())
 
 
@@ -224,11 +241,44 @@ def test_no_state_file_is_no_resume_and_a_reader_needs_a_digest_to_say_where_it_
 
 def test_save_refuses_what_it_cannot_carry(tmp_path: Path):
     fold = EventsFold()
-    fold.last_logs = {"odd": object()}  # not a value a JSON line gives: a bug, said so
+    fold.stats._pending.append(object())  # not a step time: a bug, said so
     r = EventReader(tmp_path / "events.jsonl", digest=True)
-    with pytest.raises(StateError, match="cannot save"):
+    with pytest.raises(StateError, match="cannot save a builtins.object"):
+        save(tmp_path, fold, r, (1, T0))
+    fold = EventsFold()
+    fold.stats._window.append(fold.stats._recent)  # a container held twice would come back as two
+    with pytest.raises(StateError, match="held in two places"):
         save(tmp_path, fold, r, (1, T0))
     assert not (tmp_path / EVENTS_STATE).exists()
+
+
+def test_a_record_json_cannot_write_back_skips_a_save_not_the_following_ones(tmp_path: Path):
+    """A log event nested deeper than json writes (orjson reads up to 1024 levels): that save is
+    skipped and said once; the next log event replaces the value and saving goes on."""
+    run_dir = tmp_path / "r"
+    lines = event_lines("save_spikes")
+    deep = b'{"v": 1, "kind": "log", "rank": 0, "logs": ' + b"[" * 1010 + b"]" * 1010 + b"}\n"
+    key = write_run(run_dir, b"".join(lines[:300]) + deep)
+    said: list[str] = []
+    done = threading.Event()
+    t = threading.Thread(target=follow, args=(run_dir, key, done),
+                         kwargs={"every_s": 0.02, "log": said.append}, daemon=True)
+    t.start()
+    from conftest import wait_until
+
+    wait_until(lambda: said, what="the failed save said")
+    assert not (run_dir / EVENTS_STATE).exists() and "RecursionError" in said[0], said
+    with open(run_dir / "events.jsonl", "ab") as f:
+        f.write(b"".join(lines[300:]))
+    size = (run_dir / "events.jsonl").stat().st_size
+    wait_until(lambda: (run_dir / EVENTS_STATE).exists()
+               and json.loads((run_dir / EVENTS_STATE).read_bytes())["events"]["offset"] == size, what="a save")
+    done.set()
+    t.join(10)
+    assert len(said) == 1, said  # said once, although tried at every round before the next log event
+    snap = RunObserver(run_dir).refresh()
+    assert snap["events"]["resume"]["from_offset"] == (run_dir / "events.jsonl").stat().st_size
+    assert comparable(snap) == comparable(RunObserver(run_dir, use_saved_state=False).refresh())
 
 
 def test_load_checks_the_code_digest_of_the_source(tmp_path: Path):
@@ -286,3 +336,26 @@ def test_an_oversized_state_is_refused_unread(tmp_path: Path, monkeypatch):
     assert snap["events"]["resume"]["refused"] == f"{size} bytes, more than the {size - 1} a saved state may have"
     monkeypatch.setattr(es, "MAX_STATE_BYTES", size)
     assert RunObserver(run_dir).refresh()["events"]["resume"]["refused"] is None
+
+
+def test_a_late_save_of_the_previous_attempt_is_not_rotated_with_this_ones_files(tmp_path: Path):
+    """The previous supervisor's last save landed after a relaunch rotated the files: the next
+    rotation drops it (derived data) instead of filing it under this attempt's stamp; a state of
+    the attempt itself goes with its files."""
+    from launcher.rotate import rotate
+    from monitors.runfiles import utc_stamp
+
+    run_dir = tmp_path / "r"
+    data = b"".join(event_lines("save_spikes"))
+    key1 = write_run(run_dir, data, attempt=1)
+    save_once(run_dir, key1)
+    write_run(run_dir, data, attempt=2)  # attempt 2 in run.json; attempt 1's state still here
+    rotate(run_dir)
+    stamp = utc_stamp(T0)
+    assert not (run_dir / EVENTS_STATE).exists() and not (run_dir / f"events.{stamp}.state.json").exists()
+    assert (run_dir / f"events.{stamp}.jsonl").exists()
+    key3 = write_run(run_dir, data, attempt=3)
+    save_once(run_dir, key3)
+    rotate(run_dir)
+    rotated = json.loads((run_dir / f"events.{stamp}-1.state.json").read_text())
+    assert rotated["attempt"] == [3, T0]

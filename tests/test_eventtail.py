@@ -215,3 +215,23 @@ def test_corrupt_lines_never_join_into_events_and_deep_nesting_is_not_fatal(tmp_
     r = EventReader(p)
     assert r.read_new() == [{"ok": 1}, {"ok": 2}]
     assert r.corrupt_lines == 6
+
+
+def test_how_a_line_reads_never_depends_on_where_the_reads_split_the_file(tmp_path: Path) -> None:
+    """A saved reader state may stop anywhere: a line over the limit is corrupt wherever the 1 MiB
+    reads cut it, and a line is parsed by json only for its own long digit run, not a neighbour's."""
+    limit = 3000
+    over = b'{"kind": "log", "pad": "' + b"x" * 3200 + b'"}\n'
+    deep = b'{"kind": "log", "deep": ' + b"[" * 1010 + b"]" * 1010 + b"}\n"  # orjson reads it, json cannot
+    big = b'{"kind": "log", "n": 123456789012345678901234567890}\n'
+    seen = set()
+    for pad in (10, 1500, 2900, 3100, 3300, 5000, 6000, 9000):
+        head = b'{"kind": "x"}\n' * ((1024 * 1024 - pad) // 14)
+        p = tmp_path / f"e{pad}.jsonl"
+        p.write_bytes(head + over + deep + big + b'{"kind": "end"}\n')
+        r = EventReader(p, max_line_bytes=limit)
+        evs = r.read_new()
+        r.close()
+        tail = [e["kind"] + ("-deep" if "deep" in e else "") + (f"-{e['n']}" if "n" in e else "") for e in evs[-3:]]
+        seen.add((r.corrupt_lines, tuple(tail)))
+    assert seen == {(1, ("log-deep", "log-123456789012345678901234567890", "end"))}, seen

@@ -75,11 +75,14 @@ def read_tree(cwd: Path, runs_dir: Path | None = None) -> TreeState:
         st.staged = sorted(str(k[0]) for k in repo.index.entries)
     untracked = repo.untracked_files
     if runs_dir is not None:
+        target = runs_dir.resolve()
         try:
-            rel = runs_dir.resolve().relative_to(root).as_posix().rstrip("/") + "/"
+            rel = target.relative_to(root).as_posix().rstrip("/") + "/"
             untracked = [u for u in untracked if not u.startswith(rel)]
         except ValueError:
-            pass
+            # outside the tree, but maybe linked into it (runs -> /scratch/runs): git lists the
+            # link as an untracked file of its own name
+            untracked = [u for u in untracked if not _links_to(root / u, target)]
     st.untracked = sorted(untracked)
     try:
         branch = None if repo.head.is_detached else repo.active_branch.name
@@ -102,6 +105,17 @@ def read_tree(cwd: Path, runs_dir: Path | None = None) -> TreeState:
         "staged": st.staged,
     }
     return st
+
+
+def _links_to(path: Path, target: Path) -> bool:
+    """``path`` is a symlink to ``target`` or to a directory holding it."""
+    try:
+        if not path.is_symlink():
+            return False
+        dest = path.resolve()
+    except OSError:
+        return False
+    return dest == target or dest in target.parents
 
 
 def gate_message(st: TreeState, limit: int = 20) -> str:

@@ -64,6 +64,19 @@ def test_untracked_file_warns_and_launches(repo: Path):
     assert run["identity"]["harness_dirty_at_launch"] is False
 
 
+def test_a_runs_dir_linked_into_the_tree_is_not_an_untracked_file(repo: Path, tmp_path: Path):
+    scratch = tmp_path / "scratch-runs"
+    scratch.mkdir()
+    (repo / "runs").symlink_to(scratch)  # runs -> /scratch/runs, not in .gitignore as a file
+    (repo / "notes.txt").write_text("scratch\n")
+    r = launch(repo, sys.executable, "ok.py")
+    assert r.returncode == 0, r.stderr
+    run = run_json(scratch / "r")
+    assert run["identity"]["untracked"] == ["notes.txt"], run["identity"]["untracked"]
+    warning = next(ln for ln in r.stderr.splitlines() if "untracked files" in ln)
+    assert warning.endswith("(not part of harness_commit): notes.txt"), warning
+
+
 def test_allow_dirty_launches_and_records_reason(repo: Path):
     (repo / "ok.py").write_text("print('changed')\n")
     r = launch(repo, sys.executable, "ok.py", extra=("--allow-dirty", "hotfix for the lr schedule"))

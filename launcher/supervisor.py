@@ -102,13 +102,18 @@ def _new_stop_record(reason: str | None, grace_s: float | None = None) -> dict[s
             "requested_by_pid": None, "signals": [], "ended_by": None}
 
 
-def _start_gpu_sampler(run_dir: Path, child_pid: int, stop: threading.Event) -> None:
-    """Start the NVML sampler in a daemon thread; any failure is logged and ignored."""
+def _start_gpu_sampler(run_dir: Path, run: dict[str, Any], child_pid: int, stop: threading.Event) -> None:
+    """Start the NVML sampler in a daemon thread; any failure is logged and ignored. A run whose
+    env names a recording (``STEPWATCH_GPU_RECORDING``, the demo on a machine without NVML) replays
+    it: run.json carries it, so a relaunch replays it too."""
     try:
-        from monitors.gpu.sampler import run_sampler  # noqa: PLC0415 - optional, heavy-ish
+        from monitors.gpu.sampler import ENV_GPU_RECORDING, run_sampler  # noqa: PLC0415 - optional, heavy-ish
     except Exception as e:  # pragma: no cover - only when the gpu package is broken
         _log(f"GPU sampler not started: {type(e).__name__}: {e}")
         return
+    recording = (run.get("env") or {}).get(ENV_GPU_RECORDING)
+    if isinstance(recording, str) and recording:
+        os.environ[ENV_GPU_RECORDING] = recording  # the sampler's backend choice reads it
 
     def target() -> None:
         try:
@@ -190,7 +195,7 @@ def supervise(run_dir: Path) -> int:
     _log(f"started pid {child.pid}: {child_argv(run)!r}")
 
     child_done = threading.Event()
-    _start_gpu_sampler(run_dir, child.pid, child_done)
+    _start_gpu_sampler(run_dir, run, child.pid, child_done)
     events_state = _start_events_state(run_dir, run, child_done)
     escalation: Escalation | None = None
     while True:

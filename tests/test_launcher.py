@@ -77,6 +77,14 @@ def test_a_runs_dir_linked_into_the_tree_is_not_an_untracked_file(repo: Path, tm
     assert warning.endswith("(not part of harness_commit): notes.txt"), warning
 
 
+def test_launch_into_a_pipe_opens_no_tui(repo: Path):
+    r = stepwatch("launch", "--name", "r", "--", sys.executable, "ok.py", cwd=repo)  # no --no-tui; stdout a pipe
+    assert r.returncode == 0, r.stderr
+    assert "stdout is not a terminal: no TUI; the run goes on" in r.stdout
+    assert "\x1b[" not in r.stdout + r.stderr  # no escape codes in the pipe
+    assert wait_exit(repo / "runs" / "r")["returncode"] == 0
+
+
 def test_allow_dirty_launches_and_records_reason(repo: Path):
     (repo / "ok.py").write_text("print('changed')\n")
     r = launch(repo, sys.executable, "ok.py", extra=("--allow-dirty", "hotfix for the lr schedule"))

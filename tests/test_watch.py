@@ -267,3 +267,15 @@ def test_demo_crash_then_a_clean_second_attempt(tmp_path: Path):
     assert all(snap["versions"][k] for k in ("python", "torch", "transformers")), snap["versions"]
     assert snap["attn_implementation"] == {"requested": "sdpa", "resolved": "sdpa"}
     assert snap["alerts"] == [] and snap["fallback"]["state"] == "ok"
+
+    # a relaunch by name repeats the attempt as run.json recorded it, the GPU replay included
+    def backends() -> set:
+        return {json.loads(ln).get("backend") for ln in (run_dir / "gpu.jsonl").read_text().splitlines() if ln.strip()}
+
+    second = backends()
+    assert second and None not in second
+    r = stepwatch("relaunch", "--no-tui", "demo", "--runs-dir", str(runs), cwd=tmp_path)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    w = stepwatch("watch", str(run_dir), "--plain", cwd=tmp_path, timeout=120)
+    assert w.returncode == 0 and read_json(run_dir / "run.json")["attempt"] == 3, w.stdout
+    assert backends() == second  # e.g. {"recorded:synthetic_h100_healthy_compute_bound.jsonl"} without NVML

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 from pathlib import Path
 
@@ -75,11 +74,17 @@ def _launch_and_follow(args: argparse.Namespace, make_cfg, verb: str, follow_hea
         _err(str(e))
         return EXIT_FAILED
     _print_launch(res, verb)
-    if args.no_tui and follow_headless:
+    headless = args.no_tui
+    if not headless and not sys.stdout.isatty():
+        # a pipe or a file: a TUI would only write escape codes into it
+        print("  (stdout is not a terminal: no TUI" + ("; following headless, as --no-tui" if follow_headless else
+                                                       "; the run goes on") + ")")
+        headless = True
+    if headless and follow_headless:
         from monitors.narrate import watch  # noqa: PLC0415
 
         return watch(res.run_dir, every_n_steps=10)
-    return EXIT_OK if args.no_tui else _open_tui(res.run_dir, args)
+    return EXIT_OK if headless else _open_tui(res.run_dir, args)
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
@@ -194,7 +199,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(where)
         gpu_env, gpu_line = gpu_recording_env(args.gpu_recording, headless=args.no_tui)
         print(gpu_line)
-        os.environ.update(gpu_env)  # the supervisor (and its GPU sampler) inherit it
+        cfg.env.update(gpu_env)  # in run.json: the supervisor's GPU sampler reads it there, a relaunch keeps it
         return cfg
 
     try:

@@ -94,6 +94,8 @@ def gpu_recording_env(choice: str, headless: bool = False) -> tuple[dict[str, st
         return ({ENV_GPU_RECORDING: DEMO_GPU_RECORDING},
                 f"GPU: NVML unavailable here ({why}); the demo REPLAYS a recorded synthetic H100 "
                 f"({DEMO_GPU_RECORDING}), labelled 'recorded' in {'stepwatch status' if headless else 'the GPU panel'}")
+    if Path(choice).expanduser().exists():  # a path from where the command was typed, not the run's cwd
+        choice = str(Path(choice).expanduser().resolve())
     return {ENV_GPU_RECORDING: choice}, f"GPU: replaying the recording {choice}"
 
 

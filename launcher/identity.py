@@ -108,14 +108,11 @@ def read_tree(cwd: Path, runs_dir: Path | None = None) -> TreeState:
 
 
 def _links_to(path: Path, target: Path) -> bool:
-    """``path`` is a symlink to ``target`` or to a directory holding it."""
+    """``path`` is a symlink to ``target`` (a link loop or a dangling link is not)."""
     try:
-        if not path.is_symlink():
-            return False
-        dest = path.resolve()
-    except OSError:
+        return path.is_symlink() and path.resolve(strict=True) == target
+    except (OSError, RuntimeError):  # RuntimeError: a symlink loop (Python 3.11)
         return False
-    return dest == target or dest in target.parents
 
 
 def gate_message(st: TreeState, limit: int = 20) -> str:

@@ -113,6 +113,9 @@ def _start_gpu_sampler(run_dir: Path, run: dict[str, Any], child_pid: int, stop:
         return
     recording = (run.get("env") or {}).get(ENV_GPU_RECORDING)
     if isinstance(recording, str) and recording:
+        rel = Path(str(run.get("cwd") or ".")) / Path(recording).expanduser()
+        if not Path(recording).is_absolute() and rel.exists():
+            recording = str(rel)  # relative to the run's cwd, as the child sees it (this process runs in the run dir)
         os.environ[ENV_GPU_RECORDING] = recording  # the sampler's backend choice reads it
 
     def target() -> None:

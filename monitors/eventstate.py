@@ -34,6 +34,7 @@ import hashlib
 import importlib
 import json
 import os
+import stat
 import sys
 import threading
 import time
@@ -71,6 +72,7 @@ _CLASSES: dict[str, tuple[type, Callable[[], Any] | None]] = {
     "_Slow": (_Slow, None),
 }
 _NUM = (int, float)
+_MAX_INT = 2**53  # an int a state holds (a step, a token count) is one a float holds exactly
 _OPT_INT = (int, type(None))
 _OPT_NUM = (int, float, type(None))
 #: The slotted records, the only objects a state may hold twice (the detector's slow-step records
@@ -236,8 +238,9 @@ def _dec(n: Any, objs: dict[int, Any]) -> Any:
             raise StateError(f"a saved {name} has the wrong fields")
         for k, kind, v in zip(fields, kinds, f):
             v = _dec(v, objs)
-            if type(v) not in kind or (k == "flags" and not all(type(x) is str for x in v)):
-                raise StateError(f"a saved {name}.{k} is a {type(v).__name__}")
+            if (type(v) not in kind or (type(v) is int and not -_MAX_INT < v < _MAX_INT)
+                    or (k == "flags" and not all(type(x) is str for x in v))):
+                raise StateError(f"a saved {name}.{k} is a {type(v).__name__} ({str(v)[:40]})")
             object.__setattr__(o, k, v)  # frozen dataclasses too
         objs[i] = o
         return o
@@ -254,8 +257,8 @@ def _dec(n: Any, objs: dict[int, Any]) -> Any:
         v = d[k] = _dec(v, objs)
         want = fresh[k]
         if want is None:
-            if type(v) not in _OPT_NUM and type(v) is not _Slow:
-                raise StateError(f"a saved {name}.{k} is a {type(v).__name__}")
+            if (type(v) not in _OPT_NUM and type(v) is not _Slow) or (type(v) is int and not -_MAX_INT < v < _MAX_INT):
+                raise StateError(f"a saved {name}.{k} is a {type(v).__name__} ({str(v)[:40]})")
         elif type(v) is not type(want):
             raise StateError(f"a saved {name}.{k} is a {type(v).__name__}, not a {type(want).__name__}")
     return o
@@ -292,10 +295,43 @@ def save(run_dir: Path, fold: EventsFold, reader: EventReader, attempt_key: tupl
            "code": code_digest(), "attempt": list(attempt_key), "saved_at_unix": time.time(),
            "events": pos, "state": encode(fold)}
     try:
-        write_json_atomic(Path(run_dir) / EVENTS_STATE, doc, indent=None)
+        # readable by all (views of other users fold every line anyway), writable by the owner only:
+        # a view uses only a state of its own user that no one else could have changed (see load)
+        write_json_atomic(Path(run_dir) / EVENTS_STATE, doc, indent=None, mode=0o644)
     except (TypeError, ValueError, RecursionError) as e:  # a record read from the file json cannot write back
         raise StateError(f"cannot write the state as JSON: {type(e).__name__}: {e}") from None
     return True
+
+
+def _read_own_file(path: Path) -> bytes:
+    """The bytes of ``path`` when it is a regular file of at most MAX_STATE_BYTES that belongs to the
+    user reading it and only that user may write. A saved state is trusted, not re-derived: one
+    written by someone else (a run dir is shared, a file crafted to be absurd or slow to use) is
+    never used; that user's runs are folded line by line instead, which is always right. Opened
+    without blocking (a FIFO in its place would hang the view). Raises FileNotFoundError, OSError,
+    StateError (why it is not used)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise StateError("not a regular file")
+        if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            raise StateError(f"written by uid {st.st_uid} or writable by others (mode {stat.S_IMODE(st.st_mode):o}): "
+                             f"only a state of your own is used")
+        if st.st_size > MAX_STATE_BYTES:
+            raise StateError(f"{st.st_size} bytes, more than the {MAX_STATE_BYTES} a saved state may have")
+        chunks, left = [], MAX_STATE_BYTES + 1
+        while left > 0:
+            b = os.read(fd, min(left, 1 << 24))
+            if not b:
+                break
+            chunks.append(b)
+            left -= len(b)
+        if left <= 0:
+            raise StateError(f"more than the {MAX_STATE_BYTES} bytes a saved state may have")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def load(run_dir: Path, attempt_key: tuple[Any, Any], reader: EventReader) -> tuple[EventsFold | None, dict[str, Any] | None]:
@@ -308,16 +344,11 @@ def load(run_dir: Path, attempt_key: tuple[Any, Any], reader: EventReader) -> tu
     path = Path(run_dir) / EVENTS_STATE
     info: dict[str, Any] = {"file": EVENTS_STATE, "from_offset": None, "from_line": None, "refused": None}
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size > MAX_STATE_BYTES:
-                info["refused"] = f"{size} bytes, more than the {MAX_STATE_BYTES} a saved state may have"
-                return None, info
-            raw = f.read()
+        raw = _read_own_file(path)
     except FileNotFoundError:
         return None, None
-    except OSError as e:
-        info["refused"] = f"unreadable: {e.strerror or e}"
+    except (OSError, StateError) as e:
+        info["refused"] = str(e) if isinstance(e, StateError) else f"unreadable: {e.strerror or e}"
         return None, info
     try:
         doc = json.loads(raw)

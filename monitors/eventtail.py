@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,9 +134,11 @@ class EventReader:
                 self._restart("truncated")
         if self._fd is None:
             try:
-                fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                fd = _open_regular(self.path)
             except FileNotFoundError:
                 return
+            if fd is None:
+                return  # a FIFO, a device or a directory in its place: nothing to read, never a hang
             fst = os.fstat(fd)
             self._fd = fd
             self._id = (fst.st_dev, fst.st_ino)
@@ -186,9 +189,11 @@ class EventReader:
                 and len(carry) <= offset):
             return "the saved position is malformed"
         try:
-            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            fd = _open_regular(self.path)
         except OSError as e:
             return f"{self.path.name} cannot be opened: {e.strerror or e}"
+        if fd is None:
+            return f"{self.path.name} is not a regular file"
         ok = False
         try:
             fst = os.fstat(fd)
@@ -318,6 +323,16 @@ class EventReader:
             self._carry = b""
         else:
             self._carry = rest
+
+
+def _open_regular(path: Path) -> int | None:
+    """A read-only descriptor of ``path`` when it is a regular file, else None (a FIFO, a device, a
+    directory: opened without blocking, then closed). Raises OSError (FileNotFoundError) as open."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    if stat.S_ISREG(os.fstat(fd).st_mode):
+        return fd
+    os.close(fd)
+    return None
 
 
 def _loads_line(line: bytes) -> Any:

@@ -75,9 +75,10 @@ def read_json(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     return obj if isinstance(obj, dict) else None
 
 
-def write_json_atomic(path: str | os.PathLike[str], obj: dict[str, Any], indent: int | None = 2) -> None:
+def write_json_atomic(path: str | os.PathLike[str], obj: dict[str, Any], indent: int | None = 2,
+                      mode: int | None = None) -> None:
     """Write ``obj`` as JSON to ``path`` through a temp file and ``os.replace`` (``indent`` as
-    json.dump takes it; None: one compact line).
+    json.dump takes it; None: one compact line; ``mode``: the file's mode, else the umask's).
 
     A reader never sees half a file. The file gets the mode a plain ``open`` would give it
     (0o666 less the umask), not mkstemp's 0o600: other users may read a run dir (DESIGN.md section 3).
@@ -86,7 +87,7 @@ def write_json_atomic(path: str | os.PathLike[str], obj: dict[str, Any], indent:
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        os.fchmod(fd, 0o666 & ~_umask())
+        os.fchmod(fd, 0o666 & ~_umask() if mode is None else mode)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             # dumps + one write: json.dump streams through the pure-Python iterencode (~4x slower
             # on the supervisor's MB-sized events.state.json)

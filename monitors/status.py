@@ -331,8 +331,9 @@ class RunObserver:
     def _steps_part(self, snap: dict[str, Any], a: _Attempt, now: float) -> None:
         rs = a.ev.run_start or {}
         if rs:
-            snap["versions"] = {k: _obj(rs.get("versions")).get(k) for k in ("python", "torch", "transformers")}
-            snap["attn_implementation"] = {k: _obj(rs.get("attn_implementation")).get(k) for k in ("requested", "resolved")}
+            snap["versions"] = {k: _shallow(_obj(rs.get("versions")).get(k)) for k in ("python", "torch", "transformers")}
+            snap["attn_implementation"] = {k: _shallow(_obj(rs.get("attn_implementation")).get(k))
+                                           for k in ("requested", "resolved")}
         use_events = a.ev.stats.seen > 0
         stats = a.ev.stats if use_events or a.log_stats.seen == 0 else a.log_stats
         gs = self._global_step(a)
@@ -360,7 +361,7 @@ class RunObserver:
             snap["stall"] = sv.as_dict()
             # when it became a stall, from the files: the step's start plus the threshold
             a.stall_at = started + sv.threshold_s if sv.state == "stalled" and started and sv.threshold_s else None
-        snap["last_logs"] = a.ev.last_logs or a.progress.last_log
+        snap["last_logs"] = _shallow(a.ev.last_logs or a.progress.last_log)
 
     def _dynamo_part(self, snap: dict[str, Any], a: _Attempt) -> None:
         ev_part = None
@@ -411,7 +412,7 @@ class RunObserver:
                        "last_byte_age_s": a.log.last_byte_age_s, "from_start": a.log_from_start}
         snap["events"] = {"file": EVENTS_JSONL if a.events.exists else None, "lines": a.events.lines_read,
                           "corrupt_lines": a.events.corrupt_lines, "unusable_steps": a.ev.unusable_steps,
-                          "dropped_events": (a.ev.run_end or {}).get("dropped_events"), "resume": a.ev_resume}
+                          "dropped_events": _shallow((a.ev.run_end or {}).get("dropped_events")), "resume": a.ev_resume}
 
     def _survivors(self, now: float) -> list[dict[str, Any]]:
         """What outlives the ended run in its process groups/sessions (scanned at most every 5 s)."""
@@ -495,6 +496,23 @@ class RunObserver:
 def _obj(v: Any) -> dict[str, Any]:
     """``v`` when it is a JSON object, else an empty one: a nested value read from a file."""
     return v if type(v) is dict else {}
+
+
+#: Values read from events.jsonl and shown as they are (last_logs, versions) are cut at this depth: a
+#: line may nest ~1,000 deep (orjson reads 1,024), and every writer of the snapshot (json.dumps with
+#: an indent, the screen) recurses per level.
+SHOWN_DEPTH = 32
+_TOO_DEEP = f"<nested deeper than {SHOWN_DEPTH} levels: not shown>"
+
+
+def _shallow(v: Any, depth: int = SHOWN_DEPTH) -> Any:
+    """``v`` (a JSON value read from a file) with what lies deeper than ``depth`` levels replaced by
+    a note; a copy when it is a container (never deeper than ``depth`` calls)."""
+    if type(v) is dict:
+        return {k: _shallow(x, depth - 1) for k, x in v.items()} if depth > 0 else _TOO_DEEP
+    if type(v) is list:
+        return [_shallow(x, depth - 1) for x in v] if depth > 0 else _TOO_DEEP
+    return v
 
 
 def _count(v: Any) -> int | float | None:

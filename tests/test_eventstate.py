@@ -164,6 +164,7 @@ def test_floats_round_trip_exactly(tmp_path: Path):
     ("shared list", "a reference to no record: 999999"),
     ("record in a list's place", "FallbackDetector._excused is a StepRecord, not a deque"),
     ("raw", "EventsFold.last_logs is not a value read from events.jsonl"),
+    ("huge int", "a saved StepStats._last is a int (1000000000000000000000"),
 ])
 def test_a_state_that_does_not_fit_is_refused_and_the_attach_still_right(tmp_path: Path, spoil: str, why: str):
     data = b"".join(event_lines("variable_width_fallback"))
@@ -198,6 +199,8 @@ def test_a_state_that_does_not_fit_is_refused_and_the_attach_still_right(tmp_pat
         doc["state"]["f"]["detector"]["f"]["_excused"] = {"R": 999999}
     elif spoil == "record in a list's place":
         doc["state"]["f"]["detector"]["f"]["_excused"] = {"R": 0}
+    elif spoil == "huge int":  # a float() of it would raise in a view's formatting
+        doc["state"]["f"]["stats"]["f"]["_last"] = 10**400
     elif spoil == "raw":
         doc["state"]["f"]["last_logs"] = {"L": [{"R": 0}]}
     if spoil not in ("edit", "truncate", "attempt", "not json"):
@@ -359,3 +362,75 @@ def test_a_late_save_of_the_previous_attempt_is_not_rotated_with_this_ones_files
     rotate(run_dir)
     rotated = json.loads((run_dir / f"events.{stamp}-1.state.json").read_text())
     assert rotated["attempt"] == [3, T0]
+
+
+def test_a_backlog_fed_in_pieces_folds_to_the_same_state(tmp_path: Path, monkeypatch):
+    """EventsFold feeds a long backlog's steps FEED_ROWS at a time (bounded memory): the fold is
+    the same as one feed of everything, to the last attribute."""
+    import monitors.eventfold as ef
+
+    data = b"".join(event_lines("variable_width_fallback") + event_lines("full_fallback", seed=1)[1:])
+    run_dir = tmp_path / "r"
+    write_run(run_dir, data)
+    whole = RunObserver(run_dir, use_saved_state=False)
+    s_whole = whole.refresh()
+    import monitors.eventtail as et
+
+    monkeypatch.setattr(ef, "FEED_ROWS", 37)
+    monkeypatch.setattr(et, "_CHUNK", 4096)  # ~20 events a read: a feed every two reads or so
+    fed: list[int] = []
+    feed = ef.EventsFold._feed
+    monkeypatch.setattr(ef.EventsFold, "_feed", lambda self, rows, ends: (fed.append(len(rows)), feed(self, rows, ends)))
+    pieces = RunObserver(run_dir, use_saved_state=False)
+    s_pieces = pieces.refresh()
+    assert comparable(s_pieces) == comparable(s_whole)
+    assert encode(pieces.a.ev) == encode(whole.a.ev)
+    assert s_whole["fallback"]["state"] == "flagged" and s_whole["step_seconds"]["n"] > 1200
+    assert len(fed) > 20 and max(fed) < 80, fed
+
+
+def test_only_a_state_of_your_own_that_no_one_else_could_change_is_used(tmp_path: Path):
+    """A saved state is trusted, not re-derived: one another user wrote (or could have changed) is
+    never used; their runs are folded line by line, which is always right."""
+    import os
+
+    run_dir = tmp_path / "r"
+    key = write_run(run_dir, b"".join(event_lines("save_spikes")))
+    save_once(run_dir, key)
+    path = run_dir / EVENTS_STATE
+    assert (path.stat().st_mode & 0o777) == 0o644  # whatever the umask: no one else may write it
+    cold = comparable(RunObserver(run_dir, use_saved_state=False).refresh())
+    assert RunObserver(run_dir).refresh()["events"]["resume"]["refused"] is None
+    path.chmod(0o664)
+    snap = RunObserver(run_dir).refresh()
+    assert "writable by others (mode 664)" in snap["events"]["resume"]["refused"] and comparable(snap) == cold
+    path.chmod(0o644)
+    if os.geteuid() == 0:  # only root can hand a file to another user here
+        os.chown(path, 12345, -1)
+        snap = RunObserver(run_dir).refresh()
+        assert "written by uid 12345" in snap["events"]["resume"]["refused"] and comparable(snap) == cold
+
+
+def test_a_fifo_in_place_of_a_file_never_hangs_a_view(tmp_path: Path):
+    import os
+
+    run_dir = tmp_path / "r"
+    key = write_run(run_dir, b"".join(event_lines("save_spikes")))
+    os.mkfifo(run_dir / EVENTS_STATE)  # no writer: a blocking open would wait for ever
+    done = threading.Event()
+    out: dict = {}
+    threading.Thread(target=lambda: (out.update(RunObserver(run_dir).refresh()), done.set()), daemon=True).start()
+    assert done.wait(20), "the view hung on a FIFO events.state.json"
+    assert out["events"]["resume"]["refused"] == "not a regular file"
+    assert out["step_seconds"]["n"] > 1000
+    os.unlink(run_dir / "events.jsonl")
+    os.mkfifo(run_dir / "events.jsonl")
+    os.unlink(run_dir / EVENTS_STATE)
+    done.clear()
+    threading.Thread(target=lambda: (out.update(RunObserver(run_dir).refresh()), done.set()), daemon=True).start()
+    assert done.wait(20), "the view hung on a FIFO events.jsonl"
+    assert out["step_seconds"]["n"] == 0 and out["state"] == "exited"
+    t = threading.Thread(target=save_once, args=(run_dir, key), daemon=True)  # the supervisor's loop too
+    t.start()
+    t.join(20)
+    assert not t.is_alive(), "the supervisor's loop hung on a FIFO events.jsonl"

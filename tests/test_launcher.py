@@ -69,12 +69,14 @@ def test_a_runs_dir_linked_into_the_tree_is_not_an_untracked_file(repo: Path, tm
     scratch.mkdir()
     (repo / "runs").symlink_to(scratch)  # runs -> /scratch/runs, not in .gitignore as a file
     (repo / "notes.txt").write_text("scratch\n")
+    (repo / "loop").symlink_to(repo / "loop")  # odd links stay listed, and never break the launch
+    (repo / "up").symlink_to(tmp_path)  # holds the runs dir, but is not it
     r = launch(repo, sys.executable, "ok.py")
     assert r.returncode == 0, r.stderr
     run = run_json(scratch / "r")
-    assert run["identity"]["untracked"] == ["notes.txt"], run["identity"]["untracked"]
+    assert run["identity"]["untracked"] == ["loop", "notes.txt", "up"], run["identity"]["untracked"]
     warning = next(ln for ln in r.stderr.splitlines() if "untracked files" in ln)
-    assert warning.endswith("(not part of harness_commit): notes.txt"), warning
+    assert warning.endswith("(not part of harness_commit): loop, notes.txt, up"), warning
 
 
 def test_launch_into_a_pipe_opens_no_tui(repo: Path):
@@ -83,6 +85,27 @@ def test_launch_into_a_pipe_opens_no_tui(repo: Path):
     assert "stdout is not a terminal: no TUI; the run goes on" in r.stdout
     assert "\x1b[" not in r.stdout + r.stderr  # no escape codes in the pipe
     assert wait_exit(repo / "runs" / "r")["returncode"] == 0
+
+
+def test_a_gpu_recording_named_relative_to_the_run_cwd_is_replayed(repo: Path):
+    """The run config's env may name a GPU recording relative to the run's cwd (where the command
+    runs), though the supervisor itself works in the run dir."""
+    import shutil
+
+    from monitors.gpu.recorded import bundled_recording
+
+    (repo / "recs").mkdir()
+    shutil.copy(bundled_recording("synthetic_h100_idle.jsonl"), repo / "recs" / "mine.jsonl")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "a recording")
+    r = launch(repo, sys.executable, "-c", "import time; time.sleep(2.5)",
+               extra=("--env", "STEPWATCH_GPU_RECORDING=recs/mine.jsonl"))
+    assert r.returncode == 0, r.stderr
+    run_dir = repo / "runs" / "r"
+    wait_exit(run_dir)
+    recs = [json.loads(ln) for ln in (run_dir / "gpu.jsonl").read_text().splitlines() if ln.strip()]
+    assert recs and {r["backend"] for r in recs} == {"recorded:mine.jsonl"}
+    assert all(r["gpu_error"] is None and r["devices"] for r in recs), recs[0]  # not "recording unavailable"
 
 
 def test_allow_dirty_launches_and_records_reason(repo: Path):

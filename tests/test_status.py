@@ -707,6 +707,31 @@ def test_odd_values_in_every_event_kind_never_break_the_snapshot(tmp_path: Path,
     assert cli.returncode == 0, cli.stderr
 
 
+def test_values_nested_a_thousand_deep_are_cut_where_they_are_shown(tmp_path: Path):
+    """orjson reads a line nested up to 1,024 deep; every writer of the snapshot (json.dumps with an
+    indent, watch --json, the screen) recurses per level: what is shown as read (last_logs,
+    versions, dropped_events) is cut at SHOWN_DEPTH levels."""
+    from monitors.status import SHOWN_DEPTH
+
+    t0 = 1_780_000_000.0
+    deep = "[" * 1000 + "]" * 1000
+    lines = ['{"v": 1, "kind": "run_start", "t": %r, "rank": 0, "versions": {"torch": %s, "python": "3.11"}}' % (t0, deep),
+             json.dumps(_step(1, 1.0, t0 + 1)),
+             '{"v": 1, "kind": "log", "t": %r, "rank": 0, "logs": {"loss": 1.5, "x": %s}}' % (t0 + 1, deep),
+             '{"v": 1, "kind": "run_end", "t": %r, "rank": 0, "dropped_events": %s}' % (t0 + 2, deep)]
+    run_dir = _finished_run_dir(tmp_path / "deep", lines)
+    snap = RunObserver(run_dir).refresh()
+    assert snap["events"]["corrupt_lines"] == 0 and snap["versions"]["python"] == "3.11"
+    assert snap["last_logs"]["loss"] == 1.5
+    v = snap["last_logs"]["x"]
+    for _ in range(SHOWN_DEPTH - 1):
+        v = v[0]
+    assert v == f"<nested deeper than {SHOWN_DEPTH} levels: not shown>"
+    for args in (("status", str(run_dir), "--json"), ("watch", str(run_dir), "--json")):
+        cli = subprocess.run([sys.executable, "-m", "tui.cli", *args], capture_output=True, text=True, timeout=60)
+        assert cli.returncode == 0 and "Traceback" not in cli.stderr, (args, cli.stderr[-500:])
+
+
 @pytest.mark.parametrize("same_launch_time", [False, True])
 def test_a_run_dir_launched_again_under_the_same_name_is_a_new_attempt(tmp_path: Path, same_launch_time: bool):
     """Removed and launched again (attempt 1 again): a kept observer (the home list, the run

@@ -15,8 +15,12 @@ then folds from byte 0, as without a state, and ``status --json`` says why in
 * ``attempt``: run.json's (attempt, launched_at_unix);
 * ``events``: the SHA-256 of the first ``offset`` bytes of events.jsonl as the supervisor read
   them, checked against the file by hashing those bytes again (:meth:`EventReader.resume`);
-* the objects themselves: JSON, never a pickle (a run dir may belong to another user). Only the
-  classes in ``_CLASSES`` are made, each with exactly the attributes a fresh one has.
+* the file: a regular file of the viewer's own user that no one else may write (the supervisor
+  saves it 0644). The state is trusted, not re-derived, so another user's is never used: their
+  runs are folded line by line, which is always right (a crafted state could make a view slow);
+* the objects themselves: JSON, never a pickle. Only the classes in ``_CLASSES`` are made, each
+  with exactly the attributes a fresh one has, each of its type, windows of their length, and the
+  detector's width index consistent with its window.
 
 The format: every value is JSON; a float is a JSON number (``NaN``/``Infinity`` as Python's json
 writes them, which round-trips every float exactly, -0.0 included); anything else is an object
@@ -33,12 +37,13 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import math
 import os
 import stat
 import sys
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from pathlib import Path
 from typing import Any, Callable
 
@@ -261,7 +266,25 @@ def _dec(n: Any, objs: dict[int, Any]) -> Any:
                 raise StateError(f"a saved {name}.{k} is a {type(v).__name__} ({str(v)[:40]})")
         elif type(v) is not type(want):
             raise StateError(f"a saved {name}.{k} is a {type(v).__name__}, not a {type(want).__name__}")
+        elif type(v) is deque and v.maxlen != want.maxlen:
+            raise StateError(f"a saved {name}.{k} keeps {v.maxlen} items, not {want.maxlen}")
+    if name == "_Baseline":
+        _check_baseline(o)
     return o
+
+
+def _check_baseline(b: _Baseline) -> None:
+    """The invariants a detector window keeps (its width groups index its steps), so a state cannot
+    make a lookup scan the window at every step. Raises StateError."""
+    widths = Counter(e[1] for e in b._q if type(e) is tuple and len(e) == 3 and e[1] is not None)
+    if (len(b._q) > b.maxlen or b._n_width != sum(widths.values()) or widths.keys() != b._groups.keys()
+            or any(len(b._groups[w]) != n for w, n in widths.items())):
+        raise StateError("a saved detector window does not match its width groups")
+    lw_ws = b._lw_ws
+    if (b._lws != sorted(lw_ws) or sorted(w for ws in lw_ws.values() for w in ws) != sorted(b._groups)
+            or any(math.log(w) != lw for lw, ws in lw_ws.items() for w in ws)
+            or b._shared != {lw for lw, ws in lw_ws.items() if len(ws) > 1}):
+        raise StateError("a saved detector window's width index is not its widths'")
 
 
 def _dec_items(items: list[Any], objs: dict[int, Any]) -> list[Any]:

@@ -160,11 +160,13 @@ def test_floats_round_trip_exactly(tmp_path: Path):
     ("class", "may not make a 'Popen'"),
     ("field", "has the wrong fields"),
     ("maxlen", "bad deque maxlen 1000000000000000000000000000000"),
+    ("window length", "a saved EventsFold.recompile_steps keeps 16777216 items, not 1000"),
     ("type", "a saved EventsFold.stats is a dict, not a StepStats"),
     ("shared list", "a reference to no record: 999999"),
     ("record in a list's place", "FallbackDetector._excused is a StepRecord, not a deque"),
     ("raw", "EventsFold.last_logs is not a value read from events.jsonl"),
     ("huge int", "a saved StepStats._last is a int (1000000000000000000000"),
+    ("width index", "a saved detector window's width index is not its widths'"),
 ])
 def test_a_state_that_does_not_fit_is_refused_and_the_attach_still_right(tmp_path: Path, spoil: str, why: str):
     data = b"".join(event_lines("variable_width_fallback"))
@@ -193,6 +195,8 @@ def test_a_state_that_does_not_fit_is_refused_and_the_attach_still_right(tmp_pat
         doc["state"]["f"]["extra"] = 1
     elif spoil == "maxlen":
         doc["state"]["f"]["recompile_steps"]["m"] = 10**30
+    elif spoil == "window length":
+        doc["state"]["f"]["recompile_steps"]["m"] = 1 << 24
     elif spoil == "type":
         doc["state"]["f"]["stats"] = {"D": []}
     elif spoil == "shared list":  # a list held twice could nest itself 2**60 times in 200 KB
@@ -201,6 +205,12 @@ def test_a_state_that_does_not_fit_is_refused_and_the_attach_still_right(tmp_pat
         doc["state"]["f"]["detector"]["f"]["_excused"] = {"R": 0}
     elif spoil == "huge int":  # a float() of it would raise in a view's formatting
         doc["state"]["f"]["stats"]["f"]["_last"] = 10**400
+    elif spoil == "width index":  # every width under one log: a lookup would scan the window at each step
+        base = doc["state"]["f"]["detector"]["f"]["_base"]["f"]
+        pairs = base["_lw_ws"]["D"]
+        assert len(pairs) > 1
+        pairs[:] = [[pairs[0][0], {"L": [w for _, ws in pairs for w in ws["L"]]}]]
+        base["_lws"]["L"] = [pairs[0][0]]
     elif spoil == "raw":
         doc["state"]["f"]["last_logs"] = {"L": [{"R": 0}]}
     if spoil not in ("edit", "truncate", "attempt", "not json"):

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import stat
 import threading
 import time
 from collections import deque
@@ -304,7 +305,8 @@ class LogFollower:
     # ----------------------------------------------------------------- helpers
     def _open(self, st: os.stat_result, out: list[Segment], now: float) -> bool:
         try:
-            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            # without blocking: a FIFO put in its place must not hang the view
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
         except FileNotFoundError:
             return False  # vanished between stat and open: next poll
         except OSError as e:
@@ -313,6 +315,12 @@ class LogFollower:
             self.state = "unreadable"
             return False
         fst = os.fstat(fd)
+        if not stat.S_ISREG(fst.st_mode):
+            os.close(fd)
+            if self.state != "unreadable":
+                self._note(out, now, f"cannot follow {self.path}: not a regular file")
+            self.state = "unreadable"
+            return False
         self._fd = fd
         self._id = (fst.st_dev, fst.st_ino)
         self._reset_splitter(keep_view=False)

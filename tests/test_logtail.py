@@ -505,3 +505,15 @@ async def test_async_change_notice(tmp_path: Path) -> None:
     await asyncio.wait_for(task, timeout=10)
     assert "async line" in got
     assert notifier.mode == "watchfiles"
+
+
+def test_a_fifo_in_place_of_train_log_is_said_not_followed(tmp_path: Path) -> None:
+    """No writer on the FIFO: a blocking open would hang the view for ever."""
+    path = tmp_path / TRAIN_LOG
+    os.mkfifo(path)
+    done = threading.Event()
+    got: list[Segment] = []
+    f = LogFollower(path)
+    threading.Thread(target=lambda: (got.extend(f.poll()), done.set()), daemon=True).start()
+    assert done.wait(20), "LogFollower hung on a FIFO"
+    assert f.state == "unreadable" and any("not a regular file" in s.text for s in got), got

@@ -52,7 +52,7 @@ from sortedcontainers import SortedList
 from monitors.detectors import FallbackDetector, _Baseline, _Slow
 from monitors.eventfold import EventsFold
 from monitors.eventtail import EventReader
-from monitors.runfiles import EVENTS_JSONL, EVENTS_STATE, RUN_JSON, read_json, write_json_atomic
+from monitors.runfiles import EVENTS_JSONL, EVENTS_STATE, RUN_JSON, open_regular, read_json, write_json_atomic
 from monitors.stepstats import StepRecord, StepStats
 
 FORMAT = 1
@@ -333,11 +333,11 @@ def _read_own_file(path: Path) -> bytes:
     never used; that user's runs are folded line by line instead, which is always right. Opened
     without blocking (a FIFO in its place would hang the view). Raises FileNotFoundError, OSError,
     StateError (why it is not used)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    fd = open_regular(path)
+    if fd is None:
+        raise StateError("not a regular file")
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise StateError("not a regular file")
         if st.st_uid != os.geteuid() or st.st_mode & 0o022:
             raise StateError(f"written by uid {st.st_uid} or writable by others (mode {stat.S_IMODE(st.st_mode):o}): "
                              f"only a state of your own is used")
@@ -357,6 +357,11 @@ def _read_own_file(path: Path) -> bytes:
         os.close(fd)
 
 
+def refused(why: str | None) -> dict[str, Any]:
+    """The snapshot's ``events.resume`` object for a saved state not used, and ``why``."""
+    return {"file": EVENTS_STATE, "from_offset": None, "from_line": None, "refused": why}
+
+
 def load(run_dir: Path, attempt_key: tuple[Any, Any], reader: EventReader) -> tuple[EventsFold | None, dict[str, Any] | None]:
     """The saved fold for this attempt, with ``reader`` (fresh) moved to where the fold stands.
 
@@ -365,7 +370,7 @@ def load(run_dir: Path, attempt_key: tuple[Any, Any], reader: EventReader) -> tu
     from_line where reading continued, or ``refused`` (why the state was not used; fold None,
     reader untouched). Raises nothing."""
     path = Path(run_dir) / EVENTS_STATE
-    info: dict[str, Any] = {"file": EVENTS_STATE, "from_offset": None, "from_line": None, "refused": None}
+    info = refused(None)
     try:
         raw = _read_own_file(path)
     except FileNotFoundError:

@@ -23,11 +23,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Literal
+
+from monitors.runfiles import open_regular
 
 try:  # a declared dependency; the standard library parses alone if it is missing
     from orjson import loads as _fast_loads
@@ -134,7 +135,7 @@ class EventReader:
                 self._restart("truncated")
         if self._fd is None:
             try:
-                fd = _open_regular(self.path)
+                fd = open_regular(self.path)
             except FileNotFoundError:
                 return
             if fd is None:
@@ -189,7 +190,7 @@ class EventReader:
                 and len(carry) <= offset):
             return "the saved position is malformed"
         try:
-            fd = _open_regular(self.path)
+            fd = open_regular(self.path)
         except OSError as e:
             return f"{self.path.name} cannot be opened: {e.strerror or e}"
         if fd is None:
@@ -323,16 +324,6 @@ class EventReader:
             self._carry = b""
         else:
             self._carry = rest
-
-
-def _open_regular(path: Path) -> int | None:
-    """A read-only descriptor of ``path`` when it is a regular file, else None (a FIFO, a device, a
-    directory: opened without blocking, then closed). Raises OSError (FileNotFoundError) as open."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    if stat.S_ISREG(os.fstat(fd).st_mode):
-        return fd
-    os.close(fd)
-    return None
 
 
 def _loads_line(line: bytes) -> Any:

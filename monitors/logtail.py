@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import stat
 import threading
 import time
 from collections import deque
@@ -36,6 +35,8 @@ from collections.abc import AsyncIterator, Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
+
+from monitors.runfiles import open_regular
 
 __all__ = [
     "Segment",
@@ -305,22 +306,19 @@ class LogFollower:
     # ----------------------------------------------------------------- helpers
     def _open(self, st: os.stat_result, out: list[Segment], now: float) -> bool:
         try:
-            # without blocking: a FIFO put in its place must not hang the view
-            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+            fd = open_regular(self.path)  # a FIFO put in its place must not hang the view
         except FileNotFoundError:
             return False  # vanished between stat and open: next poll
         except OSError as e:
+            fd, why = None, f"cannot open {self.path}: {e.strerror or e}"
+        else:
+            why = f"cannot follow {self.path}: not a regular file"
+        if fd is None:
             if self.state != "unreadable":
-                self._note(out, now, f"cannot open {self.path}: {e.strerror or e}")
+                self._note(out, now, why)
             self.state = "unreadable"
             return False
         fst = os.fstat(fd)
-        if not stat.S_ISREG(fst.st_mode):
-            os.close(fd)
-            if self.state != "unreadable":
-                self._note(out, now, f"cannot follow {self.path}: not a regular file")
-            self.state = "unreadable"
-            return False
         self._fd = fd
         self._id = (fst.st_dev, fst.st_ino)
         self._reset_splitter(keep_view=False)

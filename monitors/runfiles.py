@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 import time
 from datetime import datetime, timezone
@@ -52,6 +53,17 @@ def stamped_name(filename: str, stamp: str) -> str:
     """``train.log`` + stamp -> ``train.<stamp>.log``; ``events.jsonl`` -> ``events.<stamp>.jsonl``."""
     stem, dot, ext = filename.partition(".")
     return f"{stem}.{stamp}.{ext}" if dot else f"{filename}.{stamp}"
+
+
+def open_regular(path: str | os.PathLike[str]) -> int | None:
+    """A read-only descriptor of ``path`` when it is a regular file, else None (a FIFO, a device, a
+    directory put in its place: opened without blocking, so a FIFO with no writer never hangs the
+    reader, then closed). Raises OSError (FileNotFoundError, PermissionError) as ``os.open``."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    if stat.S_ISREG(os.fstat(fd).st_mode):
+        return fd
+    os.close(fd)
+    return None
 
 
 def read_json(path: str | os.PathLike[str]) -> dict[str, Any] | None:

@@ -27,6 +27,7 @@ from typing import Any
 
 from monitors.detectors import stall_state
 from monitors.eventfold import EventsFold, step_no, unix_time
+from monitors.eventstate import load as load_saved_state, refused
 from monitors.dynamolog import DynamoLogScanner, RecompileLimit, Recompile
 from monitors.eventtail import EventReader
 from monitors.gpu.reading import WINDOW_S as GPU_WINDOW_S
@@ -35,7 +36,7 @@ from monitors.logtail import DEFAULT_MAX_BYTES_PER_POLL, LogFollower
 from monitors.progress import ProgressTracker, rank_prefix
 from monitors.acks import read_acked
 from monitors.rundirs import run_survivors
-from monitors.runfiles import EVENTS_JSONL, EVENTS_STATE, EXIT_JSON, GPU_JSONL, RUN_JSON, STOP_JSON, TRAIN_LOG, read_json, utc_iso
+from monitors.runfiles import EVENTS_JSONL, EXIT_JSON, GPU_JSONL, RUN_JSON, STOP_JSON, TRAIN_LOG, read_json, utc_iso
 from monitors.stepstats import StepStats
 from monitors.watchdog import ProcessRef, probe
 
@@ -175,9 +176,7 @@ class RunObserver:
         """A fresh _Attempt; with ``resume``, its events fold from the saved state when it checks out."""
         a = _Attempt(self.run_dir)
         if resume and self.use_saved_state:
-            from monitors.eventstate import load  # noqa: PLC0415 - only needed at an attach
-
-            fold, a.ev_resume = load(self.run_dir, key, a.events)
+            fold, a.ev_resume = load_saved_state(self.run_dir, key, a.events)
             if fold is not None:
                 a.ev = fold
         return a
@@ -194,8 +193,7 @@ class RunObserver:
             a.close()
             a = self._new_attempt(key, resume=False)
             if resumed:
-                a.ev_resume = {"file": EVENTS_STATE, "from_offset": None, "from_line": None,
-                               "refused": f"{EVENTS_JSONL} was replaced or truncated after the saved state was checked"}
+                a.ev_resume = refused(f"{EVENTS_JSONL} was replaced or truncated after the saved state was checked")
             a.ev.fold(a.events)
         return a
 
@@ -259,8 +257,7 @@ class RunObserver:
             # made by hand. Drop it and fold every line, as without it.
             a.close()
             self.a = _Attempt(self.run_dir)
-            self.a.ev_resume = {"file": EVENTS_STATE, "from_offset": None, "from_line": None,
-                                "refused": f"the saved state failed in use: {type(e).__name__}: {e}"}
+            self.a.ev_resume = refused(f"the saved state failed in use: {type(e).__name__}: {e}")
             return self._refresh(now)
 
     def _refresh(self, now: float | None) -> dict[str, Any]:

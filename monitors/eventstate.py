@@ -34,6 +34,7 @@ Nothing else may be shared, so a state read back is a tree the size of its file.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import json
@@ -62,7 +63,7 @@ SAVE_EVERY_S = 30.0
 #: (a 100,000-step state costs ~0.2 s to save: 30 s apart, under 1 % of a core).
 SAVE_COST_SHARE = 100.0
 #: A saved state bigger than this is refused unread (100,000 steps make ~1.6 MB; reading one back
-#: takes ~15x its size in memory).
+#: takes 14-50x its size in memory, measured: most for a file of tiny objects).
 MAX_STATE_BYTES = 64 * 1024 * 1024
 #: A half-written last line longer than this (bytes) is not saved; the next save will have it whole.
 MAX_CARRY_BYTES = 1024 * 1024
@@ -98,24 +99,15 @@ class StateError(ValueError):
     not the class's own, a value of the wrong type, a container held twice."""
 
 
-def _source_digest() -> str:
+@functools.cache
+def code_digest() -> str:
+    """SHA-256 (hex) of the source files of the modules whose objects a saved state holds, read
+    when this module is first asked (the supervisor asks as it starts following)."""
     h = hashlib.sha256()
     for name in _MODULES:
         mod = sys.modules.get(name) or importlib.import_module(name)
         h.update(Path(mod.__file__ or name).read_bytes())
     return h.hexdigest()
-
-
-_code_digest: str | None = None
-
-
-def code_digest() -> str:
-    """SHA-256 (hex) of the source files of the modules whose objects a saved state holds, read
-    when this module is first asked (the supervisor asks as it starts following)."""
-    global _code_digest
-    if _code_digest is None:
-        _code_digest = _source_digest()
-    return _code_digest
 
 
 def _fields(name: str) -> tuple[tuple[str, ...], dict[str, Any]]:

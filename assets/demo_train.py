@@ -28,7 +28,7 @@ import torch
 from torch.utils.data import Dataset
 from transformers import AutoModelForCausalLM, LlamaConfig, Trainer, TrainerCallback, TrainingArguments
 
-from monitors.telemetry import StepwatchCallback
+from stepwatch.telemetry import StepwatchCallback
 
 ATTN_IMPLEMENTATION = "sdpa"  # what this harness asks for; the callback records what it resolved to
 

@@ -8,7 +8,7 @@ with ``run_start``, ``--steps`` ``step`` events (lognormal durations around 19.5
 ``first``, a save every 500 steps with its ``phase`` begin/end and the next step flagged ``save``),
 a ``log`` event every 10 steps, one ``dynamo`` event and ``run_end`` -- the lines ``StepTelemetry``
 writes -- and events.state.json, saved by the very function the supervisor runs beside a run
-(``monitors.eventstate.follow``, here its last save, made once the run has ended). Then, in
+(``stepwatch.monitors.fold.savedstate.follow``, here its last save, made once the run has ended). Then, in
 interleaved rounds (the order rotates; page cache warm):
 
 * A, the baseline: read events.jsonl and ``json.loads`` every line, nothing else;
@@ -51,7 +51,7 @@ TARGET_S, TARGET_RATIO = 1.0, 3.0
 
 def build_run(run_dir: Path, steps: int, seed: int = 0) -> dict:
     """Write a finished run dir with ``steps`` step events; return counts."""
-    from monitors.runfiles import write_json_atomic
+    from stepwatch.monitors.runfiles import write_json_atomic
 
     run_dir.mkdir(parents=True)
     rng = random.Random(seed)
@@ -93,7 +93,7 @@ def build_run(run_dir: Path, steps: int, seed: int = 0) -> dict:
                                      "counters": {"stats": {"unique_graphs": 4}, "frames": {"total": 5, "ok": 4}},
                                      "recompiles": 3, "recompile_limit_hits": 0}))
     dts.sort()
-    from monitors.telemetry import step_summary
+    from stepwatch.telemetry import step_summary
 
     lines.append(enc.encode({"v": 1, "kind": "run_end", "t": t + 1, "step": steps, "rank": 0,
                              "step_seconds": step_summary(dts),
@@ -126,7 +126,7 @@ def time_json_loads(path: Path) -> float:
 
 
 def time_refresh(run_dir: Path, use_saved_state: bool = True) -> tuple[float, dict]:
-    from monitors.status import RunObserver
+    from stepwatch.monitors.snapshot.observer import RunObserver
 
     t0 = time.perf_counter()
     snap = RunObserver(run_dir, use_saved_state=use_saved_state).refresh()
@@ -137,10 +137,10 @@ def save_state(run_dir: Path) -> dict:
     """What the supervisor leaves: its last save of events.state.json; returns its costs."""
     import threading
 
-    from monitors.eventfold import EventsFold
-    from monitors.eventstate import follow, save
-    from monitors.eventtail import EventReader
-    from monitors.runfiles import read_json
+    from stepwatch.monitors.fold.events import EventsFold
+    from stepwatch.monitors.fold.savedstate import follow, save
+    from stepwatch.monitors.readers.jsonl import EventReader
+    from stepwatch.monitors.runfiles import read_json
 
     run = read_json(run_dir / "run.json") or {}
     key = (run.get("attempt"), run.get("launched_at_unix"))
@@ -186,8 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         info = build_run(run_dir, a.steps)
         info["build_s"] = time.perf_counter() - t0
-        import monitors.eventstate  # noqa: F401  (imports outside the timings)
-        import monitors.status  # noqa: F401  (imports outside the timings)
+        import stepwatch.monitors.fold.savedstate  # noqa: F401  (imports outside the timings)
+        import stepwatch.monitors.snapshot.observer  # noqa: F401  (imports outside the timings)
 
         info.update(save_state(run_dir))
         ev = run_dir / "events.jsonl"
@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
             t1 = time.perf_counter()
             subprocess.run([sys.executable, "-c", "pass"], check=True)
             t2 = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "tui.cli", "status", str(run_dir), "--json"], check=True, cwd=ROOT,
+            subprocess.run([sys.executable, "-m", "stepwatch.tui.cli", "status", str(run_dir), "--json"], check=True, cwd=ROOT,
                            stdout=subprocess.DEVNULL)
             bare.append(t2 - t1)
             cli.append(time.perf_counter() - t2)

@@ -32,10 +32,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from monitors.logtail import LogFollower  # noqa: E402
+from stepwatch.monitors.readers.textlog import LogFollower  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402  (bench/common.py)
-from monitors.runfiles import TRAIN_LOG  # noqa: E402
+from stepwatch.monitors.runfiles import TRAIN_LOG  # noqa: E402
 
 SCREEN_LINES = 200
 

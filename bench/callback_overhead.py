@@ -42,7 +42,7 @@ def measure(pairs: int, block: int, hidden: int, seq_len: int, batch: int, run_d
     from transformers import AutoModelForCausalLM, LlamaConfig, Trainer, TrainerCallback, TrainingArguments
     from transformers.utils import logging as hf_logging
 
-    from monitors.telemetry import StepwatchCallback
+    from stepwatch.telemetry import StepwatchCallback
 
     hf_logging.set_verbosity_error()
     import_s = time.perf_counter() - t_imp

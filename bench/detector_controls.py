@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from monitors.detectors import FLAG_WINDOW, FallbackDetector  # noqa: E402
+from stepwatch.monitors.detectors.fallback import FLAG_WINDOW, FallbackDetector  # noqa: E402
 
 
 def load_controls():

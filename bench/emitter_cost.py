@@ -44,7 +44,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from monitors.telemetry import StepTelemetry, nearest_rank  # noqa: E402
+from stepwatch.telemetry import StepTelemetry, nearest_rank  # noqa: E402
 
 
 def _empty(tokens=None, padded_tokens=None):
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = tempfile.mkdtemp(prefix="stepwatch-bench-", dir=a.dir)
     try:
         tel = StepTelemetry(run_dir=run_dir)
-        import monitors.telemetry.core as core
+        import stepwatch.telemetry.core as core
 
         core._warned_unset = True  # the no-op emitter below is deliberate: no warning line
         noop = StepTelemetry(run_dir=None, start=False)

@@ -4,7 +4,7 @@
     python bench/gpu_sampler_cost.py --quick    # 5 s window
     python bench/gpu_sampler_cost.py --json F   # also the common --json shape (bench/common.py)
 
-Runs :class:`monitors.gpu.sampler.GpuSampler` on its own thread, replaying a bundled synthetic
+Runs :class:`stepwatch.monitors.gpu.sampler.GpuSampler` on its own thread, replaying a bundled synthetic
 recording whose devices are copied ``--devices`` times (an 8-GPU node by default), writing gpu.jsonl
 to a temporary run dir, watching this process's own pid (so the run-tree lookup runs too). The whole
 process's CPU time (``time.process_time``: user + system, all threads) over the window, divided by the
@@ -34,8 +34,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from monitors.gpu.recorded import RecordedBackend, bundled_recording, load_recording  # noqa: E402
-from monitors.gpu.sampler import GpuSampler  # noqa: E402
+from stepwatch.monitors.gpu.recorded import RecordedBackend, bundled_recording, load_recording  # noqa: E402
+from stepwatch.monitors.gpu.sampler import GpuSampler  # noqa: E402
 
 TARGET = 0.01
 
@@ -73,7 +73,7 @@ def nvml_present() -> str | None:
 def measure(window_s: float, interval_s: float, devices: int, recording: str, real: bool = False) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="stepwatch-bench-") as tmp:
         if real:
-            from monitors.gpu.backend import NvmlBackend
+            from stepwatch.monitors.gpu.backend import NvmlBackend
 
             backend = NvmlBackend()
         else:

@@ -4,7 +4,7 @@
 
 Launches the steady fake run (bench/steady_run.py: 10 step events/s through StepTelemetry, 100 log
 lines/s, launched by stepwatch's own launcher, so its supervisor and GPU sampler run too), starts
-``python -m tui.cli watch RUN --plain`` with its stdout in a file, lets it catch up for ``--warmup``
+``python -m stepwatch.tui.cli watch RUN --plain`` with its stdout in a file, lets it catch up for ``--warmup``
 seconds, then reads its CPU time (user + system, psutil) at both ends of a ``--window`` seconds
 window. The figure is CPU seconds per wall second. For scale, the same is reported for the run's
 supervisor (which copies the job's output into train.log) and for the fake job itself.
@@ -37,13 +37,13 @@ def cpu_s(p) -> float | None:
 def measure(warmup_s: float, window_s: float) -> dict:
     import psutil
 
-    from monitors.runfiles import RUN_JSON, read_json
+    from stepwatch.monitors.runfiles import RUN_JSON, read_json
 
     with steady_run(max_s=warmup_s + window_s + 120) as run_dir:
         run = read_json(run_dir / RUN_JSON) or {}
         out_path = run_dir.parent / "watch.out"
         with open(out_path, "wb") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "tui.cli", "watch", str(run_dir), "--plain"],
+            proc = subprocess.Popen([sys.executable, "-m", "stepwatch.tui.cli", "watch", str(run_dir), "--plain"],
                                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True, cwd=str(ROOT))
         try:

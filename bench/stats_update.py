@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from monitors.stepstats import StepStats  # noqa: E402
+from stepwatch.monitors.stats.stepstats import StepStats  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402  (bench/common.py)
 

@@ -32,7 +32,7 @@ RUN_NAME = "swbench-steady-run"
 WRITER = r'''
 import os, random, sys, time
 sys.path.insert(0, {root!r})   # stepwatch from the checkout (a job would `pip install stepwatch`)
-from monitors.telemetry import StepTelemetry
+from stepwatch.telemetry import StepTelemetry
 
 MAX_S = float(sys.argv[1]) if len(sys.argv) > 1 else 600.0
 HZ, STEP_EVERY = 100, 10        # 100 log lines/s, a step event every 10th line: 10 steps/s
@@ -61,9 +61,9 @@ tel.close()
 @contextlib.contextmanager
 def steady_run(max_s: float = 600.0, name: str = RUN_NAME) -> Iterator[Path]:
     """Launch the steady fake run with stepwatch's launcher; yield its run dir; kill and clean up."""
-    from launcher.config import config_from_flags
-    from launcher.launch import launch
-    from monitors.runfiles import RUN_JSON, read_json
+    from stepwatch.launcher.config import config_from_flags
+    from stepwatch.launcher.launch import launch
+    from stepwatch.monitors.runfiles import RUN_JSON, read_json
 
     tmp = Path(tempfile.mkdtemp(prefix="stepwatch-bench-run-"))
     run_dir = None

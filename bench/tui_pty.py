@@ -8,7 +8,7 @@ stdin/stdout/stderr on the slave, ``setsid`` + ``TIOCSCTTY``, the environment ex
 continuously. Nothing answers the terminal's queries (so frames carry no synchronized-update wrapper).
 
 Against the steady fake run (bench/steady_run.py: 10 step events/s, 100 log lines/s) it runs
-``python -m tui.cli attach RUN`` and then ``... attach RUN --low-bandwidth``; for each, after a
+``python -m stepwatch.tui.cli attach RUN`` and then ``... attach RUN --low-bandwidth``; for each, after a
 ``--warmup`` from ``Popen()`` it counts the bytes read in a ``--window`` (and bins them per second,
 a gap over 4 ms between reads starting a new frame), and samples the app's CPU time (user + system,
 psutil, children included) at both ends. First frame: from just before ``Popen()`` to the first
@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         F[k] = None
     firsts: list[float] = []
     env = pty_env()
-    cli = [sys.executable, "-m", "tui.cli"]
+    cli = [sys.executable, "-m", "stepwatch.tui.cli"]
     try:
         from steady_run import RUN_NAME, steady_run
 

@@ -11,7 +11,7 @@ answer "ready". After a random U(0.2, 0.7) s (seeded; it covers a whole 0.5 s po
 polling phase is random) this process takes ``monotonic_ns()`` and sends SIGKILL; each watcher takes
 ``monotonic_ns()`` when it notices and reports it. Latency = that minus the kill time. Watchers:
 
-* ``stepwatch_pidfd``: ``monitors.watchdog.wait_for_exit(ProcessRef.of_pid(pid), poll_s=0.5)`` (what
+* ``stepwatch_pidfd``: ``stepwatch.monitors.watchdog.wait_for_exit(ProcessRef.of_pid(pid), poll_s=0.5)`` (what
   ``stepwatch watch`` calls between refreshes): the figure ``watchdog_latency_s``;
 * ``stepwatch_poll``: the same with ``os.pidfd_open`` removed in that process, so only the
   ``kill -0`` + create_time probe every 0.5 s runs: ``watchdog_latency_poll_s``;
@@ -48,7 +48,7 @@ sys.path.insert(0, sys.argv[2])
 METHOD = sys.argv[1]
 if METHOD == "stepwatch_poll" and hasattr(os, "pidfd_open"):
     del os.pidfd_open                      # wait_for_exit falls back to the kill -0 poll
-from monitors.watchdog import ProcessRef, wait_for_exit
+from stepwatch.monitors.watchdog import ProcessRef, wait_for_exit
 POLL_S = float(sys.argv[3])
 for line in sys.stdin:
     pid = int(line)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from monitors.rundirs import default_runs_dir
+from stepwatch.monitors.rundirs import default_runs_dir
 
 TOP_KEYS = ("name", "command", "cwd", "runs_dir", "env", "shell", "preflight", "alerts")
 PREFLIGHT_KEYS = ("test_command", "test_timeout_s", "training_arguments", "python", "min_free_bytes")

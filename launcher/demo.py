@@ -16,7 +16,7 @@ from pathlib import Path
 
 import git
 
-from launcher.config import RunConfig
+from stepwatch.launcher.config import RunConfig
 
 DEMO_NAME = "demo"
 HARNESS_DIRNAME = ".demo-harness"
@@ -39,7 +39,7 @@ def check_training_stack() -> None:
 def prepare_harness(runs_dir: Path) -> tuple[Path, str]:
     """Create or update the demo's git repo under ``runs_dir``; returns (path, what was done)."""
     repo_dir = runs_dir / HARNESS_DIRNAME
-    src = resources.files("assets").joinpath(SCRIPT).read_bytes()
+    src = resources.files("stepwatch.assets").joinpath(SCRIPT).read_bytes()
     if (repo_dir / ".git").is_dir():
         repo = git.Repo(repo_dir)
         action = "reused"
@@ -83,7 +83,7 @@ def gpu_recording_env(choice: str, headless: bool = False) -> tuple[dict[str, st
     ``choice``: "auto" (replay the bundled recording only when NVML is unavailable), "none" (the
     real NVML path, degrading to "NVML unavailable"), or a recording file name / path.
     """
-    from monitors.gpu.sampler import ENV_GPU_RECORDING  # noqa: PLC0415
+    from stepwatch.monitors.gpu.sampler import ENV_GPU_RECORDING  # noqa: PLC0415
 
     if choice == "none":
         return {}, "GPU: live NVML"

@@ -17,22 +17,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launcher.config import ConfigError, RunConfig, config_to_json, diff_configs, load_config, resolve_executable
-from launcher.identity import gate_message, read_tree, untracked_warning
-from launcher.preflight import Checklist, run_checklist
-from launcher.rotate import plan_rotation, rotate
-from monitors.runfiles import (
+from stepwatch.launcher.config import ConfigError, RunConfig, config_to_json, diff_configs, load_config, resolve_executable
+from stepwatch.launcher.identity import gate_message, read_tree, untracked_warning
+from stepwatch.launcher.preflight import Checklist, run_checklist
+from stepwatch.launcher.rotate import plan_rotation, rotate
+from stepwatch.monitors.runfiles import (
     ENV_ATTEMPT, ENV_RUN_DIR, RUN_JSON, SCHEMA_VERSION, SUPERVISOR_LOG, read_json, utc_iso,
     write_json_atomic,
 )
-from monitors.rundirs import live_attempt  # noqa: F401 - re-exported for callers
+from stepwatch.monitors.rundirs import live_attempt  # noqa: F401 - re-exported for callers
 
 SUPERVISOR_START_TIMEOUT_S = 60.0
-# The supervisor imports stepwatch from where this launcher was imported, through sys.path rather
-# than PYTHONPATH: an environment variable would leak into the training child and shadow its packages.
-_PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
-_SUPERVISOR_BOOT = ("import sys; sys.path.insert(0, sys.argv[1]); "
-                    "from launcher.supervisor import main; sys.exit(main(sys.argv[2:]))")
+# The supervisor runs the stepwatch this launcher is (the installed one, through this interpreter).
+# -P: the run dir, its cwd, is not put on sys.path, so nothing in it can shadow stepwatch's modules.
+# No PYTHONPATH either: an environment variable would leak into the training child.
+SUPERVISOR_ARGV = (sys.executable, "-P", "-m", "stepwatch.launcher.supervisor")
 
 
 class LaunchRefused(Exception):
@@ -138,7 +137,7 @@ def _let_the_last_supervisor_finish(run_dir: Path) -> None:
     last save lands before the files are rotated. The child is gone already (live_attempt refused
     otherwise); when the supervisor takes longer, the launch goes on: the saved state is only a
     shortcut, refused by a view unless it fits the attempt and the file."""
-    from monitors.watchdog import ProcessRef, wait_for_exit  # noqa: PLC0415
+    from stepwatch.monitors.watchdog import ProcessRef, wait_for_exit  # noqa: PLC0415
 
     sup = ProcessRef.from_json((read_json(run_dir / RUN_JSON) or {}).get("supervisor"))
     if sup is not None:
@@ -191,7 +190,7 @@ def _start(cfg: RunConfig, exe: str, tree, checklist: Checklist, allow_dirty: st
     write_json_atomic(run_dir / RUN_JSON, run)
     with open(run_dir / SUPERVISOR_LOG, "ab") as slog:
         sup = subprocess.Popen(
-            [sys.executable, "-c", _SUPERVISOR_BOOT, _PACKAGE_ROOT, str(run_dir)],
+            [*SUPERVISOR_ARGV, str(run_dir)],
             stdin=subprocess.DEVNULL, stdout=slog, stderr=slog, start_new_session=True, close_fds=True,
             cwd=str(run_dir),
         )
@@ -244,7 +243,7 @@ def relaunch_config(run_dir: Path) -> tuple[RunConfig, list[str]]:
                                    {k: v for k, v in config_to_json(cfg).items() if k != "runs_dir"})
             changes = changes or ["config file bytes changed (sha256), settings unchanged"]
     else:
-        from launcher.config import _validate  # noqa: PLC0415
+        from stepwatch.launcher.config import _validate  # noqa: PLC0415
 
         data = {k: old[k] for k in ("name", "command", "cwd", "env", "shell", "preflight", "alerts") if k in old}
         data.setdefault("name", run.get("name") or run_dir.name)

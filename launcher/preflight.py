@@ -21,10 +21,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launcher.config import ConfigError, RunConfig, resolve_executable
-from launcher.identity import TreeState, read_tree
-from launcher.rotate import plan_rotation
-from monitors.watchdog import self_test
+from stepwatch.launcher.config import ConfigError, RunConfig, resolve_executable
+from stepwatch.launcher.identity import TreeState, read_tree
+from stepwatch.launcher.rotate import plan_rotation
+from stepwatch.monitors.watchdog import self_test
 
 DEFAULT_TEST_TIMEOUT_S = 600.0
 DEFAULT_MIN_FREE_BYTES = 1 << 30  # 1 GiB in the runs dir's file system
@@ -233,23 +233,23 @@ def check_rotation(cfg: RunConfig) -> Item:
 
 def check_provenance(cfg: RunConfig) -> Item:
     """Item 7 (a heuristic, and says so): warn when the command's script does not mention
-    ``monitors.telemetry`` — without the emitter the run only has log-derived step times."""
+    ``stepwatch.telemetry`` — without the emitter the run only has log-derived step times."""
     title = "provenance will record resolved values"
     scripts = [Path(a) if os.path.isabs(a) else cfg.cwd / a for a in cfg.command if a.endswith(".py")]
     scripts = [s for s in scripts if s.is_file()]
     if not scripts:
         return Item("provenance", title, "warn",
                     "heuristic: no .py script in the command to look into; if the job does not use "
-                    "monitors.telemetry, step times come from the log only")
+                    "stepwatch.telemetry, step times come from the log only")
     for s in scripts:
         try:
             text = s.read_text(errors="replace")
         except OSError:
             continue
-        if "monitors.telemetry" in text or "StepwatchCallback" in text or "StepTelemetry" in text:
-            return Item("provenance", title, "pass", f"heuristic: {s.name} imports monitors.telemetry")
+        if "stepwatch.telemetry" in text or "StepwatchCallback" in text or "StepTelemetry" in text:
+            return Item("provenance", title, "pass", f"heuristic: {s.name} imports stepwatch.telemetry")
     return Item("provenance", title, "warn",
-                f"heuristic (a text search): {', '.join(s.name for s in scripts)} does not import monitors.telemetry; "
+                f"heuristic (a text search): {', '.join(s.name for s in scripts)} does not import stepwatch.telemetry; "
                 "the run will have log-derived step times only, no versions or attention backend on record")
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from monitors.runfiles import EVENTS_STATE, PER_ATTEMPT_FILES, RUN_JSON, read_json, stamped_name, utc_stamp
+from stepwatch.monitors.runfiles import EVENTS_STATE, PER_ATTEMPT_FILES, RUN_JSON, read_json, stamped_name, utc_stamp
 
 
 def attempt_stamp(run_dir: Path) -> str | None:

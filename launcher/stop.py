@@ -16,10 +16,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.supervisor import Escalation
-from monitors.runfiles import EXIT_JSON, RUN_JSON, STOP_JSON, read_json, utc_iso, write_json_atomic
-from monitors.rundirs import run_survivors
-from monitors.watchdog import ProcessRef, is_alive, wait_for_exit
+from stepwatch.launcher.supervisor import Escalation
+from stepwatch.monitors.runfiles import EXIT_JSON, RUN_JSON, STOP_JSON, read_json, utc_iso, write_json_atomic
+from stepwatch.monitors.rundirs import run_survivors
+from stepwatch.monitors.watchdog import ProcessRef, is_alive, wait_for_exit
 
 
 class StopError(Exception):

@@ -1,6 +1,6 @@
 """The supervisor: a small process, in its own session, that owns one attempt of a run.
 
-Started by the launcher as ``python -m launcher.supervisor RUN_DIR`` with ``start_new_session=True``
+Started by the launcher as ``python -m stepwatch.launcher.supervisor RUN_DIR`` with ``start_new_session=True``
 and stdin from /dev/null, so closing the TUI, losing the SSH link or a SIGHUP never reaches it.
 
 It reads the attempt's run.json, opens ``train.log`` for appending (the file is new: the launcher
@@ -26,7 +26,7 @@ from typing import Any
 
 import psutil
 
-from monitors.runfiles import (
+from stepwatch.monitors.runfiles import (
     EXIT_JSON, RUN_JSON, STOP_JSON, TRAIN_LOG, read_json, utc_iso, write_json_atomic,
 )
 
@@ -107,7 +107,7 @@ def _start_gpu_sampler(run_dir: Path, run: dict[str, Any], child_pid: int, stop:
     env names a recording (``STEPWATCH_GPU_RECORDING``, the demo on a machine without NVML) replays
     it: run.json carries it, so a relaunch replays it too."""
     try:
-        from monitors.gpu.sampler import ENV_GPU_RECORDING, run_sampler  # noqa: PLC0415 - optional, heavy-ish
+        from stepwatch.monitors.gpu.sampler import ENV_GPU_RECORDING, run_sampler  # noqa: PLC0415 - optional, heavy-ish
     except Exception as e:  # pragma: no cover - only when the gpu package is broken
         _log(f"GPU sampler not started: {type(e).__name__}: {e}")
         return
@@ -129,9 +129,9 @@ def _start_gpu_sampler(run_dir: Path, run: dict[str, Any], child_pid: int, stop:
 
 def _start_events_state(run_dir: Path, run: dict[str, Any], done: threading.Event) -> threading.Thread | None:
     """Start the thread that folds events.jsonl and saves the fold for quick attaches
-    (:func:`monitors.eventstate.follow`); any failure is logged and ignored."""
+    (:func:`stepwatch.monitors.fold.savedstate.follow`); any failure is logged and ignored."""
     try:
-        from monitors.eventstate import follow  # noqa: PLC0415
+        from stepwatch.monitors.fold.savedstate import follow  # noqa: PLC0415
     except Exception as e:  # pragma: no cover - only when the package is broken
         _log(f"events state not saved: {type(e).__name__}: {e}")
         return None
@@ -234,10 +234,10 @@ def supervise(run_dir: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: ``python -m launcher.supervisor RUN_DIR``."""
+    """Entry point: ``python -m stepwatch.launcher.supervisor RUN_DIR``."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        print("usage: python -m launcher.supervisor RUN_DIR", file=sys.stderr)
+        print("usage: python -m stepwatch.launcher.supervisor RUN_DIR", file=sys.stderr)
         return 2
     try:
         return supervise(Path(argv[0]).resolve())

@@ -7,8 +7,8 @@ from pathlib import Path
 import difflib
 import os
 
-from monitors.runfiles import ENV_RUNS_DIR, EXIT_JSON, RUN_JSON, read_json
-from monitors.watchdog import ProcessRef, is_alive, survivors
+from stepwatch.monitors.runfiles import ENV_RUNS_DIR, EXIT_JSON, RUN_JSON, read_json
+from stepwatch.monitors.watchdog import ProcessRef, is_alive, survivors
 
 
 class RunNotFound(LookupError):

@@ -65,12 +65,12 @@ def make_repo(path: Path, files: dict[str, str] | None = None) -> Path:
 
 def stepwatch(*args: str, cwd: Path | None = None, timeout: float = 60, env: dict | None = None,
               **kw) -> subprocess.CompletedProcess:
-    """Run the real ``stepwatch`` CLI (``python -m tui.cli``) and capture its output."""
+    """Run the real ``stepwatch`` CLI (``python -m stepwatch.tui.cli``) and capture its output."""
     e = dict(os.environ)
     e.pop("STEPWATCH_RUNS_DIR", None)
     if env:
         e.update(env)
-    return subprocess.run([sys.executable, "-m", "tui.cli", *args], cwd=cwd, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "stepwatch.tui.cli", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout, env=e, stdin=subprocess.DEVNULL, **kw)
 
 
@@ -92,7 +92,7 @@ def _reap_runs(tmp_path: Path):
     yield
     import json
 
-    from monitors.watchdog import ProcessRef, is_alive
+    from stepwatch.monitors.watchdog import ProcessRef, is_alive
 
     for rj in tmp_path.rglob("run*.json"):
         try:

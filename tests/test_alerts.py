@@ -12,8 +12,8 @@ from pathlib import Path
 
 
 from conftest import REPO_ROOT, wait_until
-from monitors.status import RunObserver
-from tui.app import StepwatchApp
+from stepwatch.monitors.snapshot.observer import RunObserver
+from stepwatch.tui.app import StepwatchApp
 
 PID = 2_147_483_000  # above any pid_max: never alive
 
@@ -94,7 +94,7 @@ def test_alerts_command_runs_once_per_alert_with_the_message(tmp_path: Path):
 
 
 def test_demo_without_torch_names_the_extra_and_exits_2(tmp_path: Path):
-    code = ("import sys; sys.modules['torch'] = None; from tui.cli import main; "
+    code = ("import sys; sys.modules['torch'] = None; from stepwatch.tui.cli import main; "
             f"sys.exit(main(['demo', '--no-tui', '--runs-dir', {str(tmp_path)!r}]))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2

@@ -14,7 +14,7 @@ import random
 import pytest
 from sortedcontainers import SortedList
 
-from monitors.detectors import (
+from stepwatch.monitors.detectors.fallback import (
     FLAG_WINDOW,
     NEIGHBORS,
     STEADY_RUN,
@@ -27,7 +27,7 @@ from monitors.detectors import (
     stall_state,
 )
 from conftest import step_controls
-from monitors.stepstats import StepStats, nearest_rank
+from stepwatch.monitors.stats.stepstats import StepStats, nearest_rank
 
 
 sc = step_controls()

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from monitors.dynamolog import DynamoLogScanner, GraphBreak, Recompile, RecompileLimit, normalize_reason
-from monitors.logtail import LogFollower
+from stepwatch.monitors.parsers.dynamolog import DynamoLogScanner, GraphBreak, Recompile, RecompileLimit, normalize_reason
+from stepwatch.monitors.readers.textlog import LogFollower
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "real"
 

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from conftest import REPO_ROOT, git, make_repo, stepwatch, wait_until
-from monitors.runfiles import read_json, utc_stamp
+from stepwatch.monitors.runfiles import read_json, utc_stamp
 
 TINY = ["--steps", "12", "--hidden", "64", "--layers", "2", "--seq-len", "64", "--save-every", "0"]
 

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 from conftest import step_controls
-from monitors.detectors import FallbackDetector
-from monitors.eventfold import EventsFold
-from monitors.eventstate import StateError, code_digest, decode, encode, follow, load, save
-from monitors.eventtail import EventReader
-from monitors.runfiles import EVENTS_STATE
-from monitors.status import RunObserver
+from stepwatch.monitors.detectors.fallback import FallbackDetector
+from stepwatch.monitors.fold.events import EventsFold
+from stepwatch.monitors.fold.savedstate import StateError, code_digest, decode, encode, follow, load, save
+from stepwatch.monitors.readers.jsonl import EventReader
+from stepwatch.monitors.runfiles import EVENTS_STATE
+from stepwatch.monitors.snapshot.observer import RunObserver
 
 PID = 2_147_483_000  # above any pid_max: never alive
 T0 = 1_780_000_000.0
@@ -338,7 +338,7 @@ def test_the_supervisors_loop_saves_as_the_file_grows_and_once_more_at_the_end(t
 
 
 def test_an_oversized_state_is_refused_unread(tmp_path: Path, monkeypatch):
-    import monitors.eventstate as es
+    import stepwatch.monitors.fold.savedstate as es
 
     run_dir = tmp_path / "r"
     key = write_run(run_dir, b"".join(event_lines("save_spikes")))
@@ -355,8 +355,8 @@ def test_a_late_save_of_the_previous_attempt_is_not_rotated_with_this_ones_files
     """The previous supervisor's last save landed after a relaunch rotated the files: the next
     rotation drops it (derived data) instead of filing it under this attempt's stamp; a state of
     the attempt itself goes with its files."""
-    from launcher.rotate import rotate
-    from monitors.runfiles import utc_stamp
+    from stepwatch.launcher.rotate import rotate
+    from stepwatch.monitors.runfiles import utc_stamp
 
     run_dir = tmp_path / "r"
     data = b"".join(event_lines("save_spikes"))
@@ -377,14 +377,14 @@ def test_a_late_save_of_the_previous_attempt_is_not_rotated_with_this_ones_files
 def test_a_backlog_fed_in_pieces_folds_to_the_same_state(tmp_path: Path, monkeypatch):
     """EventsFold feeds a long backlog's steps FEED_ROWS at a time (bounded memory): the fold is
     the same as one feed of everything, to the last attribute."""
-    import monitors.eventfold as ef
+    import stepwatch.monitors.fold.events as ef
 
     data = b"".join(event_lines("variable_width_fallback") + event_lines("full_fallback", seed=1)[1:])
     run_dir = tmp_path / "r"
     write_run(run_dir, data)
     whole = RunObserver(run_dir, use_saved_state=False)
     s_whole = whole.refresh()
-    import monitors.eventtail as et
+    import stepwatch.monitors.readers.jsonl as et
 
     monkeypatch.setattr(ef, "FEED_ROWS", 37)
     monkeypatch.setattr(et, "_CHUNK", 4096)  # ~20 events a read: a feed every two reads or so

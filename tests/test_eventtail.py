@@ -6,8 +6,8 @@ import json
 import os
 from pathlib import Path
 
-from monitors.eventtail import EventReader
-from monitors.runfiles import EVENTS_JSONL, append_jsonl
+from stepwatch.monitors.readers.jsonl import EventReader
+from stepwatch.monitors.runfiles import EVENTS_JSONL, append_jsonl
 
 
 def step_event(i: int) -> dict:

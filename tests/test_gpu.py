@@ -2,7 +2,7 @@
 
 The real backend is exercised by patching the real ``pynvml`` module's functions (``monkeypatch``) to
 answer like a GPU would or to raise pynvml's own exception classes; the code under test is
-``monitors.gpu.backend.NvmlBackend`` itself. No GPU is needed.
+``stepwatch.monitors.gpu.backend.NvmlBackend`` itself. No GPU is needed.
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from typing import Any
 import pynvml
 import pytest
 
-from monitors.gpu import backend as backend_mod
-from monitors.gpu import reading
-from monitors.gpu.backend import NvmlBackend
-from monitors.gpu.history import GpuHistory
-from monitors.gpu.reading import (
+from stepwatch.monitors.gpu import backend as backend_mod
+from stepwatch.monitors.gpu import reading
+from stepwatch.monitors.gpu.backend import NvmlBackend
+from stepwatch.monitors.gpu.history import GpuHistory
+from stepwatch.monitors.gpu.reading import (
     IDLE,
     SM_BUSY_TENSOR_IDLE,
     STATUS_KEYS,
@@ -34,10 +34,10 @@ from monitors.gpu.reading import (
     gpu_status_for_run_dir,
     gpu_status_from_records,
 )
-from monitors.gpu.recorded import RecordedBackend, bundled_recording, bundled_recordings, load_recording
-from monitors.gpu.sampler import GpuSampler, run_sampler, start_sampler_thread
-from monitors.gpu.schema import DEVICE_KEYS, RECORD_KEYS
-from monitors.gpu import synthetic
+from stepwatch.monitors.gpu.recorded import RecordedBackend, bundled_recording, bundled_recordings, load_recording
+from stepwatch.monitors.gpu.sampler import GpuSampler, run_sampler, start_sampler_thread
+from stepwatch.monitors.gpu.schema import DEVICE_KEYS, RECORD_KEYS
+from stepwatch.monitors.gpu import synthetic
 
 from conftest import wait_until  # noqa: E402
 
@@ -685,7 +685,7 @@ def test_used_by_run_marks_devices_holding_the_run_tree(monkeypatch, tmp_path):
 def test_sidecar_exits_when_the_watched_pid_ends(tmp_path):
     victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.6)"])
     rec = bundled_recording("synthetic_h100_healthy_compute_bound.jsonl")
-    p = subprocess.run([sys.executable, "-m", "monitors.gpu.sampler", str(tmp_path), "--pid", str(victim.pid),
+    p = subprocess.run([sys.executable, "-m", "stepwatch.monitors.gpu.sampler", str(tmp_path), "--pid", str(victim.pid),
                         "--interval", "0.05", "--recording", str(rec)], cwd=REPO, capture_output=True, text=True,
                        timeout=20)
     victim.wait()
@@ -697,7 +697,7 @@ def test_sidecar_exits_when_the_watched_pid_ends(tmp_path):
 @pytest.mark.skipif(_nvml_loads(), reason="this machine has an NVML library")
 def test_sidecar_on_this_machine_records_nvml_unavailable_without_traceback(tmp_path):
     victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3)"])
-    p = subprocess.run([sys.executable, "-m", "monitors.gpu.sampler", str(tmp_path), "--pid", str(victim.pid),
+    p = subprocess.run([sys.executable, "-m", "stepwatch.monitors.gpu.sampler", str(tmp_path), "--pid", str(victim.pid),
                         "--interval", "0.05"], cwd=REPO, capture_output=True, text=True, timeout=20)
     victim.wait()
     assert p.returncode == 0 and "Traceback" not in p.stderr and p.stderr == ""
@@ -869,7 +869,7 @@ def test_bundled_recordings_are_synthetic_and_match_their_generator():
         headers, samples = load_recording(path)
         assert headers[0]["recording"] == "synthetic" and "SYNTHETIC" in headers[0]["warning"]
         assert RecordedBackend(path).synthetic
-        assert path.read_text() == synthetic.render(name), f"regenerate: python -m monitors.gpu.synthetic"
+        assert path.read_text() == synthetic.render(name), f"regenerate: python -m stepwatch.monitors.gpu.synthetic"
 
 
 def test_recorded_backend_labels_and_ends(tmp_path):
@@ -883,7 +883,7 @@ def test_recorded_backend_labels_and_ends(tmp_path):
 
 
 def test_views_import_no_ui_and_no_nvml():
-    code = ("import sys, monitors.gpu, monitors.gpu.reading, monitors.gpu.history, monitors.gpu.sampler;"
+    code = ("import sys, stepwatch.monitors.gpu, stepwatch.monitors.gpu.reading, stepwatch.monitors.gpu.history, stepwatch.monitors.gpu.sampler;"
             "bad=[m for m in ('textual','launcher','tui','pynvml') if m in sys.modules]; print(bad)")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=30)
     assert out.stdout.strip() == "[]", out.stderr

@@ -17,9 +17,9 @@ import psutil
 import pytest
 
 from conftest import git, make_repo, stepwatch, wait_until
-from launcher.rotate import plan_rotation, rotate
-from monitors.runfiles import read_json
-from monitors.watchdog import ProcessRef, is_alive, probe
+from stepwatch.launcher.rotate import plan_rotation, rotate
+from stepwatch.monitors.runfiles import read_json
+from stepwatch.monitors.watchdog import ProcessRef, is_alive, probe
 
 
 def run_json(run_dir: Path) -> dict:
@@ -92,7 +92,7 @@ def test_a_gpu_recording_named_relative_to_the_run_cwd_is_replayed(repo: Path):
     runs), though the supervisor itself works in the run dir."""
     import shutil
 
-    from monitors.gpu.recorded import bundled_recording
+    from stepwatch.monitors.gpu.recorded import bundled_recording
 
     (repo / "recs").mkdir()
     shutil.copy(bundled_recording("synthetic_h100_idle.jsonl"), repo / "recs" / "mine.jsonl")
@@ -244,7 +244,7 @@ def test_run_survives_cli_exit_and_sighup_to_the_launching_process_group(repo: P
     # The launching "terminal": a shell that leads its own process group and session, as an SSH
     # login shell does. An SSH drop sends SIGHUP to that group.
     shell = subprocess.Popen(
-        ["bash", "-c", f"{sys.executable} -m tui.cli launch --no-tui --name r -- {sys.executable} tick.py; "
+        ["bash", "-c", f"{sys.executable} -m stepwatch.tui.cli launch --no-tui --name r -- {sys.executable} tick.py; "
                        "sleep 300"],
         cwd=repo, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
@@ -306,7 +306,7 @@ def test_crash_then_relaunch_keeps_old_log_and_new_log_is_clean(repo: Path):
     r = stepwatch("relaunch", "--no-tui", "r", "--runs-dir", str(repo / "runs"), cwd=repo)
     assert r.returncode == 0, r.stderr
     assert wait_exit(run_dir)["returncode"] == 0
-    from monitors.runfiles import utc_stamp
+    from stepwatch.monitors.runfiles import utc_stamp
 
     old = run_dir / f"train.{utc_stamp(stamp_t)}.log"
     assert old.read_bytes() == first_log

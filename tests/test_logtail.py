@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from monitors.logtail import ChangeNotifier, LogFollower, Segment, follow
-from monitors.progress import ProgressTracker
-from monitors.runfiles import TRAIN_LOG
+from stepwatch.monitors.readers.textlog import ChangeNotifier, LogFollower, Segment, follow
+from stepwatch.monitors.parsers.hf_progress import ProgressTracker
+from stepwatch.monitors.runfiles import TRAIN_LOG
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "real"
 REAL_LOGS = [

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from conftest import git, make_repo, stepwatch
-from launcher.config import load_config
-from launcher.preflight import (
+from stepwatch.launcher.config import load_config
+from stepwatch.launcher.preflight import (
     check_config, check_provenance, check_test_suite, check_training_arguments, check_watchdog, run_checklist,
 )
 
@@ -25,7 +25,7 @@ def write_cfg(repo: Path, body: str, command: str = '"train.py"') -> Path:
 
 @pytest.fixture
 def harness(tmp_path: Path) -> Path:
-    return make_repo(tmp_path / "h", {"train.py": "from monitors.telemetry import StepTelemetry\nprint('train')\n"})
+    return make_repo(tmp_path / "h", {"train.py": "from stepwatch.telemetry import StepTelemetry\nprint('train')\n"})
 
 
 def test_test_command_that_runs_no_tests_fails(harness: Path):
@@ -100,7 +100,7 @@ def test_provenance_heuristic_warns_without_the_emitter(harness: Path):
 
 def test_watchdog_item_passes_on_a_working_watchdog(monkeypatch):
     assert check_watchdog().status == "pass"
-    import monitors.watchdog as wd
+    import stepwatch.monitors.watchdog as wd
 
     monkeypatch.setattr(wd, "probe", lambda ref: "alive")  # a watchdog that can only say "alive"
     item = check_watchdog()

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from monitors.logtail import LogFollower, Segment
-from monitors.progress import (
+from stepwatch.monitors.readers.textlog import LogFollower, Segment
+from stepwatch.monitors.parsers.hf_progress import (
     ProgressTracker,
     parse_interval_s,
     parse_log_dict,

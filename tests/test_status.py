@@ -24,8 +24,8 @@ import psutil
 import pytest
 
 from conftest import FIXTURES_REAL, make_repo, stepwatch, wait_until
-from monitors.runfiles import read_json
-from monitors.status import RunObserver
+from stepwatch.monitors.runfiles import read_json
+from stepwatch.monitors.snapshot.observer import RunObserver
 
 # Issue 4's JSON block: every key, always present (null when unknown).
 TOP_KEYS = ("run", "run_dir", "attempt", "state", "pid", "alive", "returncode", "signal", "versions", "step",
@@ -48,7 +48,7 @@ ALERT_KINDS = ("watchdog", "fallback", "stall", "recompile_limit", "recompile_st
 # A plain training loop instrumented with StepTelemetry: N steps of DT seconds, then an ending.
 STEPS_PY = textwrap.dedent('''\
     import sys, time
-    from monitors.telemetry import StepTelemetry
+    from stepwatch.telemetry import StepTelemetry
 
     n, dt, end = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
     tel = StepTelemetry(max_steps=100)
@@ -73,7 +73,7 @@ STEPS_PY = textwrap.dedent('''\
 # whose cost is a checkpoint save announced by phase events (the negative control).
 FALLBACK_PY = textwrap.dedent('''\
     import sys, time
-    from monitors.telemetry import StepTelemetry
+    from stepwatch.telemetry import StepTelemetry
 
     mode = sys.argv[1]
     tel = StepTelemetry(max_steps=100)
@@ -348,14 +348,14 @@ SELF_MATCH_CHECK = textwrap.dedent('''\
     import io, json, subprocess, sys
     from pathlib import Path
     import psutil
-    from monitors.narrate import watch
-    from monitors.status import RunObserver
+    from stepwatch.tui.plain import watch
+    from stepwatch.monitors.snapshot.observer import RunObserver
 
     run_dir, run_cmd = Path(sys.argv[1]), " ".join(sys.argv[2:])
     snap = RunObserver(run_dir).refresh()
     buf = io.StringIO()
     code = watch(run_dir, out=buf, poll_s=0.1, should_stop=lambda: True)  # one pass, even if it reads alive
-    cli = subprocess.run([sys.executable, "-m", "tui.cli", "status", str(run_dir), "--json"],
+    cli = subprocess.run([sys.executable, "-m", "stepwatch.tui.cli", "status", str(run_dir), "--json"],
                          capture_output=True, text=True)
     print(json.dumps({"me": " ".join(psutil.Process().cmdline()), "run_cmd": run_cmd, "state": snap["state"],
                       "alive": snap["alive"], "watch_code": code, "watch_out": buf.getvalue(),
@@ -527,7 +527,7 @@ def test_alert_ids_are_stable_across_observers_and_views(harness: Path):
 
 
 def test_status_json_is_strict_json_even_with_a_nan_loss(tmp_path: Path):
-    from monitors.status import json_safe
+    from stepwatch.monitors.snapshot.observer import json_safe
 
     assert json_safe({"a": [float("nan"), float("inf"), -float("inf"), 1.5]}) == {"a": ["NaN", "Infinity", "-Infinity", 1.5]}
     run_dir = tmp_path / "nan"
@@ -571,7 +571,7 @@ def test_status_warns_when_the_supervisor_is_gone_while_the_child_runs(repo: Pat
 
 def _finished_run_dir(path: Path, lines: list[str], launched_at_unix: float = 1_780_000_000.0) -> Path:
     """A run dir as a finished attempt leaves it (the process long gone), events.jsonl = ``lines``."""
-    from monitors.runfiles import write_json_atomic
+    from stepwatch.monitors.runfiles import write_json_atomic
 
     path.mkdir()
     gone = subprocess.Popen(["true"])
@@ -615,7 +615,7 @@ def test_step_lines_the_emitter_never_writes_are_counted_and_never_fatal(tmp_pat
     assert snap["step_seconds"]["n"] == len(good) - 1 + len(odd_but_usable) + 1
     assert snap["step"]["global_step"] is None  # the last step's number is not a number: unknown, no crash
     assert snap["state"] == "exited" and snap["fallback"]["state"] == "ok"
-    cli = subprocess.run([sys.executable, "-m", "tui.cli", "status", str(run_dir), "--json"], capture_output=True,
+    cli = subprocess.run([sys.executable, "-m", "stepwatch.tui.cli", "status", str(run_dir), "--json"], capture_output=True,
                          text=True, timeout=60)
     assert cli.returncode == 0 and json.loads(cli.stdout)["events"]["unusable_steps"] == len(junk), cli.stderr
 
@@ -634,7 +634,7 @@ def test_a_flagged_fallback_keeps_its_onset_time_however_many_slow_steps_follow(
     whole = RunObserver(run_dir).refresh()
     assert whole["fallback"]["state"] == "flagged" and whole["fallback"]["onset_step"] == 201
     (al,) = [a for a in whole["alerts"] if a["kind"] == "fallback"]
-    from monitors.runfiles import utc_iso
+    from stepwatch.monitors.runfiles import utc_iso
 
     assert al["id"] == "a1-fallback-201" and al["at"] == utc_iso(onset_end)
 
@@ -649,7 +649,7 @@ def test_a_flagged_fallback_keeps_its_onset_time_however_many_slow_steps_follow(
 
 def test_process_snapshot_is_the_watchdog_part_without_reading_events(tmp_path: Path):
     """`stepwatch runs` lists many runs: it takes the watchdog's keys from run.json / exit.json only."""
-    from monitors.status import process_snapshot, snapshot
+    from stepwatch.monitors.snapshot.observer import process_snapshot, snapshot
 
     src = Path(__file__).parent / "fixtures" / "runs" / "ended-sigkill"
     run_dir = tmp_path / "ended-sigkill"
@@ -702,7 +702,7 @@ def test_odd_values_in_every_event_kind_never_break_the_snapshot(tmp_path: Path,
     assert snap["fallback"]["state"] == "flagged" and snap["fallback"]["onset_step"] is None
     assert all(isinstance(a["at"], str) and a["at"].startswith("20") for a in snap["alerts"]), snap["alerts"]
     assert snap["step"]["global_step"] == 320 and snap["step_seconds"]["n"] == 319  # ended at -1e300: counted
-    cli = subprocess.run([sys.executable, "-m", "tui.cli", "status", str(run_dir), "--json"], capture_output=True,
+    cli = subprocess.run([sys.executable, "-m", "stepwatch.tui.cli", "status", str(run_dir), "--json"], capture_output=True,
                          text=True, timeout=60)
     assert cli.returncode == 0, cli.stderr
 
@@ -711,7 +711,7 @@ def test_values_nested_a_thousand_deep_are_cut_where_they_are_shown(tmp_path: Pa
     """orjson reads a line nested up to 1,024 deep; every writer of the snapshot (json.dumps with an
     indent, watch --json, the screen) recurses per level: what is shown as read (last_logs,
     versions, dropped_events) is cut at SHOWN_DEPTH levels."""
-    from monitors.status import SHOWN_DEPTH
+    from stepwatch.monitors.snapshot.observer import SHOWN_DEPTH
 
     t0 = 1_780_000_000.0
     deep = "[" * 1000 + "]" * 1000
@@ -728,7 +728,7 @@ def test_values_nested_a_thousand_deep_are_cut_where_they_are_shown(tmp_path: Pa
         v = v[0]
     assert v == f"<nested deeper than {SHOWN_DEPTH} levels: not shown>"
     for args in (("status", str(run_dir), "--json"), ("watch", str(run_dir), "--json")):
-        cli = subprocess.run([sys.executable, "-m", "tui.cli", *args], capture_output=True, text=True, timeout=60)
+        cli = subprocess.run([sys.executable, "-m", "stepwatch.tui.cli", *args], capture_output=True, text=True, timeout=60)
         assert cli.returncode == 0 and "Traceback" not in cli.stderr, (args, cli.stderr[-500:])
 
 
@@ -757,7 +757,7 @@ def test_gc_pause_is_restored_when_refreshes_overlap_in_threads():
     import gc
     import threading
 
-    from monitors.eventfold import gc_paused as _gc_paused
+    from stepwatch.monitors.fold.events import gc_paused as _gc_paused
 
     assert gc.isenabled()
     a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()

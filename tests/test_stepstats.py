@@ -12,7 +12,7 @@ import pytest
 from sortedcontainers import SortedList
 
 from conftest import step_controls
-from monitors.stepstats import StepRecord, StepStats, nearest_rank, nearest_rank_index
+from stepwatch.monitors.stats.stepstats import StepRecord, StepStats, nearest_rank, nearest_rank_index
 
 
 def _controls():
@@ -285,7 +285,7 @@ def test_fast_argument_checks_give_the_same_values_and_errors():
 
 def test_monitors_stay_headless():
     code = (
-        "import sys, monitors.stepstats, monitors.detectors;"
+        "import sys, stepwatch.monitors.stats.stepstats, stepwatch.monitors.detectors.fallback;"
         "bad=[m for m in sys.modules if m.split('.')[0] in ('textual','launcher','tui','torch')];"
         "print(bad); sys.exit(1 if bad else 0)"
     )

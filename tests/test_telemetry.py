@@ -1,4 +1,4 @@
-"""monitors.telemetry: the emitter that runs inside the training process (DESIGN.md section 4).
+"""stepwatch.telemetry: the emitter that runs inside the training process (DESIGN.md section 4).
 
 Real components throughout: a real ``transformers.Trainer`` run on the CPU, real files, real
 ENOSPC (``/dev/full``), a real removed directory, real dynamo compilations (``backend="eager"``, which
@@ -30,9 +30,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from monitors.telemetry import EVENT_KEYS, NESTED_KEYS, StepTelemetry, nearest_rank, step_summary
-from monitors.telemetry import core as tcore
-from monitors.telemetry.dynamo import (DynamoObserver, _CountingHandler, counters_snapshot, frame_compile_id,
+from stepwatch.telemetry import EVENT_KEYS, NESTED_KEYS, StepTelemetry, nearest_rank, step_summary
+from stepwatch.telemetry import core as tcore
+from stepwatch.telemetry.dynamo import (DynamoObserver, _CountingHandler, counters_snapshot, frame_compile_id,
                                       frames_total)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -114,7 +114,7 @@ def test_trainer_run_writes_the_protocol(tmp_path, monkeypatch, capsys):
     transformers = pytest.importorskip("transformers")
     from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
 
-    from monitors.telemetry import StepwatchCallback
+    from stepwatch.telemetry import StepwatchCallback
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -222,7 +222,7 @@ def test_callback_records_resolved_beside_requested(tmp_path):
     pytest.importorskip("torch")
     from transformers import LlamaConfig, LlamaForCausalLM, TrainerControl, TrainerState, TrainingArguments
 
-    from monitors.telemetry import StepwatchCallback
+    from stepwatch.telemetry import StepwatchCallback
 
     model = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
                                          num_attention_heads=4, num_key_value_heads=4, vocab_size=256,
@@ -438,8 +438,8 @@ def test_unserialisable_log_is_dropped_not_raised(tmp_path, capsys):
 def test_import_pulls_in_no_framework(tmp_path):
     code = textwrap.dedent(f"""
         import sys
-        import monitors.telemetry
-        from monitors.telemetry import StepTelemetry
+        import stepwatch.telemetry
+        from stepwatch.telemetry import StepTelemetry
         tel = StepTelemetry(run_dir={str(tmp_path)!r})
         tel.step_begin(); tel.step_end(); tel.close()
         heavy = [m for m in ("torch", "transformers", "textual", "numpy") if m in sys.modules]
@@ -599,7 +599,7 @@ def test_counters_snapshot_of_real_counters():
 REAL_COMPILE_SCRIPT = r"""
 import json, sys
 import torch, torch._dynamo
-from monitors.telemetry import StepTelemetry
+from stepwatch.telemetry import StepTelemetry
 
 run_dir, gap_dir = sys.argv[1], sys.argv[2]
 torch._dynamo.config.recompile_limit = 2

@@ -15,9 +15,9 @@ import pytest
 from rich.text import Text
 
 from conftest import REPO_ROOT, git, make_repo, stepwatch, wait_until
-from monitors.runfiles import read_json
-from monitors.watchdog import ProcessRef, probe
-from tui.app import StepwatchApp
+from stepwatch.monitors.runfiles import read_json
+from stepwatch.monitors.watchdog import ProcessRef, probe
+from stepwatch.tui.app import StepwatchApp
 
 STATIC_RUN = REPO_ROOT / "tests" / "fixtures" / "runs" / "ended-sigkill"
 
@@ -148,7 +148,7 @@ async def test_static_run_shows_fallback_stall_and_recompile_limit_in_words(tmp_
 
 async def test_live_stall_reads_stalled_in_words(tmp_path: Path):
     repo = make_repo(tmp_path / "h", {"hang.py": (
-        "import time\nfrom monitors.telemetry import StepTelemetry\ntel = StepTelemetry()\n"
+        "import time\nfrom stepwatch.telemetry import StepTelemetry\ntel = StepTelemetry()\n"
         "for i in range(20):\n    time.sleep(0.02)\n    tel.step_end()\nprint('hanging', flush=True)\ntime.sleep(600)\n")})
     r = stepwatch("launch", "--no-tui", "--name", "h", "--", sys.executable, "hang.py", cwd=repo)
     assert r.returncode == 0, r.stderr
@@ -186,8 +186,8 @@ async def test_80x24_keeps_header_summary_and_banner_visible(tmp_path: Path):
 
 
 async def test_home_lists_runs_and_enter_attaches(tmp_path: Path):
-    from monitors.acks import acknowledge
-    from monitors.status import snapshot
+    from stepwatch.monitors.snapshot.acks import acknowledge
+    from stepwatch.monitors.snapshot.observer import snapshot
 
     run_dir = _copy_static(tmp_path)
     alerts = [a["id"] for a in snapshot(run_dir)["alerts"]]
@@ -206,7 +206,7 @@ async def test_home_lists_runs_and_enter_attaches(tmp_path: Path):
 async def test_home_reads_each_runs_events_once_across_refreshes(tmp_path: Path, monkeypatch):
     """The home list refreshes every REFRESH_S; each refresh must read only what a run's files
     gained, not the whole events.jsonl again (10 runs of 100,000 steps would cost ~10 s a refresh)."""
-    import tui.screens.home as home
+    import stepwatch.tui.screens.home as home
 
     monkeypatch.setattr(home, "REFRESH_S", 0.1)
     run_dir = _copy_static(tmp_path)

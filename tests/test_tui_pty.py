@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO_ROOT, stepwatch, wait_until
-from monitors.runfiles import read_json
-from monitors.watchdog import ProcessRef, probe
+from stepwatch.monitors.runfiles import read_json
+from stepwatch.monitors.watchdog import ProcessRef, probe
 
 LEGACY_MOUSE = b"\x1b[M\xff\xff\xff\x1b[M \xc8\xc8\x1b[M#\x80\x80"  # X10 mouse, coordinates > 0x7F
 
@@ -35,7 +35,7 @@ class PtyApp:
         env.pop("NO_COLOR", None)
         env.update(env_extra)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tui.cli", "attach", str(run_dir)], stdin=slave, stdout=slave, stderr=slave,
+            [sys.executable, "-m", "stepwatch.tui.cli", "attach", str(run_dir)], stdin=slave, stdout=slave, stderr=slave,
             env=env, close_fds=True, cwd=REPO_ROOT,
             preexec_fn=lambda: (os.setsid(), fcntl.ioctl(0, termios.TIOCSCTTY, 0)))
         os.close(slave)

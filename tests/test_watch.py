@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from conftest import make_repo, stepwatch, wait_until
-from monitors.runfiles import read_json, utc_stamp
+from stepwatch.monitors.runfiles import read_json, utc_stamp
 
 TS = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z"
 
@@ -58,7 +58,7 @@ class Watcher:
     def __init__(self, run_dir: Path, *flags: str, cwd: Path):
         env = dict(os.environ)
         env.pop("STEPWATCH_RUNS_DIR", None)
-        self.proc = subprocess.Popen([sys.executable, "-m", "tui.cli", "watch", str(run_dir), *flags], cwd=cwd,
+        self.proc = subprocess.Popen([sys.executable, "-m", "stepwatch.tui.cli", "watch", str(run_dir), *flags], cwd=cwd,
                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True, env=env)
         self.lines: list[str] = []

@@ -21,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from monitors.gpu.backend import NvmlBackend  # noqa: E402
-from monitors.gpu.reading import power_share  # noqa: E402
+from stepwatch.monitors.gpu.backend import NvmlBackend  # noqa: E402
+from stepwatch.monitors.gpu.reading import power_share  # noqa: E402
 
 FIELDS = (
     ("util_pct", "kernel-active", "%"),

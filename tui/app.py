@@ -19,11 +19,11 @@ from textual import work
 from textual.app import App
 from textual.binding import Binding
 
-from monitors.runfiles import RUN_JSON, read_json
-from tui.messages import ActionDone
-from tui.screens.home import HomeScreen
-from tui.screens.modals import Confirm, Help, PreflightScreen, Prompt
-from tui.screens.run import RunScreen
+from stepwatch.monitors.runfiles import RUN_JSON, read_json
+from stepwatch.tui.messages import ActionDone
+from stepwatch.tui.screens.home import HomeScreen
+from stepwatch.tui.screens.modals import Confirm, Help, PreflightScreen, Prompt
+from stepwatch.tui.screens.run import RunScreen
 
 def _tolerate_non_utf8_input() -> None:
     """Make Textual's Linux input thread decode stdin with ``errors="replace"``.
@@ -136,7 +136,7 @@ class StepwatchApp(App):
     def _launch_path_given(self, path: str | None) -> None:
         if not path:
             return
-        from launcher.config import ConfigError, load_config  # noqa: PLC0415
+        from stepwatch.launcher.config import ConfigError, load_config  # noqa: PLC0415
 
         try:
             cfg = load_config(path)
@@ -163,8 +163,8 @@ class StepwatchApp(App):
                          lambda yes: self._relaunch_confirmed(rs.run_dir) if yes else None)
 
     def _relaunch_confirmed(self, run_dir: Path) -> None:
-        from launcher.config import ConfigError  # noqa: PLC0415
-        from launcher.launch import LaunchRefused, relaunch_config  # noqa: PLC0415
+        from stepwatch.launcher.config import ConfigError  # noqa: PLC0415
+        from stepwatch.launcher.launch import LaunchRefused, relaunch_config  # noqa: PLC0415
 
         try:
             cfg, changes = relaunch_config(run_dir)
@@ -182,8 +182,8 @@ class StepwatchApp(App):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="action")
     def _launch_worker(self, cfg: Any, res: dict, action: str) -> None:
-        from launcher.config import ConfigError  # noqa: PLC0415
-        from launcher.launch import LaunchRefused, launch  # noqa: PLC0415
+        from stepwatch.launcher.config import ConfigError  # noqa: PLC0415
+        from stepwatch.launcher.launch import LaunchRefused, launch  # noqa: PLC0415
 
         cl = res["checklist"]
         reason = res["reason"]
@@ -210,7 +210,7 @@ class StepwatchApp(App):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="action")
     def _stop_worker(self, run_dir: Path) -> None:
-        from launcher.stop import StopError, request_stop  # noqa: PLC0415
+        from stepwatch.launcher.stop import StopError, request_stop  # noqa: PLC0415
 
         try:
             out = request_stop(run_dir, grace_s=30.0, reason="stopped from the TUI", wait=False)

@@ -12,9 +12,9 @@ import math
 import sys
 from pathlib import Path
 
-from monitors.rundirs import RunNotFound, default_runs_dir, list_runs, live_attempt, resolve_run
+from stepwatch.monitors.rundirs import RunNotFound, default_runs_dir, list_runs, live_attempt, resolve_run
 
-# launcher/ (GitPython) and monitors.status are imported inside the commands that use them:
+# launcher/ (GitPython) and stepwatch.monitors.snapshot.observer are imported inside the commands that use them:
 # `attach` must paint its first frame fast, and `--help` should not load a git binding.
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -29,7 +29,7 @@ def _runs_dir(args: argparse.Namespace) -> Path:
 
 
 def _print_launch(res, verb: str) -> None:
-    from launcher.preflight import format_checklist_json  # noqa: PLC0415
+    from stepwatch.launcher.preflight import format_checklist_json  # noqa: PLC0415
 
     for line in format_checklist_json(res.run.get("preflight") or {}):
         print(line)
@@ -48,7 +48,7 @@ def _print_launch(res, verb: str) -> None:
 
 def _open_tui(run_dir: Path, args: argparse.Namespace) -> int:
     try:
-        from tui.app import run_app  # noqa: PLC0415 - textual only when the app opens
+        from stepwatch.tui.app import run_app  # noqa: PLC0415 - textual only when the app opens
     except ImportError as e:
         _err(f"the TUI is not available ({e}); the run goes on. Follow it with: stepwatch watch {run_dir} --plain")
         return EXIT_OK
@@ -59,8 +59,8 @@ def _launch_and_follow(args: argparse.Namespace, make_cfg, verb: str, follow_hea
     """Build the config with ``make_cfg()`` (may print), launch it, then open the TUI, follow it
     headless (``follow_headless``: the demo's --no-tui), or return. Maps refusals to exit codes:
     ConfigError / RunNotFound -> 2, LaunchRefused -> 1."""
-    from launcher.config import ConfigError  # noqa: PLC0415
-    from launcher.launch import LaunchRefused, launch  # noqa: PLC0415
+    from stepwatch.launcher.config import ConfigError  # noqa: PLC0415
+    from stepwatch.launcher.launch import LaunchRefused, launch  # noqa: PLC0415
 
     try:
         cfg = make_cfg()
@@ -81,14 +81,14 @@ def _launch_and_follow(args: argparse.Namespace, make_cfg, verb: str, follow_hea
                                                        "; the run goes on") + ")")
         headless = True
     if headless and follow_headless:
-        from monitors.narrate import watch  # noqa: PLC0415
+        from stepwatch.tui.plain import watch  # noqa: PLC0415
 
         return watch(res.run_dir, every_n_steps=10)
     return EXIT_OK if headless else _open_tui(res.run_dir, args)
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
-    from launcher.config import config_from_flags, load_config  # noqa: PLC0415
+    from stepwatch.launcher.config import config_from_flags, load_config  # noqa: PLC0415
 
     def make_cfg():
         cmd = list(getattr(args, "command", None) or [])
@@ -103,13 +103,13 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 
 def cmd_relaunch(args: argparse.Namespace) -> int:
-    from launcher.launch import relaunch_config  # noqa: PLC0415
+    from stepwatch.launcher.launch import relaunch_config  # noqa: PLC0415
 
     def make_cfg():
         run_dir = resolve_run(args.run, _runs_dir(args))
         live = live_attempt(run_dir)
         if live:
-            from launcher.launch import LaunchRefused  # noqa: PLC0415
+            from stepwatch.launcher.launch import LaunchRefused  # noqa: PLC0415
 
             raise LaunchRefused(f"REFUSING: {run_dir.name} is still running ({live[0]} pid {live[1]}). "
                                 f"Stop it first: stepwatch stop {run_dir}")
@@ -136,7 +136,7 @@ def _describe_end(ex: dict | None) -> str:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    from launcher.stop import StopError, StopInProgress, kill_survivors, request_stop  # noqa: PLC0415
+    from stepwatch.launcher.stop import StopError, StopInProgress, kill_survivors, request_stop  # noqa: PLC0415
 
     if not (args.grace >= 0 and math.isfinite(args.grace)):
         _err(f"--grace must be a finite number of seconds >= 0; got {args.grace:g}")
@@ -184,7 +184,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from launcher.demo import DemoUnavailable, demo_config, gpu_recording_env  # noqa: PLC0415
+    from stepwatch.launcher.demo import DemoUnavailable, demo_config, gpu_recording_env  # noqa: PLC0415
 
     script_args: list[str] = []
     for flag in ("steps", "crash_at", "hang_at", "fallback_at", "hidden", "layers", "seq_len", "save_every"):
@@ -210,8 +210,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:
-    from launcher.config import ConfigError, load_config  # noqa: PLC0415
-    from launcher.preflight import format_checklist, run_checklist  # noqa: PLC0415
+    from stepwatch.launcher.config import ConfigError, load_config  # noqa: PLC0415
+    from stepwatch.launcher.preflight import format_checklist, run_checklist  # noqa: PLC0415
 
     try:
         cfg = load_config(args.config, runs_dir_override=Path(args.runs_dir).resolve() if getattr(args, "runs_dir", None) else None)
@@ -227,7 +227,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
 
 
 def _warn_survivors(run_dir: Path) -> None:
-    from launcher.stop import run_survivors  # noqa: PLC0415
+    from stepwatch.launcher.stop import run_survivors  # noqa: PLC0415
 
     left = run_survivors(run_dir)
     if left:
@@ -237,7 +237,7 @@ def _warn_survivors(run_dir: Path) -> None:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    from monitors.status import process_snapshot  # noqa: PLC0415
+    from stepwatch.monitors.snapshot.observer import process_snapshot  # noqa: PLC0415
 
     runs_dir = _runs_dir(args)
     runs = list_runs(runs_dir)
@@ -253,13 +253,13 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def _launched_at(run_dir: Path) -> str | None:
-    from monitors.runfiles import RUN_JSON, read_json  # noqa: PLC0415
+    from stepwatch.monitors.runfiles import RUN_JSON, read_json  # noqa: PLC0415
 
     return (read_json(run_dir / RUN_JSON) or {}).get("launched_at")
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from monitors.status import RunObserver, json_safe  # noqa: PLC0415
+    from stepwatch.monitors.snapshot.observer import RunObserver, json_safe  # noqa: PLC0415
 
     try:
         run_dir = resolve_run(args.run, _runs_dir(args)) if args.run else _newest(args)
@@ -270,7 +270,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(json_safe(snap), indent=2, default=str, allow_nan=False))
     else:
-        from monitors.narrate import status_lines  # noqa: PLC0415
+        from stepwatch.tui.plain import status_lines  # noqa: PLC0415
 
         print("\n".join(status_lines(snap)))
     return EXIT_OK
@@ -292,7 +292,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     except RunNotFound as e:
         _err(str(e))
         return EXIT_USAGE
-    from monitors.narrate import watch  # noqa: PLC0415
+    from stepwatch.tui.plain import watch  # noqa: PLC0415
 
     return watch(run_dir, as_json=args.json, every_n_steps=args.every)
 
@@ -308,7 +308,7 @@ def cmd_attach(args: argparse.Namespace) -> int:
 
 def cmd_home(args: argparse.Namespace) -> int:
     try:
-        from tui.app import run_app  # noqa: PLC0415
+        from stepwatch.tui.app import run_app  # noqa: PLC0415
     except ImportError as e:
         _err(f"the TUI is not available ({e}); try: stepwatch runs")
         return EXIT_FAILED

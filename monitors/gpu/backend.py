@@ -50,8 +50,8 @@ import threading
 import time
 from typing import Any, Callable
 
-from monitors.gpu.schema import MAX_PROCESSES, empty_device
-from monitors.runfiles import utc_iso
+from stepwatch.monitors.gpu.schema import MAX_PROCESSES, empty_device
+from stepwatch.monitors.runfiles import utc_iso
 
 try:  # nvidia-ml-py is a base dependency, but a broken install must not take the sampler down
     import pynvml as _pynvml

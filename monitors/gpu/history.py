@@ -22,8 +22,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from monitors.gpu.reading import power_share
-from monitors.gpu.schema import device_key, finite_or_none
+from stepwatch.monitors.gpu.reading import power_share
+from stepwatch.monitors.gpu.schema import device_key, finite_or_none
 
 FINE_SPAN_S = 3600.0
 FINE_MAX_POINTS = 4000

@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from monitors.gpu.schema import device_key, finite_or_none
-from monitors.runfiles import GPU_JSONL
+from stepwatch.monitors.gpu.schema import device_key, finite_or_none
+from stepwatch.monitors.runfiles import GPU_JSONL
 
 WINDOW_S = 30.0  #: seconds of samples a verdict looks at
 MIN_SAMPLES = 10  #: samples with a kernel-active reading needed before any verdict

@@ -1,6 +1,6 @@
 """A recorded GPU backend: replays a JSONL of samples behind the same interface as the real one.
 
-Interface (as :class:`monitors.gpu.backend.NvmlBackend`)::
+Interface (as :class:`stepwatch.monitors.gpu.backend.NvmlBackend`)::
 
     backend.label              "recorded:<file name>" -- every record the sampler writes from it
                                carries this label, so replayed data is never taken for live data
@@ -19,13 +19,15 @@ The bundled recordings live in ``assets/gpu_recordings/`` (:func:`bundled_record
 from __future__ import annotations
 
 import copy
+from importlib import resources
 import json
 from pathlib import Path
 from typing import Any
 
-from monitors.gpu.schema import normalise_device
+from stepwatch.monitors.gpu.schema import normalise_device
 
-RECORDINGS_DIR = Path(__file__).resolve().parent.parent.parent / "assets" / "gpu_recordings"
+# The bundled recordings are package data of stepwatch.assets (a non-editable install has them too).
+RECORDINGS_DIR = Path(str(resources.files("stepwatch.assets").joinpath("gpu_recordings")))
 
 
 def bundled_recording(name: str) -> Path:

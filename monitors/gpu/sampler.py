@@ -10,7 +10,7 @@ either as a thread::
 or as a sidecar process (its crash can never touch the supervisor)::
 
     subprocess.Popen(sidecar_argv(run_dir, child_pid, create_time), start_new_session=False, ...)
-    # == python -m monitors.gpu.sampler RUN_DIR --pid PID [--create-time T] [--interval 1.0]
+    # == python -m stepwatch.monitors.gpu.sampler RUN_DIR --pid PID [--create-time T] [--interval 1.0]
     # it writes a last record and exits 0 once PID has ended (a zombie counts as ended)
 
 Both end up in :func:`run_sampler`, which never raises: a failing backend becomes ``gpu_error`` in the
@@ -32,8 +32,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from monitors.gpu.schema import make_record
-from monitors.runfiles import GPU_JSONL, append_jsonl
+from stepwatch.monitors.gpu.schema import make_record
+from stepwatch.monitors.runfiles import GPU_JSONL, append_jsonl
 
 DEFAULT_INTERVAL_S = 1.0
 TREE_REFRESH_S = 5.0  #: the run's process tree is re-read at most this often (and at least every 30 s)
@@ -119,17 +119,17 @@ ENV_GPU_RECORDING = "STEPWATCH_GPU_RECORDING"
 
 def default_backend() -> Any:
     """``RecordedBackend($STEPWATCH_GPU_RECORDING)`` when that is set (a path, or the file name of a
-    bundled recording), else the real :class:`~monitors.gpu.backend.NvmlBackend`. Every record then
+    bundled recording), else the real :class:`~stepwatch.monitors.gpu.backend.NvmlBackend`. Every record then
     carries ``backend = "recorded:<file>"`` or ``"nvml"``, so replayed data is never taken for live."""
     spec = os.environ.get(ENV_GPU_RECORDING)
     if spec:
-        from monitors.gpu.recorded import RecordedBackend, bundled_recording
+        from stepwatch.monitors.gpu.recorded import RecordedBackend, bundled_recording
 
         path = Path(spec)
         if not path.exists() and bundled_recording(spec).exists():
             path = bundled_recording(spec)
         return RecordedBackend(path)
-    from monitors.gpu.backend import NvmlBackend
+    from stepwatch.monitors.gpu.backend import NvmlBackend
 
     return NvmlBackend()
 
@@ -242,7 +242,7 @@ def run_sampler(
 
     ``watched_pid`` is the training process (the supervisor's child): devices where its process tree
     holds memory are marked ``used_by_run``. ``backend`` defaults to the real NVML backend; pass a
-    :class:`monitors.gpu.recorded.RecordedBackend` to replay a recording. Blocks; never raises.
+    :class:`stepwatch.monitors.gpu.recorded.RecordedBackend` to replay a recording. Blocks; never raises.
     """
     GpuSampler(run_dir, watched_pid, interval_s=interval_s, backend=backend,
                watched_create_time=watched_create_time).run(stop_event, exit_with_pid=exit_with_pid,
@@ -287,7 +287,7 @@ def start_sampler_thread(
 def sidecar_argv(run_dir: str | os.PathLike[str], watched_pid: int, watched_create_time: float | None = None,
                  interval_s: float = DEFAULT_INTERVAL_S, python: str | None = None) -> list[str]:
     """The argv that starts the sampler as a sidecar process for ``watched_pid``."""
-    argv = [python or sys.executable, "-m", "monitors.gpu.sampler", os.fspath(run_dir), "--pid", str(watched_pid),
+    argv = [python or sys.executable, "-P", "-m", "stepwatch.monitors.gpu.sampler", os.fspath(run_dir), "--pid", str(watched_pid),
             "--interval", repr(float(interval_s))]
     if watched_create_time is not None:
         argv += ["--create-time", repr(float(watched_create_time))]
@@ -295,8 +295,8 @@ def sidecar_argv(run_dir: str | os.PathLike[str], watched_pid: int, watched_crea
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m monitors.gpu.sampler RUN_DIR --pid PID``: sample until PID ends (or SIGTERM/SIGINT)."""
-    ap = argparse.ArgumentParser(prog="python -m monitors.gpu.sampler",
+    """``python -m stepwatch.monitors.gpu.sampler RUN_DIR --pid PID``: sample until PID ends (or SIGTERM/SIGINT)."""
+    ap = argparse.ArgumentParser(prog="python -m stepwatch.monitors.gpu.sampler",
                                  description="Append GPU samples to RUN_DIR/gpu.jsonl until PID ends.")
     ap.add_argument("run_dir")
     ap.add_argument("--pid", type=int, required=True, help="the watched (training) process")
@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         pass
     backend = None
     if args.recording:
-        from monitors.gpu.recorded import RecordedBackend
+        from stepwatch.monitors.gpu.recorded import RecordedBackend
 
         backend = RecordedBackend(args.recording)
     run_sampler(args.run_dir, args.pid, stop_event, args.interval, backend,

@@ -6,7 +6,7 @@ to 1980 MHz, memory clock 2619 MHz; A100 SXM4 80GB: 400 W, 81920 MiB, 1410 / 159
 playbook's 3.8 reading (100% utilisation at 279-292 W). Every file says "synthetic" in its name and in
 its first (header) line. Deterministic (seeded), so the files can be regenerated and compared::
 
-    python -m monitors.gpu.synthetic assets/gpu_recordings
+    python -m stepwatch.monitors.gpu.synthetic assets/gpu_recordings
 
 Replace them with real recordings (a run's ``gpu.jsonl`` replays as is) when a GPU is available.
 """
@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from monitors.gpu.schema import empty_device, make_record
+from stepwatch.monitors.gpu.schema import empty_device, make_record
 
 T0 = 1780000000.0
 MIB = 1 << 20
@@ -74,7 +74,7 @@ def _device(rng: random.Random, spec: dict[str, Any], index: int, kind: str, *, 
 
 
 def _lost(spec: dict[str, Any], index: int, kind: str, since_t: float, retry_s: float) -> dict[str, Any]:
-    from monitors.runfiles import utc_iso
+    from stepwatch.monitors.runfiles import utc_iso
 
     d = empty_device(index)
     d.update(name=spec["name"], uuid=_uuid(kind, index),
@@ -178,7 +178,7 @@ def header(name: str) -> dict[str, Any]:
             "warning": "SYNTHETIC: no GPU was recorded; made by monitors/gpu/synthetic.py",
             "description": " ".join((gen.__doc__ or "").split()), "shaped_after": shaped_after,
             "expected_verdicts": {str(k): v for k, v in expected.items()},
-            "generated_by": "python -m monitors.gpu.synthetic assets/gpu_recordings", "interval_s": 1.0}
+            "generated_by": "python -m stepwatch.monitors.gpu.synthetic assets/gpu_recordings", "interval_s": 1.0}
 
 
 def render(name: str) -> str:

@@ -2,10 +2,10 @@
 
 Opt in with one line (DESIGN.md section 4)::
 
-    from monitors.telemetry import StepwatchCallback      # a transformers.TrainerCallback
+    from stepwatch.telemetry import StepwatchCallback      # a transformers.TrainerCallback
     trainer = Trainer(..., callbacks=[StepwatchCallback(attn_implementation_requested="sdpa")])
 
-    from monitors.telemetry import StepTelemetry          # a plain loop
+    from stepwatch.telemetry import StepTelemetry          # a plain loop
     tel = StepTelemetry()            # reads STEPWATCH_RUN_DIR; a no-op with one warning when unset
     for batch in loader:
         tel.step_begin()             # optional
@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from monitors.telemetry.core import StepTelemetry, rank_from_env
-from monitors.telemetry.schema import EVENT_KEYS, FLAGS, NESTED_KEYS, SCHEMA_VERSION
-from monitors.telemetry.stats import nearest_rank, step_summary
+from stepwatch.telemetry.core import StepTelemetry, rank_from_env
+from stepwatch.monitors.protocol import EVENT_KEYS, FLAGS, NESTED_KEYS, SCHEMA_VERSION
+from stepwatch.telemetry.stats import nearest_rank, step_summary
 
 __all__ = [
     "StepTelemetry",
@@ -39,7 +39,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name == "StepwatchCallback":
-        from monitors.telemetry.hf import build_callback_class
+        from stepwatch.telemetry.hf import build_callback_class
 
         cls = build_callback_class()
         globals()[name] = cls

@@ -11,9 +11,9 @@ Where the numbers come from:
   both written and used in ``run_end.step_seconds``, so every summary value is a written ``dt``.
 * ``step_begin`` / ``step_end`` / ``t``: ``time.time()`` (unix seconds). ``step_begin`` is the start
   of the interval ``dt`` measures: the previous step's ``step_end``, so consecutive steps tile.
-* ``run_end.step_seconds``: nearest-rank summary (:mod:`monitors.telemetry.stats`) of the ``dt`` of
+* ``run_end.step_seconds``: nearest-rank summary (:mod:`stepwatch.telemetry.stats`) of the ``dt`` of
   every step since ``run_start`` except the first.
-* ``dynamo``: :mod:`monitors.telemetry.dynamo`, compared at most once per ``check_interval_s``.
+* ``dynamo``: :mod:`stepwatch.telemetry.dynamo`, compared at most once per ``check_interval_s``.
 
 Cost per step (measured by ``bench/emitter_cost.py``): two clock reads, the step line built from a
 fixed template (the same bytes as the JSON encoder, which is used for unusual value types and for the
@@ -41,10 +41,10 @@ import time
 from array import array
 from typing import Any, Iterable, Mapping
 
-from monitors.runfiles import ENV_ATTEMPT, ENV_RUN_DIR, EVENTS_JSONL
-from monitors.telemetry.dynamo import OBSERVER, DynamoObserver, counters_snapshot
-from monitors.telemetry.schema import FLAGS, SCHEMA_VERSION
-from monitors.telemetry.stats import step_summary
+from stepwatch.monitors.runfiles import ENV_ATTEMPT, ENV_RUN_DIR, EVENTS_JSONL
+from stepwatch.telemetry.dynamo import OBSERVER, DynamoObserver, counters_snapshot
+from stepwatch.monitors.protocol import FLAGS, SCHEMA_VERSION
+from stepwatch.telemetry.stats import step_summary
 
 _PREFIX = "stepwatch telemetry: "
 

@@ -1,7 +1,7 @@
 """StepwatchCallback: the HF Trainer side of the emitter (transformers 5.24, checked against
 ``../shared/fixtures/real/trainer_api_facts.json``).
 
-The class is built on first use (:func:`build_callback_class`), so ``import monitors.telemetry``
+The class is built on first use (:func:`build_callback_class`), so ``import stepwatch.telemetry``
 never imports transformers. What the Trainer tells callbacks, and what is taken from it:
 
 * ``on_train_begin(model=...)``: ``run_start`` with ``state.max_steps``, ``args.process_index`` /
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from monitors.telemetry.core import StepTelemetry, attn_implementation_of
+from stepwatch.telemetry.core import StepTelemetry, attn_implementation_of
 
 _CLASS: type | None = None
 
@@ -150,7 +150,7 @@ def build_callback_class() -> type:
             self.telemetry.run_end(step=state.global_step)
             self.telemetry.close()
 
-    StepwatchCallback.__module__ = "monitors.telemetry"
+    StepwatchCallback.__module__ = "stepwatch.telemetry"
     StepwatchCallback.__qualname__ = "StepwatchCallback"
     _CLASS = StepwatchCallback
     return _CLASS

@@ -12,10 +12,10 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
-from monitors.rundirs import list_runs
-from monitors.status import RunObserver
-from tui.format import secs, state_word
-from tui.messages import RunsListed
+from stepwatch.monitors.rundirs import list_runs
+from stepwatch.monitors.snapshot.observer import RunObserver
+from stepwatch.tui.format import secs, state_word
+from stepwatch.tui.messages import RunsListed
 
 REFRESH_S = 2.0
 

@@ -111,7 +111,7 @@ class PreflightScreen(ModalScreen[dict[str, Any] | None]):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="preflight")
     def _run(self) -> None:
-        from launcher.preflight import run_checklist  # noqa: PLC0415
+        from stepwatch.launcher.preflight import run_checklist  # noqa: PLC0415
 
         cl = run_checklist(self.cfg)
         self.app.call_from_thread(self._show, cl)

@@ -18,17 +18,17 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 from textual.worker import Worker, WorkerState
 
-from monitors.acks import acknowledge, read_acked
-from monitors.logtail import LogFollower
-from monitors.runfiles import TRAIN_LOG
-from monitors.status import RunObserver
-from tui.messages import SnapshotReady
-from tui.widgets.dynamo import DynamoPanel
-from tui.widgets.gpu import GpuPanel
-from tui.widgets.header import AlertBanner, RunHeader
-from tui.widgets.identity import IdentityPanel
-from tui.widgets.logpanel import LogPanel
-from tui.widgets.steps import StepPanel
+from stepwatch.monitors.snapshot.acks import acknowledge, read_acked
+from stepwatch.monitors.readers.textlog import LogFollower
+from stepwatch.monitors.runfiles import TRAIN_LOG
+from stepwatch.monitors.snapshot.observer import RunObserver
+from stepwatch.tui.messages import SnapshotReady
+from stepwatch.tui.widgets.dynamo import DynamoPanel
+from stepwatch.tui.widgets.gpu import GpuPanel
+from stepwatch.tui.widgets.header import AlertBanner, RunHeader
+from stepwatch.tui.widgets.identity import IdentityPanel
+from stepwatch.tui.widgets.logpanel import LogPanel
+from stepwatch.tui.widgets.steps import StepPanel
 
 REFRESH_S = 1.0
 LOW_BANDWIDTH_PANEL_S = 5.0

@@ -9,7 +9,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.widgets import Static
 
-from tui.widgets.base import Panel
+from stepwatch.tui.widgets.base import Panel
 
 
 def _n(v: Any) -> str:

@@ -11,8 +11,8 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Sparkline, Static
 
-from tui.format import gib
-from tui.widgets.base import Panel
+from stepwatch.tui.format import gib
+from stepwatch.tui.widgets.base import Panel
 
 
 def _pct(v: float | None) -> str:

@@ -8,7 +8,7 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import Static
 
-from tui.format import hms, state_word
+from stepwatch.tui.format import hms, state_word
 
 
 class RunHeader(Static):

@@ -12,8 +12,8 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Sparkline, Static
 
-from tui.format import secs
-from tui.widgets.base import Panel
+from stepwatch.tui.format import secs
+from stepwatch.tui.widgets.base import Panel
 
 
 def _verdict_text(snap: dict[str, Any]) -> Text:

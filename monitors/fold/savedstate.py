@@ -1,4 +1,4 @@
-"""The supervisor's saved :class:`~monitors.eventfold.EventsFold`: attach without replaying the run.
+"""The supervisor's saved :class:`~stepwatch.monitors.fold.events.EventsFold`: attach without replaying the run.
 
 A 7-hour run writes ~10^5 step events; folding them all again (parse, statistics, fallback
 detector) is most of an attach. The supervisor lives as long as the run: it folds events.jsonl as
@@ -50,11 +50,11 @@ from typing import Any, Callable
 
 from sortedcontainers import SortedList
 
-from monitors.detectors import FallbackDetector, _Baseline, _Slow
-from monitors.eventfold import EventsFold
-from monitors.eventtail import EventReader
-from monitors.runfiles import EVENTS_JSONL, EVENTS_STATE, RUN_JSON, open_regular, read_json, write_json_atomic
-from monitors.stepstats import StepRecord, StepStats
+from stepwatch.monitors.detectors.fallback import FallbackDetector, _Baseline, _Slow
+from stepwatch.monitors.fold.events import EventsFold
+from stepwatch.monitors.readers.jsonl import EventReader
+from stepwatch.monitors.runfiles import EVENTS_JSONL, EVENTS_STATE, RUN_JSON, open_regular, read_json, write_json_atomic
+from stepwatch.monitors.stats.stepstats import StepRecord, StepStats
 
 FORMAT = 1
 #: How often the supervisor saves (seconds); an attach reads at most this much of the run's end.
@@ -90,7 +90,7 @@ _RECORD_FIELDS: dict[str, tuple[tuple[type, ...], ...]] = {
 }
 #: Attributes holding a value read from events.jsonl as it was (a JSON tree): saved as JSON, unwalked.
 _RAW_FIELDS = {"EventsFold": frozenset({"run_start", "run_end", "dynamo_ev", "last_step", "open_phase", "last_logs"})}
-_MODULES = ("monitors.eventfold", "monitors.eventtail", "monitors.detectors", "monitors.stepstats", __name__)
+_MODULES = ("stepwatch.monitors.fold.events", "stepwatch.monitors.readers.jsonl", "stepwatch.monitors.detectors.fallback", "stepwatch.monitors.stats.stepstats", __name__)
 _fields_cache: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {}
 
 

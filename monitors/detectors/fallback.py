@@ -90,7 +90,7 @@ from itertools import islice
 from operator import itemgetter
 from typing import Any, Iterable, Mapping
 
-from monitors.stepstats import check_step_seconds, nearest_rank
+from stepwatch.monitors.stats.stepstats import check_step_seconds, nearest_rank
 
 # --------------------------------------------------------------------------- fallback constants
 #: Minimum trip point, x the expected time. Real jitter max/p50 = 2.32; a fallback ~20 (playbook 4.3).
@@ -1060,7 +1060,7 @@ def stall_state(
     ``current_step_started_at``: unix seconds the step in progress began — the previous step's end
     (``step_end`` of the last step record, since ``dt`` runs end to end), or the process start
     before the first step; None when unknown. ``now``: unix seconds (passed in; this function reads
-    no clock). ``stats``: a :class:`monitors.stepstats.StepStats` or its ``summary()`` dict — ``n``
+    no clock). ``stats``: a :class:`stepwatch.monitors.stats.stepstats.StepStats` or its ``summary()`` dict — ``n``
     and ``p99`` (seconds) are read. ``in_phase``: truthy ("save", "eval", True) while the emitter says
     a save or evaluation is running (DESIGN.md section 4 ``phase`` events); never stalled then.
 

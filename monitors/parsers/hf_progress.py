@@ -342,7 +342,7 @@ class ProgressTracker:
         return False
 
     def feed(self, seg: _SegmentLike) -> list[StepAdvance]:
-        """Feed one :class:`monitors.logtail.Segment` (or anything with the same attributes)."""
+        """Feed one :class:`stepwatch.monitors.readers.textlog.Segment` (or anything with the same attributes)."""
         if getattr(seg, "is_note", False):
             return []
         live = not getattr(seg, "backfill", False)

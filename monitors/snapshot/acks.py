@@ -11,7 +11,7 @@ import json
 import time
 from pathlib import Path
 
-from monitors.runfiles import ACKS_JSONL, utc_iso
+from stepwatch.monitors.runfiles import ACKS_JSONL, utc_iso
 
 
 def read_acked(run_dir: Path) -> set[str]:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from monitors.runfiles import open_regular
+from stepwatch.monitors.runfiles import open_regular
 
 __all__ = [
     "Segment",
@@ -201,7 +201,7 @@ class LogFollower:
         """The unterminated tail segment (e.g. the latest tqdm bar) as a Segment with ``end=""``.
 
         Progress parsers may look at it every poll (feeding the same bar twice is a no-op for
-        :class:`monitors.progress.ProgressTracker`); counting scanners (dynamo) must not, or they
+        :class:`stepwatch.monitors.parsers.hf_progress.ProgressTracker`); counting scanners (dynamo) must not, or they
         would count it again once it ends. None when there is no unterminated text.
         Its ``at_s`` is :attr:`last_byte_at` -- the file's mtime when the bytes came with the attach
         window, which is when tqdm wrote that bar -- and ``poll_seq`` is the latest poll's.

@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
-from monitors.runfiles import utc_iso
-from monitors.status import json_safe, RunObserver, run_ended
-from monitors.watchdog import ProcessRef, wait_for_exit
+from stepwatch.monitors.runfiles import utc_iso
+from stepwatch.monitors.snapshot.observer import json_safe, RunObserver, run_ended
+from stepwatch.monitors.watchdog import ProcessRef, wait_for_exit
 
 
 def _fmt(v: Any, nd: int = 2) -> str:

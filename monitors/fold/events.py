@@ -18,9 +18,9 @@ from contextlib import contextmanager
 from operator import itemgetter
 from typing import Any, Iterator
 
-from monitors.detectors import FLAGGED, FallbackDetector
-from monitors.eventtail import EventReader
-from monitors.stepstats import StepStats
+from stepwatch.monitors.detectors.fallback import FLAGGED, FallbackDetector
+from stepwatch.monitors.readers.jsonl import EventReader
+from stepwatch.monitors.stats.stepstats import StepStats
 
 #: slow steps' global_step -> step_end kept (a fallback onset is a slow step of the last flag window)
 SLOW_ENDS_KEPT = 1000

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Literal
 
-from monitors.runfiles import open_regular
+from stepwatch.monitors.runfiles import open_regular
 
 try:  # a declared dependency; the standard library parses alone if it is missing
     from orjson import loads as _fast_loads

@@ -4,7 +4,7 @@
 A :class:`RunObserver` keeps incremental readers (events.jsonl from its start, train.log, gpu.jsonl)
 so following a live run costs only the new bytes; :func:`snapshot` is the one-shot form. An attach
 starts events.jsonl from the supervisor's saved fold when it checks out (``events.state.json``,
-:mod:`monitors.eventstate`), the same state a fold of every line gives. Views only read: nothing
+:mod:`stepwatch.monitors.fold.savedstate`), the same state a fold of every line gives. Views only read: nothing
 here writes into the run dir. Every key is always present (null when unknown).
 
 Where numbers come from:
@@ -25,20 +25,20 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from monitors.detectors import stall_state
-from monitors.eventfold import EventsFold, step_no, unix_time
-from monitors.eventstate import load as load_saved_state, refused
-from monitors.dynamolog import DynamoLogScanner, RecompileLimit, Recompile
-from monitors.eventtail import EventReader
-from monitors.gpu.reading import WINDOW_S as GPU_WINDOW_S
-from monitors.gpu.reading import gpu_source, gpu_status_from_records
-from monitors.logtail import DEFAULT_MAX_BYTES_PER_POLL, LogFollower
-from monitors.progress import ProgressTracker, rank_prefix
-from monitors.acks import read_acked
-from monitors.rundirs import run_survivors
-from monitors.runfiles import EVENTS_JSONL, EXIT_JSON, GPU_JSONL, RUN_JSON, STOP_JSON, TRAIN_LOG, read_json, utc_iso
-from monitors.stepstats import StepStats
-from monitors.watchdog import ProcessRef, probe
+from stepwatch.monitors.detectors.fallback import stall_state
+from stepwatch.monitors.fold.events import EventsFold, step_no, unix_time
+from stepwatch.monitors.fold.savedstate import load as load_saved_state, refused
+from stepwatch.monitors.parsers.dynamolog import DynamoLogScanner, RecompileLimit, Recompile
+from stepwatch.monitors.readers.jsonl import EventReader
+from stepwatch.monitors.gpu.reading import WINDOW_S as GPU_WINDOW_S
+from stepwatch.monitors.gpu.reading import gpu_source, gpu_status_from_records
+from stepwatch.monitors.readers.textlog import DEFAULT_MAX_BYTES_PER_POLL, LogFollower
+from stepwatch.monitors.parsers.hf_progress import ProgressTracker, rank_prefix
+from stepwatch.monitors.snapshot.acks import read_acked
+from stepwatch.monitors.rundirs import run_survivors
+from stepwatch.monitors.runfiles import EVENTS_JSONL, EXIT_JSON, GPU_JSONL, RUN_JSON, STOP_JSON, TRAIN_LOG, read_json, utc_iso
+from stepwatch.monitors.stats.stepstats import StepStats
+from stepwatch.monitors.watchdog import ProcessRef, probe
 
 #: train.log up to this size is read from its first byte (dynamo counts and log-derived steps see
 #: the whole attempt); a bigger one only from its tail, and the snapshot says so (``log.from_start``).
@@ -162,7 +162,7 @@ class RunObserver:
     ``unknown``. Not thread-safe: one observer per thread.
 
     ``use_saved_state``: start an attempt from the supervisor's saved fold of events.jsonl
-    (``events.state.json``, :mod:`monitors.eventstate`) when it checks out, reading only the lines
+    (``events.state.json``, :mod:`stepwatch.monitors.fold.savedstate`) when it checks out, reading only the lines
     after it; False folds every line (the bench's cold attach, tests that compare the two).
     """
 
@@ -462,7 +462,7 @@ class RunObserver:
             if ended.get("stop_requested"):
                 bad = False  # the operator asked for it: an event (exit.json says how it ended), not an alert
             if bad:
-                from monitors.narrate import end_words  # noqa: PLC0415
+                from stepwatch.tui.plain import end_words  # noqa: PLC0415
 
                 stopped = " (stop requested)" if ended.get("stop_requested") else ""
                 tb = snap["log"].get("traceback_last_line")

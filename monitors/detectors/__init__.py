@@ -1,0 +1,1 @@
+"""Pure detectors, each owning its constants and their sources: fallback, stall, storm."""

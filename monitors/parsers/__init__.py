@@ -1,0 +1,1 @@
+"""Parsers of what a training program prints: HF/tqdm progress, torch dynamo records."""

@@ -1,0 +1,1 @@
+"""Step-time statistics: the one nearest-rank percentile and the per-attempt summary."""

@@ -25,7 +25,7 @@ reported beside the per-call figure (amortised: once per ``check_interval_s``, 1
 per-pair ratios, with their spread), everything else under ``details``.
 
 The numbers depend on the machine and the file system (no fsync: the page cache absorbs writes).
-Compare with ``../shared/fixtures/real/append_cost.json`` (write+flush of a pre-built ~148-byte line:
+Compare with ``tests/fixtures/real/append_cost.json`` (write+flush of a pre-built ~148-byte line:
 2.19 µs median; with ``json.dumps``: 10.18 µs; measured 2026-11-30 on 2 vCPUs).
 """
 

@@ -20,7 +20,7 @@ from typing import Any
 from stepwatch.launcher.config import ConfigError, RunConfig, config_to_json, diff_configs, load_config, resolve_executable
 from stepwatch.launcher.identity import gate_message, read_tree, untracked_warning
 from stepwatch.launcher.preflight import Checklist, run_checklist
-from stepwatch.launcher.rotate import plan_rotation, rotate
+from stepwatch.launcher.rotate import rotate
 from stepwatch.monitors.runfiles import (
     ENV_ATTEMPT, ENV_RUN_DIR, RUN_JSON, SCHEMA_VERSION, SUPERVISOR_LOG, read_json, utc_iso,
     write_json_atomic,
@@ -128,7 +128,7 @@ def next_attempt(run_dir: Path) -> int:
 
 
 #: How long a relaunch waits for the previous attempt's supervisor, its child already ended, to
-#: finish (it saves its last fold of events.jsonl after exit.json; see monitors/eventstate.py).
+#: finish (it saves its last fold of events.jsonl after exit.json; see monitors/fold/savedstate.py).
 LAST_SUPERVISOR_WAIT_S = 15.0
 
 
@@ -252,8 +252,3 @@ def relaunch_config(run_dir: Path) -> tuple[RunConfig, list[str]]:
         cfg = _validate(data, Path("/"), "run.json", runs_dir_override=run_dir.parent)
         changes = []
     return cfg, changes
-
-
-def describe_rotation(run_dir: Path) -> list[str]:
-    """Lines saying which files the next launch will rename to what (for the preflight checklist)."""
-    return [f"{a.name} -> {b.name}" for a, b in plan_rotation(run_dir)]

@@ -1,4 +1,6 @@
-"""The ``events.jsonl`` schema, as key lists (DESIGN.md section 4; its example lines are the schema).
+"""The ``events.jsonl`` protocol: event kinds, keys, step flags, schema version (DESIGN.md section 4;
+its example lines are the schema). The one declaration: the emitter (``stepwatch.telemetry``), the
+readers and folds, and the tests import these names.
 
 One JSON object per line. Every key of an event's kind is always present, ``null`` when unknown
 (present-and-null, playbook 4.8). This module is data only; it imports nothing, so the tailer, the
@@ -10,6 +12,10 @@ from __future__ import annotations
 #: ``"v"`` of every event.
 SCHEMA_VERSION = 1
 
+#: Event kinds.
+KIND_RUN_START, KIND_STEP, KIND_PHASE, KIND_DYNAMO, KIND_LOG, KIND_RUN_END = (
+    "run_start", "step", "phase", "dynamo", "log", "run_end")
+
 #: Keys every event starts with, in this order. ``t``: wall-clock unix seconds when the event was
 #: made; ``step``: the optimizer step (HF ``state.global_step``) the event belongs to, or null;
 #: ``rank``: the global rank of the process that wrote it.
@@ -17,12 +23,12 @@ COMMON_KEYS = ("v", "kind", "t", "step", "rank")
 
 #: Top-level keys of each kind, in the order they are written.
 EVENT_KEYS: dict[str, tuple[str, ...]] = {
-    "run_start": COMMON_KEYS + ("world_size", "pid", "max_steps", "versions", "attn_implementation"),
-    "step": COMMON_KEYS + ("dt", "step_begin", "step_end", "tokens", "padded_tokens", "flags"),
-    "phase": COMMON_KEYS + ("name", "state"),
-    "dynamo": COMMON_KEYS + ("counters", "recompiles", "recompile_limit_hits"),
-    "log": COMMON_KEYS + ("logs",),
-    "run_end": COMMON_KEYS + ("step_seconds", "dynamo", "dropped_events"),
+    KIND_RUN_START: COMMON_KEYS + ("world_size", "pid", "max_steps", "versions", "attn_implementation"),
+    KIND_STEP: COMMON_KEYS + ("dt", "step_begin", "step_end", "tokens", "padded_tokens", "flags"),
+    KIND_PHASE: COMMON_KEYS + ("name", "state"),
+    KIND_DYNAMO: COMMON_KEYS + ("counters", "recompiles", "recompile_limit_hits"),
+    KIND_LOG: COMMON_KEYS + ("logs",),
+    KIND_RUN_END: COMMON_KEYS + ("step_seconds", "dynamo", "dropped_events"),
 }
 
 #: Keys of the fixed-shape nested objects: (kind, key) -> nested keys.
@@ -38,8 +44,9 @@ NESTED_KEYS: dict[tuple[str, str], tuple[str, ...]] = {
 #: an evaluation / checkpoint save ran between the previous step and this one, so its cost is in this
 #: step's ``dt``; ``recompile``: dynamo recompiled a frame during this step. Callers may add their own
 #: flags after these.
-FLAGS = ("first", "eval", "save", "recompile")
+FLAG_FIRST, FLAG_EVAL, FLAG_SAVE, FLAG_RECOMPILE = "first", "eval", "save", "recompile"
+FLAGS = (FLAG_FIRST, FLAG_EVAL, FLAG_SAVE, FLAG_RECOMPILE)
 
 #: ``phase`` event names and states.
-PHASE_NAMES = ("save", "eval")
+PHASE_NAMES = (FLAG_SAVE, FLAG_EVAL)
 PHASE_STATES = ("begin", "end")

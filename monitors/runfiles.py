@@ -26,7 +26,7 @@ GPU_JSONL = "gpu.jsonl"
 STOP_JSON = "stop.json"
 EXIT_JSON = "exit.json"
 SUPERVISOR_LOG = "supervisor.log"  # the supervisor's own diagnostics; never the child's output
-EVENTS_STATE = "events.state.json"  # the supervisor's fold of events.jsonl (monitors/eventstate.py)
+EVENTS_STATE = "events.state.json"  # the supervisor's fold of events.jsonl (monitors/fold/savedstate.py)
 ACKS_JSONL = "acks.jsonl"  # written by views; never rotated (alert ids carry the attempt)
 
 #: Files that describe one attempt and are renamed with the attempt's stamp on relaunch.

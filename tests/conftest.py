@@ -13,8 +13,8 @@ from typing import Callable
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SHARED = REPO_ROOT.parent / "shared"
-FIXTURES_REAL = SHARED / "fixtures" / "real"
+#: Real torch/transformers captures (tests/fixtures/real/README.md; re-capture: tools/capture_fixtures/capture.sh).
+FIXTURES_REAL = Path(__file__).resolve().parent / "fixtures" / "real"
 
 
 def wait_until(cond: Callable[[], object], timeout_s: float = 10.0, interval_s: float = 0.02, what: str = "condition"):

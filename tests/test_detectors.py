@@ -20,12 +20,11 @@ from stepwatch.monitors.detectors.fallback import (
     STEADY_RUN,
     TRIP_RATIO_MIN,
     FallbackDetector,
-    StallVerdict,
     StepVerdict,
-    _Baseline,
     _verdict,
-    stall_state,
 )
+from stepwatch.monitors.detectors.baseline import _Baseline
+from stepwatch.monitors.detectors.stall import StallVerdict, stall_state
 from conftest import step_controls
 from stepwatch.monitors.stats.stepstats import StepStats, nearest_rank
 
@@ -171,8 +170,6 @@ def test_real_cpu_capture_is_warmup_then_ok(name, with_tokens):
     with phase eager_fallback run as fast as the compiled ones of the same length. That is a fact
     about the capture, not a detector target: there the recompile-limit warning and the counters
     are the only signal (DESIGN.md section 5, Dynamo)."""
-    if not (sc.REAL_FIXTURES / name).exists():
-        pytest.skip(f"shared fixture {name} not present")
     c = sc.real_csv(name, with_tokens=with_tokens)
     phases = c.params["phases"]
     assert "eager_fallback" in phases
@@ -472,8 +469,6 @@ def test_every_output_on_the_controls_is_what_it_was(read, seed):
 
 @pytest.mark.parametrize("read", [True, False])
 def test_every_output_on_the_real_captures_is_what_it_was(read):
-    if not all((sc.REAL_FIXTURES / name).exists() for name, _ in _REAL_CSVS):
-        pytest.skip("../shared/fixtures/real is not there")
     cases = [({}, sc.real_csv(name, tokens).records) for name, tokens in _REAL_CSVS]
     assert _outputs_digest(cases, read) == _REAL_DIGESTS[read]
 

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from conftest import FIXTURES_REAL
 from stepwatch.monitors.parsers.dynamolog import DynamoLogScanner, GraphBreak, Recompile, RecompileLimit, normalize_reason
 from stepwatch.monitors.readers.textlog import LogFollower
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "real"
+FIXTURES = FIXTURES_REAL
 
 
 def scan_file(path: Path) -> tuple[DynamoLogScanner, list]:

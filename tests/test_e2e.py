@@ -8,8 +8,12 @@ import shutil
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import REPO_ROOT, git, make_repo, stepwatch, wait_until
 from stepwatch.monitors.runfiles import read_json, utc_stamp
+
+pytestmark = pytest.mark.slow  # a real tiny transformers run, twice
 
 TINY = ["--steps", "12", "--hidden", "64", "--layers", "2", "--seq-len", "64", "--save-every", "0"]
 

@@ -846,18 +846,16 @@ def test_history_coarse_stays_bounded_for_any_length():
     assert h.coarse_step_s > 1.0
 
 
-def test_history_feed_file_is_incremental_and_follows_rotation(tmp_path):
-    p = tmp_path / "gpu.jsonl"
-    with open(p, "w") as f:
-        f.write(json.dumps(_rec(1.0)) + "\n" + json.dumps(_rec(2.0))[:20])
+def test_history_recent_is_the_snapshots_gpu_history_last_n_oldest_first():
+    """What the GPU panel's sparklines draw: per device index, the last n samples."""
     h = GpuHistory()
-    assert h.feed_file(p) == 1
-    with open(p, "a") as f:
-        f.write(json.dumps(_rec(2.0))[20:] + "\n")
-    assert h.feed_file(p) == 1 and len(h.fine("GPU-x")) == 2
-    os.rename(p, tmp_path / "gpu.20260101T000000Z.jsonl")
-    p.write_text(json.dumps(_rec(10.0)) + "\n")
-    assert h.feed_file(p) == 1 and [pt.t for pt in h.fine("GPU-x")] == [10.0]
+    for i in range(10):
+        h.add_record(_rec(float(i), util=float(i)))
+    recent = h.recent(3)
+    assert list(recent) == ["0"]
+    assert recent["0"]["util_pct"] == [7.0, 8.0, 9.0]
+    assert len(recent["0"]["power_share"]) == 3
+    assert h.recent(100)["0"]["util_pct"] == [float(i) for i in range(10)]
 
 
 def test_bundled_recordings_are_synthetic_and_match_their_generator():
@@ -869,7 +867,7 @@ def test_bundled_recordings_are_synthetic_and_match_their_generator():
         headers, samples = load_recording(path)
         assert headers[0]["recording"] == "synthetic" and "SYNTHETIC" in headers[0]["warning"]
         assert RecordedBackend(path).synthetic
-        assert path.read_text() == synthetic.render(name), f"regenerate: python -m stepwatch.monitors.gpu.synthetic"
+        assert path.read_text() == synthetic.render(name), "regenerate: python -m stepwatch.monitors.gpu.synthetic"
 
 
 def test_recorded_backend_labels_and_ends(tmp_path):

@@ -1,6 +1,6 @@
 """LogFollower (train.log tailer) and ChangeNotifier, on real captures and crafted files.
 
-Real captures live in ``<repo>/../shared/fixtures/real`` (see its README.md). Tests that wait, wait
+Real captures live in ``tests/fixtures/real`` (see its README.md). Tests that wait, wait
 on a condition with a deadline; none asserts a duration.
 """
 
@@ -14,11 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from stepwatch.monitors.readers.textlog import ChangeNotifier, LogFollower, Segment, follow
+from conftest import FIXTURES_REAL
+from stepwatch.monitors.readers.changes import ChangeNotifier, follow
+from stepwatch.monitors.readers.textlog import LogFollower, Segment
 from stepwatch.monitors.parsers.hf_progress import ProgressTracker
 from stepwatch.monitors.runfiles import TRAIN_LOG
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "real"
+FIXTURES = FIXTURES_REAL
 REAL_LOGS = [
     "hf_trainer_plain.log",
     "hf_trainer_tty.log",

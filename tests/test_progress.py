@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
+from conftest import FIXTURES_REAL
+from stepwatch.monitors.readers.rankprefix import rank_prefix
 from stepwatch.monitors.readers.textlog import LogFollower, Segment
 from stepwatch.monitors.parsers.hf_progress import (
     ProgressTracker,
@@ -13,10 +13,9 @@ from stepwatch.monitors.parsers.hf_progress import (
     parse_log_dict,
     parse_progress,
     parse_train_output,
-    rank_prefix,
 )
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "real"
+FIXTURES = FIXTURES_REAL
 
 
 def segments(name: str) -> list[Segment]:

@@ -1,7 +1,7 @@
 """The status snapshot (issues 3 and 4): ``stepwatch status RUN [--json]`` on real run dirs.
 
 Real processes launched through the real CLI from a temp git repo, real files, the real captures
-under ``../shared/fixtures/real``. The runs that need step times use ``StepTelemetry`` in a plain
+under ``tests/fixtures/real``. The runs that need step times use ``StepTelemetry`` in a plain
 loop (the emitter a user's loop would call), so every step event is a real write by a real process.
 """
 
@@ -405,6 +405,7 @@ def test_twenty_fast_steps_then_a_hang_reads_stalled(harness: Path):
     assert [a["id"] for a in again["alerts"] if a["kind"] == "stall"] == ["a1-stall-20"]
 
 
+@pytest.mark.slow  # a real training run / several seconds of a real process
 def test_a_long_save_phase_is_not_a_stall(harness: Path):
     run_dir = launch(harness, sys.executable, "steps.py", "20", "0.02", "save-hang", name="saving")
     wait_until(lambda: events(run_dir, "phase"), 20, what="the save phase event")
@@ -460,6 +461,7 @@ def test_a_log_without_the_warning_raises_no_alert(harness: Path, fixture: str):
 
 # --- the fallback detector on real processes ----------------------------------------------------------
 
+@pytest.mark.slow  # a real training run / several seconds of a real process
 def test_slow_steps_after_a_fast_steady_state_are_flagged_and_saves_are_not(harness: Path, tmp_path: Path):
     pos = launch(harness, sys.executable, "fallback.py", "fallback", name="fallback")
     neg = launch(harness, sys.executable, "fallback.py", "saves", name="saves")
@@ -527,7 +529,7 @@ def test_alert_ids_are_stable_across_observers_and_views(harness: Path):
 
 
 def test_status_json_is_strict_json_even_with_a_nan_loss(tmp_path: Path):
-    from stepwatch.monitors.snapshot.observer import json_safe
+    from stepwatch.monitors.snapshot.model import json_safe
 
     assert json_safe({"a": [float("nan"), float("inf"), -float("inf"), 1.5]}) == {"a": ["NaN", "Infinity", "-Infinity", 1.5]}
     run_dir = tmp_path / "nan"
@@ -711,7 +713,7 @@ def test_values_nested_a_thousand_deep_are_cut_where_they_are_shown(tmp_path: Pa
     """orjson reads a line nested up to 1,024 deep; every writer of the snapshot (json.dumps with an
     indent, watch --json, the screen) recurses per level: what is shown as read (last_logs,
     versions, dropped_events) is cut at SHOWN_DEPTH levels."""
-    from stepwatch.monitors.snapshot.observer import SHOWN_DEPTH
+    from stepwatch.monitors.snapshot.model import SHOWN_DEPTH
 
     t0 = 1_780_000_000.0
     deep = "[" * 1000 + "]" * 1000

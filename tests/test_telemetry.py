@@ -4,7 +4,7 @@ Real components throughout: a real ``transformers.Trainer`` run on the CPU, real
 ENOSPC (``/dev/full``), a real removed directory, real dynamo compilations (``backend="eager"``, which
 runs dynamo's tracing, guards, recompiles and limit without inductor's C++ compile: ~0.2 s instead of
 15-26 s per compile) in a subprocess, and dynamo log records rebuilt from the captured
-``../shared/fixtures/real`` logs.
+``tests/fixtures/real`` logs.
 """
 
 from __future__ import annotations
@@ -30,13 +30,13 @@ from types import SimpleNamespace
 
 import pytest
 
+from conftest import FIXTURES_REAL
 from stepwatch.telemetry import EVENT_KEYS, NESTED_KEYS, StepTelemetry, nearest_rank, step_summary
 from stepwatch.telemetry import core as tcore
 from stepwatch.telemetry.dynamo import (DynamoObserver, _CountingHandler, counters_snapshot, frame_compile_id,
                                       frames_total)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-FIXTURES_REAL = REPO_ROOT.parent / "shared" / "fixtures" / "real"
 WARN_PREFIX = "stepwatch telemetry:"
 
 # The example lines of DESIGN.md section 4, verbatim: they are the schema.
@@ -109,6 +109,7 @@ def test_schema_matches_design_examples():
 # A real HF Trainer run
 # --------------------------------------------------------------------------------------------------
 
+@pytest.mark.slow  # a real training run / several seconds of a real process
 def test_trainer_run_writes_the_protocol(tmp_path, monkeypatch, capsys):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
@@ -491,10 +492,10 @@ def records_from_glog(path: Path) -> list[logging.LogRecord]:
     return records
 
 
-def fixture_or_skip(name: str) -> Path:
+def real_fixture(name: str) -> Path:
+    """A kept capture of tests/fixtures/real; a missing one fails the test (it is part of the repo)."""
     p = FIXTURES_REAL / name
-    if not p.exists():
-        pytest.skip(f"real fixture {p} is not available")
+    assert p.is_file(), f"real fixture {p} is missing (re-capture: tools/capture_fixtures/capture.sh)"
     return p
 
 
@@ -508,8 +509,8 @@ def installed_observer(records_on: bool, callback_api: bool = False) -> DynamoOb
 
 
 def test_observer_counts_real_recompile_records():
-    records = records_from_glog(fixture_or_skip("dynamo_recompiles.log"))
-    counters = json.loads(fixture_or_skip("dynamo_counters.json").read_text())
+    records = records_from_glog(real_fixture("dynamo_recompiles.log"))
+    counters = json.loads(real_fixture("dynamo_counters.json").read_text())
     names = collections.Counter(r.name for r in records)
     assert names["torch._dynamo.guards.__recompiles"] == 4
     assert names["torch._dynamo.symbolic_convert.__graph_breaks"] == 1  # must not count
@@ -557,7 +558,7 @@ def test_counting_handler_changes_nothing_the_log_prints(capsys):
 
 
 def test_observer_without_torch_logs_reports_recompiles_unknown():
-    records = records_from_glog(fixture_or_skip("dynamo_limit_default.log"))
+    records = records_from_glog(real_fixture("dynamo_limit_default.log"))
     obs = installed_observer(records_on=False)
     for r in records:
         _CountingHandler(obs).handle(r)
@@ -580,7 +581,7 @@ def test_observer_compile_callbacks():
 
 
 def test_counters_snapshot_of_real_counters():
-    data = json.loads(fixture_or_skip("dynamo_counters.json").read_text())
+    data = json.loads(real_fixture("dynamo_counters.json").read_text())
     for key in ("after_main_loop", "after_graph_break_demo"):
         real = collections.defaultdict(collections.Counter)
         for group, d in data[key].items():
@@ -590,7 +591,7 @@ def test_counters_snapshot_of_real_counters():
         assert json.loads(json.dumps(snap)) == snap
         assert "recompiles" not in snap
         assert "frames" in real and frames_total(real) == data[key]["frames"]["total"]
-    warm = json.loads(fixture_or_skip("dynamo_counters_warmcache.json").read_text())["after_main_loop"]
+    warm = json.loads(real_fixture("dynamo_counters_warmcache.json").read_text())["after_main_loop"]
     assert "graph_break" not in warm  # absent until a real break: readers must use .get
     empty = collections.defaultdict(collections.Counter)
     assert frames_total(empty) == 0 and "frames" not in empty  # reading never creates a group
@@ -626,6 +627,7 @@ print("DONE")
 """
 
 
+@pytest.mark.slow  # a real training run / several seconds of a real process
 @pytest.mark.parametrize("torch_logs", [None, "recompiles"])
 def test_real_dynamo_compile(tmp_path, torch_logs):
     pytest.importorskip("torch")

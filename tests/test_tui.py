@@ -78,6 +78,56 @@ async def test_attach_live_then_kill_shows_banner_until_acknowledged(repo: Path)
         assert not app.screen.query_one("#banner").display
 
 
+def _open_fds_on(path: Path) -> int:
+    """How many of this process's descriptors are open on ``path``."""
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") == str(path):
+                n += 1
+        except OSError:
+            pass
+    return n
+
+
+async def test_the_run_screen_reads_each_file_through_its_observer_only(repo: Path):
+    """One reader per view: the log panel's lines come from the observer's view update, and the
+    attached run screen holds one descriptor on train.log (the observer's), never a second."""
+    run_dir = launch_tick(repo)
+    app = StepwatchApp(run_dir, run_dir.parent)
+    async with app.run_test(size=(100, 30)) as pilot:
+        log = app.screen.query_one("#log")
+        await until(pilot, lambda: any("tick 1" in str(line.text) for line in log.lines), 10, "tick 1 in the log")
+        assert _open_fds_on((run_dir / "train.log").resolve()) == 1
+        assert _open_fds_on((run_dir / "events.jsonl").resolve()) <= 1
+        screen = app.screen
+        assert not [k for k, v in vars(screen).items() if type(v).__name__ in ("LogFollower", "EventReader")]
+        # the log panel shows each line once, in order, as the observer delivered it
+        shown = [str(line.text) for line in log.lines if str(line.text).startswith("tick ")]
+        nums = [int(s.split()[1]) for s in shown]
+        assert nums == sorted(set(nums)) and nums[0] == 0
+
+
+async def test_acknowledging_where_acks_jsonl_cannot_be_written_holds_for_the_session(tmp_path: Path):
+    """The snapshot's ``acknowledged`` flag is the one definition: where acks.jsonl cannot be
+    written (here a directory stands in its place, which stops root too), the observer keeps the
+    acknowledgement and every later snapshot still marks it."""
+    run_dir = tmp_path / "runs" / "ended-sigkill"
+    shutil.copytree(STATIC_RUN, run_dir)
+    (run_dir / "acks.jsonl").mkdir()
+    app = StepwatchApp(run_dir, run_dir.parent)
+    async with app.run_test(size=(100, 30)) as pilot:
+        banner = app.screen.query_one("#banner")
+        await until(pilot, lambda: banner.display, 10, "the banner")
+        await pilot.press("a")
+        await until(pilot, lambda: not banner.display, 2.0, "the banner to go on 'a'")
+        await pilot.pause(2.5)  # later refreshes: the alerts stay acknowledged
+        assert not banner.display
+        assert app.screen.snap["alerts"] and all(a["acknowledged"] for a in app.screen.snap["alerts"])
+        assert app.screen.observer.session_acked == {a["id"] for a in app.screen.snap["alerts"]}
+    assert (run_dir / "acks.jsonl").is_dir() and not any((run_dir / "acks.jsonl").iterdir())
+
+
 async def test_quit_leaves_the_run_alive_and_says_so(repo: Path):
     run_dir = launch_tick(repo)
     ref = ProcessRef.from_json(read_json(run_dir / "run.json")["process"])

@@ -235,6 +235,7 @@ def test_watch_ends_for_a_run_whose_command_could_not_start(harness: Path):
 DEMO = ("--steps", "12", "--hidden", "64", "--layers", "2", "--seq-len", "64", "--save-every", "0")
 
 
+@pytest.mark.slow  # a real training run / several seconds of a real process
 def test_demo_crash_then_a_clean_second_attempt(tmp_path: Path):
     runs = tmp_path / "runs"
     r = stepwatch("demo", "--no-tui", "--runs-dir", str(runs), *DEMO, "--crash-at", "5", cwd=tmp_path, timeout=120)

@@ -229,7 +229,7 @@ class StepwatchApp(App):
         if msg.ok and msg.run_dir:
             rs = self.run_screen
             if rs is not None and rs.run_dir == Path(msg.run_dir):
-                rs.reset_follow()
+                rs.poll_soon()
             else:
                 self.push_screen(RunScreen(Path(msg.run_dir)))
 

@@ -259,7 +259,8 @@ def _launched_at(run_dir: Path) -> str | None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from stepwatch.monitors.snapshot.observer import RunObserver, json_safe  # noqa: PLC0415
+    from stepwatch.monitors.snapshot.model import json_safe  # noqa: PLC0415
+    from stepwatch.monitors.snapshot.observer import RunObserver  # noqa: PLC0415
 
     try:
         run_dir = resolve_run(args.run, _runs_dir(args)) if args.run else _newest(args)

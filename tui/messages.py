@@ -10,12 +10,15 @@ from textual.message import Message
 class SnapshotReady(Message):
     """A fresh status snapshot of the attached run, plus the log lines that arrived since the last one.
 
-    ``log_lines``: complete lines, oldest first; ``log_partial``: the current unfinished line
-    (a progress bar), or None; ``log_reset``: the log was rotated/truncated (clear the panel first).
+    Built from :class:`~stepwatch.monitors.snapshot.observer.ViewUpdate`. ``log_lines``: complete
+    lines, oldest first; ``log_partial``: the current unfinished line (a progress bar), or None;
+    ``log_reset``: clear the panel first; ``attempt_changed``: run.json names a new attempt.
     """
 
-    def __init__(self, snapshot: dict[str, Any], log_lines: list[str], log_partial: str | None, log_reset: bool):
+    def __init__(self, snapshot: dict[str, Any], log_lines: list[str], log_partial: str | None, log_reset: bool,
+                 attempt_changed: bool = False):
         super().__init__()
+        self.attempt_changed = attempt_changed
         self.snapshot = snapshot
         self.log_lines = log_lines
         self.log_partial = log_partial

@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any, Callable, TextIO
 
 from stepwatch.monitors.runfiles import utc_iso
-from stepwatch.monitors.snapshot.observer import json_safe, RunObserver, run_ended
+from stepwatch.monitors.snapshot.alerts import end_words
+from stepwatch.monitors.snapshot.model import json_safe, run_ended
+from stepwatch.monitors.snapshot.observer import RunObserver
 from stepwatch.monitors.watchdog import ProcessRef, wait_for_exit
 
 
@@ -25,20 +27,6 @@ def _fmt(v: Any, nd: int = 2) -> str:
     if isinstance(v, float):
         return f"{v:.{nd}f}"
     return str(v)
-
-
-def end_words(snap: dict[str, Any]) -> str:
-    """``exited with code 3 after 12.0 s`` / ``killed by SIGKILL after ...`` / ``ended, status unknown``."""
-    ended = snap.get("ended") or {}
-    dur = ended.get("duration_s")
-    after = f" after {dur:.1f} s" if isinstance(dur, (int, float)) else ""
-    if snap.get("signal"):
-        return f"killed by {snap['signal']}{after}"
-    if snap.get("returncode") is not None:
-        return f"exited with code {snap['returncode']}{after}"
-    if ended.get("error"):
-        return f"could not start: {ended['error']}"
-    return "ended, status unknown (supervisor gone, no exit.json)"
 
 
 def status_lines(snap: dict[str, Any]) -> list[str]:

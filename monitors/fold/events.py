@@ -1,9 +1,9 @@
 """What one attempt's ``events.jsonl`` says, folded into state: step statistics, the fallback
 detector, the latest run_start / dynamo / log / phase / run_end records, and counters.
 
-:class:`EventsFold` is the events half of a status snapshot (``monitors/status.py`` builds the rest
+:class:`EventsFold` is the events half of a status snapshot (``monitors/snapshot/observer.py`` builds the rest
 from run.json, train.log and gpu.jsonl). The supervisor folds the same way and saves the result
-beside events.jsonl (``monitors/eventstate.py``) so an attach can start from there; one class does
+beside events.jsonl (``monitors/fold/savedstate.py``) so an attach can start from there; one class does
 both, so the two cannot drift apart. Values read from the file are sanitised here (a step whose dt
 is not a number is counted, never fed).
 """
@@ -18,6 +18,9 @@ from contextlib import contextmanager
 from operator import itemgetter
 from typing import Any, Iterator
 
+from stepwatch.monitors.protocol import (
+    EVENT_KEYS, FLAG_RECOMPILE, KIND_DYNAMO, KIND_LOG, KIND_PHASE, KIND_RUN_END, KIND_RUN_START, KIND_STEP,
+)
 from stepwatch.monitors.detectors.fallback import FLAGGED, FallbackDetector
 from stepwatch.monitors.readers.jsonl import EventReader
 from stepwatch.monitors.stats.stepstats import StepStats
@@ -33,6 +36,7 @@ RECOMPILE_STEPS_KEPT = 1000
 _RANK_0 = (0, None)
 _MAX_INT = 2**53  # token counts, integer seconds and step numbers read from a file stay below
 _STEP_KEYS = ("rank", "step", "dt", "flags", "tokens", "padded_tokens", "t", "step_end")
+assert set(_STEP_KEYS) <= set(EVENT_KEYS[KIND_STEP]), "a step key the protocol does not declare"
 _STEP_FIELDS = itemgetter(*_STEP_KEYS)
 _INF = math.inf
 #: Unix seconds read from a file are believed between 1970 and the year 3000.
@@ -42,7 +46,7 @@ _UNIX_MAX = 32_503_680_000.0
 class EventsFold:
     """The state built from one attempt's events.jsonl, rank 0's records (rank 0 speaks for the run).
 
-    Attributes (all read by ``monitors/status.py``):
+    Attributes (all read by ``monitors/snapshot/observer.py``):
         stats: :class:`StepStats` of the step events' ``dt`` (seconds per optimizer step).
         detector: the :class:`FallbackDetector` fed the same steps.
         recompile_steps: global_step of each step flagged ``recompile`` (the last 1,000).
@@ -101,7 +105,7 @@ class EventsFold:
         recompile_steps = self.recompile_steps
         for ev in batch:
             kind = ev.get("kind")
-            if kind == "step":
+            if kind == KIND_STEP:
                 try:  # every key is there in what the emitter writes: one lookup for all
                     rank, step, dt, flags, tokens, padded, t, step_end = _STEP_FIELDS(ev)
                 except KeyError:
@@ -126,20 +130,20 @@ class EventsFold:
                 rows.append((step, dt, flags, tokens, padded, t))
                 ends.append(step_end)
                 last_step = ev
-                if flags and "recompile" in flags and type(step) is int:
+                if flags and FLAG_RECOMPILE in flags and type(step) is int:
                     recompile_steps.append(step)
                 continue
             if ev.get("rank") not in _RANK_0:
                 continue
-            if kind == "run_start":
+            if kind == KIND_RUN_START:
                 self.run_start = ev
-            elif kind == "phase":
+            elif kind == KIND_PHASE:
                 self.open_phase = ev.get("name") if ev.get("state") == "begin" else None
-            elif kind == "dynamo":
+            elif kind == KIND_DYNAMO:
                 self.dynamo_ev = ev
-            elif kind == "log":
+            elif kind == KIND_LOG:
                 self.last_logs = ev.get("logs")
-            elif kind == "run_end":
+            elif kind == KIND_RUN_END:
                 self.run_end = ev
         if last_step is not None:
             self.last_step = last_step

@@ -10,8 +10,9 @@ The state is trusted only when everything it stands on still holds, else it is r
 then folds from byte 0, as without a state, and ``status --json`` says why in
 ``events.resume.refused``):
 
-* ``code``: a SHA-256 of the source of the modules whose objects it holds (eventfold, eventtail,
-  detectors, stepstats, this one): stepwatch upgraded meanwhile means refused;
+* ``code``: a SHA-256 of the source of the modules whose objects it holds or whose rules made them
+  (fold.events, readers.jsonl, detectors.fallback and .baseline, stats.stepstats and .nearest_rank,
+  protocol, this one): stepwatch upgraded meanwhile means refused;
 * ``attempt``: run.json's (attempt, launched_at_unix);
 * ``events``: the SHA-256 of the first ``offset`` bytes of events.jsonl as the supervisor read
   them, checked against the file by hashing those bytes again (:meth:`EventReader.resume`);
@@ -50,7 +51,8 @@ from typing import Any, Callable
 
 from sortedcontainers import SortedList
 
-from stepwatch.monitors.detectors.fallback import FallbackDetector, _Baseline, _Slow
+from stepwatch.monitors.detectors.baseline import _Baseline
+from stepwatch.monitors.detectors.fallback import FallbackDetector, _Slow
 from stepwatch.monitors.fold.events import EventsFold
 from stepwatch.monitors.readers.jsonl import EventReader
 from stepwatch.monitors.runfiles import EVENTS_JSONL, EVENTS_STATE, RUN_JSON, open_regular, read_json, write_json_atomic
@@ -90,7 +92,9 @@ _RECORD_FIELDS: dict[str, tuple[tuple[type, ...], ...]] = {
 }
 #: Attributes holding a value read from events.jsonl as it was (a JSON tree): saved as JSON, unwalked.
 _RAW_FIELDS = {"EventsFold": frozenset({"run_start", "run_end", "dynamo_ev", "last_step", "open_phase", "last_logs"})}
-_MODULES = ("stepwatch.monitors.fold.events", "stepwatch.monitors.readers.jsonl", "stepwatch.monitors.detectors.fallback", "stepwatch.monitors.stats.stepstats", __name__)
+_MODULES = ("stepwatch.monitors.fold.events", "stepwatch.monitors.readers.jsonl", "stepwatch.monitors.detectors.fallback", "stepwatch.monitors.detectors.baseline",
+            "stepwatch.monitors.stats.stepstats", "stepwatch.monitors.stats.nearest_rank", "stepwatch.monitors.protocol",
+            __name__)
 _fields_cache: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {}
 
 

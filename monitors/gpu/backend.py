@@ -764,10 +764,6 @@ class NvmlBackend:
         """Names of this backend's live worker threads (at most one per device plus one)."""
         return [t.name for t in threading.enumerate() if t.name.startswith(self._thread_prefix) and t.is_alive()]
 
-    @property
-    def device_count(self) -> int:
-        return len(self._devs)
-
     def gpm_status(self) -> dict[int, str]:
         """Per device index: "supported", "unknown" (not asked yet) or "GPM unavailable: <reason>"."""
         return {d.index: ("supported" if d.gpm_state == "ok" else d.gpm_reason or d.gpm_state) for d in self._devs}

@@ -1,7 +1,7 @@
 """GPU history for the screen: the last hour at full rate, the whole run at one point a minute.
 
-Fed from ``gpu.jsonl`` records (``schema.py``) -- incrementally with :meth:`GpuHistory.feed_file`, or
-record by record with :meth:`GpuHistory.add_record`. Standard library only; never opens NVML.
+Fed record by record from ``gpu.jsonl`` (``schema.py``) with :meth:`GpuHistory.add_record`, by the
+status snapshot's observer, which reads the file. Standard library only; never opens NVML.
 
 Memory is bounded whatever the run's length: per device at most ``fine_max_points`` fine points
 (default 4000, covering the last ``fine_span_s`` = 3600 s at 1 Hz) and at most ``coarse_max_points``
@@ -16,11 +16,10 @@ mode), and mean/max power.
 
 from __future__ import annotations
 
-import json
-import os
+from itertools import islice
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from stepwatch.monitors.gpu.reading import power_share
 from stepwatch.monitors.gpu.schema import device_key, finite_or_none
@@ -137,11 +136,6 @@ class GpuHistory:
         self.gpu_error: str | None = None
         self.backend: str | None = None
         self.records = 0
-        # incremental file reading
-        self._path: str | None = None
-        self._ino: int | None = None
-        self._pos = 0
-        self._partial = b""
 
     # ---- feeding -----------------------------------------------------------------------------
 
@@ -203,57 +197,6 @@ class GpuHistory:
                     merged.append(nb)
             h.coarse = merged
 
-    def add_records(self, records: Iterable[dict[str, Any]]) -> None:
-        for r in records:
-            self.add_record(r)
-
-    def feed_file(self, path: str | os.PathLike[str], max_bytes: int = 64 << 20) -> int:
-        """Read what was appended to ``path`` since the last call; returns the records added.
-
-        Follows the path like ``tail -F``: a replaced file (new inode) or a shorter one starts over.
-        A missing file adds nothing. Reads at most ``max_bytes`` per call.
-        """
-        path = os.fspath(path)
-        try:
-            st = os.stat(path)
-        except OSError:
-            return 0
-        if path != self._path or st.st_ino != self._ino or st.st_size < self._pos:
-            if self._path is not None and path == self._path:
-                self._reset_devices()
-            self._path, self._ino, self._pos, self._partial = path, st.st_ino, 0, b""
-        if st.st_size == self._pos:
-            return 0
-        try:
-            with open(path, "rb") as f:
-                f.seek(self._pos)
-                data = f.read(max_bytes)
-        except OSError:
-            return 0
-        self._pos += len(data)
-        data = self._partial + data
-        lines = data.split(b"\n")
-        self._partial = lines.pop()
-        n = 0
-        for line in lines:
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(obj, dict):
-                before = self.records
-                self.add_record(obj)
-                n += self.records - before
-        return n
-
-    def _reset_devices(self) -> None:
-        self._devs.clear()
-        self.coarse_step_s = COARSE_STEP_S
-        self.last_t = None
-        self.records = 0
-
     # ---- reading -------------------------------------------------------------------------------
 
     def devices(self) -> list[dict[str, Any]]:
@@ -271,6 +214,13 @@ class GpuHistory:
         h = self._devs.get(key)
         return list(h.coarse) if h else []
 
-    def point_count(self) -> int:
-        """Fine points plus coarse buckets held, over all devices (for the memory bound's tests)."""
-        return sum(len(h.fine) + len(h.coarse) for h in self._devs.values())
+    def recent(self, n: int) -> dict[str, dict[str, list[float | None]]]:
+        """The snapshot's ``gpu_history``: per device index (a string), the last ``n`` samples'
+        ``util_pct`` (kernel-active %, NVML utilization.gpu) and ``power_share`` (power_w /
+        power_limit_w, 0..1), oldest first."""
+        out = {}
+        for h in self._devs.values():
+            pts = list(islice(reversed(h.fine), n))[::-1]
+            out[str(h.info.get("index"))] = {"util_pct": [p.util_pct for p in pts],
+                                              "power_share": [p.power_share for p in pts]}
+        return out

@@ -1,17 +1,15 @@
 """The GPU sampler: about once a second, one record per tick appended to ``<run_dir>/gpu.jsonl``.
 
 It lives as long as the run, not as long as a screen (DESIGN.md section 3). The supervisor starts it
-either as a thread::
+as a thread::
 
     handle = start_sampler_thread(run_dir, child_pid)      # returns at once
     ...
     handle.stop()                                           # after the child was reaped
 
-or as a sidecar process (its crash can never touch the supervisor)::
-
-    subprocess.Popen(sidecar_argv(run_dir, child_pid, create_time), start_new_session=False, ...)
-    # == python -m stepwatch.monitors.gpu.sampler RUN_DIR --pid PID [--create-time T] [--interval 1.0]
-    # it writes a last record and exits 0 once PID has ended (a zombie counts as ended)
+By hand (or in a test) it runs as ``python -m stepwatch.monitors.gpu.sampler RUN_DIR --pid PID
+[--create-time T] [--interval 1.0]``: it writes a last record and exits 0 once PID has ended (a
+zombie counts as ended; liveness is the watchdog's, :func:`stepwatch.monitors.watchdog.is_alive`).
 
 Both end up in :func:`run_sampler`, which never raises: a failing backend becomes ``gpu_error`` in the
 record, a failing write (ENOSPC, a vanished directory) is counted and said once on stderr.
@@ -33,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from stepwatch.monitors.gpu.schema import make_record
+from stepwatch.monitors.watchdog import ProcessRef, is_alive
 from stepwatch.monitors.runfiles import GPU_JSONL, append_jsonl
 
 DEFAULT_INTERVAL_S = 1.0
@@ -59,10 +58,10 @@ class RunTree:
         try:
             import psutil
 
-            p = psutil.Process(self.pid)
-            if self.create_time is not None and abs(p.create_time() - self.create_time) > 0.05:
+            if not is_alive(ProcessRef(self.pid, self.create_time)):  # gone, or the pid reused
                 self._pids = set()
                 return
+            p = psutil.Process(self.pid)
             self._pids = {self.pid} | {c.pid for c in p.children(recursive=True)}
         except Exception:  # noqa: BLE001 - gone, no permission, no psutil: nothing is ours
             self._pids = set()
@@ -73,31 +72,6 @@ class RunTree:
         if age >= TREE_MAX_AGE_S or (age >= TREE_REFRESH_S and any(p not in self._pids for p in pids)):
             self._refresh()
         return {p for p in pids if p in self._pids}
-
-
-def pid_alive(pid: int, create_time: float | None = None) -> bool:
-    """True while ``pid`` exists, is not a zombie and (if given) has this create_time (unix s)."""
-    try:
-        import psutil
-    except ImportError:  # pragma: no cover - psutil is a base dependency
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-    try:
-        p = psutil.Process(pid)
-        if create_time is not None and abs(p.create_time() - create_time) > 0.05:
-            return False
-        return p.status() != psutil.STATUS_ZOMBIE
-    except psutil.ZombieProcess:
-        return False
-    except psutil.NoSuchProcess:
-        return False
-    except psutil.AccessDenied:
-        return True
 
 
 def mark_run_devices(devices: list[dict[str, Any]], tree: RunTree | None) -> None:
@@ -207,7 +181,7 @@ class GpuSampler:
                 self.tick()
                 if max_ticks is not None and self.ticks >= max_ticks:
                     break
-                if exit_with_pid and self.watched_pid and not pid_alive(self.watched_pid, self.watched_create_time):
+                if exit_with_pid and self.watched_pid and not is_alive(ProcessRef(self.watched_pid, self.watched_create_time)):
                     break
                 next_at += self.interval_s
                 now = time.monotonic()
@@ -282,16 +256,6 @@ def start_sampler_thread(
     except Exception as e:  # noqa: BLE001 - e.g. RuntimeError: can't start new thread
         print(f"stepwatch gpu sampler not started: {e}", file=sys.stderr)
     return SamplerHandle(sampler, thread, stop_event)
-
-
-def sidecar_argv(run_dir: str | os.PathLike[str], watched_pid: int, watched_create_time: float | None = None,
-                 interval_s: float = DEFAULT_INTERVAL_S, python: str | None = None) -> list[str]:
-    """The argv that starts the sampler as a sidecar process for ``watched_pid``."""
-    argv = [python or sys.executable, "-P", "-m", "stepwatch.monitors.gpu.sampler", os.fspath(run_dir), "--pid", str(watched_pid),
-            "--interval", repr(float(interval_s))]
-    if watched_create_time is not None:
-        argv += ["--create-time", repr(float(watched_create_time))]
-    return argv
 
 
 def main(argv: list[str] | None = None) -> int:

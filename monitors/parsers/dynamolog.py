@@ -38,6 +38,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Union
 
+from stepwatch.monitors.readers.rankprefix import LEADING_PREFIXES, RANK_PREFIX, rank_of, rank_prefix
+
 __all__ = [
     "Recompile",
     "RecompileLimit",
@@ -48,14 +50,12 @@ __all__ = [
 ]
 
 _GLOG = re.compile(
-    r"(?P<pfx>(?:\[(?:rank|default)\d+\]:)*)"
+    rf"(?P<pfx>(?:{RANK_PREFIX})*)"
     r"(?P<level>[VIWEDC])(?P<md>\d{4}) (?P<time>\d\d:\d\d:\d\d\.\d+) +(?P<pid>\d+) (?P<src>[^\s\]]+?:\d+)\]"
     r"(?: ?\[(?P<cid>!?\d+(?:/\d+)+(?:_\d+)?)\])?"
     r"(?: ?\[__(?P<artifact>\w+)\])?"
     r"(?: (?P<msg>.*))?$"
 )
-_RANK_ANY = re.compile(r"\[(rank|default)(\d+)\]:")
-_LEAD = re.compile(r"^(?:\s*\[(?:rank|default)\d+\]:)+")
 _RECOMPILING = re.compile(r"Recompiling function (?P<fn>\S+) in (?P<loc>\S.*?)\s*$")
 _LIMIT = re.compile(r"torch\._dynamo hit config\.(?P<name>\w+) \((?P<limit>\d+)\)")
 _LIMIT_FN = re.compile(r"^\s*function: '(?P<fn>[^']*)'(?: \((?P<loc>[^)]*)\))?")
@@ -250,14 +250,6 @@ class DynamoLogScanner:
         }
 
     # ----------------------------------------------------------------- helpers
-    @staticmethod
-    def _lead_rank(line: str) -> int | None:
-        m = _LEAD.match(line)
-        if not m:
-            return None
-        found = {k: int(v) for k, v in reversed(_RANK_ANY.findall(m.group(0)))}
-        return found.get("rank", found.get("default"))
-
     def _line(self, line: str, out: list[DynamoEvent]) -> None:
         if not line:
             return
@@ -270,12 +262,9 @@ class DynamoLogScanner:
             self._plain_line(line, out)
 
     def _glog_line(self, line: str, g: re.Match, out: list[DynamoEvent]) -> None:
-        rank: int | None = None
-        if g.group("pfx"):
-            ranks = {k: int(v) for k, v in _RANK_ANY.findall(g.group("pfx"))}
-            rank = ranks.get("rank", ranks.get("default"))
+        rank = rank_of(g.group("pfx") or "")
         if rank is None:
-            rank = self._lead_rank(line)
+            rank = rank_prefix(line)[0]
         pid = int(g.group("pid"))
         cid = g.group("cid")
         ids = _ids(cid)
@@ -307,7 +296,7 @@ class DynamoLogScanner:
         self._close(rank, out)
 
     def _plain_line(self, line: str, out: list[DynamoEvent]) -> None:
-        rank = self._lead_rank(line)
+        rank = rank_prefix(line)[0]
         op = self._open.get(rank)
         lm = _LIMIT.search(line)
         if lm is not None:
@@ -319,7 +308,7 @@ class DynamoLogScanner:
             self._open[rank] = _Open("recompile", rank, None, (None, None), None, function=rm.group("fn"), location=rm.group("loc"))
             return
         if op is not None and op.key is None:
-            body = _LEAD.sub("", line)
+            body = LEADING_PREFIXES.sub("", line)
             s = body.strip()
             if op.kind == "limit" and (s.startswith(("function:", "last reason:", "To log all", "To diagnose"))):
                 self._continue(op, body, out)

@@ -31,6 +31,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from stepwatch.monitors.readers.rankprefix import rank_prefix
+
 __all__ = [
     "ProgressUpdate",
     "StepAdvance",
@@ -39,13 +41,7 @@ __all__ = [
     "parse_log_dict",
     "parse_train_output",
     "parse_interval_s",
-    "rank_prefix",
 ]
-
-# `[rank3]:` is torch's own log prefix under torch.distributed; `[default3]:` is torchrun's
-# `--tee` line prefix (`[{role}{local_rank}]:`). Both may be present.
-_RANK_PFX = re.compile(r"\[(?:rank|default)(\d+)\]:")
-_LEAD_PFX = re.compile(r"^(?:\s*\[(?:rank|default)\d+\]:)+")
 
 _SI = {"": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
 
@@ -66,22 +62,6 @@ _BAR_NO_TOTAL = re.compile(
     r"(?P<postfix>[^\]]*)\]"
 )
 _TRAIN_OUTPUT = re.compile(r"TrainOutput\(global_step=(\d+)")
-
-
-def rank_prefix(text: str) -> tuple[int | None, str]:
-    """Split leading ``[rankN]:`` / ``[defaultN]:`` prefixes off ``text``.
-
-    Returns (rank, rest). With both present ``[rankN]`` (torch's global rank) wins over
-    ``[defaultN]`` (torchrun's local rank). (None, text) when there is no prefix.
-    """
-    m = _LEAD_PFX.match(text)
-    if not m:
-        return None, text
-    ranks = {}
-    for pm in re.finditer(r"\[(rank|default)(\d+)\]:", m.group(0)):
-        ranks.setdefault(pm.group(1), int(pm.group(2)))
-    rank = ranks.get("rank", ranks.get("default"))
-    return rank, text[m.end():]
 
 
 def parse_interval_s(text: str | None) -> float | None:

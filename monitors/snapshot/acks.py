@@ -26,7 +26,7 @@ def read_acked(run_dir: Path) -> set[str]:
                     continue
                 if isinstance(obj, dict) and isinstance(obj.get("alert_id"), str):
                     acked.add(obj["alert_id"])
-    except (FileNotFoundError, PermissionError):
+    except OSError:  # missing, not readable, or not a file (a directory in its place): nothing acknowledged
         pass
     return acked
 

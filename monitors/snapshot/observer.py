@@ -2,10 +2,13 @@
 
 ``stepwatch status --json`` prints it, the TUI draws it, ``watch --plain`` narrates its changes.
 A :class:`RunObserver` keeps incremental readers (events.jsonl from its start, train.log, gpu.jsonl)
-so following a live run costs only the new bytes; :func:`snapshot` is the one-shot form. An attach
-starts events.jsonl from the supervisor's saved fold when it checks out (``events.state.json``,
-:mod:`stepwatch.monitors.fold.savedstate`), the same state a fold of every line gives. Views only read: nothing
-here writes into the run dir. Every key is always present (null when unknown).
+so following a live run costs only the new bytes; :func:`snapshot` is the one-shot form, and
+:meth:`RunObserver.view_update` the form a screen uses (the snapshot plus the new log lines: a view
+reads each run file through its observer only). An attach starts events.jsonl from the supervisor's
+saved fold when it checks out (``events.state.json``, :mod:`stepwatch.monitors.fold.savedstate`),
+the same state a fold of every line gives. Views only read: nothing here writes into the run dir
+but :meth:`RunObserver.acknowledge` (acks.jsonl). The snapshot's keys: :mod:`.model`; the alerts'
+ids and wording: :mod:`.alerts`; each detector in :mod:`stepwatch.monitors.detectors`.
 
 Where numbers come from:
 - process state: run.json's captured pid + create_time (``kill -0``, psutil), exit.json;
@@ -19,26 +22,32 @@ Where numbers come from:
 
 from __future__ import annotations
 
-import math
 import time
 from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stepwatch.monitors.detectors.fallback import stall_state
+from stepwatch.monitors.detectors.stall import stall_state
 from stepwatch.monitors.fold.events import EventsFold, step_no, unix_time
 from stepwatch.monitors.fold.savedstate import load as load_saved_state, refused
-from stepwatch.monitors.parsers.dynamolog import DynamoLogScanner, RecompileLimit, Recompile
-from stepwatch.monitors.readers.jsonl import EventReader
+from stepwatch.monitors.gpu.history import GpuHistory
 from stepwatch.monitors.gpu.reading import WINDOW_S as GPU_WINDOW_S
 from stepwatch.monitors.gpu.reading import gpu_source, gpu_status_from_records
+from stepwatch.monitors.parsers.dynamolog import DynamoLogScanner, RecompileLimit, Recompile
+from stepwatch.monitors.parsers.hf_progress import ProgressTracker
+from stepwatch.monitors.parsers.traceback import traceback_last_line
+from stepwatch.monitors.readers.jsonl import EventReader
 from stepwatch.monitors.readers.textlog import DEFAULT_MAX_BYTES_PER_POLL, LogFollower
-from stepwatch.monitors.parsers.hf_progress import ProgressTracker, rank_prefix
-from stepwatch.monitors.snapshot.acks import read_acked
 from stepwatch.monitors.rundirs import run_survivors
-from stepwatch.monitors.runfiles import EVENTS_JSONL, EXIT_JSON, GPU_JSONL, RUN_JSON, STOP_JSON, TRAIN_LOG, read_json, utc_iso
+from stepwatch.monitors.runfiles import EVENTS_JSONL, EXIT_JSON, GPU_JSONL, RUN_JSON, STOP_JSON, TRAIN_LOG, read_json
+from stepwatch.monitors.snapshot.acks import acknowledge, read_acked
+from stepwatch.monitors.snapshot.alerts import alerts_for
+from stepwatch.monitors.snapshot.model import count, json_safe, null_snapshot, obj, run_ended, shallow
 from stepwatch.monitors.stats.stepstats import StepStats
 from stepwatch.monitors.watchdog import ProcessRef, probe
+
+__all__ = ["RunObserver", "ViewUpdate", "json_safe", "run_ended", "snapshot", "process_snapshot"]
 
 #: train.log up to this size is read from its first byte (dynamo counts and log-derived steps see
 #: the whole attempt); a bigger one only from its tail, and the snapshot says so (``log.from_start``).
@@ -51,71 +60,25 @@ RECENT_STEPS = 60
 #: A run.json whose supervisor recorded nothing this long after launch: the supervisor died first.
 SUPERVISOR_SILENT_S = 60.0
 HIST_BINS = 24
-#: A recompile storm: at least this many recompiles within STORM_WINDOW_STEPS optimizer steps after
-#: warm-up (dynamic padding gives a new shape per batch).
-STORM_MIN_RECOMPILES = 5
-STORM_WINDOW_STEPS = 100
-GPU_HISTORY_POINTS = 3600  # the last hour at 1 Hz
+#: Samples per device in the snapshot's gpu_history (the GPU panel's sparklines).
+GPU_HISTORY_SHOWN = 120
+#: New complete log lines one view update carries at most (the log panel keeps 1,000): an attach to
+#: a long log brings its last lines and says the panel starts over (``log_reset``).
+VIEW_LOG_LINES = 1000
 
-SNAPSHOT_KEYS = (
-    "run", "run_dir", "attempt", "state", "pid", "alive", "returncode", "signal", "ended", "launched_at_unix",
-    "versions", "step", "step_seconds", "step_line", "throughput", "eta_s", "warmup", "fallback", "stall",
-    "dynamo", "attn_implementation", "gpu", "gpu_error", "gpu_source", "gpu_history", "alerts", "identity",
-    "log", "events", "histogram", "recent_dt", "process_verdict", "stop", "last_logs", "survivors", "supervisor_alive",
-)
+@dataclass
+class ViewUpdate:
+    """What one refresh brings a screen (:meth:`RunObserver.view_update`)."""
 
-
-def _null_snapshot() -> dict[str, Any]:
-    return {
-        "run": None, "run_dir": None, "attempt": None, "state": "unknown", "pid": None, "alive": False,
-        "returncode": None, "signal": None, "ended": None, "launched_at_unix": None,
-        "versions": {"python": None, "torch": None, "transformers": None},
-        "step": {"global_step": None, "max_steps": None, "source": None},
-        "step_seconds": {"n": 0, "min": None, "p50": None, "p90": None, "p99": None, "max": None, "last": None},
-        "step_line": "n=0 seconds_per_optimizer_step",
-        "throughput": {"tokens_per_s": None, "real_tokens_per_s": None, "padding_share": None},
-        "eta_s": None,
-        "warmup": {"state": None, "until_step": None},
-        "fallback": {"state": "ok", "slow_steps": [], "onset_step": None, "reason": None},
-        "stall": {"state": "ok", "current_step_elapsed_s": None},
-        "dynamo": {"recompiles": None, "graph_breaks": None, "unique_graphs": None, "recompile_limit_hits": None,
-                   "source": None, "by_source": {"events": None, "log": None}, "top_recompile_reason": None},
-        "attn_implementation": {"requested": None, "resolved": None},
-        "gpu": None, "gpu_error": None, "gpu_source": None, "gpu_history": {},
-        "alerts": [],
-        "identity": None,
-        "log": {"file": None, "last_line": None, "traceback_last_line": None, "last_byte_age_s": None,
-                "from_start": None},
-        "events": {"file": None, "lines": 0, "corrupt_lines": 0, "unusable_steps": 0, "dropped_events": None,
-                   "resume": None},
-        "histogram": {"edges_s": [], "counts": []},
-        "recent_dt": [],
-        "process_verdict": None, "stop": None, "last_logs": None, "survivors": [], "supervisor_alive": None,
-    }
-
-
-def traceback_last_line(lines: list[str]) -> str | None:
-    """The exception line of the last Python traceback in ``lines`` (``RuntimeError: boom``), or None.
-
-    It is the first unindented line after the last ``Traceback (most recent call last):``; tqdm
-    often redraws its bar after the traceback, so the log's last line is not it. Rank prefixes
-    (``[rank3]:``) are looked through.
-    """
-    bodies = []
-    for ln in lines:
-        rank, body = rank_prefix(ln)
-        bodies.append(body[1:] if rank is not None and body.startswith(" ") else body)
-    start = None
-    for i in range(len(bodies) - 1, -1, -1):
-        if "Traceback (most recent call last)" in bodies[i]:  # may be glued onto a tqdm segment
-            start = i
-            break
-    if start is None:
-        return None
-    for ln, body in zip(lines[start + 1:], bodies[start + 1:]):
-        if body.strip() and not body[0].isspace():
-            return ln.strip()
-    return None
+    snapshot: dict[str, Any]
+    #: complete log lines since the last update, oldest first (the text after a line's last ``\r``)
+    log_lines: list[str] = field(default_factory=list)
+    #: the current unfinished line (a progress bar), or None
+    log_partial: str | None = None
+    #: the log panel starts over (a new attempt, or more new lines than one update carries)
+    log_reset: bool = False
+    #: run.json names another attempt than the previous update did
+    attempt_changed: bool = False
 
 
 class _Attempt:
@@ -131,8 +94,10 @@ class _Attempt:
         self.log_from_start = from_start
         self.log = LogFollower(log_path, keep_lines=200, from_start=from_start)
         self.gpu = EventReader(run_dir / GPU_JSONL)
-        self.gpu_window: deque[dict[str, Any]] = deque()
-        self.gpu_history: dict[str, dict[str, deque]] = {}
+        self.gpu_window: deque[dict[str, Any]] = deque()  # the records of the verdicts' window
+        self.gpu_history = GpuHistory()
+        self.new_lines: deque[str] = deque(maxlen=VIEW_LOG_LINES)  # complete lines since the last view update
+        self.new_lines_dropped = False  # more arrived than new_lines holds
         self.ev = EventsFold()  # what events.jsonl says (from a saved state, see refresh())
         self.ev_resume: dict[str, Any] | None = None  # the snapshot's events.resume
         self.progress = ProgressTracker()
@@ -171,6 +136,10 @@ class RunObserver:
         self.use_saved_state = use_saved_state
         self._attempt_no: Any = object()
         self.a: _Attempt | None = None
+        #: alert ids acknowledged in this view that acks.jsonl could not take (a run dir the viewer
+        #: may only read); replaced whole, never changed in place (the UI thread sets it)
+        self.session_acked: frozenset[str] = frozenset()
+        self._attempt_changed = False
 
     def _new_attempt(self, key: tuple[Any, Any], resume: bool) -> _Attempt:
         """A fresh _Attempt; with ``resume``, its events fold from the saved state when it checks out."""
@@ -200,6 +169,10 @@ class RunObserver:
     def _read_log(self, a: _Attempt) -> None:
         for _ in range(LOG_POLLS_PER_REFRESH):
             for seg in a.log.poll():
+                if seg.end == "\n":
+                    if len(a.new_lines) == VIEW_LOG_LINES:
+                        a.new_lines_dropped = True
+                    a.new_lines.append(seg.text)
                 for adv in a.progress.feed(seg):
                     a.last_advance_at = adv.at_s
                     if adv.dt_s is not None and adv.dt_s >= 0:
@@ -224,16 +197,7 @@ class RunObserver:
             if not isinstance(rec, dict):
                 continue
             a.gpu_window.append(rec)
-            for d in rec.get("devices") or []:
-                if not isinstance(d, dict):
-                    continue
-                h = a.gpu_history.setdefault(str(d.get("index")), {
-                    "t": deque(maxlen=GPU_HISTORY_POINTS), "util_pct": deque(maxlen=GPU_HISTORY_POINTS),
-                    "power_share": deque(maxlen=GPU_HISTORY_POINTS)})
-                h["t"].append(rec.get("t"))
-                h["util_pct"].append(d.get("util_pct"))
-                pw, lim = d.get("power_w"), d.get("power_limit_w")
-                h["power_share"].append(pw / lim if isinstance(pw, (int, float)) and lim else None)
+            a.gpu_history.add_record(rec)
         t_last = a.gpu_window[-1].get("t") if a.gpu_window else None
         while a.gpu_window and isinstance(t_last, (int, float)) and isinstance(a.gpu_window[0].get("t"), (int, float)) \
                 and t_last - a.gpu_window[0]["t"] > GPU_WINDOW_S + 5:
@@ -262,7 +226,7 @@ class RunObserver:
 
     def _refresh(self, now: float | None) -> dict[str, Any]:
         now = time.time() if now is None else now
-        snap = _null_snapshot()
+        snap = null_snapshot()
         snap["run_dir"] = str(self.run_dir)
         snap["run"] = self.run_dir.name
         run = read_json(self.run_dir / RUN_JSON)
@@ -275,6 +239,7 @@ class RunObserver:
             self._attempt_no = key
             if self.a is not None:
                 self.a.close()
+                self._attempt_changed = True
             self.a = self._new_attempt(key, resume=True)
         self._process_part(snap, run)
         self.a = a = self._read_events(self.a, key)
@@ -289,11 +254,39 @@ class RunObserver:
         self._log_part(snap, a, now)
         if run_ended(snap):
             snap["survivors"] = self._survivors(now)
-        snap["alerts"] = self._alerts(snap, a, run)
-        acked = read_acked(self.run_dir)
+        snap["alerts"] = alerts_for(snap, first_seen=a.first_alert_t, limit_hits=a.limit_hits,
+                                    recompile_sources=(a.ev.recompile_steps, a.log_recompile_steps),
+                                    fallback_onset_t=a.ev.flagged_onset_end, stall_at=a.stall_at)
+        acked = read_acked(self.run_dir) | self.session_acked
         for al in snap["alerts"]:
             al["acknowledged"] = al["id"] in acked
         return snap
+
+    def view_update(self, now: float | None = None) -> ViewUpdate:
+        """A refresh for a screen: the snapshot, plus the log lines completed since the last
+        update (at most VIEW_LOG_LINES), the unfinished line, and whether the panel starts over
+        (a new attempt, or more lines than one update carries). The screen reads no file itself."""
+        snap = self.refresh(now)
+        a = self.a
+        if a is None:
+            return ViewUpdate(snap, [], None, False, False)
+        changed, self._attempt_changed = self._attempt_changed, False
+        lines = list(a.new_lines)
+        reset = changed or a.new_lines_dropped
+        a.new_lines.clear()
+        a.new_lines_dropped = False
+        return ViewUpdate(snap, lines, a.log.current_partial, reset, changed)
+
+    def acknowledge(self, alert_ids: list[str]) -> str | None:
+        """Acknowledge alerts: appended to acks.jsonl (the one file a view writes); when the run
+        dir is not writable, for this view only. Returns None, or why it holds for this view only.
+        The next snapshot marks them ``acknowledged`` either way."""
+        try:
+            acknowledge(self.run_dir, alert_ids)
+            return None
+        except OSError as e:
+            self.session_acked = self.session_acked | frozenset(alert_ids)
+            return f"could not write acks.jsonl ({e}); acknowledged for this session only"
 
     def _process_part(self, snap: dict[str, Any], run: dict[str, Any]) -> None:
         snap["run"] = run.get("name") or self.run_dir.name
@@ -328,8 +321,8 @@ class RunObserver:
     def _steps_part(self, snap: dict[str, Any], a: _Attempt, now: float) -> None:
         rs = a.ev.run_start or {}
         if rs:
-            snap["versions"] = {k: _shallow(_obj(rs.get("versions")).get(k)) for k in ("python", "torch", "transformers")}
-            snap["attn_implementation"] = {k: _shallow(_obj(rs.get("attn_implementation")).get(k))
+            snap["versions"] = {k: shallow(obj(rs.get("versions")).get(k)) for k in ("python", "torch", "transformers")}
+            snap["attn_implementation"] = {k: shallow(obj(rs.get("attn_implementation")).get(k))
                                            for k in ("requested", "resolved")}
         use_events = a.ev.stats.seen > 0
         stats = a.ev.stats if use_events or a.log_stats.seen == 0 else a.log_stats
@@ -358,23 +351,23 @@ class RunObserver:
             snap["stall"] = sv.as_dict()
             # when it became a stall, from the files: the step's start plus the threshold
             a.stall_at = started + sv.threshold_s if sv.state == "stalled" and started and sv.threshold_s else None
-        snap["last_logs"] = _shallow(a.ev.last_logs or a.progress.last_log)
+        snap["last_logs"] = shallow(a.ev.last_logs or a.progress.last_log)
 
     def _dynamo_part(self, snap: dict[str, Any], a: _Attempt) -> None:
         ev_part = None
         if a.ev.dynamo_ev is not None:
-            c = _obj(a.ev.dynamo_ev.get("counters"))
+            c = obj(a.ev.dynamo_ev.get("counters"))
             gb = c.get("graph_break")
             ev_part = {
-                "recompiles": _count(a.ev.dynamo_ev.get("recompiles")),
-                "recompile_limit_hits": _count(a.ev.dynamo_ev.get("recompile_limit_hits")),
-                "unique_graphs": _count(_obj(c.get("stats")).get("unique_graphs")),
-                "graph_breaks": sum(v for v in map(_count, gb.values()) if v is not None) if type(gb) is dict else 0,
+                "recompiles": count(a.ev.dynamo_ev.get("recompiles")),
+                "recompile_limit_hits": count(a.ev.dynamo_ev.get("recompile_limit_hits")),
+                "unique_graphs": count(obj(c.get("stats")).get("unique_graphs")),
+                "graph_breaks": sum(v for v in map(count, gb.values()) if v is not None) if type(gb) is dict else 0,
             }
         if a.ev.run_end and type(a.ev.run_end.get("dynamo")) is dict:
             ev_part = ev_part or {"unique_graphs": None, "graph_breaks": None}
             for k in ("recompiles", "recompile_limit_hits"):
-                if _count(a.ev.run_end["dynamo"].get(k)) is not None:
+                if count(a.ev.run_end["dynamo"].get(k)) is not None:
                     ev_part[k] = a.ev.run_end["dynamo"][k]
         log_counts = a.dynlog.counts()
         log_seen = bool(log_counts["recompiles"] or log_counts["recompile_limit_hits"] or log_counts["graph_breaks"])
@@ -400,7 +393,7 @@ class RunObserver:
             return
         snap["gpu"], snap["gpu_error"] = gpu_status_from_records(recs)
         snap["gpu_source"] = gpu_source(recs)
-        snap["gpu_history"] = {k: {f: list(v)[-120:] for f, v in h.items() if f != "t"} for k, h in a.gpu_history.items()}
+        snap["gpu_history"] = a.gpu_history.recent(GPU_HISTORY_SHOWN)
 
     def _log_part(self, snap: dict[str, Any], a: _Attempt, now: float) -> None:
         lines = list(a.log.last_lines)
@@ -409,7 +402,7 @@ class RunObserver:
                        "last_byte_age_s": a.log.last_byte_age_s, "from_start": a.log_from_start}
         snap["events"] = {"file": EVENTS_JSONL if a.events.exists else None, "lines": a.events.lines_read,
                           "corrupt_lines": a.events.corrupt_lines, "unusable_steps": a.ev.unusable_steps,
-                          "dropped_events": _shallow((a.ev.run_end or {}).get("dropped_events")), "resume": a.ev_resume}
+                          "dropped_events": shallow((a.ev.run_end or {}).get("dropped_events")), "resume": a.ev_resume}
 
     def _survivors(self, now: float) -> list[dict[str, Any]]:
         """What outlives the ended run in its process groups/sessions (scanned at most every 5 s)."""
@@ -418,126 +411,9 @@ class RunObserver:
             self._surv_cache = (now, run_survivors(self.run_dir))
         return self._surv_cache[1]
 
-    # --- alerts ----------------------------------------------------------------------------------
-    def _alert(self, a: _Attempt, attempt: Any, kind: str, key: str, message: str, at: float | None) -> dict[str, Any]:
-        aid = f"a{attempt}-{kind}-{key}"
-        t = at if at is not None else a.first_alert_t.setdefault(aid, time.time())
-        return {"id": aid, "kind": kind, "at": utc_iso(t), "message": message}
-
-    def _alerts(self, snap: dict[str, Any], a: _Attempt, run: dict[str, Any]) -> list[dict[str, Any]]:
-        """Alerts with stable ids (attempt + kind + step or key), oldest first."""
-        att = snap["attempt"]
-        out = []
-        for e, step, seen in a.limit_hits:
-            where = f" on rank {e.rank}" if e.rank is not None else ""
-            out.append(self._alert(a, att, "recompile_limit", f"{e.function}-{e.rank}",
-                                   f"dynamo hit {e.limit_name} ({e.limit}) for {e.function}{where}"
-                                   f"{f' near step {step}' if step is not None else ''}: that frame now runs EAGERLY", seen))
-        if not a.limit_hits and (snap["dynamo"].get("recompile_limit_hits") or 0) > 0:
-            out.append(self._alert(a, att, "recompile_limit", "events",
-                                   f"dynamo hit its recompile limit {snap['dynamo']['recompile_limit_hits']} time(s) "
-                                   "(seen by the emitter): a frame now runs eagerly", None))
-        storm = self._storm(snap, a)
-        if storm:
-            out.append(self._alert(a, att, "recompile_storm", str(storm[0]), storm[1], None))
-        fb = snap["fallback"]
-        if fb.get("state") == "flagged":
-            onset = fb.get("onset_step")
-            out.append(self._alert(a, att, "fallback", str(onset),
-                                   f"step times went bimodal (eager fallback?): {fb.get('reason')}",
-                                   a.ev.flagged_onset_end))
-        st = snap["stall"]
-        if st.get("state") == "stalled":
-            gs = snap["step"].get("global_step")
-            out.append(self._alert(a, att, "stall", str(gs),
-                                   f"alive but stuck: no optimizer step for {st['current_step_elapsed_s']:.0f} s after "
-                                   f"step {gs} (p99 {snap['step_seconds'].get('p99')} s)", a.stall_at))
-        for g in snap.get("gpu") or []:
-            if str(g.get("verdict") or "").startswith("SM-busy, tensor-idle"):
-                out.append(self._alert(a, att, "gpu", f"{g.get('index')}-tensor-idle", f"GPU{g.get('index')}: {g['verdict']}", None))
-        if run_ended(snap):
-            ended = snap.get("ended") or {}
-            bad = (snap["state"] == "unknown" or snap.get("signal") or snap.get("returncode") not in (0, None)
-                   or ended.get("error"))
-            if ended.get("stop_requested"):
-                bad = False  # the operator asked for it: an event (exit.json says how it ended), not an alert
-            if bad:
-                from stepwatch.tui.plain import end_words  # noqa: PLC0415
-
-                stopped = " (stop requested)" if ended.get("stop_requested") else ""
-                tb = snap["log"].get("traceback_last_line")
-                last = f"traceback: {tb}" if tb else f"last log line: {snap['log'].get('last_line')!r}"
-                who = f"process {snap['pid']}" if snap["pid"] is not None else "the command"
-                out.append(self._alert(a, att, "watchdog", "end",
-                                       f"{who} {end_words(snap)}{stopped}; {last}",
-                                       ended.get("ended_at_unix")))
-        return out
-
-    @staticmethod
-    def _storm(snap: dict[str, Any], a: _Attempt) -> tuple[int, str] | None:
-        """A recompile storm in what one source saw: the step flags of events.jsonl, else the
-        recompile records of train.log (the same recompile is often in both: never added up)."""
-        wu = snap["warmup"]
-        if wu.get("state") != "steady":
-            return None
-        for steps in (a.ev.recompile_steps, a.log_recompile_steps):
-            after = [s for s in steps if wu.get("until_step") is None or s > wu["until_step"]]
-            for i in range(len(after) - STORM_MIN_RECOMPILES + 1):
-                if after[i + STORM_MIN_RECOMPILES - 1] - after[i] <= STORM_WINDOW_STEPS:
-                    top = snap["dynamo"].get("top_recompile_reason")
-                    return after[i], (f"recompile storm after warm-up: {len(after)} recompiles since step {after[0]}; "
-                                      f"most frequent reason: {top or 'unknown (enable TORCH_LOGS=recompiles)'}")
-        return None
 
 
-def _obj(v: Any) -> dict[str, Any]:
-    """``v`` when it is a JSON object, else an empty one: a nested value read from a file."""
-    return v if type(v) is dict else {}
 
-
-#: Values read from events.jsonl and shown as they are (last_logs, versions) are cut at this depth: a
-#: line may nest ~1,000 deep (orjson reads 1,024), and every writer of the snapshot (json.dumps with
-#: an indent, the screen) recurses per level.
-SHOWN_DEPTH = 32
-_TOO_DEEP = f"<nested deeper than {SHOWN_DEPTH} levels: not shown>"
-
-
-def _shallow(v: Any, depth: int = SHOWN_DEPTH) -> Any:
-    """``v`` (a JSON value read from a file) with what lies deeper than ``depth`` levels replaced by
-    a note; a copy when it is a container (never deeper than ``depth`` calls)."""
-    if type(v) is dict:
-        return {k: _shallow(x, depth - 1) for k, x in v.items()} if depth > 0 else _TOO_DEEP
-    if type(v) is list:
-        return [_shallow(x, depth - 1) for x in v] if depth > 0 else _TOO_DEEP
-    return v
-
-
-def _count(v: Any) -> int | float | None:
-    """A counter read from a file: a finite number >= 0 (not a bool), else None."""
-    if (type(v) is int or (type(v) is float and math.isfinite(v))) and v >= 0:
-        return v
-    return None
-
-
-def json_safe(obj: Any) -> Any:
-    """``obj`` with every non-finite float (a NaN loss) replaced by the string ``"NaN"``,
-    ``"Infinity"`` or ``"-Infinity"``: strict JSON parsers reject bare NaN, and null would hide it."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return "NaN" if obj != obj else ("Infinity" if obj > 0 else "-Infinity")
-    if isinstance(obj, dict):
-        return {k: json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [json_safe(v) for v in obj]
-    return obj
-
-
-def run_ended(snap: dict[str, Any]) -> bool:
-    """True once the snapshot's attempt is over: its captured process is gone (dead, reused pid,
-    zombie), or exit.json exists although no process was ever captured (the command could not be
-    started: the supervisor records the error in exit.json and run.json holds no pid)."""
-    if snap["state"] == "running":
-        return False
-    return snap.get("process_verdict") not in (None, "alive") or snap.get("ended") is not None
 
 
 def snapshot(run_dir: Path, now: float | None = None) -> dict[str, Any]:
@@ -549,7 +425,7 @@ def process_snapshot(run_dir: Path) -> dict[str, Any]:
     """The watchdog's part of the snapshot only (run, attempt, state, pid, alive, returncode, signal,
     ended, ...) from run.json and exit.json and a probe of the captured pid; every other key as in
     a run with no files. Reads no events or log: a listing of many long runs stays instant."""
-    snap = _null_snapshot()
+    snap = null_snapshot()
     run_dir = Path(run_dir)
     snap["run_dir"], snap["run"] = str(run_dir), run_dir.name
     run = read_json(run_dir / RUN_JSON)

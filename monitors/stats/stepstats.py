@@ -28,13 +28,15 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
-from fractions import Fraction
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable
 
 from sortedcontainers import SortedList
 
+from stepwatch.monitors.protocol import FLAG_FIRST
+from stepwatch.monitors.stats.nearest_rank import nearest_rank, nearest_rank_index
+
 #: The flag the emitter puts on the first step of each process (DESIGN.md section 4).
-FIRST = "first"
+FIRST = FLAG_FIRST
 
 #: Unit suffix of the canonical line (playbook 4.3).
 UNIT = "seconds_per_optimizer_step"
@@ -54,29 +56,6 @@ class StepRecord:
     padded_tokens: int | None
     t: float | None
     counted: bool
-
-
-def nearest_rank_index(p: float, n: int) -> int:
-    """0-based index of the nearest-rank ``p``-th percentile in a sorted list of ``n`` values.
-
-    Rank = ceil(p/100 * n), 1-based, clamped to [1, n]; computed with exact rational arithmetic so
-    ``p=99, n=100`` is rank 99, not 100 through a float rounding. ``p`` in [0, 100]; p=0 gives the
-    minimum. Raises ValueError for n < 1 or p outside [0, 100].
-    """
-    if n < 1:
-        raise ValueError("nearest rank of an empty set")
-    if not 0 <= p <= 100:
-        raise ValueError(f"percentile {p!r} outside [0, 100]")
-    if isinstance(p, int) or float(p).is_integer():
-        rank = -(-int(p) * n // 100)  # integer ceil: the common case, fast
-    else:
-        rank = math.ceil(Fraction(str(p)) * n / 100)
-    return min(max(rank, 1), n) - 1
-
-
-def nearest_rank(sorted_values: Sequence[float], p: float) -> float:
-    """Nearest-rank percentile of an already sorted sequence (see :func:`nearest_rank_index`)."""
-    return sorted_values[nearest_rank_index(p, len(sorted_values))]
 
 
 # StepRecord's generated __init__ sets its 7 fields with object.__setattr__ (it is frozen): ~1.5 us,

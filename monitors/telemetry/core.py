@@ -43,7 +43,10 @@ from typing import Any, Iterable, Mapping
 
 from stepwatch.monitors.runfiles import ENV_ATTEMPT, ENV_RUN_DIR, EVENTS_JSONL
 from stepwatch.telemetry.dynamo import OBSERVER, DynamoObserver, counters_snapshot
-from stepwatch.monitors.protocol import FLAGS, SCHEMA_VERSION
+from stepwatch.monitors.protocol import (
+    FLAG_EVAL, FLAG_FIRST, FLAG_RECOMPILE, FLAG_SAVE, FLAGS, KIND_DYNAMO, KIND_LOG, KIND_PHASE, KIND_RUN_END,
+    KIND_RUN_START, KIND_STEP, PHASE_NAMES, SCHEMA_VERSION,
+)
 from stepwatch.telemetry.stats import step_summary
 
 _PREFIX = "stepwatch telemetry: "
@@ -141,7 +144,7 @@ _ENCODER = json.JSONEncoder(separators=(",", ":"), default=_json_default)
 # no spaces. Any other type or a non-finite float goes to the encoder (tests/test_telemetry.py
 # compares the two over random values).
 _encode_str = json.encoder.encode_basestring_ascii
-_STEP_HEAD = '{"v":' + _ENCODER.encode(SCHEMA_VERSION) + ',"kind":"step","t":'
+_STEP_HEAD = '{"v":' + _ENCODER.encode(SCHEMA_VERSION) + ',"kind":' + _ENCODER.encode(KIND_STEP) + ',"t":'
 _FLAG_JSON = {f: _encode_str(f) for f in FLAGS}
 _INF = float("inf")
 #: (t, repr(t)) of the last step line: a step's step_begin is the previous step's t, the same float
@@ -343,7 +346,7 @@ class StepTelemetry:
                 return
             resolved = self._attn_resolved if self._attn_resolved is not None else attn_implementation_of(self._model)
             self._emit({
-                "v": SCHEMA_VERSION, "kind": "run_start", "t": time.time(), "step": None, "rank": self.rank,
+                "v": SCHEMA_VERSION, "kind": KIND_RUN_START, "t": time.time(), "step": None, "rank": self.rank,
                 "world_size": self.world_size, "pid": os.getpid(),
                 "max_steps": self.max_steps if self.max_steps is None else int(self.max_steps),
                 "versions": {
@@ -400,10 +403,10 @@ class StepTelemetry:
                 self._step_counter = step
             out_flags: list[str] = []
             if first:
-                out_flags.append("first")
+                out_flags.append(FLAG_FIRST)
             pending = self._pending
             if pending:
-                for name in ("eval", "save"):
+                for name in (FLAG_EVAL, FLAG_SAVE):
                     if name in pending:
                         out_flags.append(name)
                 pending.clear()
@@ -412,7 +415,7 @@ class StepTelemetry:
                 obs.try_install()
             mark = obs.recompile_signal()
             if mark > self._recompile_mark:
-                out_flags.append("recompile")
+                out_flags.append(FLAG_RECOMPILE)
             self._recompile_mark = mark
             if flags:
                 for f in flags:
@@ -432,7 +435,7 @@ class StepTelemetry:
                 self._emit_line(line)
             else:
                 self._emit({
-                    "v": SCHEMA_VERSION, "kind": "step", "t": wall, "step": step, "rank": self.rank, "dt": dt,
+                    "v": SCHEMA_VERSION, "kind": KIND_STEP, "t": wall, "step": step, "rank": self.rank, "dt": dt,
                     "step_begin": b_wall, "step_end": wall, "tokens": tokens, "padded_tokens": padded_tokens,
                     "flags": out_flags,
                 })
@@ -449,14 +452,14 @@ class StepTelemetry:
         if not self.active:
             return
         try:
-            if name in ("save", "eval"):
+            if name in PHASE_NAMES:
                 self._pending.add(name)
                 if state == "begin":
                     self._open_phases.add(name)
                 elif state == "end":
                     self._open_phases.discard(name)
             self._emit({
-                "v": SCHEMA_VERSION, "kind": "phase", "t": time.time(),
+                "v": SCHEMA_VERSION, "kind": KIND_PHASE, "t": time.time(),
                 "step": self._last_step if step is None else int(step), "rank": self.rank,
                 "name": name, "state": state,
             })
@@ -476,7 +479,7 @@ class StepTelemetry:
             return
         try:
             self._emit({
-                "v": SCHEMA_VERSION, "kind": "log", "t": time.time(),
+                "v": SCHEMA_VERSION, "kind": KIND_LOG, "t": time.time(),
                 "step": self._last_step if step is None else int(step), "rank": self.rank,
                 "logs": dict(logs) if logs is not None else {},
             })
@@ -496,7 +499,7 @@ class StepTelemetry:
             self._check(now)
             obs = self._observer
             ev = {
-                "v": SCHEMA_VERSION, "kind": "run_end", "t": time.time(),
+                "v": SCHEMA_VERSION, "kind": KIND_RUN_END, "t": time.time(),
                 "step": self._last_step if step is None else int(step), "rank": self.rank,
                 "step_seconds": step_summary(self._dts),
                 "dynamo": {"recompiles": obs.recompiles(), "recompile_limit_hits": obs.recompile_limit_hits()},
@@ -568,7 +571,7 @@ class StepTelemetry:
             if not (snap or state[1] or state[2]):
                 return  # dynamo loaded but nothing compiled yet: nothing to say
             self._emit({
-                "v": SCHEMA_VERSION, "kind": "dynamo", "t": time.time(), "step": self._last_step,
+                "v": SCHEMA_VERSION, "kind": KIND_DYNAMO, "t": time.time(), "step": self._last_step,
                 "rank": self.rank, "counters": snap, "recompiles": state[1], "recompile_limit_hits": state[2],
             })
 

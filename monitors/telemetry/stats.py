@@ -1,35 +1,26 @@
 """Nearest-rank percentiles over step durations, standard library only (playbook 4.3).
 
-Nearest-rank: the ``p``-th percentile of ``n`` sorted values is the value at 1-based rank
-``ceil(p/100 * n)`` (clamped to ``[1, n]``). No interpolation, so every reported number is a value
-that was actually observed. The rank is computed with exact rational arithmetic (``Fraction``), so
-``p=90, n=10`` gives rank 9, never 10 through a rounding error.
+The percentile is the one nearest-rank of :mod:`stepwatch.monitors.stats.nearest_rank` (exact
+rational arithmetic: ``p=90, n=10`` gives rank 9, never 10 through a rounding error).
 """
 
 from __future__ import annotations
 
-import math
-from fractions import Fraction
 from typing import Iterable, Sequence
+
+from stepwatch.monitors.stats.nearest_rank import nearest_rank as _nearest_rank
 
 #: Percentiles reported in ``run_end.step_seconds``, with their key names.
 SUMMARY_PERCENTILES = (("p50", 50), ("p90", 90), ("p99", 99))
 
 
 def nearest_rank(sorted_values: Sequence[float], p: float) -> float | None:
-    """The nearest-rank ``p``-th percentile (``0 <= p <= 100``) of already sorted values.
-
-    Returns None for an empty sequence. Raises ValueError when ``p`` is outside [0, 100].
-    """
-    n = len(sorted_values)
-    if n == 0:
-        return None
+    """The nearest-rank ``p``-th percentile (``0 <= p <= 100``) of already sorted values, by
+    :func:`stepwatch.monitors.stats.nearest_rank.nearest_rank`; None for an empty sequence.
+    Raises ValueError when ``p`` is outside [0, 100]."""
     if not 0 <= p <= 100:
         raise ValueError(f"percentile must be within [0, 100], got {p!r}")
-    frac = Fraction(p) if isinstance(p, int) else Fraction(str(p))
-    rank = math.ceil(frac * n / 100)
-    rank = min(max(rank, 1), n)
-    return sorted_values[rank - 1]
+    return _nearest_rank(sorted_values, p) if len(sorted_values) else None
 
 
 def step_summary(dts_s: Iterable[float]) -> dict[str, float | int | None]:

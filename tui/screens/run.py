@@ -1,7 +1,8 @@
 """The run screen: one attempt's health at a glance, rebuilt from the run dir's files alone.
 
-A worker thread reads the files (status snapshot + new log bytes) and posts one message per
-refresh; the screen re-arms its timer only after a refresh was drawn (a slow poll never overlaps
+The screen reads no file itself: its :class:`RunObserver` is the one reader (one descriptor per
+file), and a worker thread posts what each refresh brought (the snapshot, new log lines, an
+attempt change; acknowledged alerts are marked in the snapshot) as one message per refresh; the screen re-arms its timer only after a refresh was drawn (a slow poll never overlaps
 the next one). Widgets update only when their text changed.
 """
 
@@ -18,9 +19,6 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 from textual.worker import Worker, WorkerState
 
-from stepwatch.monitors.snapshot.acks import acknowledge, read_acked
-from stepwatch.monitors.readers.textlog import LogFollower
-from stepwatch.monitors.runfiles import TRAIN_LOG
 from stepwatch.monitors.snapshot.observer import RunObserver
 from stepwatch.tui.messages import SnapshotReady
 from stepwatch.tui.widgets.dynamo import DynamoPanel
@@ -60,10 +58,8 @@ class RunScreen(Screen):
         super().__init__()
         self.run_dir = Path(run_dir)
         self.observer = RunObserver(self.run_dir)
-        self.follower = LogFollower(self.run_dir / TRAIN_LOG, keep_lines=500)
         self.snap: dict[str, Any] = {}
-        self.seen_alerts: set[str] = set()
-        self.acked: set[str] = set()
+        self.seen_alerts: set[str] = set()  # alerts this screen has rung the bell for
         self._pending_lines: list[str] = []
         self._pending_reset = False
         self._last_panel_t = 0.0
@@ -88,26 +84,20 @@ class RunScreen(Screen):
     def on_mount(self) -> None:
         self.apply_bandwidth()
         self.query_one(AlertBanner).display = False
-        self.acked = read_acked(self.run_dir)
         self._poll_files()
 
     def on_unmount(self) -> None:
         self._closed = True
 
-    def reset_follow(self) -> None:
-        """After a relaunch: a new observer and a log follower from the new file's first byte."""
-        self.observer = RunObserver(self.run_dir)
-        self.follower = LogFollower(self.run_dir / TRAIN_LOG, keep_lines=500, from_start=True)
-        self._pending_lines, self._pending_reset = [], True
-        self.acked = read_acked(self.run_dir)
+    def poll_soon(self) -> None:
+        """After an action on this run (a relaunch): refresh now; the observer sees the new
+        attempt in run.json and the update says so (the panels start over)."""
+        self.set_timer(0.05, self._poll_files)
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="refresh")
     def _poll_files(self) -> None:
-        follower = self.follower
-        segs = follower.poll()
-        lines = [s.text for s in segs if s.end == "\n"]
-        snap = self.observer.refresh()
-        self.post_message(SnapshotReady(snap, lines, follower.current_partial, False))
+        u = self.observer.view_update()
+        self.post_message(SnapshotReady(u.snapshot, u.log_lines, u.log_partial, u.log_reset, u.attempt_changed))
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         """A refresh that raised: say so once on screen and keep polling (the run is untouched)."""
@@ -119,11 +109,9 @@ class RunScreen(Screen):
     def on_snapshot_ready(self, msg: SnapshotReady) -> None:
         if self._closed:
             return
-        if self.snap and msg.snapshot.get("attempt") != self.snap.get("attempt"):
-            self.reset_follow()  # relaunched from elsewhere: show only the new attempt
-            self.snap = msg.snapshot
-            self.set_timer(0.05, self._poll_files)
-            return
+        if msg.attempt_changed:  # relaunched, here or elsewhere: show only the new attempt
+            self._pending_lines = []
+            self.seen_alerts.clear()
         self.snap = msg.snapshot
         self._pending_lines.extend(msg.log_lines)
         self._pending_reset = self._pending_reset or msg.log_reset
@@ -173,7 +161,7 @@ class RunScreen(Screen):
             part.update(text)
 
     def _show_alerts(self, snap: dict[str, Any]) -> None:
-        alerts = [a for a in snap.get("alerts") or [] if a["id"] not in self.acked]
+        alerts = [a for a in snap.get("alerts") or [] if not a.get("acknowledged")]
         self.query_one(AlertBanner).show(alerts)
         new = [a for a in alerts if a["id"] not in self.seen_alerts]
         if not new:
@@ -188,15 +176,15 @@ class RunScreen(Screen):
             self.app.run_alert_command(self.run_dir, snap, a)
 
     def action_ack(self) -> None:
-        alerts = [a for a in self.snap.get("alerts") or [] if a["id"] not in self.acked]
+        alerts = [a for a in self.snap.get("alerts") or [] if not a.get("acknowledged")]
         if not alerts:
             self.notify("no alert to acknowledge")
             return
-        try:
-            acknowledge(self.run_dir, [a["id"] for a in alerts])
-        except OSError as e:  # a read-only run dir: acknowledge for this session only
-            self.notify(f"could not write acks.jsonl ({e}); acknowledged for this session only", severity="warning")
-        self.acked |= {a["id"] for a in alerts}
+        why_session_only = self.observer.acknowledge([a["id"] for a in alerts])
+        if why_session_only:  # a read-only run dir
+            self.notify(why_session_only, severity="warning")
+        for a in alerts:  # as the next snapshot will mark them
+            a["acknowledged"] = True
         self.query_one(AlertBanner).show([])
 
     def action_toggle_identity(self) -> None:

@@ -1,0 +1,95 @@
+"""The stall detector: alive by ``kill -0``, stuck in fact (DESIGN.md section 5 "Stall").
+
+:func:`stall_state`: the step in progress has run longer than
+``max(STALL_FACTOR * p99, STALL_FLOOR_S)`` = ``max(10 * p99, 3 s)`` with at least
+``STALL_MIN_STEPS`` (5) counted steps and no save/eval phase open. 10x p99: the real run's slowest
+step, the compile, is 1.5x its p99 (45.79 / 30.52), so 10x is far outside the jitter. The 3 s floor
+keeps a run of 0.05 s steps from reading stalled on a GC pause, yet a run that emitted 20 fast steps
+and hangs reads ``stalled`` 3 s later. A first eager step of a fallback (~20x p50, ~13x p99) reads
+stalled while it runs; once it ends the fallback detector takes over.
+
+Pure: no I/O, no clock reads (time is passed in).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+#: A stall: the step in progress ran longer than max(STALL_FACTOR x p99, STALL_FLOOR_S) seconds ...
+STALL_FACTOR = 10.0
+STALL_FLOOR_S = 3.0
+#: ... with at least this many counted steps behind it.
+STALL_MIN_STEPS = 5
+
+OK, STALLED = "ok", "stalled"
+
+
+@dataclass(frozen=True, slots=True)
+class StallVerdict:
+    """``state`` "ok" | "stalled"; ``current_step_elapsed_s`` seconds the step in progress has run
+    (None when unknown); ``threshold_s`` the elapsed time that reads stalled (None when too few
+    steps); ``reason`` in words."""
+
+    state: str
+    current_step_elapsed_s: float | None
+    threshold_s: float | None
+    reason: str = field(default="")
+
+    def as_dict(self) -> dict[str, Any]:
+        """The status JSON's ``stall`` object: ``{state, current_step_elapsed_s}``."""
+        return {"state": self.state, "current_step_elapsed_s": self.current_step_elapsed_s}
+
+
+def _get(stats: Any, key: str) -> Any:
+    if isinstance(stats, Mapping):
+        return stats.get(key)
+    return getattr(stats, key, None)
+
+
+def stall_state(
+    current_step_started_at: float | None,
+    now: float,
+    stats: Any,
+    in_phase: Any = None,
+    *,
+    factor: float = STALL_FACTOR,
+    floor_s: float = STALL_FLOOR_S,
+    min_steps: int = STALL_MIN_STEPS,
+) -> StallVerdict:
+    """Is the step in progress stuck?
+
+    ``current_step_started_at``: unix seconds the step in progress began — the previous step's end
+    (``step_end`` of the last step record, since ``dt`` runs end to end), or the process start
+    before the first step; None when unknown. ``now``: unix seconds (passed in; this function reads
+    no clock). ``stats``: a :class:`stepwatch.monitors.stats.stepstats.StepStats` or its ``summary()`` dict — ``n``
+    and ``p99`` (seconds) are read. ``in_phase``: truthy ("save", "eval", True) while the emitter says
+    a save or evaluation is running (DESIGN.md section 4 ``phase`` events); never stalled then.
+
+    Stalled when ``n >= min_steps`` and elapsed > ``max(factor * p99, floor_s)`` (module docstring
+    for the numbers). Elapsed is clamped at 0 when ``now`` is before the start (clock skew).
+    """
+    if current_step_started_at is None:
+        return StallVerdict(OK, None, None, "no step start known")
+    elapsed = max(0.0, float(now) - float(current_step_started_at))
+    n = _get(stats, "n") or 0
+    p99 = _get(stats, "p99")
+    if n < min_steps or p99 is None:
+        return StallVerdict(
+            OK, elapsed, None, f"{n} counted step{'s' if n != 1 else ''}; a stall needs at least {min_steps}"
+        )
+    threshold = max(factor * float(p99), floor_s)
+    if in_phase:
+        name = in_phase if isinstance(in_phase, str) else "save/eval"
+        return StallVerdict(OK, elapsed, threshold, f"in a {name} phase for {elapsed:.1f} s; not a stall")
+    if elapsed > threshold:
+        return StallVerdict(
+            STALLED,
+            elapsed,
+            threshold,
+            f"step in progress for {elapsed:.1f} s > {threshold:.1f} s "
+            f"(= max({factor:g} x p99 {float(p99):.2f} s, {floor_s:g} s)); no save/eval phase open",
+        )
+    return StallVerdict(
+        OK, elapsed, threshold, f"step in progress for {elapsed:.1f} s; stalled after {threshold:.1f} s"
+    )

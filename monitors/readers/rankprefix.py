@@ -1,0 +1,33 @@
+"""The one rank-prefix pattern: ``[rank3]:`` (torch's own log prefix under torch.distributed) and
+``[default3]:`` (torchrun's ``--tee`` line prefix, ``[{role}{local_rank}]:``); both may be present.
+
+Every reader and parser of train.log that needs a line's rank uses these (DESIGN.md section 4:
+rank 0 speaks for the run; the other ranks' lines stay visible).
+"""
+
+from __future__ import annotations
+
+import re
+
+#: One prefix, as a regex fragment (for patterns that match a prefix in place).
+RANK_PREFIX = r"\[(?:rank|default)\d+\]:"
+#: The run of prefixes a line starts with (white space between them allowed).
+LEADING_PREFIXES = re.compile(rf"^(?:\s*{RANK_PREFIX})+")
+_ONE = re.compile(r"\[(rank|default)(\d+)\]:")
+
+
+def rank_of(prefixes: str) -> int | None:
+    """The rank a run of prefixes names: the first ``[rankN]`` (torch's global rank) wins over
+    the first ``[defaultN]`` (torchrun's local rank); None when there is none."""
+    found: dict[str, int] = {}
+    for kind, n in _ONE.findall(prefixes):
+        found.setdefault(kind, int(n))
+    return found.get("rank", found.get("default"))
+
+
+def rank_prefix(text: str) -> tuple[int | None, str]:
+    """Split the leading prefixes off ``text``: (rank, rest); (None, text) when there is none."""
+    m = LEADING_PREFIXES.match(text)
+    if not m:
+        return None, text
+    return rank_of(m.group(0)), text[m.end():]

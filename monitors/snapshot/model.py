@@ -1,0 +1,96 @@
+"""The status snapshot's shape: its keys (every one always present, null when unknown), the
+helpers that make values read from a run dir safe to show, and what "the attempt ended" means.
+
+``status --json`` prints this dict, the TUI draws it, ``watch`` narrates its changes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+SNAPSHOT_KEYS = (
+    "run", "run_dir", "attempt", "state", "pid", "alive", "returncode", "signal", "ended", "launched_at_unix",
+    "versions", "step", "step_seconds", "step_line", "throughput", "eta_s", "warmup", "fallback", "stall",
+    "dynamo", "attn_implementation", "gpu", "gpu_error", "gpu_source", "gpu_history", "alerts", "identity",
+    "log", "events", "histogram", "recent_dt", "process_verdict", "stop", "last_logs", "survivors", "supervisor_alive",
+)
+
+
+def null_snapshot() -> dict[str, Any]:
+    return {
+        "run": None, "run_dir": None, "attempt": None, "state": "unknown", "pid": None, "alive": False,
+        "returncode": None, "signal": None, "ended": None, "launched_at_unix": None,
+        "versions": {"python": None, "torch": None, "transformers": None},
+        "step": {"global_step": None, "max_steps": None, "source": None},
+        "step_seconds": {"n": 0, "min": None, "p50": None, "p90": None, "p99": None, "max": None, "last": None},
+        "step_line": "n=0 seconds_per_optimizer_step",
+        "throughput": {"tokens_per_s": None, "real_tokens_per_s": None, "padding_share": None},
+        "eta_s": None,
+        "warmup": {"state": None, "until_step": None},
+        "fallback": {"state": "ok", "slow_steps": [], "onset_step": None, "reason": None},
+        "stall": {"state": "ok", "current_step_elapsed_s": None},
+        "dynamo": {"recompiles": None, "graph_breaks": None, "unique_graphs": None, "recompile_limit_hits": None,
+                   "source": None, "by_source": {"events": None, "log": None}, "top_recompile_reason": None},
+        "attn_implementation": {"requested": None, "resolved": None},
+        "gpu": None, "gpu_error": None, "gpu_source": None, "gpu_history": {},
+        "alerts": [],
+        "identity": None,
+        "log": {"file": None, "last_line": None, "traceback_last_line": None, "last_byte_age_s": None,
+                "from_start": None},
+        "events": {"file": None, "lines": 0, "corrupt_lines": 0, "unusable_steps": 0, "dropped_events": None,
+                   "resume": None},
+        "histogram": {"edges_s": [], "counts": []},
+        "recent_dt": [],
+        "process_verdict": None, "stop": None, "last_logs": None, "survivors": [], "supervisor_alive": None,
+    }
+
+
+def obj(v: Any) -> dict[str, Any]:
+    """``v`` when it is a JSON object, else an empty one: a nested value read from a file."""
+    return v if type(v) is dict else {}
+
+
+#: Values read from events.jsonl and shown as they are (last_logs, versions) are cut at this depth: a
+#: line may nest ~1,000 deep (orjson reads 1,024), and every writer of the snapshot (json.dumps with
+#: an indent, the screen) recurses per level.
+SHOWN_DEPTH = 32
+_TOO_DEEP = f"<nested deeper than {SHOWN_DEPTH} levels: not shown>"
+
+
+def shallow(v: Any, depth: int = SHOWN_DEPTH) -> Any:
+    """``v`` (a JSON value read from a file) with what lies deeper than ``depth`` levels replaced by
+    a note; a copy when it is a container (never deeper than ``depth`` calls)."""
+    if type(v) is dict:
+        return {k: shallow(x, depth - 1) for k, x in v.items()} if depth > 0 else _TOO_DEEP
+    if type(v) is list:
+        return [shallow(x, depth - 1) for x in v] if depth > 0 else _TOO_DEEP
+    return v
+
+
+def count(v: Any) -> int | float | None:
+    """A counter read from a file: a finite number >= 0 (not a bool), else None."""
+    if (type(v) is int or (type(v) is float and math.isfinite(v))) and v >= 0:
+        return v
+    return None
+
+
+def json_safe(obj: Any) -> Any:
+    """``obj`` with every non-finite float (a NaN loss) replaced by the string ``"NaN"``,
+    ``"Infinity"`` or ``"-Infinity"``: strict JSON parsers reject bare NaN, and null would hide it."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "NaN" if obj != obj else ("Infinity" if obj > 0 else "-Infinity")
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+def run_ended(snap: dict[str, Any]) -> bool:
+    """True once the snapshot's attempt is over: its captured process is gone (dead, reused pid,
+    zombie), or exit.json exists although no process was ever captured (the command could not be
+    started: the supervisor records the error in exit.json and run.json holds no pid)."""
+    if snap["state"] == "running":
+        return False
+    return snap.get("process_verdict") not in (None, "alive") or snap.get("ended") is not None

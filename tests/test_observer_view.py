@@ -1,0 +1,64 @@
+"""RunObserver.view_update: what a screen gets from the one reader of a run dir."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from conftest import REPO_ROOT
+from stepwatch.monitors.snapshot.observer import VIEW_LOG_LINES, RunObserver
+
+STATIC_RUN = REPO_ROOT / "tests" / "fixtures" / "runs" / "ended-sigkill"
+
+
+def copy_run(tmp_path: Path) -> Path:
+    run_dir = tmp_path / "ended-sigkill"
+    shutil.copytree(STATIC_RUN, run_dir)
+    return run_dir
+
+
+def complete_lines(run_dir: Path) -> list[str]:
+    """train.log's complete lines as the panel shows them: the text after each line's last \\r."""
+    data = (run_dir / "train.log").read_text(errors="replace")
+    return [ln.split("\r")[-1] for ln in data.split("\n")[:-1]]
+
+
+def test_each_log_line_comes_once_in_order(tmp_path: Path):
+    run_dir = copy_run(tmp_path)
+    obs = RunObserver(run_dir)
+    first = obs.view_update()
+    assert first.log_lines == complete_lines(run_dir) and first.log_lines
+    assert not first.log_reset and not first.attempt_changed
+    assert obs.view_update().log_lines == []  # nothing new: nothing again
+    with open(run_dir / "train.log", "a") as f:
+        f.write("one more\nand a half")
+    u = obs.view_update()
+    assert u.log_lines == ["one more"] and u.log_partial == "and a half"
+
+
+def test_more_lines_than_one_update_carries_start_the_panel_over(tmp_path: Path):
+    run_dir = copy_run(tmp_path)
+    obs = RunObserver(run_dir)
+    obs.view_update()
+    with open(run_dir / "train.log", "a") as f:
+        f.write("".join(f"line {i}\n" for i in range(VIEW_LOG_LINES + 500)))
+    u = obs.view_update()
+    assert u.log_reset and len(u.log_lines) == VIEW_LOG_LINES
+    assert u.log_lines[-1] == f"line {VIEW_LOG_LINES + 499}" and u.log_lines[0] == "line 500"
+    assert not obs.view_update().log_reset  # said once
+
+
+def test_a_new_attempt_is_said_once_and_starts_the_panel_over(tmp_path: Path):
+    run_dir = copy_run(tmp_path)
+    obs = RunObserver(run_dir)
+    obs.view_update()
+    run = json.loads((run_dir / "run.json").read_text())
+    run["attempt"] = (run.get("attempt") or 1) + 1
+    (run_dir / "run.json").write_text(json.dumps(run))
+    (run_dir / "train.log").write_text("attempt two\n")
+    u = obs.view_update()
+    assert u.attempt_changed and u.log_reset and u.log_lines == ["attempt two"]
+    assert u.snapshot["attempt"] == run["attempt"]
+    again = obs.view_update()
+    assert not again.attempt_changed and not again.log_reset

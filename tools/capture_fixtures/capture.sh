@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# Re-run every capture of tests/fixtures/real (see its README.md) and write the scrubbed files to OUT_DIR.
+#
+#   tools/capture_fixtures/capture.sh OUT_DIR
+#
+# CPU only, no downloads (random-init tiny models, synthetic ids). Needs torch + transformers
+# (+ accelerate) in $PYTHON (default: <repo>/.venv/bin/python, else python3), gcc (inductor) and
+# util-linux `script` (the tty capture). About 5 minutes on 2 cores; the compile captures dominate.
+# The commands run one after the other, never in parallel: the step times are part of the captures.
+#
+# Each command runs from a fresh staging folder (mktemp -d) that holds `scripts` -> this folder and
+# writes its raw output under `raw/`; every raw file then goes through scrub.py into OUT_DIR, which
+# replaces the machine paths: staging/raw -> <raw>, trainer output dir -> <run_dir>, inductor caches
+# -> <inductor_cache>, venv -> <venv>, base Python -> <python>, staging folder -> <fixtures>.
+# KEEP_RAW=1 keeps the staging folder (its path is printed).
+#
+# Do not overwrite tests/fixtures/real with the output without re-checking the tests: several
+# assertions are calibrated on the captures of 2026-11-30 (counts, line numbers, digests).
+set -euo pipefail
+
+if [ $# -ne 1 ]; then
+    echo "usage: $0 OUT_DIR" >&2
+    exit 2
+fi
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO="$(cd "$HERE/../.." && pwd)"
+mkdir -p "$1"
+OUT="$(cd "$1" && pwd)"
+if [ -z "${PYTHON:-}" ]; then
+    if [ -x "$REPO/.venv/bin/python" ]; then PYTHON="$REPO/.venv/bin/python"; else PYTHON="$(command -v python3)"; fi
+fi
+VENV="$("$PYTHON" -c 'import sys; print(sys.prefix)')"
+BASE="$("$PYTHON" -c 'import sys; print(sys.base_prefix)')"
+"$PYTHON" -c 'import torch, transformers, accelerate' # fail early, before any capture
+
+STAGE="$(mktemp -d "${TMPDIR:-/tmp}/stepwatch-capture.XXXXXX")"
+if [ "${KEEP_RAW:-0}" = 1 ]; then
+    echo "staging folder kept: $STAGE"
+else
+    trap 'rm -rf "$STAGE"' EXIT
+fi
+ln -s "$HERE" "$STAGE/scripts"
+mkdir "$STAGE/raw"
+RAW="$STAGE/raw"
+RUN_DIR="$STAGE/run_dir"
+cd "$STAGE"
+unset TORCH_LOGS TORCHINDUCTOR_CACHE_DIR # set per command below, as in the original commands
+
+fresh_run_dir() { rm -rf "$RUN_DIR"; mkdir "$RUN_DIR"; }
+new_cache() { local d="$STAGE/inductor_cache_$1"; rm -rf "$d"; mkdir "$d"; echo "$d"; }
+T_ALL=$SECONDS
+step() { # step NAME: prints the name and, on the next call/finish, the seconds the previous one took
+    if [ -n "${_STEP:-}" ]; then echo "  $_STEP: $((SECONDS - _T0)) s"; fi
+    _STEP="$1"; _T0=$SECONDS
+    [ -n "$1" ] && echo "capture: $1 ..."
+    return 0
+}
+
+# 1. HF Trainer, 60 steps, stdout+stderr to a file (not a TTY)
+step hf_trainer_plain.log
+fresh_run_dir
+"$PYTHON" scripts/hf_trainer_run.py --out-dir "$RUN_DIR" --steps 60 > "$RAW/hf_trainer_plain.log" 2>&1 </dev/null
+
+# 2. the same under a pseudo-TTY of 120 columns (script's own stdin is not a terminal, as in the original)
+step hf_trainer_tty.log
+fresh_run_dir
+script -q -c "stty cols 120 rows 40; $(printf %q "$PYTHON") scripts/hf_trainer_run.py --out-dir $(printf %q "$RUN_DIR") --steps 60" \
+    "$RAW/hf_trainer_tty.log" </dev/null >/dev/null 2>&1
+
+# 3. a bigger model: ~1.5 s steps, the s/it form
+step hf_trainer_slow.log
+fresh_run_dir
+"$PYTHON" scripts/hf_trainer_run.py --out-dir "$RUN_DIR" --steps 20 --logging-steps 5 --hidden 320 --layers 4 \
+    --seq-len 512 > "$RAW/hf_trainer_slow.log" 2>&1 </dev/null
+
+# 4. torch_compile=True, variable-length padded batches, cold inductor cache
+step hf_trainer_compile.log
+fresh_run_dir
+CACHE="$(new_cache compile)"
+TORCHINDUCTOR_CACHE_DIR="$CACHE" TORCH_LOGS="recompiles,graph_breaks" "$PYTHON" scripts/hf_trainer_run.py \
+    --out-dir "$RUN_DIR" --steps 40 --compile --varlen --batch 4 --shape-log "$RAW/hf_trainer_compile_shapes.txt" \
+    > "$RAW/hf_trainer_compile.log" 2>&1 </dev/null
+
+# 5. callback API facts + PrinterCallback output (disable_tqdm=True, checkpoint saves at 6 and 12)
+step "trainer_api_facts.json + hf_trainer_printer_callback.log"
+fresh_run_dir
+"$PYTHON" scripts/trainer_api_facts.py --out-dir "$RUN_DIR" --json "$RAW/trainer_api_facts.json" \
+    > "$RAW/hf_trainer_printer_callback.log" 2>&1 </dev/null
+
+# 6. torch.compile(dynamic=False) into recompile_limit=4, with TORCH_LOGS, cold cache
+step "dynamo_recompiles.log + dynamo_step_times.csv + dynamo_counters.json"
+CACHE="$(new_cache recompiles)"
+TORCHINDUCTOR_CACHE_DIR="$CACHE" TORCH_LOGS="recompiles,graph_breaks" "$PYTHON" scripts/dynamo_recompile.py \
+    --csv "$RAW/dynamo_step_times.csv" --counters "$RAW/dynamo_counters.json" 2> "$RAW/dynamo_recompiles.log" >/dev/null </dev/null
+
+# 7. the same without TORCH_LOGS, cold cache (its counters are not kept)
+step "dynamo_limit_default.log + dynamo_step_times_default.csv"
+WARM="$(new_cache default)"
+env -u TORCH_LOGS TORCHINDUCTOR_CACHE_DIR="$WARM" "$PYTHON" scripts/dynamo_recompile.py \
+    --csv "$RAW/dynamo_step_times_default.csv" --counters "$STAGE/counters_default_not_kept.json" \
+    2> "$RAW/dynamo_limit_default.log" >/dev/null </dev/null
+
+# 8. again on the cache left by 7 (warm): counters and step times only (its stderr is not kept)
+step "dynamo_counters_warmcache.json + dynamo_step_times_warmcache.csv"
+env -u TORCH_LOGS TORCHINDUCTOR_CACHE_DIR="$WARM" "$PYTHON" scripts/dynamo_recompile.py \
+    --csv "$RAW/dynamo_step_times_warmcache.csv" --counters "$RAW/dynamo_counters_warmcache.json" \
+    2> "$STAGE/warmcache_stderr_not_kept.log" >/dev/null </dev/null
+
+# 9. per-line append+flush cost (a temp file on the staging folder's filesystem)
+step append_cost.json
+"$PYTHON" scripts/append_cost.py --file "$STAGE/append_cost.tmp" --json "$RAW/append_cost.json" >/dev/null </dev/null
+
+# 10. exact package versions of the venv used (the editable stepwatch itself left out)
+step versions.txt
+"$PYTHON" -m pip freeze --exclude-editable > "$RAW/versions.txt"
+step ""
+
+# scrub: innermost paths first; <fixtures> (the staging folder) last
+MAPS=(--path "$RAW=<raw>" --path "$RUN_DIR=<run_dir>" --map "$(printf '%s' "$STAGE" | sed 's/[][\.*^$+?(){}|]/\\&/g')/inductor_cache_[a-z]+=<inductor_cache>"
+      --path "$HERE=<fixtures>/scripts" --path "$VENV=<venv>" --path "$BASE=<python>" --path "$STAGE=<fixtures>")
+for f in "$RAW"/*; do
+    "$PYTHON" "$HERE/scrub.py" "$f" "$OUT/$(basename "$f")" "${MAPS[@]}"
+done
+echo "done: $(ls "$OUT" | wc -l) files in $OUT, $((SECONDS - T_ALL)) s in all"

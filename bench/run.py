@@ -57,6 +57,11 @@ EXTRA_TARGETS: dict[str, tuple[float, str, str]] = {
     "watchdog_latency_poll_s": (1.0, "s", "abs"),
     "attach_events_cold_s": (1.0, "s", "abs"),
     "gpu_sampler_cpu_share_nvml": (0.01, "s/s", "abs"),
+    "log_timing_p50_error_250ms": (0.05, "x", "abs"),
+    "log_timing_p99_error_250ms": (0.05, "x", "abs"),
+    "log_timing_p50_error_20ms": (0.10, "x", "abs"),
+    "alert_latency_kill_s": (2.0, "s", "abs"),
+    "supervisor_cpu_share": (0.02, "s/s", "abs"),
 }
 
 #: name -> (script, quick args, full args, quick timeout s, full timeout s, group). Benchmarks of one
@@ -70,6 +75,7 @@ BENCHES: list[tuple[str, str, list[str], list[str], float, float, str]] = [
     ("stats_update", "stats_update.py", ["--quick"], [], 60, 240, "stats_update"),
     ("monitor_cpu", "monitor_cpu.py", ["--quick", "--warmup", "2", "--window", "7"], [], 60, 200, "light"),
     ("gpu_sampler", "gpu_sampler_cost.py", ["--quick", "--window", "4"], [], 40, 120, "light"),
+    ("supervisor_watch", "supervisor_watch.py", ["--quick"], [], 240, 600, "supervisor_watch"),
     ("tui", "tui_pty.py", ["--quick", "--warmup", "3", "--window", "6", "--launches", "1"], [], 100, 400, "tui"),
 ]
 
@@ -83,6 +89,9 @@ KEY_BENCH = {
     "monitor_cpu_share": "monitor_cpu", "tui_cpu_share": "tui", "tui_bytes_per_s": "tui",
     "tui_bytes_per_s_low": "tui", "tui_first_frame_s": "tui", "gpu_sampler_cpu_share": "gpu_sampler",
     "gpu_sampler_cpu_share_nvml": "gpu_sampler",
+    "log_timing_p50_error_250ms": "supervisor_watch", "log_timing_p99_error_250ms": "supervisor_watch",
+    "log_timing_p50_error_20ms": "supervisor_watch", "alert_latency_kill_s": "supervisor_watch",
+    "supervisor_cpu_share": "supervisor_watch",
 }
 
 

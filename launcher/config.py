@@ -23,7 +23,7 @@ from stepwatch.monitors.rundirs import default_runs_dir
 
 TOP_KEYS = ("name", "command", "cwd", "runs_dir", "env", "shell", "preflight", "alerts")
 PREFLIGHT_KEYS = ("test_command", "test_timeout_s", "training_arguments", "python", "min_free_bytes")
-ALERTS_KEYS = ("command",)
+ALERTS_KEYS = ("command", "urls", "min_level", "rate_limit_s", "retries")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -147,6 +147,18 @@ def _validate(data: dict[str, Any], base: Path, where: str, runs_dir_override: P
     ac = alerts.get("command")
     if ac is not None and not (isinstance(ac, list) and ac and all(isinstance(a, str) for a in ac)):
         raise ConfigError(f"{where} [alerts]: command must be an argv list, e.g. [\"notify-send\", \"stepwatch\"]; got {ac!r}")
+    urls = alerts.get("urls")
+    if urls is not None and not (isinstance(urls, list) and all(isinstance(u, str) and "://" in u for u in urls)):
+        raise ConfigError(f"{where} [alerts]: urls must be a list of apprise URLs, e.g. [\"ntfy://ntfy.sh/my-topic\"]; "
+                          f"got {urls!r}")
+    lvl = alerts.get("min_level")
+    if lvl is not None and lvl not in ("info", "warning", "error"):
+        raise ConfigError(f"{where} [alerts]: min_level must be \"info\", \"warning\" or \"error\"; got {lvl!r}")
+    for key, hi in (("rate_limit_s", 86400), ("retries", 10)):
+        v = alerts.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= hi
+                              or (key == "retries" and not isinstance(v, int))):
+            raise ConfigError(f"{where} [alerts]: {key} must be a number from 0 to {hi}; got {v!r}")
     return RunConfig(name=name, command=list(command), cwd=cwd, runs_dir=runs_dir, env=dict(env), shell=shell,
                      preflight=dict(preflight), alerts=dict(alerts))
 

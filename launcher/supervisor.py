@@ -6,8 +6,9 @@ and stdin from /dev/null, so closing the TUI, losing the SSH link or a SIGHUP ne
 It reads the attempt's run.json, opens ``train.log`` for appending (the file is new: the launcher
 rotated the previous attempt's), starts the training command as its child in the child's own
 process group with stdout+stderr going straight into ``train.log`` (unmodified bytes, no pipe),
-completes run.json once with both pids, starts the GPU sampler, reaps the child and writes
-``exit.json``. On a stop request (SIGUSR1 after ``stepwatch stop`` wrote ``stop.json``; SIGTERM or
+completes run.json once with both pids, starts the GPU sampler and the run's monitoring (log-derived
+step times, every detector, alerts.jsonl and their delivery: :mod:`stepwatch.monitors.watch.loop`),
+reaps the child and writes ``exit.json``. On a stop request (SIGUSR1 after ``stepwatch stop`` wrote ``stop.json``; SIGTERM or
 SIGINT to the supervisor itself count the same) it sends SIGINT to the child's process group, SIGTERM
 after the grace, SIGKILL after a second grace, and records each signal in ``stop.json``.
 """
@@ -144,6 +145,23 @@ def _start_events_state(run_dir: Path, run: dict[str, Any], done: threading.Even
 
 #: After the child ended, how long the supervisor waits for the last save of the events state.
 EVENTS_STATE_FINAL_S = 60.0
+#: ... and for its watch to record the last alerts and deliver them (a delivery waits at most 40 s).
+WATCH_FINAL_S = 60.0
+
+
+def _start_watch(run_dir: Path, run: dict[str, Any], exit_recorded: threading.Event) -> threading.Thread | None:
+    """Start the run's monitoring (:func:`stepwatch.monitors.watch.loop.watch_attempt`): log-derived
+    step times, every detector, alerts.jsonl and delivery, with no screen attached. A failure to
+    start is logged; the run goes on."""
+    try:
+        from stepwatch.monitors.watch.loop import watch_attempt  # noqa: PLC0415
+    except Exception as e:  # pragma: no cover - only when the package is broken
+        _log(f"run not watched: {type(e).__name__}: {e}")
+        return None
+    t = threading.Thread(target=watch_attempt, args=(run_dir, run, exit_recorded), kwargs={"log": _log},
+                         name="watch", daemon=True)
+    t.start()
+    return t
 
 
 def _child_signal_defaults() -> None:
@@ -198,8 +216,10 @@ def supervise(run_dir: Path) -> int:
     _log(f"started pid {child.pid}: {child_argv(run)!r}")
 
     child_done = threading.Event()
+    exit_recorded = threading.Event()  # exit.json is written: the watch's last look sees the verdict
     _start_gpu_sampler(run_dir, run, child.pid, child_done)
     events_state = _start_events_state(run_dir, run, child_done)
+    watching = _start_watch(run_dir, run, exit_recorded)
     escalation: Escalation | None = None
     while True:
         try:
@@ -219,6 +239,7 @@ def supervise(run_dir: Path) -> int:
         "stop_requested": escalation is not None, "error": None,
     }
     write_json_atomic(run_dir / EXIT_JSON, exit_rec)
+    exit_recorded.set()
     if escalation is not None:
         stop = read_json(run_dir / STOP_JSON) or _new_stop_record(None)
         stop["ended_by"] = {"last_signal_sent": escalation.last_signal, "returncode": exit_rec["returncode"],
@@ -230,6 +251,8 @@ def supervise(run_dir: Path) -> int:
     _log(f"child ended: returncode={exit_rec['returncode']} signal={sig_name}")
     if events_state is not None:
         events_state.join(EVENTS_STATE_FINAL_S)  # the last save: an attach then reads no backlog
+    if watching is not None:
+        watching.join(WATCH_FINAL_S)  # the last alerts recorded and delivered (bounded)
     return 0
 
 

@@ -28,9 +28,12 @@ EXIT_JSON = "exit.json"
 SUPERVISOR_LOG = "supervisor.log"  # the supervisor's own diagnostics; never the child's output
 EVENTS_STATE = "events.state.json"  # the supervisor's fold of events.jsonl (monitors/fold/savedstate.py)
 ACKS_JSONL = "acks.jsonl"  # written by views; never rotated (alert ids carry the attempt)
+LOG_STEPS_JSONL = "logsteps.jsonl"  # step records the supervisor timed from train.log (monitors/watch/logsteps.py)
+ALERTS_JSONL = "alerts.jsonl"  # the supervisor's alerts and their deliveries (monitors/watch/loop.py)
 
 #: Files that describe one attempt and are renamed with the attempt's stamp on relaunch.
-PER_ATTEMPT_FILES = (TRAIN_LOG, EVENTS_JSONL, GPU_JSONL, RUN_JSON, STOP_JSON, EXIT_JSON, SUPERVISOR_LOG, EVENTS_STATE)
+PER_ATTEMPT_FILES = (TRAIN_LOG, EVENTS_JSONL, GPU_JSONL, RUN_JSON, STOP_JSON, EXIT_JSON, SUPERVISOR_LOG, EVENTS_STATE,
+                     LOG_STEPS_JSONL, ALERTS_JSONL)
 
 ENV_RUN_DIR = "STEPWATCH_RUN_DIR"
 ENV_ATTEMPT = "STEPWATCH_ATTEMPT"

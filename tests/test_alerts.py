@@ -1,4 +1,4 @@
-"""Alerts that need no live process: the recompile storm, and the [alerts] command of the TUI."""
+"""Alerts that need no live process: the recompile storm, and views that never run the [alerts] command."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 
-
-from conftest import REPO_ROOT, wait_until
+from conftest import REPO_ROOT
 from stepwatch.monitors.snapshot.observer import RunObserver
 from stepwatch.tui.app import StepwatchApp
 
@@ -63,34 +63,39 @@ def test_a_few_recompiles_or_warmup_recompiles_are_no_storm(tmp_path: Path):
     assert "recompile_storm" not in kinds(spread)
 
 
-def test_alerts_command_runs_once_per_alert_with_the_message(tmp_path: Path):
+def test_a_view_never_runs_the_alerts_command_it_reads(tmp_path: Path):
+    """A run dir whose run.json names an [alerts] command, its supervisor gone: the TUI, status
+    and watch show the alerts and execute nothing (delivery is the run owner's supervisor's; the
+    positive control, the supervisor running it, is in tests/test_supervisor_watch.py)."""
     out = tmp_path / "pings.txt"
     script = tmp_path / "ping.py"
-    script.write_text("import os\nwith open(%r, 'a') as f:\n    f.write(os.environ['STEPWATCH_ALERT_ID'] + ' ' + "
-                      "os.environ['STEPWATCH_ALERT_KIND'] + ' ' + os.environ['STEPWATCH_ALERT_MESSAGE'][:40] + '\\n')\n" % str(out))
+    script.write_text("with open(%r, 'a') as f:\n    f.write('ran\\n')\n" % str(out))
     run_dir = tmp_path / "runs" / "ended-sigkill"
     shutil.copytree(REPO_ROOT / "tests" / "fixtures" / "runs" / "ended-sigkill", run_dir)
     rj = json.loads((run_dir / "run.json").read_text())
     rj["config"] = {"alerts": {"command": [sys.executable, str(script)]}}
     (run_dir / "run.json").write_text(json.dumps(rj))
 
-    async def go() -> None:
+    async def go() -> list[dict]:
         app = StepwatchApp(run_dir, run_dir.parent)
         async with app.run_test(size=(100, 30)) as pilot:
             deadline = time.monotonic() + 10
             while not app.screen.query_one("#banner").display and time.monotonic() < deadline:
                 await pilot.pause(0.05)
-            await pilot.pause(2.5)  # two more refreshes: the command must not run again
-        return app.alert_commands_sent
+            await pilot.pause(2.5)  # more refreshes
+            return app.screen.snap["alerts"]
 
     import asyncio
 
-    sent = asyncio.run(go())
-    assert len(sent) == 3 and len(set(sent)) == 3  # once per alert, not once per refresh
-    wait_until(lambda: out.exists() and len(out.read_text().splitlines()) == 3, 10, what="three pings")
-    ids = [ln.split()[0] for ln in out.read_text().splitlines()]
-    assert sorted(ids) == sorted(set(ids)) and len(ids) == 3
-    assert {ln.split()[1] for ln in out.read_text().splitlines()} == {"recompile_limit", "fallback", "watchdog"}
+    alerts = asyncio.run(go())
+    assert {a["kind"] for a in alerts} == {"recompile_limit", "fallback", "watchdog"}
+    # the view says what became of the delivery: nothing recorded, never "delivered"
+    assert all(a["delivered"] == {"command": {"outcome": None, "detail": "no delivery recorded"}} for a in alerts)
+    for args in (["status", str(run_dir)], ["status", str(run_dir), "--json"], ["watch", str(run_dir), "--plain"]):
+        subprocess.run([sys.executable, "-m", "stepwatch.tui.cli", *args], capture_output=True, timeout=60)
+    # a command any of them started has either written already or is still running: neither
+    running = [pr.pid for pr in psutil.process_iter(["cmdline"]) if str(script) in (pr.info["cmdline"] or [])]
+    assert not running and not out.exists()
 
 
 def test_demo_without_torch_names_the_extra_and_exits_2(tmp_path: Path):

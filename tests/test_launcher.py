@@ -420,6 +420,12 @@ def test_stop_with_sigint_honoured_ends_at_sigint(repo: Path):
     # Python ends an unhandled KeyboardInterrupt by re-raising SIGINT on itself.
     assert ex["signal"] == "SIGINT" and ex["returncode"] is None and ex["stop_requested"] is True
     assert b"KeyboardInterrupt" in (run_dir / "train.log").read_bytes()
+    # a stop the operator asked for reads as stopped, raises no alert, and watch exits 0 for it
+    w = stepwatch("watch", str(run_dir), "--plain")
+    assert w.returncode == 0, (w.stdout, w.stderr)
+    assert "stopped as requested (SIGINT)" in w.stdout and "ALERT" not in w.stdout, w.stdout
+    s = json.loads(stepwatch("status", str(run_dir), "--json").stdout)
+    assert s["alerts"] == [] and s["ended"]["stop_requested"] is True
 
 
 def test_stop_survives_the_stopping_cli_being_killed(repo: Path):

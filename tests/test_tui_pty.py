@@ -134,3 +134,39 @@ def test_no_color_is_honoured_and_a_16_colour_terminal_gets_no_256_colour_codes(
     assert _hued_256_codes(seen["default"])  # the check can see colour at all
     assert _hued_256_codes(seen["NO_COLOR"]) == set()  # monochrome: greys only
     assert re.search(rb"[34]8;5;", seen["xterm"]) is None  # a plain xterm gets no 256-colour codes
+
+
+def test_two_tuis_attached_and_the_alerts_command_runs_once_per_alert(tmp_path: Path):
+    """Two operators attached to one run (two real `stepwatch attach` in ptys): the run dies, both
+    screens show it, and the [alerts] command ran once, by the supervisor, not once per screen."""
+    from conftest import git, make_repo
+
+    out = tmp_path / "pings.txt"
+    repo = make_repo(tmp_path / "harness", {
+        "gate.py": "import os, sys, time\nprint('waiting', flush=True)\n"
+                   "while not os.path.exists(sys.argv[1]):\n    time.sleep(0.05)\nsys.exit(3)\n",
+        "ping.py": "import os, sys\nwith open(sys.argv[1], 'a') as f:\n    f.write(os.environ['STEPWATCH_ALERT_ID'] + '\\n')\n"})
+    go = tmp_path / "go"
+    (repo / "run.toml").write_text(
+        f'name = "two"\ncommand = ["{sys.executable}", "gate.py", "{go}"]\n'
+        f'[alerts]\ncommand = ["{sys.executable}", "{repo / "ping.py"}", "{out}"]\n')
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "config")
+    r = stepwatch("launch", "--no-tui", "run.toml", cwd=repo)
+    assert r.returncode == 0, r.stderr
+    run_dir = repo / "runs" / "two"
+    apps = [PtyApp(run_dir), PtyApp(run_dir)]
+    try:
+        for app in apps:
+            assert app.pump(lambda a=app: b"RUNNING" in a.out, 15), app.out[-2000:]
+        go.touch()
+        for app in apps:
+            assert app.pump(lambda a=app: b"EXITED 3" in a.out, 15), app.out[-2000:]
+        wait_until(lambda: out.exists(), 10, what="the alert command")
+        # the supervisor has exited (it waits for its deliveries): nothing more can come
+        sup = ProcessRef.from_json(read_json(run_dir / "run.json")["supervisor"])
+        wait_until(lambda: probe(sup) != "alive", 20, what="the supervisor to exit")
+        assert out.read_text().splitlines() == ["a1-watchdog-end"]
+    finally:
+        for app in apps:
+            app.close()

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -19,7 +18,6 @@ from textual import work
 from textual.app import App
 from textual.binding import Binding
 
-from stepwatch.monitors.runfiles import RUN_JSON, read_json
 from stepwatch.tui.messages import ActionDone
 from stepwatch.tui.screens.home import HomeScreen
 from stepwatch.tui.screens.modals import Confirm, Help, PreflightScreen, Prompt
@@ -67,7 +65,6 @@ class StepwatchApp(App):
         self._last_action: dict[str, float] = {}
         self._busy = False
         self.exit_message = ""
-        self.alert_commands_sent: list[str] = []  # alert ids handed to the [alerts] command
 
     # --- lifecycle ---------------------------------------------------------------------------
     def on_mount(self) -> None:
@@ -232,24 +229,6 @@ class StepwatchApp(App):
                 rs.poll_soon()
             else:
                 self.push_screen(RunScreen(Path(msg.run_dir)))
-
-    # --- alerts to an external command ---------------------------------------------------------
-    def run_alert_command(self, run_dir: Path, snap: dict[str, Any], alert: dict[str, Any]) -> None:
-        """Run the run config's ``[alerts] command`` (argv) once for ``alert``, the message in the
-        environment (STEPWATCH_ALERT_ID / _KIND / _MESSAGE / _RUN / _RUN_DIR). Fire and forget."""
-        run = read_json(run_dir / RUN_JSON) or {}
-        cmd = ((run.get("config") or {}).get("alerts") or {}).get("command")
-        if not (isinstance(cmd, list) and cmd):
-            return
-        env = dict(os.environ, STEPWATCH_ALERT_ID=alert["id"], STEPWATCH_ALERT_KIND=alert["kind"],
-                   STEPWATCH_ALERT_MESSAGE=alert["message"], STEPWATCH_RUN=str(snap.get("run")),
-                   STEPWATCH_RUN_DIR=str(run_dir))
-        try:
-            subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL, start_new_session=True)
-            self.alert_commands_sent.append(alert["id"])
-        except OSError as e:
-            self.notify(f"[alerts] command failed: {e}", severity="warning")
 
 
 def run_app(run_dir: Path | None, runs_dir: Path, low_bandwidth: bool = False) -> int:

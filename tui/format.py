@@ -24,12 +24,28 @@ def gib(v: float | None) -> str:
     return "-" if v is None else f"{v / 2**30:.1f}"
 
 
+#: How the step times were taken, in words beside the figures (``step.timing`` of the snapshot);
+#: nothing is said for ``exact`` (the emitter's own perf_counter per step).
+TIMING_WORDS = {
+    "per_update": "timed from the log: one progress update per step",
+    "shared": "timed from the log: several steps share each progress update",
+    "approximate": "APPROXIMATE: this view's own reading of the log (no supervisor record)",
+}
+
+
+def timing_words(snap: dict[str, Any]) -> str | None:
+    """The words for the snapshot's ``step.timing``, None when the times are exact or absent."""
+    return TIMING_WORDS.get((snap.get("step") or {}).get("timing"))
+
+
 def state_word(snap: dict[str, Any]) -> str:
-    """RUNNING / EXITED code / KILLED signal / UNKNOWN, as the header shows it."""
+    """RUNNING / EXITED code / STOPPED (the operator asked) / KILLED signal / UNKNOWN, as the header shows it."""
     st = snap.get("state")
     if st == "running":
         return "RUNNING"
     if st == "exited":
+        if (snap.get("ended") or {}).get("stop_requested"):
+            return f"STOPPED ({snap['signal'] or 'exit ' + str(snap.get('returncode'))})"
         if snap.get("signal"):
             return f"KILLED {snap['signal']}"
         return f"EXITED {snap.get('returncode')}"

@@ -16,6 +16,7 @@ from typing import Any, Callable, TextIO
 
 from stepwatch.monitors.runfiles import utc_iso
 from stepwatch.monitors.snapshot.alerts import end_words
+from stepwatch.tui.format import timing_words
 from stepwatch.monitors.snapshot.model import json_safe, run_ended
 from stepwatch.monitors.snapshot.observer import RunObserver
 from stepwatch.monitors.watchdog import ProcessRef, wait_for_exit
@@ -41,7 +42,8 @@ def status_lines(snap: dict[str, Any]) -> list[str]:
     eta = f", ETA {_fmt(snap.get('eta_s'), 0)} s" if snap.get("eta_s") is not None else ""
     src = f" (from {step['source']})" if step.get("source") else ""
     lines.append(f"  step {_fmt(step.get('global_step'))}/{_fmt(step.get('max_steps'))}{src}{eta}")
-    lines.append(f"  {snap.get('step_line') or 'n=0 seconds_per_optimizer_step'}")
+    words = timing_words(snap)
+    lines.append(f"  {snap.get('step_line') or 'n=0 seconds_per_optimizer_step'}" + (f" ({words})" if words else ""))
     fb, st = snap.get("fallback") or {}, snap.get("stall") or {}
     lines.append(f"  fallback {fb.get('state')}" + (f": {fb['reason']}" if fb.get("reason") else "")
                  + f"; stall {st.get('state')}" + (f" ({_fmt(st.get('current_step_elapsed_s'), 1)} s)" if st.get("state") == "stalled" else ""))
@@ -117,7 +119,9 @@ class Narrator:
 
 
 def outcome_code(snap: dict[str, Any]) -> int:
-    """0 when the run exited 0, else 1."""
+    """0 when the run exited 0 or was stopped because the operator asked (``stepwatch stop``), else 1."""
+    if snap.get("state") == "exited" and (snap.get("ended") or {}).get("stop_requested"):
+        return 0
     return 0 if snap.get("state") == "exited" and snap.get("returncode") == 0 else 1
 
 

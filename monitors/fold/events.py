@@ -72,6 +72,8 @@ class EventsFold:
         self.slow_step_ends: dict[int, float] = {}  # insertion order: oldest first
         self.flagged_onset_end: float | None = None
         self.unusable_steps = 0
+        #: step records timed as k steps sharing one log update (logsteps.jsonl ``timing: shared``)
+        self.shared_steps = 0
 
     def fold(self, reader: EventReader) -> None:
         """Fold what ``reader`` gained, a read (:meth:`EventReader.iter_new`, ~7,000 events) at a
@@ -128,6 +130,8 @@ class EventsFold:
                 if type(t) is not float or not 0.0 <= t < _UNIX_MAX:
                     t = unix_time(t)
                 rows.append((step, dt, flags, tokens, padded, t))
+                if ev.get("timing") == "shared":
+                    self.shared_steps += 1
                 ends.append(step_end)
                 last_step = ev
                 if flags and FLAG_RECOMPILE in flags and type(step) is int:

@@ -3,18 +3,21 @@
 An alert id is ``a<attempt>-<kind>-<key>`` (the key: a step, a function, a device), stable across
 refreshes and attaches, so an acknowledgement (``acks.jsonl``) holds for as long as the alert does.
 Kinds: ``recompile_limit``, ``recompile_storm``, ``fallback``, ``stall``, ``gpu``, ``watchdog``.
-Each alert's ``at`` is when the files say it became true (the step's start plus the stall
+Alerts stay: once an attempt raised one (the supervisor recorded it in alerts.jsonl, or this view
+saw it), it is listed until the attempt ends, acknowledged or not, with ``active`` saying whether
+its condition still holds. Each alert's ``at`` is when the files say it became true (the step's start plus the stall
 threshold, the fallback's onset, the exit); when they cannot say, the first refresh that saw it.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Iterable, MutableMapping
+from typing import Any, Iterable, Mapping, MutableMapping
+from urllib.parse import urlsplit
 
 from stepwatch.monitors.detectors.storm import recompile_storm
 from stepwatch.monitors.runfiles import utc_iso
-from stepwatch.monitors.snapshot.model import run_ended
+from stepwatch.monitors.snapshot.model import run_ended, shallow
 
 
 def end_words(snap: dict[str, Any]) -> str:
@@ -22,6 +25,9 @@ def end_words(snap: dict[str, Any]) -> str:
     ended = snap.get("ended") or {}
     dur = ended.get("duration_s")
     after = f" after {dur:.1f} s" if isinstance(dur, (int, float)) else ""
+    if ended.get("stop_requested"):
+        how = f"{snap['signal']}" if snap.get("signal") else f"exit code {snap.get('returncode')}"
+        return f"stopped as requested ({how}){after}"
     if snap.get("signal"):
         return f"killed by {snap['signal']}{after}"
     if snap.get("returncode") is not None:
@@ -82,8 +88,10 @@ def alerts_for(snap: dict[str, Any], *, first_seen: MutableMapping[str, float],
                              f"GPU{g.get('index')}: {g['verdict']}", None))
     if run_ended(snap):
         ended = snap.get("ended") or {}
-        bad = (snap["state"] == "unknown" or snap.get("signal") or snap.get("returncode") not in (0, None)
-               or ended.get("error"))
+        # "status unknown" only once the supervisor is gone too: while it lives it is about to
+        # write exit.json (the child's pid reads dead or zombie a moment before that)
+        unknown = snap["state"] == "unknown" and snap.get("supervisor_alive") is not True
+        bad = unknown or snap.get("signal") or snap.get("returncode") not in (0, None) or ended.get("error")
         if ended.get("stop_requested"):
             bad = False  # the operator asked for it: an event (exit.json says how it ended), not an alert
         if bad:
@@ -93,3 +101,62 @@ def alerts_for(snap: dict[str, Any], *, first_seen: MutableMapping[str, float],
             out.append(alert(first_seen, att, "watchdog", "end", f"{who} {end_words(snap)}; {last}",
                              ended.get("ended_at_unix")))
     return out
+
+
+def channel_name(url: str) -> str:
+    """A push URL's scheme and host only: tokens in paths, users and passwords stay out of files."""
+    try:
+        parts = urlsplit(url)
+        return f"{parts.scheme}://{parts.hostname or ''}" if parts.scheme else "url"
+    except ValueError:
+        return "url"
+
+
+def channel_names(alerts_config: Any) -> list[str]:
+    """The delivery channels a run's ``[alerts]`` table names (run.json ``config.alerts``): read,
+    never run. ``command`` for an argv, one name per push URL."""
+    if not isinstance(alerts_config, dict):
+        return []
+    cmd, urls = alerts_config.get("command"), alerts_config.get("urls")
+    out = ["command"] if isinstance(cmd, list) and cmd else []
+    if isinstance(urls, list):
+        out += [channel_name(u) for u in urls if isinstance(u, str) and u]
+    return out
+
+
+def merge_alerts(computed: list[dict[str, Any]], recorded: Mapping[str, dict[str, Any]],
+                 shown: MutableMapping[str, dict[str, Any]], deliveries: Mapping[str, Mapping[str, Any]],
+                 channels: list[str]) -> list[dict[str, Any]]:
+    """The snapshot's alerts: the supervisor's (``recorded``, from alerts.jsonl), what this view
+    computed now, and every alert it showed before (``shown``, kept per attempt), oldest first.
+
+    Each gets ``recorded`` (in alerts.jsonl), ``active`` (its condition holds now) and
+    ``delivered``: per configured channel the recorded outcome (``{"outcome": null, ...}`` while
+    none is recorded), or null when the run names no channel."""
+    for rid, rec in recorded.items():
+        shown.setdefault(rid, dict(rec))
+    active = set()
+    for al in computed:
+        active.add(al["id"])
+        shown[al["id"]] = {**shown.get(al["id"], {}), **al}
+    out = []
+    for aid, al in shown.items():
+        got = deliveries.get(aid) or {}
+        delivered = ({ch: dict(got[ch]) if ch in got else {"outcome": None, "detail": "no delivery recorded"}
+                      for ch in channels} if channels else None)
+        out.append({**al, "recorded": aid in recorded, "active": aid in active, "delivered": delivered})
+    return out
+
+
+def read_alert_records(reader: Any, recorded: dict[str, dict[str, Any]], deliveries: dict[str, dict[str, Any]]) -> None:
+    """What alerts.jsonl (``reader``, an EventReader) gained: the supervisor's alert records and each delivery's outcome."""
+    for rec in reader.read_new():
+        if type(rec) is not dict or type(rec.get("id" if rec.get("kind") == "alert" else "alert_id")) is not str:
+            continue
+        if rec.get("kind") == "alert":
+            recorded.setdefault(rec["id"], {
+                "id": rec["id"], "kind": str(rec.get("alert_kind")), "at": str(rec.get("at")),
+                "message": str(rec.get("message")), "level": str(rec.get("level"))})
+        elif rec.get("kind") == "delivery":
+            deliveries.setdefault(rec["alert_id"], {})[str(rec.get("channel"))] = {
+                k: shallow(rec.get(k)) for k in ("outcome", "detail", "attempts", "t")}

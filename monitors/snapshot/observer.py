@@ -40,10 +40,13 @@ from stepwatch.monitors.parsers.traceback import traceback_last_line
 from stepwatch.monitors.readers.jsonl import EventReader
 from stepwatch.monitors.readers.textlog import DEFAULT_MAX_BYTES_PER_POLL, LogFollower
 from stepwatch.monitors.rundirs import run_survivors
-from stepwatch.monitors.runfiles import EVENTS_JSONL, EXIT_JSON, GPU_JSONL, RUN_JSON, STOP_JSON, TRAIN_LOG, read_json
+from stepwatch.monitors.runfiles import (
+    ALERTS_JSONL, EVENTS_JSONL, EXIT_JSON, GPU_JSONL, LOG_STEPS_JSONL, RUN_JSON, STOP_JSON, TRAIN_LOG, read_json,
+)
 from stepwatch.monitors.snapshot.acks import acknowledge, read_acked
-from stepwatch.monitors.snapshot.alerts import alerts_for
-from stepwatch.monitors.snapshot.model import count, json_safe, null_snapshot, obj, run_ended, shallow
+from stepwatch.monitors.snapshot.alerts import alerts_for, channel_names, merge_alerts, read_alert_records
+from stepwatch.monitors.snapshot.dynamo import dynamo_status
+from stepwatch.monitors.snapshot.model import json_safe, null_snapshot, obj, run_ended, shallow
 from stepwatch.monitors.stats.stepstats import StepStats
 from stepwatch.monitors.watchdog import ProcessRef, probe
 
@@ -65,6 +68,8 @@ GPU_HISTORY_SHOWN = 120
 #: New complete log lines one view update carries at most (the log panel keeps 1,000): an attach to
 #: a long log brings its last lines and says the panel starts over (``log_reset``).
 VIEW_LOG_LINES = 1000
+#: A detector that has not judged (no steps, warming up, too few steps) says so, never "ok".
+NOT_JUDGED = "not judged"
 
 @dataclass
 class ViewUpdate:
@@ -94,6 +99,12 @@ class _Attempt:
         self.log_from_start = from_start
         self.log = LogFollower(log_path, keep_lines=200, from_start=from_start)
         self.gpu = EventReader(run_dir / GPU_JSONL)
+        self.logsteps = EventReader(run_dir / LOG_STEPS_JSONL)  # the supervisor's log-timed steps
+        self.log_ev = EventsFold()  # ... folded like events.jsonl
+        self.alerts_file = EventReader(run_dir / ALERTS_JSONL)  # the supervisor's alerts and deliveries
+        self.recorded_alerts: dict[str, dict[str, Any]] = {}
+        self.deliveries: dict[str, dict[str, Any]] = {}
+        self.shown_alerts: dict[str, dict[str, Any]] = {}  # every alert this view showed: they stay
         self.gpu_window: deque[dict[str, Any]] = deque()  # the records of the verdicts' window
         self.gpu_history = GpuHistory()
         self.new_lines: deque[str] = deque(maxlen=VIEW_LOG_LINES)  # complete lines since the last view update
@@ -109,10 +120,11 @@ class _Attempt:
         self.last_advance_at: float | None = None  # arrival of the log's last step advance (unix s)
         self.first_alert_t: dict[str, float] = {}
         self.stall_at: float | None = None
+        self.fallback_onset_t: float | None = None
 
     def close(self) -> None:
         """Close the files this attempt's readers hold open."""
-        for reader in (self.events, self.gpu, self.log):
+        for reader in (self.events, self.gpu, self.log, self.logsteps, self.alerts_file):
             try:
                 reader.close()
             except Exception:
@@ -164,6 +176,10 @@ class RunObserver:
             if resumed:
                 a.ev_resume = refused(f"{EVENTS_JSONL} was replaced or truncated after the saved state was checked")
             a.ev.fold(a.events)
+        a.log_ev.fold(a.logsteps)
+        if a.logsteps.restarted:  # logsteps.jsonl replaced under the same attempt: fold the new one
+            a.log_ev = EventsFold()
+            a.log_ev.fold(a.logsteps)
         return a
 
     def _read_log(self, a: _Attempt) -> None:
@@ -245,6 +261,7 @@ class RunObserver:
         self.a = a = self._read_events(self.a, key)
         self._read_log(a)
         self._read_gpu(a)
+        read_alert_records(a.alerts_file, a.recorded_alerts, a.deliveries)
         if run_ended(snap) and not a.dynlog_flushed and not a.log.behind:
             self._dynamo_events(a, a.dynlog.flush())
             a.dynlog_flushed = True
@@ -254,9 +271,11 @@ class RunObserver:
         self._log_part(snap, a, now)
         if run_ended(snap):
             snap["survivors"] = self._survivors(now)
-        snap["alerts"] = alerts_for(snap, first_seen=a.first_alert_t, limit_hits=a.limit_hits,
-                                    recompile_sources=(a.ev.recompile_steps, a.log_recompile_steps),
-                                    fallback_onset_t=a.ev.flagged_onset_end, stall_at=a.stall_at)
+        computed = alerts_for(snap, first_seen=a.first_alert_t, limit_hits=a.limit_hits,
+                              recompile_sources=(a.ev.recompile_steps, a.log_recompile_steps),
+                              fallback_onset_t=a.fallback_onset_t, stall_at=a.stall_at)
+        snap["alerts"] = merge_alerts(computed, a.recorded_alerts, a.shown_alerts, a.deliveries,
+                                      channel_names((run.get("config") or {}).get("alerts")))
         acked = read_acked(self.run_dir) | self.session_acked
         for al in snap["alerts"]:
             al["acknowledged"] = al["id"] in acked
@@ -324,12 +343,22 @@ class RunObserver:
             snap["versions"] = {k: shallow(obj(rs.get("versions")).get(k)) for k in ("python", "torch", "transformers")}
             snap["attn_implementation"] = {k: shallow(obj(rs.get("attn_implementation")).get(k))
                                            for k in ("requested", "resolved")}
+        # Which steps speak: the emitter's (exact), else the supervisor's log-timed records, else this
+        # view's own parse of train.log (a run from an older stepwatch, a supervisor that died).
         use_events = a.ev.stats.seen > 0
-        stats = a.ev.stats if use_events or a.log_stats.seen == 0 else a.log_stats
+        use_logsteps = not use_events and a.log_ev.stats.seen > 0
+        fold = a.ev if use_events else (a.log_ev if use_logsteps else None)
+        if fold is not None:
+            stats = fold.stats
+            timing = "exact" if use_events else ("shared" if a.log_ev.shared_steps else "per_update")
+        elif a.log_stats.seen > 0:
+            stats, timing = a.log_stats, "approximate"
+        else:
+            stats, timing = a.ev.stats, None
         gs = self._global_step(a)
         max_steps = step_no(rs.get("max_steps")) or a.progress.total
         snap["step"] = {"global_step": gs, "max_steps": max_steps,
-                        "source": "events" if use_events else ("log" if gs is not None else None)}
+                        "source": "events" if use_events else ("log" if gs is not None else None), "timing": timing}
         summ = stats.summary()
         snap["step_seconds"] = {k: summ.get(k) for k in ("n", "min", "p50", "p90", "p99", "max", "last")}
         snap["step_line"] = stats.canonical_line()
@@ -340,51 +369,35 @@ class RunObserver:
         snap["histogram"] = {"edges_s": [h[0] for h in hist] + ([hist[-1][1]] if hist else []),
                              "counts": [h[2] for h in hist]}
         snap["recent_dt"] = [r.dt_s for r in stats.recent(RECENT_STEPS) if r.counted]  # as the summary counts
-        if use_events:
-            snap["warmup"] = a.ev.detector.warmup()
-            snap["fallback"] = a.ev.detector.snapshot()
+        a.fallback_onset_t = None
+        if fold is not None:
+            snap["warmup"] = fold.detector.warmup()
+            snap["fallback"] = fb = fold.detector.snapshot()
+            a.fallback_onset_t = fold.flagged_onset_end
+            if snap["warmup"].get("state") != "steady":
+                fb["state"] = NOT_JUDGED
+                fb["reason"] = ("no counted step yet" if snap["warmup"].get("state") is None
+                                else f"warming up (not judged until the step times settle): {fb.get('reason') or ''}".rstrip(": "))
+        elif timing == "approximate":
+            snap["fallback"]["reason"] = ("step times are this view's own reading of train.log (no record from the "
+                                          "supervisor): approximate, not judged")
         if snap["state"] == "running":
-            started = unix_time(a.ev.last_step.get("step_end")) if a.ev.last_step else None
-            if started is None and not use_events:
-                started = a.last_advance_at
+            if fold is not None:  # the step in progress began when the last recorded one ended
+                started = unix_time(fold.last_step.get("step_end")) if fold.last_step else None
+            else:
+                started = a.last_advance_at  # this view's own parse: the last counter advance it saw
             sv = stall_state(started, now, stats, a.ev.open_phase)
-            snap["stall"] = sv.as_dict()
+            snap["stall"] = {**sv.as_dict(), "reason": sv.reason}
+            if sv.threshold_s is None:
+                snap["stall"]["state"] = NOT_JUDGED
             # when it became a stall, from the files: the step's start plus the threshold
             a.stall_at = started + sv.threshold_s if sv.state == "stalled" and started and sv.threshold_s else None
+        else:
+            snap["stall"]["reason"] = "the run is not running"
         snap["last_logs"] = shallow(a.ev.last_logs or a.progress.last_log)
 
     def _dynamo_part(self, snap: dict[str, Any], a: _Attempt) -> None:
-        ev_part = None
-        if a.ev.dynamo_ev is not None:
-            c = obj(a.ev.dynamo_ev.get("counters"))
-            gb = c.get("graph_break")
-            ev_part = {
-                "recompiles": count(a.ev.dynamo_ev.get("recompiles")),
-                "recompile_limit_hits": count(a.ev.dynamo_ev.get("recompile_limit_hits")),
-                "unique_graphs": count(obj(c.get("stats")).get("unique_graphs")),
-                "graph_breaks": sum(v for v in map(count, gb.values()) if v is not None) if type(gb) is dict else 0,
-            }
-        if a.ev.run_end and type(a.ev.run_end.get("dynamo")) is dict:
-            ev_part = ev_part or {"unique_graphs": None, "graph_breaks": None}
-            for k in ("recompiles", "recompile_limit_hits"):
-                if count(a.ev.run_end["dynamo"].get(k)) is not None:
-                    ev_part[k] = a.ev.run_end["dynamo"][k]
-        log_counts = a.dynlog.counts()
-        log_seen = bool(log_counts["recompiles"] or log_counts["recompile_limit_hits"] or log_counts["graph_breaks"])
-        log_part = {"recompiles": log_counts["recompiles"], "recompile_limit_hits": log_counts["recompile_limit_hits"],
-                    "graph_breaks": log_counts["graph_breaks"], "unique_graphs": None}
-        d = snap["dynamo"]
-        d["by_source"] = {"events": ev_part, "log": log_part}
-        d["top_recompile_reason"] = log_counts["top_recompile_reason"]
-        sources = []
-        for key in ("recompiles", "recompile_limit_hits", "graph_breaks", "unique_graphs"):
-            vals = [(src, part.get(key)) for src, part in (("events", ev_part), ("log", log_part))
-                    if part is not None and part.get(key) is not None and (src == "events" or log_seen)]
-            if vals:
-                src, v = max(vals, key=lambda sv: sv[1])  # the source that saw the most wins
-                d[key] = v
-                sources.append(src)
-        d["source"] = "+".join(sorted(set(sources))) or None
+        snap["dynamo"] = dynamo_status(a.ev.dynamo_ev, a.ev.run_end, a.dynlog.counts(), snap["dynamo"])
 
     def _gpu_part(self, snap: dict[str, Any], a: _Attempt) -> None:
         recs = list(a.gpu_window)

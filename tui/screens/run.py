@@ -172,8 +172,6 @@ class RunScreen(Screen):
         more = f" (+{len(new) - 1} more on the banner)" if len(new) > 1 else ""
         msg = newest["message"] if len(newest["message"]) <= 160 else newest["message"][:157] + "..."
         self.notify(msg + more, title=f"stepwatch: {newest['kind']}", severity="error", timeout=8)
-        for a in new:
-            self.app.run_alert_command(self.run_dir, snap, a)
 
     def action_ack(self) -> None:
         alerts = [a for a in self.snap.get("alerts") or [] if not a.get("acknowledged")]

@@ -22,7 +22,7 @@ class RunHeader(Static):
         step = snap.get("step") or {}
         k, n = step.get("global_step"), step.get("max_steps")
         word = state_word(snap)
-        style = {"RUNNING": "bold green"}.get(word, "bold red" if word.startswith(("KILLED", "EXITED")) and word != "EXITED 0" else "bold yellow")
+        style = {"RUNNING": "bold green"}.get(word, "bold" if word.startswith("STOPPED") else "bold red" if word.startswith(("KILLED", "EXITED")) and word != "EXITED 0" else "bold yellow")
         t = Text.assemble(
             (f" {snap.get('run')} ", "bold"), (f"#{snap.get('attempt') or '-'} ", "dim"), (f" {word} ", style),
             f" pid {snap.get('pid') or '-'} {hms(elapsed)} step {k if k is not None else '-'}/{n or '?'}",

@@ -12,23 +12,27 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Sparkline, Static
 
-from stepwatch.tui.format import secs
+from stepwatch.tui.format import secs, timing_words
 from stepwatch.tui.widgets.base import Panel
 
 
 def _verdict_text(snap: dict[str, Any]) -> Text:
     fb, st, wu = snap.get("fallback") or {}, snap.get("stall") or {}, snap.get("warmup") or {}
     t = Text()
-    state = fb.get("state", "ok")
-    style = {"ok": "green", "suspected": "yellow", "flagged": "bold red"}.get(state, "")
+    state = fb.get("state") or "not judged"
+    style = {"ok": "green", "suspected": "yellow", "flagged": "bold red"}.get(state, "dim")
     t.append(f"fallback {state.upper()}", style)
     if fb.get("reason") and state != "ok":
         t.append(f" ({fb['reason']})", style)
     t.append("  ")
     if st.get("state") == "stalled":
         t.append(f"STALLED {secs(st.get('current_step_elapsed_s'))} s in the current step", "bold red")
-    else:
+    elif st.get("state") == "ok":
         t.append("no stall", "green")
+    elif snap.get("state") != "running":
+        t.append("stall: run ended", "dim")
+    else:
+        t.append(f"stall not judged ({st.get('reason') or 'no step times'})", "dim")
     if wu.get("state") == "warming":
         t.append("  warming up", "yellow")
     return t
@@ -56,7 +60,10 @@ class StepPanel(Panel):
         line = snap.get("step_line") or "n=0 seconds_per_optimizer_step"
         if ss.get("last") is not None:
             line += f"  p90={secs(ss.get('p90'))} last={secs(ss['last'])}"
-        self._set("#step-line", line)
+        words = timing_words(snap)
+        if words:
+            line += f"  ({words})"
+        self._set("#step-line", Text(line))  # never markup
         self._set("#step-verdict", _verdict_text(snap))
         tp = snap.get("throughput") or {}
         if tp.get("tokens_per_s") is not None:

@@ -1,0 +1,91 @@
+"""Log-derived step records, timed where the log's bytes arrive: in the supervisor, not in a view.
+
+The supervisor follows ``train.log`` from its first byte as the child writes it (change notice from
+:mod:`stepwatch.monitors.readers.changes`, ~16 ms, with the follower's size/inode poll behind it) and
+feeds every segment, the unfinished tail included (tqdm writes ``\\r`` *before* each bar, so the
+newest bar is the tail until the next one comes), to a :class:`ProgressTracker`. Each poll that
+moved the training bar's counter from ``s0`` to ``s1`` gives ``k = s1 - s0`` step records whose
+``dt`` is the time between the two polls' arrivals divided by ``k``:
+
+- ``timing: "per_update"`` when ``k == 1`` (tqdm printed every step: steps slower than its
+  ``mininterval``, 0.1 s by default);
+- ``timing: "shared"`` when ``k > 1`` (tqdm skipped redraws; the k steps share the interval and say
+  so with ``steps_in_update``).
+
+The first timed step (from the bar's first update, usually ``0/N`` printed before training starts)
+carries the flag ``first``, as the emitter's first step does: it holds start-up and compilation and
+is left out of the percentiles. A counter that goes back (a second ``train()``, a resumed run)
+starts over without a record. Records have the ``step`` event's keys (DESIGN.md section 4) plus
+``timing`` and ``steps_in_update``; they go to ``logsteps.jsonl``, which every view folds like
+``events.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterable
+
+from stepwatch.monitors.parsers.hf_progress import ProgressTracker
+from stepwatch.monitors.protocol import FLAG_FIRST, KIND_STEP, SCHEMA_VERSION
+from stepwatch.monitors.readers.textlog import Segment
+
+TIMING_PER_UPDATE = "per_update"
+TIMING_SHARED = "shared"
+
+
+class LogStepTimer:
+    """Turns each poll's segments into step records (see the module docstring). Pure: time comes
+    from the segments' ``at_s`` (the arrival of the poll that read them)."""
+
+    def __init__(self, tracker: ProgressTracker | None = None):
+        self.tracker = tracker or ProgressTracker()
+        self._last_step: int | None = None
+        self._last_at: float | None = None
+        self._timed_any = False
+
+    def feed_poll(self, segments: Iterable[Segment], partial: Segment | None) -> list[dict[str, Any]]:
+        """One poll's segments (and the follower's unfinished tail, if any): the step records of the
+        counter advances they hold."""
+        at: float | None = None
+        restarted = False
+        for seg in (*segments, *((partial,) if partial is not None else ())):
+            for adv in self.tracker.feed(seg):
+                if adv.prev_step is None or adv.step < adv.prev_step:
+                    restarted = True
+                at = seg.at_s
+        step = self.tracker.global_step
+        if at is None or step is None:
+            return []
+        if restarted and (self._last_step is None or step < self._last_step):
+            self._last_step, self._last_at = step, at  # a new bar: the next advance is timed from here
+            return []
+        if self._last_step is None or self._last_at is None or step <= self._last_step:
+            self._last_step, self._last_at = step, at
+            return []
+        k = step - self._last_step
+        interval = at - self._last_at
+        out = []
+        if interval > 0:
+            dt = interval / k
+            begin = self._last_at
+            for i in range(k):
+                s = self._last_step + 1 + i
+                end = begin + dt
+                flags = [FLAG_FIRST] if not self._timed_any else []
+                self._timed_any = True
+                out.append({"v": SCHEMA_VERSION, "kind": KIND_STEP, "t": end, "step": s, "rank": 0, "dt": dt,
+                            "step_begin": begin, "step_end": end, "tokens": None, "padded_tokens": None,
+                            "flags": flags, "timing": TIMING_PER_UPDATE if k == 1 else TIMING_SHARED,
+                            "steps_in_update": k})
+                begin = end
+        self._last_step, self._last_at = step, at
+        return out
+
+
+def append_records(path: Path, records: list[dict[str, Any]]) -> None:
+    """Append records as JSON lines in one write (a reader never sees half of one)."""
+    if records:
+        data = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records)
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(data)

@@ -1,0 +1,268 @@
+"""The supervisor watches (issue 14): log step times taken where the bytes arrive, every detector
+with no view attached, alerts recorded once in alerts.jsonl and delivered by the run's owner.
+
+Real processes throughout: un-instrumented scripts printing a real tqdm bar, launched by the real
+CLI; a real local HTTP endpoint for the push; the runs' own record of their true step times.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import signal
+import socket
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import git, make_repo, stepwatch, wait_until
+from stepwatch.monitors.runfiles import read_json
+from stepwatch.monitors.stats.nearest_rank import nearest_rank
+
+#: An un-instrumented training loop: a tqdm bar on stderr (tqdm's defaults), its true step ends
+#: recorded by itself (perf_counter, then wall clock) into TRUTH, one JSON list at the end.
+TQDM_PY = r"""
+import json, sys, time
+from tqdm import tqdm
+steps, dt, slow_after, slow_dt, truth = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
+ends = []
+bar = tqdm(total=steps)
+t0 = time.time()
+for i in range(1, steps + 1):
+    # the work: a jitter of +-20 % around dt, the same every run
+    time.sleep((slow_dt if slow_after and i > slow_after else dt) * (0.8 + 0.4 * ((i * 7919) % 11) / 10))
+    bar.update(1)
+    ends.append(time.time())
+    with open(truth, "w") as f:
+        json.dump([t0] + ends, f)
+bar.close()
+print("done", flush=True)
+"""
+
+#: Prints its alerts into OUT with the time they arrived (the [alerts] command).
+PING_PY = r"""
+import json, os, sys, time
+with open(sys.argv[1], "a") as f:
+    f.write(json.dumps({"t": time.time(), "id": os.environ["STEPWATCH_ALERT_ID"],
+                        "kind": os.environ["STEPWATCH_ALERT_KIND"], "message": os.environ["STEPWATCH_ALERT_MESSAGE"],
+                        "level": os.environ["STEPWATCH_ALERT_LEVEL"]}) + "\n")
+"""
+
+
+@pytest.fixture
+def harness(tmp_path: Path) -> Path:
+    return make_repo(tmp_path / "harness", {"tq.py": TQDM_PY, "ping.py": PING_PY,
+                                            "crash.py": "import sys\nprint('failing', flush=True)\nsys.exit(3)\n"})
+
+
+def launch_config(repo: Path, name: str, argv: list[str], alerts: dict | None = None) -> Path:
+    """Launch from a committed run config (so its [alerts] table travels in run.json)."""
+    lines = [f"name = {json.dumps(name)}", f"command = {json.dumps(argv)}"]
+    if alerts:
+        lines.append("[alerts]")
+        lines += [f"{k} = {json.dumps(v)}" for k, v in alerts.items()]
+    (repo / f"{name}.toml").write_text("\n".join(lines) + "\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", f"config {name}")
+    r = stepwatch("launch", "--no-tui", f"{name}.toml", cwd=repo)
+    assert r.returncode == 0, r.stderr
+    return repo / "runs" / name
+
+
+def status(run_dir: Path) -> dict:
+    r = stepwatch("status", str(run_dir), "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def true_step_seconds(truth: Path) -> list[float]:
+    """The run's own step durations, first step excluded (as stepwatch excludes it)."""
+    ends = json.loads(truth.read_text())
+    dts = [b - a for a, b in zip(ends, ends[1:])]
+    return dts[1:]
+
+
+def alert_records(run_dir: Path, kind: str = "alert") -> list[dict]:
+    p = run_dir / "alerts.jsonl"
+    if not p.exists():
+        return []
+    return [r for r in map(json.loads, p.read_text().splitlines()) if r["kind"] == kind]
+
+
+def pings(path: Path) -> list[dict]:
+    return [json.loads(ln) for ln in path.read_text().splitlines()] if path.exists() else []
+
+
+def within(got: float, want: float, share: float) -> bool:
+    return abs(got - want) <= share * want
+
+
+@pytest.mark.slow
+def test_log_step_times_at_a_quarter_second_match_the_runs_own_within_5_percent(harness: Path, tmp_path: Path):
+    truth = tmp_path / "truth.json"
+    run_dir = launch_config(harness, "quarter", [sys.executable, "tq.py", "40", "0.25", "0", "0", str(truth)])
+    # during the run: against the run's own first n step times
+    snap = wait_until(lambda: (s := status(run_dir))["step_seconds"]["n"] >= 15 and s, 30, what="15 timed steps")
+    assert snap["step"]["timing"] == "per_update" and snap["step"]["source"] == "log", snap["step"]
+    n = snap["step_seconds"]["n"]
+    so_far = sorted(wait_until(lambda: len(d := true_step_seconds(truth)) >= n and d, 5, what="the truth")[:n])
+    for p in ("p50", "p99"):
+        assert within(snap["step_seconds"][p], nearest_rank(so_far, int(p[1:])), 0.05), (p, snap["step_seconds"], so_far)
+    wait_until(lambda: read_json(run_dir / "exit.json"), 30, what="the run to end")
+    final = status(run_dir)
+    truth_dts = sorted(true_step_seconds(truth))
+    got = final["step_seconds"]
+    assert got["n"] == len(truth_dts) == 39, (got, len(truth_dts))
+    assert final["step"]["timing"] == "per_update", final["step"]
+    for p in ("p50", "p99"):
+        assert within(got[p], nearest_rank(truth_dts, int(p[1:])), 0.05), (p, got[p], truth_dts)
+    # the same figures in watch's words and in the TUI's: one source for every view
+    w = stepwatch("watch", str(run_dir), "--plain")
+    assert final["step_line"] in w.stdout, (final["step_line"], w.stdout)
+
+
+@pytest.mark.slow
+def test_log_step_times_at_20_ms_share_the_updates_and_say_so(harness: Path, tmp_path: Path):
+    truth = tmp_path / "truth.json"
+    run_dir = launch_config(harness, "fast", [sys.executable, "tq.py", "300", "0.02", "0", "0", str(truth)])
+    wait_until(lambda: read_json(run_dir / "exit.json"), 60, what="the run to end")
+    final = status(run_dir)
+    truth_dts = sorted(true_step_seconds(truth))
+    assert final["step"]["timing"] == "shared", final["step"]
+    assert within(final["step_seconds"]["p50"], statistics.median(truth_dts), 0.10), (final["step_seconds"],
+                                                                                     statistics.median(truth_dts))
+    recs = [json.loads(ln) for ln in (run_dir / "logsteps.jsonl").read_text().splitlines()]
+    assert any(r["timing"] == "shared" and r["steps_in_update"] > 1 for r in recs)
+    assert [r["step"] for r in recs] == list(range(recs[0]["step"], recs[-1]["step"] + 1))  # each step once
+
+
+@pytest.mark.slow
+def test_with_no_view_a_killed_child_reaches_the_alerts_command_within_2_s(harness: Path, tmp_path: Path):
+    out = tmp_path / "pings.jsonl"
+    truth = tmp_path / "truth.json"
+    run_dir = launch_config(harness, "killed", [sys.executable, "tq.py", "600", "0.1", "0", "0", str(truth)],
+                            alerts={"command": [sys.executable, str(harness / "ping.py"), str(out)]})
+    wait_until(lambda: truth.exists(), 20, what="the run's first step")
+    pid = read_json(run_dir / "run.json")["process"]["pid"]
+    t_kill = time.time()
+    os.kill(pid, signal.SIGKILL)
+    got = wait_until(lambda: [p for p in pings(out) if p["kind"] == "watchdog"], 10, what="the watchdog ping")
+    assert got[0]["t"] - t_kill < 2.0, got[0]["t"] - t_kill
+    assert "SIGKILL" in got[0]["message"] and got[0]["level"] == "error"
+    (rec,) = [r for r in alert_records(run_dir) if r["alert_kind"] == "watchdog"]
+    assert rec["evidence"]["signal"] == "SIGKILL"
+    deliveries = wait_until(lambda: alert_records(run_dir, "delivery"), 10, what="the delivery record")
+    assert [(d["alert_id"], d["channel"], d["outcome"]) for d in deliveries] == [(rec["id"], "command", "delivered")]
+    snap = status(run_dir)
+    (al,) = [a for a in snap["alerts"] if a["kind"] == "watchdog"]
+    assert al["recorded"] and al["delivered"]["command"]["outcome"] == "delivered"
+
+
+@pytest.mark.slow
+def test_with_no_view_a_frozen_child_raises_the_stall_alert_and_runs_the_command(harness: Path, tmp_path: Path):
+    out = tmp_path / "pings.jsonl"
+    truth = tmp_path / "truth.json"
+    run_dir = launch_config(harness, "frozen", [sys.executable, "tq.py", "600", "0.12", "0", "0", str(truth)],
+                            alerts={"command": [sys.executable, str(harness / "ping.py"), str(out)]})
+    wait_until(lambda: status(run_dir)["stall"]["state"] == "ok", 30, what="the stall detector to judge")
+    pid = read_json(run_dir / "run.json")["process"]["pid"]
+    os.kill(pid, signal.SIGSTOP)
+    t_stop = time.time()
+    try:
+        snap = status(run_dir)
+        threshold = max(10 * snap["step_seconds"]["p99"], 3.0)
+        got = wait_until(lambda: [p for p in pings(out) if p["kind"] == "stall"], threshold + 10, what="the stall ping")
+        # the step in progress began at the last step's end, before the SIGSTOP
+        assert got[0]["t"] - t_stop < threshold + 2.0, (got[0]["t"] - t_stop, threshold)
+        assert [r["alert_kind"] for r in alert_records(run_dir)] == ["stall"]
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        os.kill(pid, signal.SIGKILL)
+    # the stall alert stays (recorded, now inactive) after the run ended
+    wait_until(lambda: read_json(run_dir / "exit.json"), 10, what="the end")
+    kinds = {a["kind"]: a for a in wait_until(lambda: len(status(run_dir)["alerts"]) >= 2 and status(run_dir)["alerts"],
+                                              10, what="stall and watchdog alerts")}
+    assert kinds["stall"]["recorded"] and not kinds["stall"]["active"]
+
+
+class _Hook(http.server.BaseHTTPRequestHandler):
+    received: list[dict] = []
+
+    def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        _Hook.received.append(json.loads(body))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.mark.slow
+def test_a_push_to_a_local_endpoint_arrives_with_the_alerts_text(harness: Path):
+    server = http.server.HTTPServer(("127.0.0.1", 0), _Hook)
+    port = server.server_address[1]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _Hook.received = []
+    try:
+        run_dir = launch_config(harness, "pushed", [sys.executable, "crash.py"],
+                                alerts={"urls": [f"json://127.0.0.1:{port}/hook"], "min_level": "warning"})
+        got = wait_until(lambda: _Hook.received, 20, what="the push")
+        assert "exited with code 3" in got[0]["message"] and "failing" in got[0]["message"], got
+        assert "watchdog" in got[0]["title"]
+        deliveries = wait_until(lambda: alert_records(run_dir, "delivery"), 10, what="the delivery record")
+        assert deliveries[0]["channel"] == "json://127.0.0.1" and deliveries[0]["outcome"] == "delivered"
+    finally:
+        server.shutdown()
+
+
+def _closed_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+@pytest.mark.slow
+def test_a_failing_push_is_retried_recorded_and_never_delays_the_exit_record(harness: Path):
+    run_dir = launch_config(harness, "refused", [sys.executable, "crash.py"],
+                            alerts={"urls": [f"json://127.0.0.1:{_closed_port()}/hook"], "retries": 2})
+    ex = wait_until(lambda: read_json(run_dir / "exit.json"), 20, what="exit.json")
+    assert ex["returncode"] == 3
+    d = wait_until(lambda: alert_records(run_dir, "delivery"), 30, what="the failed delivery")
+    assert d[0]["outcome"] == "failed" and d[0]["attempts"] == 3
+    snap = status(run_dir)
+    (al,) = snap["alerts"]
+    assert al["delivered"] == {"json://127.0.0.1": {"outcome": "failed", "detail": d[0]["detail"],
+                                                    "attempts": 3, "t": d[0]["t"]}}
+
+
+@pytest.mark.slow
+def test_a_fallback_on_an_uninstrumented_run_is_flagged_from_the_log_alone(harness: Path, tmp_path: Path):
+    truth = tmp_path / "truth.json"
+    # 60 steps of ~0.06 s, then ~20x slower: a silent fallback to eager, seen only through tqdm
+    run_dir = launch_config(harness, "fellback", [sys.executable, "tq.py", "66", "0.06", "60", "1.2", str(truth)])
+    snap = wait_until(lambda: (s := status(run_dir))["fallback"]["state"] == "flagged" and s, 60,
+                      what="the fallback flag")
+    assert snap["step"]["source"] == "log" and snap["step"]["timing"] in ("per_update", "shared")
+    assert snap["fallback"]["onset_step"] > 60
+    recs = wait_until(lambda: [r for r in alert_records(run_dir) if r["alert_kind"] == "fallback"], 10,
+                      what="the recorded fallback alert")
+    assert recs[0]["evidence"]["fallback"]["state"] == "flagged"
+
+
+@pytest.mark.slow
+def test_a_steady_uninstrumented_run_is_judged_and_not_flagged(harness: Path, tmp_path: Path):
+    """The negative control beside the fallback test (the same script, no slow steps)."""
+    truth = tmp_path / "truth.json"
+    run_dir = launch_config(harness, "steady", [sys.executable, "tq.py", "40", "0.06", "0", "0", str(truth)])
+    wait_until(lambda: read_json(run_dir / "exit.json"), 30, what="the end")
+    final = status(run_dir)
+    assert final["fallback"]["state"] == "ok" and final["alerts"] == [], (final["fallback"], final["alerts"])
+    assert alert_records(run_dir) == []

@@ -22,7 +22,7 @@ from stepwatch.launcher.identity import gate_message, read_tree, untracked_warni
 from stepwatch.launcher.preflight import Checklist, run_checklist
 from stepwatch.launcher.rotate import rotate
 from stepwatch.monitors.runfiles import (
-    ENV_ATTEMPT, ENV_RUN_DIR, RUN_JSON, SCHEMA_VERSION, SUPERVISOR_LOG, read_json, utc_iso,
+    ENV_ATTEMPT, ENV_RUN_DIR, RUN_JSON, SCHEMA_VERSION, SUPERVISOR_LOG, open_append, read_json, utc_iso,
     write_json_atomic,
 )
 from stepwatch.monitors.rundirs import live_attempt  # noqa: F401 - re-exported for callers
@@ -188,7 +188,7 @@ def _start(cfg: RunConfig, exe: str, tree, checklist: Checklist, allow_dirty: st
         "start_error": None,
     }
     write_json_atomic(run_dir / RUN_JSON, run)
-    with open(run_dir / SUPERVISOR_LOG, "ab") as slog:
+    with open(open_append(run_dir / SUPERVISOR_LOG), "ab") as slog:  # never through a symlink
         sup = subprocess.Popen(
             [*SUPERVISOR_ARGV, str(run_dir)],
             stdin=subprocess.DEVNULL, stdout=slog, stderr=slog, start_new_session=True, close_fds=True,

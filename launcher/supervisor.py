@@ -28,7 +28,7 @@ from typing import Any
 import psutil
 
 from stepwatch.monitors.runfiles import (
-    EXIT_JSON, RUN_JSON, STOP_JSON, TRAIN_LOG, read_json, utc_iso, write_json_atomic,
+    EXIT_JSON, RUN_JSON, STOP_JSON, TRAIN_LOG, open_append, read_json, utc_iso, write_json_atomic,
 )
 
 ESCALATION = (signal.SIGINT, signal.SIGTERM, signal.SIGKILL)
@@ -184,8 +184,9 @@ def supervise(run_dir: Path) -> int:
     me = psutil.Process()
     supervisor_rec = {"pid": me.pid, "create_time": me.create_time(), "sid": os.getsid(0)}
     t_start = time.time()
-    log = open(run_dir / TRAIN_LOG, "ab", buffering=0)
+    log = None
     try:
+        log = open(open_append(run_dir / TRAIN_LOG), "ab", buffering=0)  # never through a symlink
         child = subprocess.Popen(
             child_argv(run), cwd=run["cwd"], env=child_env(run), stdin=subprocess.DEVNULL,
             stdout=log, stderr=subprocess.STDOUT, process_group=0, close_fds=True,
@@ -203,7 +204,8 @@ def supervise(run_dir: Path) -> int:
             "duration_s": 0.0, "stop_requested": False, "error": run["start_error"]})
         return 1
     finally:
-        log.close()  # the child holds its own copy of the descriptor
+        if log is not None:
+            log.close()  # the child holds its own copy of the descriptor
 
     try:
         ctime = psutil.Process(child.pid).create_time()

@@ -21,11 +21,13 @@ def resolve_run(arg: str, runs_dir: Path) -> Path:
     Raises RunNotFound naming both places looked at.
     """
     p = Path(arg).expanduser()
-    if p.is_dir() and (p / RUN_JSON).exists():
-        return p.resolve()
     q = runs_dir / arg
-    if q.is_dir() and (q / RUN_JSON).exists():
-        return q.resolve()
+    for cand in (p, q):
+        if cand.is_dir() and (cand / RUN_JSON).exists():
+            if not (cand / RUN_JSON).is_file():  # a FIFO or a device: opening it could hang
+                raise RunNotFound(f"{cand / RUN_JSON} is not a regular file: not a run stepwatch wrote; "
+                                  "nothing read from it")
+            return cand.resolve()
     known = [d.name for d in list_runs(runs_dir)]
     close = difflib.get_close_matches(arg, known, n=1)
     hint = (f" Did you mean {close[0]!r}?" if close else "") + (
@@ -40,7 +42,7 @@ def list_runs(runs_dir: Path) -> list[Path]:
         return []
     found = []
     for d in runs_dir.iterdir():
-        if d.is_dir() and (d / RUN_JSON).exists():
+        if d.is_dir() and (d / RUN_JSON).is_file():  # a FIFO run.json is no run (never opened)
             rj = read_json(d / RUN_JSON) or {}
             found.append((rj.get("launched_at_unix") or 0.0, d))
     return [d for _, d in sorted(found, key=lambda x: -x[0])]

@@ -8,6 +8,7 @@ names; it imports only the standard library.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -69,17 +70,29 @@ def open_regular(path: str | os.PathLike[str]) -> int | None:
     return None
 
 
+#: A run's JSON files (run.json, exit.json, stop.json) are a few KB; a bigger one is not read.
+MAX_JSON_BYTES = 16 * 1024 * 1024
+
+
 def read_json(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     """Read a JSON object from ``path``.
 
-    Returns None when the file does not exist, is empty, is not valid JSON (a writer caught
-    mid-write by a crash) or is not an object. Never raises for those; PermissionError is raised,
+    Returns None when the file does not exist, is not a regular file (a FIFO in its place is never
+    opened blocking), is empty or over MAX_JSON_BYTES, is not valid JSON (a writer caught mid-write
+    by a crash) or is not an object. Never raises for those; PermissionError is raised,
     because a file that exists and cannot be read is something the caller must say.
     """
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        fd = open_regular(path)  # never blocks: a FIFO in a run.json's place must not hang a view
     except (FileNotFoundError, NotADirectoryError):
+        return None
+    except IsADirectoryError:  # pragma: no cover - O_RDONLY on a directory succeeds on Linux
+        return None
+    if fd is None:
+        return None  # not a regular file (a FIFO, a device, a directory): nothing a run wrote
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(MAX_JSON_BYTES + 1)
+    if len(data) > MAX_JSON_BYTES:
         return None
     if not data.strip():
         return None
@@ -126,11 +139,33 @@ def _umask() -> int:
     return mask
 
 
+def open_append(path: str | os.PathLike[str]) -> int:
+    """A descriptor for appending to ``path``, created if missing (mode 0o666 less the umask), that
+    is never a symlink's target (``O_NOFOLLOW``) nor anything but a regular file (a FIFO in its
+    place fails at once, ``O_NONBLOCK``, instead of hanging the writer). Raises OSError."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                 | getattr(os, "O_CLOEXEC", 0), 0o666)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", os.fspath(path))
+    os.set_blocking(fd, True)
+    return fd
+
+
+def append_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Append ``data`` to ``path`` with one write (see :func:`open_append`). Raises OSError."""
+    fd = open_append(path)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
+
+
 def append_jsonl(path: str | os.PathLike[str], obj: dict[str, Any]) -> None:
-    """Append one JSON object as one line (one write, then flush) to ``path``."""
-    line = json.dumps(obj, separators=(",", ":")) + "\n"
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(line)
+    """Append one JSON object as one line (one write) to ``path`` (see :func:`open_append`)."""
+    append_bytes(path, (json.dumps(obj, separators=(",", ":")) + "\n").encode("utf-8"))
 
 
 def now() -> float:

@@ -12,6 +12,7 @@ Nothing here reads a command line: a watchdog that pattern-matches argv can matc
 from __future__ import annotations
 
 import errno
+import math
 import os
 import select
 import signal
@@ -28,6 +29,8 @@ import psutil
 #: processes can disagree by a fraction of a second; a reused pid would have to wrap pid_max inside
 #: this window, which no machine does.
 CREATE_TIME_TOLERANCE_S = 0.5
+#: The largest value a pid_t holds (Linux gives at most 2**22; a bigger one is simply dead).
+PID_MAX = 2**31 - 1
 
 Verdict = Literal["alive", "dead", "zombie", "reused"]
 
@@ -42,9 +45,16 @@ class ProcessRef:
     @classmethod
     def from_json(cls, obj: dict | None) -> "ProcessRef | None":
         """Build from run.json's ``{"pid": .., "create_time": ..}``; None when the pid is missing."""
-        if not obj or obj.get("pid") is None:
+        if not isinstance(obj, dict):
             return None
-        return cls(int(obj["pid"]), obj.get("create_time"))
+        pid, ctime = obj.get("pid"), obj.get("create_time")
+        # a pid read from a file is hostile: an int in pid_t's range, never 0 or
+        # negative (os.kill would signal a whole group); a create time a finite number or unknown
+        if type(pid) is not int or not 0 < pid <= PID_MAX:
+            return None
+        if not (ctime is None or (type(ctime) in (int, float) and math.isfinite(ctime))):
+            ctime = None
+        return cls(pid, ctime)
 
     @classmethod
     def of_pid(cls, pid: int) -> "ProcessRef":

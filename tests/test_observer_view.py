@@ -62,3 +62,35 @@ def test_a_new_attempt_is_said_once_and_starts_the_panel_over(tmp_path: Path):
     assert u.snapshot["attempt"] == run["attempt"]
     again = obs.view_update()
     assert not again.attempt_changed and not again.log_reset
+
+
+def test_without_the_supervisors_record_log_times_are_labelled_approximate(tmp_path: Path):
+    """A run from an older stepwatch (no logsteps.jsonl): the view times the bar itself, between
+    its own refreshes, and says the figures are approximate and the fallback not judged."""
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        run_dir = tmp_path / "old"
+        run_dir.mkdir()
+        (run_dir / "run.json").write_text(json.dumps({
+            "v": 1, "name": "old", "attempt": 1, "launched_at_unix": time.time(),
+            "process": {"pid": proc.pid, "create_time": psutil.Process(proc.pid).create_time(), "pgid": proc.pid},
+            "supervisor": {"pid": None, "create_time": None}}))
+        log = run_dir / "train.log"
+        log.write_text("")
+        obs = RunObserver(run_dir)
+        for i in range(11):
+            with open(log, "a") as f:
+                f.write(f"\r {i * 10:3d}%|#         | {i}/10 [00:0{i}<00:01,  1.00it/s]")
+            snap = obs.refresh()
+            time.sleep(0.05)  # the view's refreshes are what times the steps here
+        assert snap["step"]["timing"] == "approximate" and snap["step_seconds"]["n"] > 0, snap["step"]
+        assert snap["fallback"]["state"] == "not judged" and "approximate" in snap["fallback"]["reason"]
+    finally:
+        proc.kill()
+        proc.wait()

@@ -124,6 +124,29 @@ def test_log_step_times_at_a_quarter_second_match_the_runs_own_within_5_percent(
     # the same figures in watch's words and in the TUI's: one source for every view
     w = stepwatch("watch", str(run_dir), "--plain")
     assert final["step_line"] in w.stdout, (final["step_line"], w.stdout)
+    assert "one progress update per step" in stepwatch("status", str(run_dir)).stdout
+    assert tui_step_line(run_dir).startswith(final["step_line"])
+
+
+def tui_step_line(run_dir: Path) -> str:
+    """What the attached TUI's step panel shows (Pilot, the real app)."""
+    import asyncio
+
+    from stepwatch.tui.app import StepwatchApp
+
+    async def go() -> str:
+        app = StepwatchApp(run_dir, run_dir.parent)
+        async with app.run_test(size=(160, 45)) as pilot:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                w = app.screen.query_one("#step-line")
+                text = str(w.render())
+                if text.startswith("n=") and not text.startswith("n=0 "):
+                    return text
+                await pilot.pause(0.05)
+            return text
+
+    return asyncio.run(go())
 
 
 @pytest.mark.slow

@@ -19,6 +19,7 @@ from textual.app import App
 from textual.binding import Binding
 
 from stepwatch.tui.messages import ActionDone
+from stepwatch.tui.safe import visible
 from stepwatch.tui.screens.home import HomeScreen
 from stepwatch.tui.screens.modals import Confirm, Help, PreflightScreen, Prompt
 from stepwatch.tui.screens.run import RunScreen
@@ -56,6 +57,11 @@ class StepwatchApp(App):
         Binding("l", "launch", "launch"),
         Binding("question_mark", "help", "help"),
     ]
+
+    def notify(self, message: str, *, title: str = "", **kw: Any) -> None:
+        """Every toast is plain text: a message may quote a run's log (markup off, controls visible)."""
+        kw["markup"] = False
+        super().notify(visible(message, newlines=True), title=visible(title), **kw)
 
     def __init__(self, run_dir: Path | None, runs_dir: Path, low_bandwidth: bool = False):
         super().__init__()

@@ -12,6 +12,7 @@ import math
 import sys
 from pathlib import Path
 
+from stepwatch.tui.safe import SafeWriter
 from stepwatch.monitors.rundirs import RunNotFound, default_runs_dir, list_runs, live_attempt, resolve_run
 
 # launcher/ (GitPython) and stepwatch.monitors.snapshot.observer are imported inside the commands that use them:
@@ -421,6 +422,10 @@ def main(argv: list[str] | None = None) -> int:
     if command and args.cmd != "launch":
         parser.error("`-- CMD ARGS...` is only for `stepwatch launch`")
     args.command = command
+    # What the headless commands print may quote a run's files: control bytes made visible (the
+    # TUI draws through the original stream, sys.__stderr__, never through these)
+    if not isinstance(sys.stdout, SafeWriter):
+        sys.stdout, sys.stderr = SafeWriter(sys.stdout), SafeWriter(sys.stderr)
     try:
         return args.func(args)
     except KeyboardInterrupt:

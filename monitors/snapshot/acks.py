@@ -11,14 +11,17 @@ import json
 import time
 from pathlib import Path
 
-from stepwatch.monitors.runfiles import ACKS_JSONL, utc_iso
+from stepwatch.monitors.runfiles import ACKS_JSONL, append_bytes, open_regular, utc_iso
 
 
 def read_acked(run_dir: Path) -> set[str]:
     """Alert ids acknowledged so far (corrupt lines skipped; a missing file is an empty set)."""
     acked: set[str] = set()
     try:
-        with open(Path(run_dir) / ACKS_JSONL, encoding="utf-8", errors="replace") as f:
+        fd = open_regular(Path(run_dir) / ACKS_JSONL)  # never blocks on a FIFO
+        if fd is None:
+            return acked
+        with open(fd, encoding="utf-8", errors="replace") as f:
             for line in f:
                 try:
                     obj = json.loads(line)
@@ -40,5 +43,4 @@ def acknowledge(run_dir: Path, alert_ids: list[str]) -> None:
         user = None
     lines = "".join(json.dumps({"v": 1, "alert_id": a, "acknowledged_at": utc_iso(t), "t": t, "by": user}) + "\n"
                     for a in alert_ids)
-    with open(Path(run_dir) / ACKS_JSONL, "a", encoding="utf-8") as f:
-        f.write(lines)
+    append_bytes(Path(run_dir) / ACKS_JSONL, lines.encode("utf-8"))  # never through a symlink

@@ -29,6 +29,7 @@ from typing import Any, Iterable
 from stepwatch.monitors.parsers.hf_progress import ProgressTracker
 from stepwatch.monitors.protocol import FLAG_FIRST, KIND_STEP, SCHEMA_VERSION
 from stepwatch.monitors.readers.textlog import Segment
+from stepwatch.monitors.runfiles import append_bytes
 
 TIMING_PER_UPDATE = "per_update"
 TIMING_SHARED = "shared"
@@ -86,6 +87,4 @@ class LogStepTimer:
 def append_records(path: Path, records: list[dict[str, Any]]) -> None:
     """Append records as JSON lines in one write (a reader never sees half of one)."""
     if records:
-        data = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records)
-        with open(path, "a", encoding="utf-8") as f:
-            f.write(data)
+        append_bytes(path, "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records).encode("utf-8"))

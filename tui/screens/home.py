@@ -16,6 +16,7 @@ from stepwatch.monitors.rundirs import list_runs
 from stepwatch.monitors.snapshot.observer import RunObserver
 from stepwatch.tui.format import secs, state_word
 from stepwatch.tui.messages import RunsListed
+from stepwatch.tui.safe import safe_text
 
 REFRESH_S = 2.0
 
@@ -74,9 +75,10 @@ class HomeScreen(Screen):
         self.rows = msg.rows
         for s in msg.rows:
             step = s.get("step") or {}
-            t.add_row(s.get("run"), state_word(s), str(s.get("attempt") or "-"), str(s.get("pid") or "-"),
-                      f"{step.get('global_step') if step.get('global_step') is not None else '-'}/{step.get('max_steps') or '?'}",
-                      secs((s.get("step_seconds") or {}).get("p50")), str(s["_open_alerts"] or ""))
+            cells = (s.get("run"), state_word(s), str(s.get("attempt") or "-"), str(s.get("pid") or "-"),
+                     f"{step.get('global_step') if step.get('global_step') is not None else '-'}/{step.get('max_steps') or '?'}",
+                     secs((s.get("step_seconds") or {}).get("p50")), str(s["_open_alerts"] or ""))
+            t.add_row(*(safe_text(c) for c in cells))  # a str cell would be parsed as markup
         if msg.rows:
             t.move_cursor(row=min(keep, len(msg.rows) - 1))
         else:

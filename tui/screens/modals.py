@@ -12,6 +12,8 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Input, Static
 
+from stepwatch.tui.safe import safe_text
+
 HELP = """\
 stepwatch keys
   l  launch a run from a config (the preflight checklist comes first)
@@ -38,7 +40,7 @@ class Confirm(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
-            yield Static(self.question)
+            yield Static(safe_text(self.question, newlines=True))
             yield Static("[y] yes   [n] no", classes="dim")
 
     def action_answer(self, yes: bool) -> None:
@@ -56,7 +58,7 @@ class Prompt(ModalScreen[str | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
-            yield Static(self.question)
+            yield Static(safe_text(self.question, newlines=True))
             yield Input(value=self.value, id="prompt-input")
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
@@ -100,7 +102,7 @@ class PreflightScreen(ModalScreen[dict[str, Any] | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog", id="preflight"):
-            yield Static(self.title_text, classes="bold")
+            yield Static(safe_text(self.title_text), classes="bold")
             yield Static("running the pre-launch checklist ...", id="pf-items")
             yield Static("", id="pf-hint", classes="dim")
             yield Input(placeholder="override reason (recorded in run.json)", id="pf-reason")
@@ -123,7 +125,7 @@ class PreflightScreen(ModalScreen[dict[str, Any] | None]):
             word, style = _MARK[it.status]
             t.append(f"[{word}] ", style)
             t.append(f"{it.title}: {it.reason}\n")
-        self.query_one("#pf-items", Static).update(t)
+        self.query_one("#pf-items", Static).update(safe_text(t, newlines=True))
         if cl.failed:
             self.query_one("#pf-hint", Static).update(
                 f"{len(cl.failed)} item(s) failed. Type a reason and Enter to launch anyway, Esc to cancel.")

@@ -21,6 +21,7 @@ from textual.worker import Worker, WorkerState
 
 from stepwatch.monitors.snapshot.observer import RunObserver
 from stepwatch.tui.messages import SnapshotReady
+from stepwatch.tui.safe import safe_text
 from stepwatch.tui.widgets.dynamo import DynamoPanel
 from stepwatch.tui.widgets.gpu import GpuPanel
 from stepwatch.tui.widgets.header import AlertBanner, RunHeader
@@ -158,7 +159,7 @@ class RunScreen(Screen):
         part = self.query_one("#partial", Static)
         if text != getattr(part, "_last", None):
             part._last = text
-            part.update(text)
+            part.update(safe_text(text))
 
     def _show_alerts(self, snap: dict[str, Any]) -> None:
         alerts = [a for a in snap.get("alerts") or [] if not a.get("acknowledged")]

@@ -6,6 +6,8 @@ from rich.text import Text
 from textual.containers import Vertical
 from textual.widgets import Static
 
+from stepwatch.tui.safe import safe_text
+
 
 class Panel(Vertical):
     """A vertical panel whose ``_set`` skips updates that would not change what is on screen."""
@@ -15,4 +17,4 @@ class Panel(Vertical):
         cache = self.__dict__.setdefault("_cache", {})
         if cache.get(selector) != key:
             cache[selector] = key
-            self.query_one(selector, Static).update(value)
+            self.query_one(selector, Static).update(safe_text(value, newlines=True))  # never markup, no control bytes

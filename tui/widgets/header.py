@@ -9,6 +9,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from stepwatch.tui.format import hms, state_word
+from stepwatch.tui.safe import safe_text
 
 
 class RunHeader(Static):
@@ -30,7 +31,7 @@ class RunHeader(Static):
         )
         if t.plain != getattr(self, "_last", None):
             self._last = t.plain
-            self.update(t)
+            self.update(safe_text(t))
 
 
 class AlertBanner(Static):
@@ -46,5 +47,5 @@ class AlertBanner(Static):
         text = f" ALERT {newest['kind']}: {newest['message']}{more}  [a] acknowledge "
         if text != getattr(self, "_last", None):
             self._last = text
-            self.update(text)
+            self.update(safe_text(text))
         self.display = True

@@ -6,6 +6,8 @@ from typing import Any
 
 from textual.widgets import Static
 
+from stepwatch.tui.safe import safe_text
+
 
 class IdentityPanel(Static):
     """One line; toggled with ``i``."""
@@ -22,4 +24,4 @@ class IdentityPanel(Static):
                     + ", ".join(str(p["pid"]) for p in surv[:6]) + " -- stepwatch stop --survivors RUN;  " + text)
         if text != getattr(self, "_last", None):
             self._last = text
-            self.update(text)
+            self.update(safe_text(text))

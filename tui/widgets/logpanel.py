@@ -12,11 +12,14 @@ import re
 from rich.text import Text
 from textual.widgets import RichLog
 
+from stepwatch.tui.safe import visible
+
 _ERROR_RE = re.compile(r"Traceback \(most recent call last\)|^\s+File \"|Error\b|Exception\b|^\w+Error:")
 
 
 def styled(line: str) -> Text:
     """A log line as Rich text: traceback and error lines in red, dynamo warnings in yellow."""
+    line = visible(line)  # a log line's bytes never reach the terminal as control
     if _ERROR_RE.search(line):
         return Text(line, "red")
     if "recompile_limit" in line or "[__recompiles]" in line:

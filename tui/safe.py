@@ -1,0 +1,74 @@
+"""Text read from a run dir, made safe to show: never markup, never terminal control.
+
+Everything a run wrote (log lines, traceback lines, event strings, versions, the attention backend,
+GPU names, run names, alert messages) is data. Two rules, one home:
+
+- **No markup.** Rich/Textual parse ``[...]`` in plain strings given to ``Static``, ``DataTable``
+  cells and ``notify``; a tqdm postfix ``lr=[1e-05]`` or ``saving to [/data/ckpt-4]`` raised
+  ``MarkupError``. Views pass :class:`rich.text.Text` (never parsed) built by :func:`safe_text`.
+- **No control bytes.** ESC (OSC 52 clipboard writes, OSC 0 titles, OSC 8 links, ``ESC[2J``,
+  ``ESC c``), the other C0 and C1 controls, DEL and the bidirectional overrides are replaced by a
+  visible one-cell stand-in of the same length: the Control Pictures (``␛`` for ESC, ``␍`` for CR,
+  ``␀`` ...) for C0 and DEL, ``�`` for C1 and the bidi controls. Tab and newline stay where a
+  caller allows them. Same length, so a Text's styles stay on their characters.
+
+:class:`SafeWriter` applies the same to everything the headless commands print.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:  # rich only where a Text is made: the headless commands start without it
+    from rich.text import Text
+
+_C0_KEEP_NL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\x80-\x9f\u202a-\u202e\u2066-\u2069]")
+_C0_ALL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f\x80-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def _picture(m: re.Match) -> str:
+    c = ord(m.group(0))
+    if c < 0x20:
+        return chr(0x2400 + c)  # the Control Pictures block: U+2400 + the C0 code
+    if c == 0x7F:
+        return "\u2421"  # SYMBOL FOR DELETE
+    return "\ufffd"
+
+
+def visible(s: Any, *, newlines: bool = False) -> str:
+    """``s`` as a string with every control character replaced by a visible stand-in (tab kept;
+    newlines kept only with ``newlines=True``)."""
+    s = s if isinstance(s, str) else str(s)
+    return (_C0_KEEP_NL if newlines else _C0_ALL).sub(_picture, s)
+
+
+def safe_text(value: Any, style: str = "", *, newlines: bool = False) -> "Text":
+    """A :class:`Text` that shows ``value`` literally: a str becomes unparsed text, a Text keeps
+    its styles with its characters made visible."""
+    from rich.text import Text  # noqa: PLC0415
+
+    if isinstance(value, Text):
+        t = value.copy()
+        plain = visible(t.plain, newlines=newlines)
+        if plain != t.plain:
+            out = Text(plain, style=t.style, justify=t.justify, no_wrap=t.no_wrap, end=t.end)
+            out.spans = list(t.spans)
+            return out
+        return t
+    return Text(visible(value, newlines=newlines), style)
+
+
+class SafeWriter:
+    """A text stream that makes what is written visible (newlines and tabs kept) before passing it
+    on: the headless commands' stdout and stderr."""
+
+    def __init__(self, stream: TextIO):
+        self._stream = stream
+
+    def write(self, s: str) -> int:
+        self._stream.write(visible(s, newlines=True))
+        return len(s)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)

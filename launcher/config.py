@@ -23,7 +23,7 @@ from stepwatch.monitors.rundirs import default_runs_dir
 
 TOP_KEYS = ("name", "command", "cwd", "runs_dir", "env", "shell", "preflight", "alerts")
 PREFLIGHT_KEYS = ("test_command", "test_timeout_s", "training_arguments", "python", "min_free_bytes")
-ALERTS_KEYS = ("command", "urls", "min_level", "rate_limit_s", "retries")
+ALERTS_KEYS = ("command", "urls", "min_level", "rate_limit_s", "retries", "command_timeout_s")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -149,12 +149,13 @@ def _validate(data: dict[str, Any], base: Path, where: str, runs_dir_override: P
         raise ConfigError(f"{where} [alerts]: command must be an argv list, e.g. [\"notify-send\", \"stepwatch\"]; got {ac!r}")
     urls = alerts.get("urls")
     if urls is not None and not (isinstance(urls, list) and all(isinstance(u, str) and "://" in u for u in urls)):
-        raise ConfigError(f"{where} [alerts]: urls must be a list of apprise URLs, e.g. [\"ntfy://ntfy.sh/my-topic\"]; "
-                          f"got {urls!r}")
+        raise ConfigError(f"{where} [alerts]: urls must be a list of apprise URLs (scheme://...), e.g. "
+                          f"[\"ntfy://ntfy.sh/my-topic\"]; got a {type(urls).__name__} with an entry that is not one "
+                          "(not shown: URLs may hold tokens)")
     lvl = alerts.get("min_level")
     if lvl is not None and lvl not in ("info", "warning", "error"):
         raise ConfigError(f"{where} [alerts]: min_level must be \"info\", \"warning\" or \"error\"; got {lvl!r}")
-    for key, hi in (("rate_limit_s", 86400), ("retries", 10)):
+    for key, hi in (("rate_limit_s", 86400), ("retries", 10), ("command_timeout_s", 600)):
         v = alerts.get(key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= hi
                               or (key == "retries" and not isinstance(v, int))):
@@ -236,8 +237,20 @@ def config_to_json(cfg: RunConfig) -> dict[str, Any]:
     """The config as recorded in run.json (``config``): plain JSON values."""
     return {
         "name": cfg.name, "command": cfg.command, "cwd": str(cfg.cwd), "runs_dir": str(cfg.runs_dir),
-        "env": cfg.env, "shell": cfg.shell, "preflight": cfg.preflight, "alerts": cfg.alerts,
+        "env": cfg.env, "shell": cfg.shell, "preflight": cfg.preflight, "alerts": public_alerts(cfg.alerts),
     }
+
+
+def public_alerts(alerts: dict[str, Any]) -> dict[str, Any]:
+    """The ``[alerts]`` table as run.json may show it to anyone who can read the run dir: the push
+    URLs (tokens, passwords) replaced by their channels' names (scheme and host, ``channels``); the
+    URLs themselves go to the 0600 ``alerts.urls.json`` beside it."""
+    from stepwatch.monitors.snapshot.alerts import channel_name  # noqa: PLC0415
+
+    out = {k: v for k, v in alerts.items() if k != "urls"}
+    if alerts.get("urls"):
+        out["channels"] = [channel_name(u) for u in alerts["urls"]]
+    return out
 
 
 def diff_configs(old: dict[str, Any] | None, new: dict[str, Any]) -> list[str]:

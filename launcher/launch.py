@@ -22,7 +22,8 @@ from stepwatch.launcher.identity import gate_message, read_tree, untracked_warni
 from stepwatch.launcher.preflight import Checklist, run_checklist
 from stepwatch.launcher.rotate import rotate
 from stepwatch.monitors.runfiles import (
-    ENV_ATTEMPT, ENV_RUN_DIR, RUN_JSON, SCHEMA_VERSION, SUPERVISOR_LOG, open_append, read_json, utc_iso,
+    ENV_ATTEMPT, ENV_RUN_DIR, PUSH_URLS_JSON, RUN_JSON, SCHEMA_VERSION, SUPERVISOR_LOG, open_append, read_json,
+    utc_iso,
     write_json_atomic,
 )
 from stepwatch.monitors.rundirs import live_attempt  # noqa: F401 - re-exported for callers
@@ -187,6 +188,8 @@ def _start(cfg: RunConfig, exe: str, tree, checklist: Checklist, allow_dirty: st
         "process": {"pid": None, "create_time": None, "pgid": None},
         "start_error": None,
     }
+    if cfg.alerts.get("urls"):  # tokens: readable by the run's owner (its supervisor) alone
+        write_json_atomic(run_dir / PUSH_URLS_JSON, {"v": 1, "urls": list(cfg.alerts["urls"])}, mode=0o600)
     write_json_atomic(run_dir / RUN_JSON, run)
     with open(open_append(run_dir / SUPERVISOR_LOG), "ab") as slog:  # never through a symlink
         sup = subprocess.Popen(
@@ -246,6 +249,8 @@ def relaunch_config(run_dir: Path) -> tuple[RunConfig, list[str]]:
         from stepwatch.launcher.config import _validate  # noqa: PLC0415
 
         data = {k: old[k] for k in ("name", "command", "cwd", "env", "shell", "preflight", "alerts") if k in old}
+        if isinstance(data.get("alerts"), dict):  # run.json names push channels, never their URLs
+            data["alerts"] = {k: v for k, v in data["alerts"].items() if k != "channels"}
         data.setdefault("name", run.get("name") or run_dir.name)
         data.setdefault("command", run.get("argv"))
         data.setdefault("cwd", run.get("cwd"))

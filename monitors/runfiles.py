@@ -31,10 +31,13 @@ EVENTS_STATE = "events.state.json"  # the supervisor's fold of events.jsonl (mon
 ACKS_JSONL = "acks.jsonl"  # written by views; never rotated (alert ids carry the attempt)
 LOG_STEPS_JSONL = "logsteps.jsonl"  # step records the supervisor timed from train.log (monitors/watch/logsteps.py)
 ALERTS_JSONL = "alerts.jsonl"  # the supervisor's alerts and their deliveries (monitors/watch/loop.py)
+#: The run's push URLs (they carry tokens): 0600, read by its supervisor only; run.json names the
+#: channels without their secrets (``config.alerts.channels``).
+PUSH_URLS_JSON = "alerts.urls.json"
 
 #: Files that describe one attempt and are renamed with the attempt's stamp on relaunch.
 PER_ATTEMPT_FILES = (TRAIN_LOG, EVENTS_JSONL, GPU_JSONL, RUN_JSON, STOP_JSON, EXIT_JSON, SUPERVISOR_LOG, EVENTS_STATE,
-                     LOG_STEPS_JSONL, ALERTS_JSONL)
+                     LOG_STEPS_JSONL, ALERTS_JSONL, PUSH_URLS_JSON)
 
 ENV_RUN_DIR = "STEPWATCH_RUN_DIR"
 ENV_ATTEMPT = "STEPWATCH_ATTEMPT"
@@ -161,6 +164,13 @@ def append_bytes(path: str | os.PathLike[str], data: bytes) -> None:
             view = view[os.write(fd, view):]
     finally:
         os.close(fd)
+
+
+def read_push_urls(run_dir: str | os.PathLike[str]) -> list[str]:
+    """The push URLs of this attempt (``alerts.urls.json``, written 0600 at launch), [] when none."""
+    obj = read_json(Path(run_dir) / PUSH_URLS_JSON)
+    urls = (obj or {}).get("urls")
+    return [u for u in urls if isinstance(u, str)] if isinstance(urls, list) else []
 
 
 def append_jsonl(path: str | os.PathLike[str], obj: dict[str, Any]) -> None:

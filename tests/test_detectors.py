@@ -684,3 +684,15 @@ def test_add_many_raises_like_add_and_keeps_the_rows_before():
     with pytest.raises(ValueError, match="finite"):
         d.add_many(bad)
     assert _state(d) == _state(ref) and d._seen == ref._seen == 60
+
+
+def test_the_log_only_stall_guard_controls():
+    """Steps seen through the log only: a complete bar is not judged; a live log is no stall; a
+    silent one leaves the stall standing (the positive control)."""
+    from stepwatch.monitors.detectors.stall import log_only_guard
+
+    stalled = StallVerdict("stalled", 40.0, 10.0, "")
+    assert log_only_guard(stalled, True, 100.0)[0] == "not judged"
+    assert log_only_guard(stalled, False, 2.0)[0] == "ok"
+    assert log_only_guard(stalled, False, 30.0) is None
+    assert log_only_guard(StallVerdict("ok", 1.0, 10.0, ""), False, 0.5) is None

@@ -238,3 +238,15 @@ def test_tracker_switches_to_a_larger_total_when_it_locked_on_an_eval_bar() -> N
     t2 = ProgressTracker(expected_total=5)
     t2.feed_text(" 10%|█         | 10/100 [00:10<01:30,  1.00it/s]")
     assert t2.global_step is None
+
+
+def test_an_evaluation_bar_with_more_batches_mid_training_never_takes_over() -> None:
+    """The training bar at 15/30, then an evaluation bar of 50 batches from 0: still the training bar."""
+    t = ProgressTracker()
+    for s in range(16):
+        t.feed_text(f" {s * 3}%|#         | {s}/30 [00:0{s % 10}<00:10,  3.00it/s]", at_s=float(s), poll_seq=s)
+    for b in range(0, 50, 5):
+        assert t.feed_text(f" {b * 2}%|#         | {b}/50 [00:01<00:10,  9.00it/s]", at_s=20.0 + b, poll_seq=100 + b) == []
+    assert (t.global_step, t.total) == (15, 30)
+    t.feed_text(" 53%|#####     | 16/30 [00:20<00:10,  3.00it/s]", at_s=80.0, poll_seq=200)
+    assert t.global_step == 16

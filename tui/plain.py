@@ -45,8 +45,10 @@ def status_lines(snap: dict[str, Any]) -> list[str]:
     words = timing_words(snap)
     lines.append(f"  {snap.get('step_line') or 'n=0 seconds_per_optimizer_step'}" + (f" ({words})" if words else ""))
     fb, st = snap.get("fallback") or {}, snap.get("stall") or {}
-    lines.append(f"  fallback {fb.get('state')}" + (f": {fb['reason']}" if fb.get("reason") else "")
-                 + f"; stall {st.get('state')}" + (f" ({_fmt(st.get('current_step_elapsed_s'), 1)} s)" if st.get("state") == "stalled" else ""))
+    stall = st.get("state")
+    lines.append(f"  fallback {fb.get('state')}" + (f" ({fb['reason']})" if fb.get("reason") and fb.get("state") != "ok" else "")
+                 + f"; stall {stall}" + (f" ({_fmt(st.get('current_step_elapsed_s'), 1)} s)" if stall == "stalled"
+                                         else f" ({st['reason']})" if stall == "not judged" and st.get("reason") else ""))
     d = snap.get("dynamo") or {}
     lines.append(f"  dynamo: recompiles {_fmt(d.get('recompiles'))}, graph breaks {_fmt(d.get('graph_breaks'))}, "
                  f"recompile-limit hits {_fmt(d.get('recompile_limit_hits'))} (from {d.get('source') or '-'})")
@@ -67,7 +69,12 @@ def status_lines(snap: dict[str, Any]) -> list[str]:
     if ident:
         lines.append(f"  commit {(ident.get('harness_commit') or 'none')[:12]} dirty at launch: {ident.get('harness_dirty_at_launch')}")
     for al in snap.get("alerts") or []:
-        lines.append(f"  ALERT [{al['kind']}] {al['message']}" + (" (acknowledged)" if al.get("acknowledged") else ""))
+        notes = [n for n in ("acknowledged" if al.get("acknowledged") else None,
+                              "cleared" if al.get("active") is False else None) if n]
+        delivered = "; ".join(f"{ch}: {(d or {}).get('outcome') or 'not recorded'}"
+                              for ch, d in (al.get("delivered") or {}).items())
+        lines.append(f"  ALERT [{al['kind']}] {al['message']}" + (f" ({', '.join(notes)})" if notes else "")
+                     + (f" [delivery {delivered}]" if delivered else ""))
     if snap.get("survivors"):
         lines.append(f"  {len(snap['survivors'])} process(es) of the ended run survive (they may hold GPU memory): "
                      + ", ".join(f"{p['pid']} ({p['name']})" for p in snap["survivors"][:10])

@@ -288,6 +288,7 @@ class ProgressTracker:
         self.summary: dict[str, float] | None = None
         self.finished = False
         self.other_bars = 0  # updates of bars that are not the training bar
+        self._rejected_totals: set[int] = set()  # larger totals judged to be evaluation bars
         # first arrival of the current counter value: (at_s, poll_seq, live)
         self._first_seen: tuple[float | None, int | None, bool] | None = None
 
@@ -314,10 +315,17 @@ class ProgressTracker:
             return True
         if u.total == self.total:
             return True
-        if self.expected_total is None and u.total > self.total:
-            # We locked onto a smaller (evaluation?) bar first; the larger one is the training bar.
+        if self.expected_total is None and u.total > self.total and u.total not in self._rejected_totals:
+            if not (self.finished or not self.global_step or u.step > self.global_step):
+                # a bar with more batches, first seen behind the locked bar's counter while that bar
+                # is under way: an evaluation mid-training (it starts at 0), never the training bar
+                self._rejected_totals.add(u.total)
+                return False
+            # We locked onto a smaller (evaluation?) bar first, which is done, never moved, or is
+            # behind this one: the larger one is the training bar.
             self.total = u.total
             self._first_seen = None
+            self.finished = False
             return True
         return False
 
@@ -351,9 +359,11 @@ class ProgressTracker:
             self.other_bars += 1
             return []
         self.last = u
+        prev = self.global_step
         if u.total is not None and u.step >= u.total:
             self.finished = True
-        prev = self.global_step
+        elif prev is not None and u.step < prev:
+            self.finished = False  # the counter went back: a new bar (a second train(), a resume)
         if prev is not None and u.step == prev:
             return []  # a redraw: after a log dict, the final summary bar printed twice, a re-fed partial
         timed = at_s is not None and live

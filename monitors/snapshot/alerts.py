@@ -117,10 +117,12 @@ def channel_names(alerts_config: Any) -> list[str]:
     never run. ``command`` for an argv, one name per push URL."""
     if not isinstance(alerts_config, dict):
         return []
-    cmd, urls = alerts_config.get("command"), alerts_config.get("urls")
+    cmd, urls, named = alerts_config.get("command"), alerts_config.get("urls"), alerts_config.get("channels")
     out = ["command"] if isinstance(cmd, list) and cmd else []
     if isinstance(urls, list):
         out += [channel_name(u) for u in urls if isinstance(u, str) and u]
+    if isinstance(named, list):  # run.json: the push channels by name (the URLs stay in alerts.urls.json)
+        out += [str(n) for n in named if isinstance(n, str) and n not in out]
     return out
 
 

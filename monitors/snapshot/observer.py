@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stepwatch.monitors.detectors.stall import stall_state
+from stepwatch.monitors.detectors.stall import log_only_guard, stall_state
 from stepwatch.monitors.fold.events import EventsFold, step_no, unix_time
 from stepwatch.monitors.fold.savedstate import load as load_saved_state, refused
 from stepwatch.monitors.gpu.history import GpuHistory
@@ -346,7 +346,10 @@ class RunObserver:
         # Which steps speak: the emitter's (exact), else the supervisor's log-timed records, else this
         # view's own parse of train.log (a run from an older stepwatch, a supervisor that died).
         use_events = a.ev.stats.seen > 0
-        use_logsteps = not use_events and a.log_ev.stats.seen > 0
+        # the supervisor's records speak while it lives, and for a run it saw to the end; a supervisor
+        # gone mid-run left them frozen: this view's own reading takes over (labelled approximate)
+        use_logsteps = (not use_events and a.log_ev.stats.seen > 0
+                        and (snap["supervisor_alive"] or snap["ended"] is not None))
         fold = a.ev if use_events else (a.log_ev if use_logsteps else None)
         if fold is not None:
             stats = fold.stats
@@ -390,8 +393,12 @@ class RunObserver:
             snap["stall"] = {**sv.as_dict(), "reason": sv.reason}
             if sv.threshold_s is None:
                 snap["stall"]["state"] = NOT_JUDGED
+            elif not use_events and (guard := log_only_guard(sv, a.progress.finished, a.log.last_byte_age_s)):
+                snap["stall"].update(state=NOT_JUDGED if guard[0] == "not judged" else guard[0], reason=guard[1])
+                sv = None
             # when it became a stall, from the files: the step's start plus the threshold
-            a.stall_at = started + sv.threshold_s if sv.state == "stalled" and started and sv.threshold_s else None
+            a.stall_at = (started + sv.threshold_s if sv is not None and sv.state == "stalled" and started
+                          and sv.threshold_s else None)
         else:
             snap["stall"]["reason"] = "the run is not running"
         snap["last_logs"] = shallow(a.ev.last_logs or a.progress.last_log)

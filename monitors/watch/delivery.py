@@ -16,14 +16,14 @@ named without its secrets: ``command``, or the URL's scheme and host (``ntfy://n
 from __future__ import annotations
 
 import os
+import select
+import signal
 import subprocess
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
-from stepwatch.monitors.runfiles import append_jsonl
 from stepwatch.monitors.snapshot.alerts import channel_name
 
 LEVELS = ("info", "warning", "error")
@@ -34,7 +34,8 @@ KIND_LEVEL = {"watchdog": "error", "stall": "error", "fallback": "error", "recom
 DEFAULT_MIN_LEVEL = "warning"
 DEFAULT_RATE_LIMIT_S = 60.0
 DEFAULT_RETRIES = 3
-#: The ``[alerts] command`` is given this long, then killed (a hung notifier never piles up).
+#: The ``[alerts] command`` is given this long (``command_timeout_s``), then its session is killed
+#: (a hung notifier never piles up).
 COMMAND_TIMEOUT_S = 30.0
 
 
@@ -47,9 +48,10 @@ class Deliverer:
     """Delivers alerts for one attempt. ``submit(alert)`` returns at once; :meth:`wait` (at the
     end of the attempt) waits for what is in flight, bounded."""
 
-    def __init__(self, run_dir: Path, alerts_path: Path, config: dict[str, Any], run_name: str,
+    def __init__(self, run_dir: Path, record: Callable[[dict[str, Any]], None], config: dict[str, Any], run_name: str,
                  log: Callable[[str], None] = lambda m: None, sleep: Callable[[float], None] = time.sleep):
-        self.run_dir, self.path, self.run_name, self.log, self.sleep = run_dir, alerts_path, run_name, log, sleep
+        """``record`` appends one record to this attempt's alerts.jsonl (raises OSError)."""
+        self.run_dir, self._append, self.run_name, self.log, self.sleep = run_dir, record, run_name, log, sleep
         cmd = config.get("command")
         self.command = list(cmd) if isinstance(cmd, list) and cmd else None
         urls = config.get("urls")
@@ -60,10 +62,12 @@ class Deliverer:
         self.rate_limit_s = float(rl) if isinstance(rl, (int, float)) and rl >= 0 else DEFAULT_RATE_LIMIT_S
         rt = config.get("retries", DEFAULT_RETRIES)
         self.retries = int(rt) if isinstance(rt, int) and 0 <= rt <= 10 else DEFAULT_RETRIES
+        ct = config.get("command_timeout_s", COMMAND_TIMEOUT_S)
+        self.command_timeout_s = float(ct) if isinstance(ct, (int, float)) and 0 < ct <= 600 else COMMAND_TIMEOUT_S
         self._last_sent: dict[tuple[str, str], float] = {}
         self._lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="alert-delivery")
-        self._futures: list[Future] = []
+        # daemon threads, one per delivery: a hung one never keeps the supervisor alive past wait()
+        self._threads: list[threading.Thread] = []
 
     def submit(self, alert: dict[str, Any]) -> None:
         """Deliver ``alert`` ({id, kind, message, ...}) to every channel, each in a worker."""
@@ -87,7 +91,9 @@ class Deliverer:
                                  f"(rate_limit_s {self.rate_limit_s:g})", 0)
                     continue
                 self._last_sent[key] = now
-            self._futures.append(self._pool.submit(self._deliver, alert, name, fn))
+            th = threading.Thread(target=self._deliver, args=(alert, name, fn), name=f"deliver-{name}", daemon=True)
+            self._threads.append(th)
+            th.start()
 
     def _deliver(self, alert: dict[str, Any], name: str, fn: Callable[[dict[str, Any]], tuple[bool, str, int]]) -> None:
         try:
@@ -98,7 +104,7 @@ class Deliverer:
 
     def _record(self, alert: dict[str, Any], channel: str, outcome: str, detail: str, attempts: int) -> None:
         try:
-            append_jsonl(self.path, {"v": 1, "kind": "delivery", "alert_id": alert.get("id"), "channel": channel,
+            self._append({"v": 1, "kind": "delivery", "alert_id": alert.get("id"), "channel": channel,
                                      "outcome": outcome, "detail": detail[:500], "attempts": attempts,
                                      "t": time.time()})
         except OSError as e:
@@ -112,16 +118,17 @@ class Deliverer:
                    STEPWATCH_ALERT_MESSAGE=str(alert.get("message")), STEPWATCH_RUN=self.run_name,
                    STEPWATCH_RUN_DIR=str(self.run_dir))
         try:
-            p = subprocess.run(self.command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, timeout=COMMAND_TIMEOUT_S, start_new_session=True)
-        except subprocess.TimeoutExpired:
-            return False, f"the command ran over {COMMAND_TIMEOUT_S:g} s and was killed", 1
+            p = subprocess.Popen(self.command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.PIPE, start_new_session=True)
         except OSError as e:
             return False, f"could not run {self.command[0]!r}: {e}", 1
-        if p.returncode == 0:
+        rc, tail = _wait_bounded(p, self.command_timeout_s)
+        if rc is None:
+            return False, f"the command ran over {self.command_timeout_s:g} s: its session was killed", 1
+        if rc == 0:
             return True, "exit code 0", 1
-        err = p.stderr.decode("utf-8", "replace").strip().splitlines()
-        return False, f"exit code {p.returncode}" + (f": {err[-1][:200]}" if err else ""), 1
+        err = tail.decode("utf-8", "replace").strip().splitlines()
+        return False, f"exit code {rc}" + (f": {err[-1][:200]}" if err else ""), 1
 
     def _push(self, url: str, alert: dict[str, Any]) -> tuple[bool, str, int]:
         import apprise  # noqa: PLC0415 - only a run with push URLs pays for it
@@ -143,15 +150,45 @@ class Deliverer:
         return False, f"the endpoint refused or did not answer, {self.retries + 1} attempts", self.retries + 1
 
     def wait(self, timeout_s: float) -> bool:
-        """Wait for the deliveries in flight, at most ``timeout_s``; True when all finished."""
+        """Wait for the deliveries in flight, at most ``timeout_s`` in all; True when all finished
+        (the rest are daemon threads: they end with the supervisor)."""
         deadline = time.monotonic() + timeout_s
-        for f in list(self._futures):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            try:
-                f.result(timeout=left)
-            except Exception:  # noqa: BLE001 - recorded by _deliver
-                pass
-        self._pool.shutdown(wait=False, cancel_futures=False)
-        return all(f.done() for f in self._futures)
+        for th in list(self._threads):
+            th.join(max(0.0, deadline - time.monotonic()))
+        return not any(th.is_alive() for th in self._threads)
+
+
+#: Of a command's stderr, only this much of the end is kept (a chatty notifier costs no memory).
+STDERR_TAIL_BYTES = 4096
+
+
+def _wait_bounded(p: subprocess.Popen, timeout_s: float) -> tuple[int | None, bytes]:
+    """Wait for ``p`` at most ``timeout_s``, reading its stderr as it comes and keeping only the
+    last STDERR_TAIL_BYTES. On timeout its whole session is SIGKILLed (a notifier's own children
+    included) and the return code is None."""
+    deadline = time.monotonic() + timeout_s
+    tail = b""
+    fd = p.stderr.fileno() if p.stderr is not None else None
+    while fd is not None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        r, _, _ = select.select([fd], [], [], min(left, 0.5))
+        if r:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break  # EOF: the command (and everything holding its stderr) is done writing
+            tail = (tail + chunk)[-STDERR_TAIL_BYTES:]
+    try:
+        rc = p.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        rc = None
+    if rc is None:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        p.wait()
+    if p.stderr is not None:
+        p.stderr.close()
+    return rc, tail

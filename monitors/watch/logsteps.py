@@ -23,13 +23,11 @@ starts over without a record. Records have the ``step`` event's keys (DESIGN.md 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any, Iterable
 
 from stepwatch.monitors.parsers.hf_progress import ProgressTracker
 from stepwatch.monitors.protocol import FLAG_FIRST, KIND_STEP, SCHEMA_VERSION
 from stepwatch.monitors.readers.textlog import Segment
-from stepwatch.monitors.runfiles import append_bytes
 
 TIMING_PER_UPDATE = "per_update"
 TIMING_SHARED = "shared"
@@ -84,7 +82,6 @@ class LogStepTimer:
         return out
 
 
-def append_records(path: Path, records: list[dict[str, Any]]) -> None:
-    """Append records as JSON lines in one write (a reader never sees half of one)."""
-    if records:
-        append_bytes(path, "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records).encode("utf-8"))
+def encode_records(records: list[dict[str, Any]]) -> bytes:
+    """Records as JSON lines, for one append (a reader never sees half of one)."""
+    return "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records).encode("utf-8")

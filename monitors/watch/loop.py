@@ -18,6 +18,8 @@ what became of each delivery) and adds only what it alone can see.
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -25,11 +27,11 @@ from typing import Any, Callable
 
 from stepwatch.monitors.readers.changes import ChangeNotifier
 from stepwatch.monitors.readers.textlog import LogFollower
-from stepwatch.monitors.runfiles import ALERTS_JSONL, LOG_STEPS_JSONL, TRAIN_LOG, append_jsonl
+from stepwatch.monitors.runfiles import ALERTS_JSONL, LOG_STEPS_JSONL, TRAIN_LOG, open_append, read_push_urls
 from stepwatch.monitors.snapshot.model import json_safe
 from stepwatch.monitors.snapshot.observer import RunObserver
 from stepwatch.monitors.watch.delivery import Deliverer, level_of
-from stepwatch.monitors.watch.logsteps import LogStepTimer, append_records
+from stepwatch.monitors.watch.logsteps import LogStepTimer, encode_records
 
 #: The detector loop's period, seconds (alerts reach alerts.jsonl within about this, plus a refresh).
 DETECT_EVERY_S = 1.0
@@ -53,12 +55,45 @@ def evidence_of(snap: dict[str, Any], kind: str) -> dict[str, Any]:
     return json_safe(ev)
 
 
+class AttemptFile:
+    """One of this attempt's files, opened once for appending (``O_NOFOLLOW``, regular only) and
+    kept: a relaunch that renames it, or anything put in its place later (a symlink, a FIFO, a
+    directory), changes nothing about where this attempt's records go. Each append is one write."""
+
+    def __init__(self, path: Path, log: Callable[[str], None]):
+        self.path, self.log = path, log
+        self._lock = threading.Lock()
+        try:
+            self.fd: int | None = open_append(path)
+        except OSError as e:
+            self.fd = None
+            log(f"cannot write {path.name}: {e}; its records are lost for this attempt")
+
+    def append(self, data: bytes) -> None:
+        """Append ``data``; raises OSError (a full disk) and says nothing more when it could not open."""
+        if self.fd is None:
+            raise OSError(f"{self.path.name} could not be opened")
+        with self._lock:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self.fd, view):]
+
+    def append_json(self, obj: dict[str, Any]) -> None:
+        self.append((json.dumps(obj, separators=(",", ":")) + "\n").encode("utf-8"))
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
 class LogTimerThread(threading.Thread):
     """Follows train.log and writes logsteps.jsonl until ``stop`` is set (then reads to the end once)."""
 
     def __init__(self, run_dir: Path, stop: threading.Event, log: Callable[[str], None]):
         super().__init__(name="log-step-timer", daemon=True)
         self.run_dir, self.stop, self.log = run_dir, stop, log
+        self.out = AttemptFile(run_dir / LOG_STEPS_JSONL, log)
         self.follower = LogFollower(run_dir / TRAIN_LOG, keep_lines=1, from_start=True)
         self.timer = LogStepTimer()
         self.records = 0
@@ -68,8 +103,11 @@ class LogTimerThread(threading.Thread):
             segs = self.follower.poll()
             recs = self.timer.feed_poll(segs, self.follower.partial_segment)
             if recs:
-                append_records(self.run_dir / LOG_STEPS_JSONL, recs)
-                self.records += len(recs)
+                try:
+                    self.out.append(encode_records(recs))
+                    self.records += len(recs)
+                except OSError as e:
+                    self.log(f"log steps not recorded: {e}")
             if not self.follower.behind:
                 return
 
@@ -87,6 +125,7 @@ class LogTimerThread(threading.Thread):
             self.log(f"log step timer stopped: {type(e).__name__}: {e}")
         finally:
             self.follower.close()
+            self.out.close()
 
 
 def watch_attempt(run_dir: Path, run: dict[str, Any], child_done: threading.Event,
@@ -97,8 +136,10 @@ def watch_attempt(run_dir: Path, run: dict[str, Any], child_done: threading.Even
     timer = LogTimerThread(run_dir, stop_log, log)
     timer.start()
     config = (run.get("config") or {}).get("alerts") or {}
-    deliverer = Deliverer(run_dir, run_dir / ALERTS_JSONL, config if isinstance(config, dict) else {},
-                          str(run.get("name") or run_dir.name), log=log)
+    config = dict(config) if isinstance(config, dict) else {}
+    config["urls"] = read_push_urls(run_dir)  # kept out of run.json, which other users may read
+    alerts_file = AttemptFile(run_dir / ALERTS_JSONL, log)
+    deliverer = Deliverer(run_dir, alerts_file.append_json, config, str(run.get("name") or run_dir.name), log=log)
     observer = RunObserver(run_dir, use_saved_state=False)
     recorded: set[str] = set()
 
@@ -112,7 +153,7 @@ def watch_attempt(run_dir: Path, run: dict[str, Any], child_done: threading.Even
             rec = {"v": 1, "kind": "alert", "id": al["id"], "alert_kind": al["kind"], "level": level_of(al["kind"]),
                    "message": al["message"], "at": al["at"], "t": time.time(), "evidence": evidence_of(snap, al["kind"])}
             try:
-                append_jsonl(run_dir / ALERTS_JSONL, rec)
+                alerts_file.append_json(rec)
             except (OSError, ValueError) as e:
                 log(f"could not record alert {al['id']}: {e}")
             deliverer.submit(al)
@@ -134,3 +175,5 @@ def watch_attempt(run_dir: Path, run: dict[str, Any], child_done: threading.Even
             log(f"deliveries still in flight after {FINAL_DELIVERY_WAIT_S:g} s; leaving them")
     except Exception as e:  # noqa: BLE001
         log(f"watching stopped: {type(e).__name__}: {e}")
+    finally:
+        alerts_file.close()

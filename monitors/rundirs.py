@@ -6,6 +6,7 @@ from pathlib import Path
 
 import difflib
 import os
+import time
 
 from stepwatch.monitors.runfiles import ENV_RUNS_DIR, EXIT_JSON, RUN_JSON, read_json
 from stepwatch.monitors.watchdog import ProcessRef, is_alive, survivors
@@ -41,11 +42,24 @@ def list_runs(runs_dir: Path) -> list[Path]:
     if not runs_dir.is_dir():
         return []
     found = []
+    now = time.time()
     for d in runs_dir.iterdir():
         if d.is_dir() and (d / RUN_JSON).is_file():  # a FIFO run.json is no run (never opened)
             rj = read_json(d / RUN_JSON) or {}
-            found.append((rj.get("launched_at_unix") or 0.0, d))
+            t = rj.get("launched_at_unix")
+            # a launch time read from a file: a number, never past now (1e300 must not sort first)
+            t = min(float(t), now) if type(t) in (int, float) and t == t else 0.0
+            found.append((t, d))
     return [d for _, d in sorted(found, key=lambda x: -x[0])]
+
+
+def owned_by_viewer(run_dir: Path) -> bool:
+    """The run dir and its run.json belong to this process's user (never following a symlink)."""
+    me = os.geteuid()
+    try:
+        return run_dir.lstat().st_uid == me and (run_dir / RUN_JSON).lstat().st_uid == me
+    except OSError:
+        return False
 
 
 def default_runs_dir() -> Path:

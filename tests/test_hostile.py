@@ -129,3 +129,101 @@ def test_a_fifo_never_hangs_a_view(corpus: dict[str, Path]):
         p = subprocess.run([sys.executable, "-m", "stepwatch.tui.cli", "status", str(corpus[name]), "--json"],
                            capture_output=True, text=True, timeout=20)
         assert time.monotonic() - t0 < 15 and "Traceback" not in p.stderr, (name, p.stderr[-2000:])
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a run dir to another uid (CI runs as root)")
+def test_a_bare_attach_prefers_the_viewers_own_runs_over_another_users_bait(tmp_path: Path, capsys):
+    import argparse
+
+    from hostile_runs import _run_json, _write
+    from stepwatch.tui.cli import _newest
+
+    runs = tmp_path / "runs"
+    mine = runs / "mine"
+    mine.mkdir(parents=True)
+    _write(mine, "run.json", _run_json("mine"))
+    bait = runs / "bait"
+    bait.mkdir()
+    _write(bait, "run.json", _run_json("bait", launched_at_unix=1e300))  # "newest", and another user's
+    for p in (bait, bait / "run.json"):
+        os.chown(p, 12345, 12345)
+    args = argparse.Namespace(runs_dir=str(runs))
+    assert _newest(args) == mine
+    # with none of the viewer's own, another user's run is picked and the viewer is told whose
+    import shutil
+    shutil.rmtree(mine)
+    assert _newest(args) == bait
+    err = capsys.readouterr().err
+    assert "none of the runs" in err and "uid 12345" in err, err
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become a second user (CI runs as root)")
+def test_a_second_user_viewing_a_run_reads_it_writes_nothing_and_runs_nothing():
+    """A real second user (uid 65534, nobody): a forked child drops to it and views root's run
+    with the views' own code. Reads work; acknowledging cannot write (it holds for the session
+    only); the run's [alerts] command is not run by the viewer."""
+    import json as _json
+    import shutil
+    import tempfile
+
+    from conftest import git, make_repo, wait_until
+    from stepwatch.monitors.runfiles import read_json
+    from stepwatch.tui.plain import status_lines
+
+    base = Path(tempfile.mkdtemp(prefix="stepwatch-second-user-", dir="/tmp"))
+    try:
+        os.chmod(base, 0o755)
+        pings = base / "pings.txt"
+        repo = make_repo(base / "harness", {
+            "crash.py": "import sys\nprint('failing', flush=True)\nsys.exit(3)\n",
+            "ping.py": "import os, sys\nwith open(sys.argv[1], 'a') as f:\n    f.write(str(os.getuid()) + '\\n')\n"})
+        (repo / "run.toml").write_text(f'name = "owned"\ncommand = ["{sys.executable}", "crash.py"]\n'
+                                       f'[alerts]\ncommand = ["{sys.executable}", "{repo / "ping.py"}", "{pings}"]\n')
+        git(repo, "add", "-A")
+        git(repo, "commit", "-qm", "config")
+        r = stepwatch("launch", "--no-tui", "run.toml", cwd=repo)
+        assert r.returncode == 0, r.stderr
+        run_dir = repo / "runs" / "owned"
+        sup = read_json(wait_until(lambda: read_json(run_dir / "exit.json") and run_dir / "run.json", 20, what="the end"))
+        wait_until(lambda: pings.exists(), 10, what="the owner's supervisor delivering")
+        from stepwatch.monitors.watchdog import ProcessRef, probe
+        wait_until(lambda: probe(ProcessRef.from_json(sup["supervisor"])) != "alive", 60, what="the supervisor's exit")
+        for p in [base, *base.rglob("*")]:
+            if p.is_dir():
+                os.chmod(p, 0o755)
+        before = pings.read_text()
+        rfd, wfd = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the second user
+            try:
+                os.close(rfd)
+                os.setgroups([])
+                os.setgid(65534)
+                os.setuid(65534)
+                obs = RunObserver(run_dir)
+                snap = obs.refresh()
+                lines = status_lines(snap)
+                why = obs.acknowledge([a["id"] for a in snap["alerts"]])
+                again = obs.refresh()
+                out = {"state": snap["state"], "returncode": snap["returncode"], "alerts": [a["kind"] for a in snap["alerts"]],
+                       "why": why, "acked": [a["acknowledged"] for a in again["alerts"]], "lines": len(lines),
+                       "uid": os.getuid()}
+                os.write(wfd, _json.dumps(out).encode())
+            except BaseException as e:  # noqa: BLE001 - reported to the parent
+                os.write(wfd, _json.dumps({"error": repr(e)}).encode())
+            finally:
+                os._exit(0)
+        os.close(wfd)
+        data = b""
+        while chunk := os.read(rfd, 65536):
+            data += chunk
+        os.waitpid(pid, 0)
+        got = _json.loads(data)
+        assert "error" not in got, got
+        assert got["uid"] == 65534 and got["state"] == "exited" and got["returncode"] == 3
+        assert got["alerts"] == ["watchdog"] and got["lines"] > 3
+        assert got["why"] and "session only" in got["why"] and got["acked"] == [True]
+        assert not (run_dir / "acks.jsonl").exists()
+        assert pings.read_text() == before == "0\n"  # the owner's supervisor ran it, once; the viewer never
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

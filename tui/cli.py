@@ -13,7 +13,9 @@ import sys
 from pathlib import Path
 
 from stepwatch.tui.safe import SafeWriter
-from stepwatch.monitors.rundirs import RunNotFound, default_runs_dir, list_runs, live_attempt, resolve_run
+from stepwatch.monitors.rundirs import (
+    RunNotFound, default_runs_dir, list_runs, live_attempt, owned_by_viewer, resolve_run,
+)
 
 # launcher/ (GitPython) and stepwatch.monitors.snapshot.observer are imported inside the commands that use them:
 # `attach` must paint its first frame fast, and `--help` should not load a git binding.
@@ -279,13 +281,19 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _newest(args: argparse.Namespace) -> Path:
+    """A bare ``attach``'s pick: the viewer's own runs first (a run dir and run.json of the viewer's
+    user; on a shared runs dir another user's bait must not be "the newest"), a live one before an
+    ended one; another user's run only when the viewer has none, and then it says whose."""
     runs = list_runs(_runs_dir(args))
     if not runs:
         raise RunNotFound(f"no runs under {_runs_dir(args)}; name one: stepwatch status RUN")
-    for d in runs:
-        if live_attempt(d):
-            return d
-    return runs[0]
+    mine = [d for d in runs if owned_by_viewer(d)]
+    pool = mine or runs
+    pick = next((d for d in pool if live_attempt(d)), pool[0])
+    if not mine:
+        _err(f"none of the runs under {_runs_dir(args)} is yours; attaching to {pick.name}, "
+             f"owned by uid {pick.stat().st_uid} (views only read: nothing of it is run)")
+    return pick
 
 
 def cmd_watch(args: argparse.Namespace) -> int:

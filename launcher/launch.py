@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import stat
 import subprocess
 import sys
 import time
@@ -101,7 +102,8 @@ def _launch_lock(cfg: RunConfig):
     the child's pid: two launches of one run cannot interleave. Refuses when another holds it."""
     try:
         cfg.runs_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(cfg.runs_dir / f".{cfg.name}.launch.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        refuse_unsafe_dirs(cfg.runs_dir, cfg.run_dir)
+        fd = os.open(cfg.runs_dir / f".{cfg.name}.launch.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     except OSError as e:
         raise LaunchRefused(f"cannot use the runs dir {cfg.runs_dir}: {e.strerror or e}. "
                             "Choose another with --runs-dir DIR (or runs_dir in the config).") from None
@@ -115,6 +117,28 @@ def _launch_lock(cfg: RunConfig):
         yield
     finally:
         os.close(fd)
+
+
+def refuse_unsafe_dirs(runs_dir: Path, run_dir: Path) -> None:
+    """Refuse (LaunchRefused) to launch into a place another user controls: a runs dir every user
+    may write without the sticky bit (anyone could swap a run dir under us), a run dir that is a
+    symlink, or a run dir of another user (its files, links included, are theirs to choose)."""
+    st = runs_dir.stat()
+    if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+        raise LaunchRefused(f"REFUSING: the runs dir {runs_dir} is writable by every user and has no sticky bit: "
+                            "another user could put a run dir of their choosing in its place. Use a runs dir "
+                            f"of your own (--runs-dir), or: chmod o-w {runs_dir}  (or chmod +t)")
+    try:
+        rst = run_dir.lstat()
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(rst.st_mode):
+        raise LaunchRefused(f"REFUSING: the run dir {run_dir} is a symlink (to {os.readlink(run_dir)}): a launch "
+                            "writes only into a directory of its own. Remove the link or choose another name")
+    if rst.st_uid != os.geteuid():
+        raise LaunchRefused(f"REFUSING: the run dir {run_dir} belongs to uid {rst.st_uid}, not to you "
+                            f"(uid {os.geteuid()}): its files, and where they point, are that user's to choose. "
+                            "Launch under another name (--name) or another runs dir (--runs-dir)")
 
 
 def next_attempt(run_dir: Path) -> int:

@@ -227,3 +227,42 @@ def test_a_second_user_viewing_a_run_reads_it_writes_nothing_and_runs_nothing():
         assert pings.read_text() == before == "0\n"  # the owner's supervisor ran it, once; the viewer never
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def _harness(tmp_path: Path) -> Path:
+    from conftest import make_repo
+
+    return make_repo(tmp_path / "harness", {"ok.py": "print('ok')\n"})
+
+
+def test_a_launch_refuses_a_run_dir_that_is_a_symlink(tmp_path: Path):
+    repo = _harness(tmp_path)
+    (repo / "runs").mkdir()
+    (tmp_path / "private").mkdir()
+    os.symlink(tmp_path / "private", repo / "runs" / "r")
+    r = stepwatch("launch", "--no-tui", "--name", "r", "--", sys.executable, "ok.py", cwd=repo)
+    assert r.returncode == 1 and "is a symlink" in r.stderr, r.stderr
+    assert list((tmp_path / "private").iterdir()) == []
+
+
+def test_a_launch_refuses_a_runs_dir_anyone_may_write_without_the_sticky_bit(tmp_path: Path):
+    repo = _harness(tmp_path)
+    shared = tmp_path / "shared-runs"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    r = stepwatch("launch", "--no-tui", "--name", "r", "--runs-dir", str(shared), "--", sys.executable, "ok.py", cwd=repo)
+    assert r.returncode == 1 and "no sticky bit" in r.stderr, r.stderr
+    os.chmod(shared, 0o1777)  # /tmp-like: each user's entries are their own
+    r = stepwatch("launch", "--no-tui", "--name", "r", "--runs-dir", str(shared), "--", sys.executable, "ok.py", cwd=repo)
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a run dir to another uid (CI runs as root)")
+def test_a_launch_refuses_another_users_run_dir(tmp_path: Path):
+    repo = _harness(tmp_path)
+    theirs = repo / "runs" / "r"
+    theirs.mkdir(parents=True)
+    os.chown(theirs, 12345, 12345)
+    r = stepwatch("launch", "--no-tui", "--name", "r", "--", sys.executable, "ok.py", cwd=repo)
+    assert r.returncode == 1 and "belongs to uid 12345" in r.stderr, r.stderr
+    assert list(theirs.iterdir()) == []

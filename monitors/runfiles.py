@@ -155,13 +155,18 @@ def open_append(path: str | os.PathLike[str]) -> int:
     return fd
 
 
+def write_all(fd: int, data: bytes) -> None:
+    """Write every byte of ``data`` to ``fd`` (os.write may write less than asked). Raises OSError."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 def append_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     """Append ``data`` to ``path`` with one write (see :func:`open_append`). Raises OSError."""
     fd = open_append(path)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        write_all(fd, data)
     finally:
         os.close(fd)
 

@@ -23,6 +23,8 @@ STALL_FLOOR_S = 3.0
 STALL_MIN_STEPS = 5
 
 OK, STALLED = "ok", "stalled"
+#: What a detector that has not judged says (no steps, warming up, too few steps), never "ok".
+NOT_JUDGED = "not judged"
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +108,7 @@ def log_only_guard(verdict: StallVerdict, bar_complete: bool,
       evaluation shows no phase, but a process still writing its log is not frozen: ``ok``.
     """
     if bar_complete:
-        return "not judged", "the training bar is complete"
+        return NOT_JUDGED, "the training bar is complete"
     if (verdict.state == STALLED and verdict.threshold_s is not None and last_log_byte_age_s is not None
             and last_log_byte_age_s < verdict.threshold_s):
         return OK, (f"the step runs long but the log was written {last_log_byte_age_s:.0f} s ago "

@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from stepwatch.monitors.detectors.stall import NOT_JUDGED
+
 SNAPSHOT_KEYS = (
     "run", "run_dir", "attempt", "state", "pid", "alive", "returncode", "signal", "ended", "launched_at_unix",
     "versions", "step", "step_seconds", "step_line", "throughput", "eta_s", "warmup", "fallback", "stall",
@@ -28,8 +30,8 @@ def null_snapshot() -> dict[str, Any]:
         "throughput": {"tokens_per_s": None, "real_tokens_per_s": None, "padding_share": None},
         "eta_s": None,
         "warmup": {"state": None, "until_step": None},
-        "fallback": {"state": "not judged", "slow_steps": [], "onset_step": None, "reason": "no step times"},
-        "stall": {"state": "not judged", "current_step_elapsed_s": None, "reason": "no step times"},
+        "fallback": {"state": NOT_JUDGED, "slow_steps": [], "onset_step": None, "reason": "no step times"},
+        "stall": {"state": NOT_JUDGED, "current_step_elapsed_s": None, "reason": "no step times"},
         "dynamo": {"recompiles": None, "graph_breaks": None, "unique_graphs": None, "recompile_limit_hits": None,
                    "source": None, "by_source": {"events": None, "log": None}, "top_recompile_reason": None},
         "attn_implementation": {"requested": None, "resolved": None},

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stepwatch.monitors.detectors.stall import log_only_guard, stall_state
+from stepwatch.monitors.detectors.stall import NOT_JUDGED, log_only_guard, stall_state
 from stepwatch.monitors.fold.events import EventsFold, step_no, unix_time
 from stepwatch.monitors.fold.savedstate import load as load_saved_state, refused
 from stepwatch.monitors.gpu.history import GpuHistory
@@ -68,8 +68,6 @@ GPU_HISTORY_SHOWN = 120
 #: New complete log lines one view update carries at most (the log panel keeps 1,000): an attach to
 #: a long log brings its last lines and says the panel starts over (``log_reset``).
 VIEW_LOG_LINES = 1000
-#: A detector that has not judged (no steps, warming up, too few steps) says so, never "ok".
-NOT_JUDGED = "not judged"
 
 @dataclass
 class ViewUpdate:
@@ -394,7 +392,7 @@ class RunObserver:
             if sv.threshold_s is None:
                 snap["stall"]["state"] = NOT_JUDGED
             elif not use_events and (guard := log_only_guard(sv, a.progress.finished, a.log.last_byte_age_s)):
-                snap["stall"].update(state=NOT_JUDGED if guard[0] == "not judged" else guard[0], reason=guard[1])
+                snap["stall"].update(state=guard[0], reason=guard[1])
                 sv = None
             # when it became a stall, from the files: the step's start plus the threshold
             a.stall_at = (started + sv.threshold_s if sv is not None and sv.state == "stalled" and started

@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 from stepwatch.monitors.readers.changes import ChangeNotifier
 from stepwatch.monitors.readers.textlog import LogFollower
-from stepwatch.monitors.runfiles import ALERTS_JSONL, LOG_STEPS_JSONL, TRAIN_LOG, open_append, read_push_urls
+from stepwatch.monitors.runfiles import ALERTS_JSONL, LOG_STEPS_JSONL, TRAIN_LOG, open_append, read_push_urls, write_all
 from stepwatch.monitors.snapshot.model import json_safe
 from stepwatch.monitors.snapshot.observer import RunObserver
 from stepwatch.monitors.watch.delivery import Deliverer, level_of
@@ -74,9 +74,7 @@ class AttemptFile:
         if self.fd is None:
             raise OSError(f"{self.path.name} could not be opened")
         with self._lock:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(self.fd, view):]
+            write_all(self.fd, data)
 
     def append_json(self, obj: dict[str, Any]) -> None:
         self.append((json.dumps(obj, separators=(",", ":")) + "\n").encode("utf-8"))

@@ -2,8 +2,11 @@
 
 The CLI writes the request into ``stop.json`` and sends SIGUSR1 to the supervisor (captured pid and
 create_time), which escalates and records every signal. An SSH drop in the middle of a stop therefore
-cannot leave it half done. When the supervisor is gone but the child still runs, the CLI escalates
-itself, recording the same way.
+cannot leave it half done. When the supervisor is gone but the child still runs (before the stop or
+in the middle of it), the CLI runs the ladder itself from where it was, recording the same way.
+
+Every signal goes through :mod:`stepwatch.monitors.proctree`: only to a process whose pid and create
+time the run's supervisor recorded and that belongs to the run dir's owner.
 """
 
 from __future__ import annotations
@@ -11,14 +14,14 @@ from __future__ import annotations
 import math
 import os
 import signal
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from stepwatch.launcher.supervisor import Escalation
+from stepwatch.launcher.supervisor import ESCALATION, Escalation
+from stepwatch.monitors.proctree import belongs_to, owner_uid, send_signal
 from stepwatch.monitors.runfiles import EXIT_JSON, RUN_JSON, STOP_JSON, read_json, utc_iso, write_json_atomic
-from stepwatch.monitors.rundirs import run_survivors
+from stepwatch.monitors.rundirs import foreign_records, run_survivors
 from stepwatch.monitors.watchdog import ProcessRef, is_alive, wait_for_exit
 
 
@@ -56,67 +59,85 @@ class StopOutcome:
     supervisor_gone: bool = False
 
 
+def refuse_foreign(run_dir: Path) -> None:
+    """A stop signals as whoever runs it: refuse a run dir whose records were not written by the
+    run dir's owner (another user's run.json in a group-writable dir, a symlinked record)."""
+    why = foreign_records(run_dir)
+    if why:
+        raise StopError(f"refusing to signal anything for {run_dir.name}: {why}")
+
+
+def _ladder_sent(stop: dict) -> int:
+    """How many rungs of the INT -> TERM -> KILL ladder ``stop.json`` says were sent."""
+    names = [s.get("signal") for s in stop.get("signals") or [] if isinstance(s, dict)]
+    done = 0
+    for i, sig in enumerate(ESCALATION):
+        if sig.name in names:
+            done = i + 1
+    return done
+
+
 def request_stop(run_dir: Path, grace_s: float = 30.0, reason: str | None = None, wait: bool = True,
                  wait_timeout_s: float | None = None) -> StopOutcome:
     """Ask the run in ``run_dir`` to stop; with ``wait`` block until it ended (or the timeout).
 
-    Raises StopError when there is no run.json or the request cannot be written (read-only run dir).
+    Raises StopError when there is no run.json, its records were not written by the run dir's owner,
+    or the request cannot be written (read-only run dir).
     """
     if not (grace_s >= 0 and math.isfinite(grace_s)):
         raise StopError(f"the grace must be a finite number of seconds >= 0; got {grace_s!r}")
+    refuse_foreign(run_dir)
     run = read_json(run_dir / RUN_JSON)
     if run is None:
         raise StopError(f"no readable {RUN_JSON} in {run_dir}: not a run directory")
     run = _wait_while_starting(run_dir, run)
+    uid = owner_uid(run_dir)
     proc = ProcessRef.from_json(run.get("process"))
+    sup = ProcessRef.from_json(run.get("supervisor"))
+    if proc is not None and is_alive(proc) and not belongs_to(proc, uid):
+        raise StopError(f"refusing to signal pid {proc.pid}: run.json names it as the training process of "
+                        f"{run_dir.name}, but it does not belong to the run dir's owner (uid {uid}) "
+                        "or has no recorded create time")
     if not is_alive(proc):
         return StopOutcome(True, read_json(run_dir / EXIT_JSON), read_json(run_dir / STOP_JSON), False)
+    sup_alive = belongs_to(sup, uid) if sup is not None else False
     current = read_json(run_dir / STOP_JSON)
-    if current is not None and current.get("ended_by") is None and (current.get("requested_at_unix") or 0) >= (
-            run.get("launched_at_unix") or 0):
-        sent = ", ".join(x["signal"] for x in current.get("signals", [])) or "none yet"
+    in_progress = current is not None and current.get("ended_by") is None and _num(
+        current.get("requested_at_unix")) >= _num(run.get("launched_at_unix"))
+    if in_progress and sup_alive:
+        sent = ", ".join(str(x.get("signal")) for x in current.get("signals") or [] if isinstance(x, dict)) or "none yet"
         raise StopInProgress(f"a stop of {run_dir.name} is already in progress (requested {current.get('requested_at')}, "
                              f"grace {current.get('grace_s')} s; sent so far: {sent}); the supervisor escalates. "
                              f"Follow it with: stepwatch watch {run_dir} --plain")
-    t = time.time()
-    stop = {"v": 1, "requested_at": utc_iso(t), "requested_at_unix": t, "grace_s": grace_s, "reason": reason,
-            "requested_by_pid": os.getpid(), "signals": [], "ended_by": None}
+    start_at = 0
+    if in_progress:  # the supervisor died mid-stop: this command takes the ladder over where it was
+        stop = current
+        start_at = _ladder_sent(current)
+        stop.setdefault("notes", []).append(f"{utc_iso(time.time())}: the supervisor was gone; stepwatch stop "
+                                            f"(pid {os.getpid()}) took the escalation over")
+    else:
+        t = time.time()
+        stop = {"v": 1, "requested_at": utc_iso(t), "requested_at_unix": t, "grace_s": grace_s, "reason": reason,
+                "requested_by_pid": os.getpid(), "signals": [], "ended_by": None}
     try:
         write_json_atomic(run_dir / STOP_JSON, stop)
     except OSError as e:
         raise StopError(f"cannot write {run_dir / STOP_JSON}: {e}") from None
-    sup = ProcessRef.from_json(run.get("supervisor"))
-    if is_alive(sup):
-        os.kill(sup.pid, signal.SIGUSR1)
+    if sup_alive:
+        send_signal(sup, signal.SIGUSR1, uid)
     else:
-        # No supervisor to carry it out: escalate from here (recorded in stop.json all the same).
-        done = threading.Event()
-        esc = Escalation(run_dir, int((run.get("process") or {}).get("pgid") or proc.pid), done)
-        esc.start()
-        gone = wait_for_exit(proc, timeout_s=3 * grace_s + 5)
-        done.set()
-        esc.thread.join(timeout=1)
-        st = read_json(run_dir / STOP_JSON) or stop
-        if gone:
-            st["ended_by"] = {"last_signal_sent": esc.last_signal, "returncode": None, "signal": None,
-                              "ended_at": utc_iso(time.time()),
-                              "note": "the supervisor was gone: the CLI escalated, and no exit status can be known"}
-            try:
-                write_json_atomic(run_dir / STOP_JSON, st)
-            except OSError:
-                pass
-        return StopOutcome(False, read_json(run_dir / EXIT_JSON), st, True, gone, True)
+        return _escalate_here(run_dir, proc, stop, start_at)
     if not wait:
         return StopOutcome(False, None, read_json(run_dir / STOP_JSON), False)
     timeout = wait_timeout_s if wait_timeout_s is not None else 2 * grace_s + 10
+    deadline = time.monotonic() + timeout
     wait_for_exit(proc, timeout_s=timeout, poll_s=0.1)
-    deadline = time.monotonic() + 5
     ex = read_json(run_dir / EXIT_JSON)
-    while ex is None and is_alive(sup) and time.monotonic() < deadline:
+    while ex is None and is_alive(sup) and time.monotonic() < deadline + 5:
         time.sleep(0.05)
         ex = read_json(run_dir / EXIT_JSON)
-    if ex is not None:  # the supervisor writes ended_by right after exit.json
-        for _ in range(40):
+    if ex is not None:  # the supervisor writes ended_by once the whole tree is gone (or the ladder ran out)
+        while time.monotonic() < deadline + 5:
             st = read_json(run_dir / STOP_JSON) or {}
             if st.get("ended_by") is not None or not is_alive(sup):
                 break
@@ -124,13 +145,36 @@ def request_stop(run_dir: Path, grace_s: float = 30.0, reason: str | None = None
     return StopOutcome(False, ex, read_json(run_dir / STOP_JSON), True, not is_alive(proc))
 
 
+def _num(v: object) -> float:
+    return float(v) if type(v) in (int, float) and math.isfinite(v) else 0.0
+
+
+def _escalate_here(run_dir: Path, proc: ProcessRef, stop: dict, start_at: int) -> StopOutcome:
+    """No supervisor to carry the stop out: run the ladder from this command (recorded in stop.json
+    all the same), to the command's group and every recorded process of its tree."""
+    esc = Escalation(run_dir, proc, start_at=start_at)
+    esc.start()
+    esc.thread.join()
+    gone = not esc.alive()
+    st = read_json(run_dir / STOP_JSON) or stop
+    if gone:
+        st["ended_by"] = {"last_signal_sent": esc.last_signal, "returncode": None, "signal": None,
+                          "ended_at": utc_iso(time.time()),
+                          "note": "the supervisor was gone: the CLI escalated, and no exit status can be known"}
+        try:
+            write_json_atomic(run_dir / STOP_JSON, st)
+        except OSError:
+            pass
+    return StopOutcome(False, read_json(run_dir / EXIT_JSON), st, True, gone, True)
+
+
 def kill_survivors(run_dir: Path) -> list[dict]:
-    """SIGKILL each survivor of an ended run (re-checked just before the signal); returns them."""
+    """SIGKILL each survivor of an ended run: a process its supervisor recorded, alive now with the
+    recorded create time and the run owner's (checked through a pidfd right before the signal)."""
+    refuse_foreign(run_dir)
+    uid = owner_uid(run_dir)
     killed = []
     for p in run_survivors(run_dir):
-        try:
-            os.kill(p["pid"], signal.SIGKILL)
+        if send_signal(ProcessRef(p["pid"], p["create_time"]), signal.SIGKILL, uid):
             killed.append(p)
-        except ProcessLookupError:
-            pass
     return killed

@@ -27,9 +27,13 @@ from typing import Any
 
 import psutil
 
-from stepwatch.monitors.runfiles import (
-    EXIT_JSON, RUN_JSON, STOP_JSON, TRAIN_LOG, open_append, read_json, utc_iso, write_json_atomic,
+from stepwatch.monitors.proctree import (
+    TreeRecorder, become_subreaper, in_group, owner_uid, send_signal, signal_group, signal_targets,
 )
+from stepwatch.monitors.runfiles import (
+    EXIT_JSON, PROCS_JSON, RUN_JSON, STOP_JSON, TRAIN_LOG, open_append, read_json, utc_iso, write_json_atomic,
+)
+from stepwatch.monitors.watchdog import ProcessRef, is_alive
 
 ESCALATION = (signal.SIGINT, signal.SIGTERM, signal.SIGKILL)
 DEFAULT_GRACE_S = 30.0
@@ -56,12 +60,19 @@ def child_argv(run: dict[str, Any]) -> list[str]:
 
 
 class Escalation:
-    """Carries out a stop: INT -> TERM -> KILL to the child's process group, each recorded."""
+    """Carries out a stop: INT -> TERM -> KILL to the training command's process group and to every
+    other process of the attempt's recorded tree (``procs.json``, by identity: a worker that moved to
+    a session of its own too), each signal recorded in ``stop.json``. The ladder goes on while any of
+    them lives (a frozen rank outlives its launcher), a grace between rungs; ``start_at`` skips rungs
+    already sent (``stepwatch stop`` taking over from a supervisor that died mid-stop)."""
 
-    def __init__(self, run_dir: Path, pgid: int, child_done: threading.Event):
+    POLL_S = 0.2
+
+    def __init__(self, run_dir: Path, leader: ProcessRef, start_at: int = 0):
         self.run_dir = run_dir
-        self.pgid = pgid
-        self.child_done = child_done
+        self.leader = leader
+        self.uid = owner_uid(run_dir)
+        self.start_at = start_at
         self.last_signal: str | None = None
         self.thread = threading.Thread(target=self._run, name="stop-escalation", daemon=True)
 
@@ -69,32 +80,51 @@ class Escalation:
         """Begin the escalation in a thread (idempotent: the caller starts it once)."""
         self.thread.start()
 
-    def _record(self, sig: signal.Signals) -> None:
+    def _others(self) -> list:
+        return signal_targets(self.run_dir, self.run_dir / PROCS_JSON, exclude={self.leader.pid})
+
+    def alive(self) -> bool:
+        """The command or any recorded process of its tree still runs."""
+        return is_alive(self.leader) or bool(self._others())
+
+    def _record(self, sig: signal.Signals, pids: list[int], group: bool) -> None:
         stop = read_json(self.run_dir / STOP_JSON) or _new_stop_record(reason="supervisor received a stop signal")
         t = time.time()
         stop.setdefault("signals", []).append(
-            {"signal": sig.name, "sent_at": utc_iso(t), "sent_at_unix": t, "pgid": self.pgid})
+            {"signal": sig.name, "sent_at": utc_iso(t), "sent_at_unix": t,
+             "pgid": self.leader.pid if group else None, "pids": pids})
         write_json_atomic(self.run_dir / STOP_JSON, stop)
 
+    def _send(self, sig: signal.Signals) -> tuple[bool, list[int]]:
+        group = signal_group(self.leader, sig, self.uid)
+        pids = [t.ref.pid for t in self._others()
+                if not (group and in_group(t.ref.pid, self.leader.pid)) and send_signal(t.ref, sig, self.uid)]
+        return group, pids
+
     def _run(self) -> None:
-        stop = read_json(self.run_dir / STOP_JSON) or {}
-        grace = stop.get("grace_s")
-        grace = float(grace) if isinstance(grace, (int, float)) and grace >= 0 else DEFAULT_GRACE_S
-        for sig in ESCALATION:
-            if self.child_done.is_set():
+        grace = _grace_of(self.run_dir)
+        for sig in ESCALATION[self.start_at:]:
+            if not self.alive():
                 return
+            group, pids = self._send(sig)
+            if group or pids:
+                self.last_signal = sig.name
+                _log(f"sent {sig.name} to " + ", ".join(
+                    ([f"process group {self.leader.pid}"] if group else []) + [f"pid {p}" for p in pids]))
             try:
-                self._record(sig)
+                self._record(sig, pids, group)
             except OSError as e:  # an unwritable run dir must not stop the stop
                 _log(f"could not record {sig.name} in stop.json: {e}")
-            try:
-                os.killpg(self.pgid, sig)
-                self.last_signal = sig.name
-                _log(f"sent {sig.name} to process group {self.pgid}")
-            except ProcessLookupError:
-                return
-            if self.child_done.wait(grace):
-                return
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline:
+                time.sleep(min(self.POLL_S, max(0.0, deadline - time.monotonic())))
+                if not self.alive():
+                    return
+
+
+def _grace_of(run_dir: Path) -> float:
+    grace = (read_json(run_dir / STOP_JSON) or {}).get("grace_s")
+    return float(grace) if type(grace) in (int, float) and 0 <= grace < 1e7 else DEFAULT_GRACE_S
 
 
 def _new_stop_record(reason: str | None, grace_s: float | None = None) -> dict[str, Any]:
@@ -181,6 +211,7 @@ def supervise(run_dir: Path) -> int:
         signal.signal(sig, lambda *_: stop_requested.set())
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
+    subreaper = become_subreaper()  # an orphaned worker of the run stays in its tree, not init's
     me = psutil.Process()
     supervisor_rec = {"pid": me.pid, "create_time": me.create_time(), "sid": os.getsid(0)}
     t_start = time.time()
@@ -215,9 +246,12 @@ def supervise(run_dir: Path) -> int:
     run["process"] = {"pid": child.pid, "create_time": ctime, "pgid": child.pid}
     run["start_error"] = None
     write_json_atomic(run_dir / RUN_JSON, run)
-    _log(f"started pid {child.pid}: {child_argv(run)!r}")
+    _log(f"started pid {child.pid}: {child_argv(run)!r}" + ("" if subreaper else " (not a child subreaper: "
+         "a worker whose parent dies goes to init, and is found only while in this session)"))
 
     child_done = threading.Event()
+    child_ref = ProcessRef(child.pid, ctime)
+    tree = TreeRecorder(run_dir, child_ref, log=_log).start(child_done)
     exit_recorded = threading.Event()  # exit.json is written: the watch's last look sees the verdict
     _start_gpu_sampler(run_dir, run, child.pid, child_done)
     events_state = _start_events_state(run_dir, run, child_done)
@@ -230,7 +264,7 @@ def supervise(run_dir: Path) -> int:
         except subprocess.TimeoutExpired:
             pass
         if stop_requested.is_set() and escalation is None:
-            escalation = Escalation(run_dir, child.pid, child_done)
+            escalation = Escalation(run_dir, child_ref)
             escalation.start()
     child_done.set()
     t_end = time.time()
@@ -242,7 +276,12 @@ def supervise(run_dir: Path) -> int:
     }
     write_json_atomic(run_dir / EXIT_JSON, exit_rec)
     exit_recorded.set()
+    tree.join(5.0)  # the last look at the tree: what the command left behind is recorded
+    if stop_requested.is_set() and escalation is None:  # asked in the last poll interval
+        escalation = Escalation(run_dir, child_ref)
+        escalation.start()
     if escalation is not None:
+        escalation.thread.join(len(ESCALATION) * _grace_of(run_dir) + 5)  # the rest of the tree, bounded
         stop = read_json(run_dir / STOP_JSON) or _new_stop_record(None)
         stop["ended_by"] = {"last_signal_sent": escalation.last_signal, "returncode": exit_rec["returncode"],
                             "signal": sig_name, "ended_at": exit_rec["ended_at"]}

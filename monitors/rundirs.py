@@ -6,10 +6,12 @@ from pathlib import Path
 
 import difflib
 import os
+import stat
 import time
 
-from stepwatch.monitors.runfiles import ENV_RUNS_DIR, EXIT_JSON, RUN_JSON, read_json
-from stepwatch.monitors.watchdog import ProcessRef, is_alive, survivors
+from stepwatch.monitors.proctree import recorded_processes, signal_targets
+from stepwatch.monitors.runfiles import ENV_RUNS_DIR, EXIT_JSON, PROCS_JSON, RUN_JSON, read_json, stamped_name
+from stepwatch.monitors.watchdog import ProcessRef, is_alive
 
 
 class RunNotFound(LookupError):
@@ -82,25 +84,75 @@ def live_attempt(run_dir: Path) -> tuple[str, int] | None:
     return None
 
 
-def run_survivors(run_dir: Path) -> list[dict]:
-    """Processes of ENDED attempts still alive in their process group or their supervisor's session
-    (DataLoader workers, re-parented ranks: they keep GPU memory and make the next launch run out of
-    memory). Every attempt counts, rotated ones too (``run.<stamp>.json``); matched by the pgid and
-    sid that run.json captured, never by command line. A live attempt's own processes are not listed.
-    """
-    found: dict[int, dict] = {}
-    live_sids, live_pgids = set(), set()
-    attempts = []
-    for rj in sorted(run_dir.glob("run*.json")):
-        run = read_json(rj) or {}
-        proc, sup = run.get("process") or {}, run.get("supervisor") or {}
-        if is_alive(ProcessRef.from_json(proc)):
-            live_pgids.add(proc.get("pgid"))
-            live_sids.add(sup.get("sid"))
+def foreign_records(run_dir: Path) -> str | None:
+    """Why the run's records cannot be trusted to name its processes, or None: the run dir is a
+    symlink, or its run.json / procs.json is a symlink or belongs to another user than the run dir."""
+    try:
+        st = run_dir.lstat()
+    except OSError as e:
+        return f"cannot read {run_dir}: {e.strerror}"
+    if stat.S_ISLNK(st.st_mode):
+        return f"{run_dir} is a symlink"
+    for name in (RUN_JSON, PROCS_JSON):
+        try:
+            fst = (run_dir / name).lstat()
+        except FileNotFoundError:
             continue
-        attempts.append((proc.get("pgid"), sup.get("sid"), ProcessRef.from_json(sup)))
-    for pgid, sid, sup in attempts:
-        exclude = {sup.pid} if sup and is_alive(sup) else set()
-        for p in survivors(pgid if pgid not in live_pgids else None, sid if sid not in live_sids else None, exclude):
-            found[p["pid"]] = p
+        except OSError as e:
+            return f"cannot read {run_dir / name}: {e.strerror}"
+        if stat.S_ISLNK(fst.st_mode):
+            return f"{name} is a symlink, not a record the run's supervisor wrote"
+        if fst.st_uid != st.st_uid:
+            return (f"{name} belongs to uid {fst.st_uid}, not to the run dir's owner (uid {st.st_uid}): "
+                    "it was not written by the run's supervisor")
+    return None
+
+
+def _attempt_files(run_dir: Path) -> list[tuple[Path, Path]]:
+    """(run.json, procs.json) of every attempt, rotated ones too (``run.<stamp>.json``)."""
+    out = []
+    for rj in sorted(run_dir.glob("run*.json")):
+        if rj.name == RUN_JSON:
+            out.append((rj, run_dir / PROCS_JSON))
+            continue
+        stem, _, rest = rj.name.partition(".")
+        stamp = rest[: -len(".json")] if rest.endswith(".json") else ""
+        if stem == "run" and stamp and "/" not in stamp:
+            out.append((rj, run_dir / stamped_name(PROCS_JSON, stamp)))
+    return out
+
+
+def run_survivors(run_dir: Path) -> list[dict]:
+    """Processes of ENDED attempts still alive (DataLoader workers, re-parented ranks: they keep GPU
+    memory and make the next launch run out of memory). Only what an attempt's supervisor recorded
+    in its procs.json counts, matched by pid AND create time and owned by the run dir's owner (never
+    by a group or session number alone, never by command line); every attempt counts, rotated ones
+    too. A live attempt's own processes are not listed. Records not written by the run dir's owner
+    name nothing (:func:`foreign_records`). Returns ``[{"pid", "create_time", "name", "rank", "pgid",
+    "sid"}]`` sorted by pid."""
+    if foreign_records(run_dir):
+        return []
+    found: dict[int, dict] = {}
+    live: set[int] = set()
+    ended = []
+    for rj, pj in _attempt_files(run_dir):
+        run = read_json(rj) or {}
+        if is_alive(ProcessRef.from_json(run.get("process"))):
+            live |= {p.ref.pid for p in recorded_processes(pj)}
+            sup = ProcessRef.from_json(run.get("supervisor"))
+            if sup is not None:
+                live.add(sup.pid)
+            continue
+        ended.append(pj)
+    for pj in ended:
+        for p in signal_targets(run_dir, pj, exclude=live):
+            found[p.ref.pid] = {"pid": p.ref.pid, "create_time": p.ref.create_time, "name": p.name,
+                                "rank": p.rank, "pgid": _now(os.getpgid, p.ref.pid), "sid": _now(os.getsid, p.ref.pid)}
     return [found[k] for k in sorted(found)]
+
+
+def _now(fn, pid: int) -> int | None:
+    try:
+        return fn(pid)
+    except OSError:
+        return None

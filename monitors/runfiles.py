@@ -34,10 +34,12 @@ ALERTS_JSONL = "alerts.jsonl"  # the supervisor's alerts and their deliveries (m
 #: The run's push URLs (they carry tokens): 0600, read by its supervisor only; run.json names the
 #: channels without their secrets (``config.alerts.channels``).
 PUSH_URLS_JSON = "alerts.urls.json"
+#: Every process of the attempt by identity, recorded by its supervisor (monitors/proctree.py).
+PROCS_JSON = "procs.json"
 
 #: Files that describe one attempt and are renamed with the attempt's stamp on relaunch.
 PER_ATTEMPT_FILES = (TRAIN_LOG, EVENTS_JSONL, GPU_JSONL, RUN_JSON, STOP_JSON, EXIT_JSON, SUPERVISOR_LOG, EVENTS_STATE,
-                     LOG_STEPS_JSONL, ALERTS_JSONL, PUSH_URLS_JSON)
+                     LOG_STEPS_JSONL, ALERTS_JSONL, PUSH_URLS_JSON, PROCS_JSON)
 
 ENV_RUN_DIR = "STEPWATCH_RUN_DIR"
 ENV_ATTEMPT = "STEPWATCH_ATTEMPT"

@@ -138,31 +138,6 @@ def wait_for_exit(ref: ProcessRef, timeout_s: float | None = None, poll_s: float
             os.close(fd)
 
 
-def survivors(pgid: int | None, sid: int | None, exclude: set[int] | None = None) -> list[dict]:
-    """Processes still in the run's process group or session after the run ended.
-
-    DataLoader workers or ranks re-parented to init keep GPU memory and make the next launch run out
-    of memory. Matching is by the *captured* process group id and session id (numbers from run.json),
-    never by command line. Returns ``[{"pid", "name", "pgid", "sid"}]``, sorted by pid.
-    """
-    if pgid is None and sid is None:
-        return []
-    exclude = exclude or set()
-    found = []
-    for p in psutil.process_iter(["pid", "name", "status"]):
-        pid = p.info["pid"]
-        if pid in exclude or pid == os.getpid() or p.info["status"] == psutil.STATUS_ZOMBIE:
-            continue
-        try:
-            p_pgid = os.getpgid(pid)
-            p_sid = os.getsid(pid)
-        except OSError:
-            continue
-        if (pgid is not None and p_pgid == pgid) or (sid is not None and p_sid == sid):
-            found.append({"pid": pid, "name": p.info["name"], "pgid": p_pgid, "sid": p_sid})
-    return sorted(found, key=lambda d: d["pid"])
-
-
 @dataclass(frozen=True)
 class SelfTestResult:
     """Outcome of :func:`self_test`: ``ok`` and the seconds it took to notice the death."""

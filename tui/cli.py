@@ -139,7 +139,9 @@ def _describe_end(ex: dict | None) -> str:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    from stepwatch.launcher.stop import StopError, StopInProgress, kill_survivors, request_stop  # noqa: PLC0415
+    from stepwatch.launcher.stop import (  # noqa: PLC0415
+        StopError, StopInProgress, kill_survivors, refuse_foreign, request_stop,
+    )
 
     if not (args.grace >= 0 and math.isfinite(args.grace)):
         _err(f"--grace must be a finite number of seconds >= 0; got {args.grace:g}")
@@ -147,6 +149,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
     try:
         run_dir = resolve_run(args.run, _runs_dir(args))
         if args.survivors:
+            refuse_foreign(run_dir)
             if live_attempt(run_dir):
                 _err(f"{run_dir.name} is still running; --survivors is for what outlives an ended run. Stop it first.")
                 return EXIT_FAILED
@@ -234,7 +237,7 @@ def _warn_survivors(run_dir: Path) -> None:
 
     left = run_survivors(run_dir)
     if left:
-        _err(f"warning: {len(left)} process(es) of the ended run survive in its process group/session "
+        _err(f"warning: {len(left)} process(es) of the ended run survive (recorded in its process tree) "
              f"(they may hold GPU memory): " + ", ".join(f"{p['pid']} ({p['name']})" for p in left[:10])
              + f"\n  kill them with: stepwatch stop {run_dir} --survivors")
 

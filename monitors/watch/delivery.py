@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from stepwatch.monitors.proctree import HELPER_PIDS, HELPERS_LOCK
 from stepwatch.monitors.snapshot.alerts import channel_name
 
 LEVELS = ("info", "warning", "error")
@@ -118,11 +119,17 @@ class Deliverer:
                    STEPWATCH_ALERT_MESSAGE=str(alert.get("message")), STEPWATCH_RUN=self.run_name,
                    STEPWATCH_RUN_DIR=str(self.run_dir))
         try:
-            p = subprocess.Popen(self.command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.PIPE, start_new_session=True)
+            with HELPERS_LOCK:  # the supervisor's own helper, never a process of the run's tree
+                p = subprocess.Popen(self.command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE, start_new_session=True)
+                HELPER_PIDS.add(p.pid)
         except OSError as e:
             return False, f"could not run {self.command[0]!r}: {e}", 1
-        rc, tail = _wait_bounded(p, self.command_timeout_s)
+        try:
+            rc, tail = _wait_bounded(p, self.command_timeout_s)
+        finally:
+            with HELPERS_LOCK:
+                HELPER_PIDS.discard(p.pid)
         if rc is None:
             return False, f"the command ran over {self.command_timeout_s:g} s: its session was killed", 1
         if rc == 0:

@@ -1,0 +1,311 @@
+"""The process tree is the run: every process of an attempt, recorded by identity as it appears.
+
+The supervisor (:class:`TreeRecorder`, a thread) records the training command and every process that
+descends from it, or that runs in the supervisor's own session, with its identity (pid + psutil
+create_time, unix seconds), its parent, its user, and its rank where its environment tells it
+(``RANK``, ``LOCAL_RANK``: torchrun, accelerate). The record, ``procs.json``, is rewritten
+(atomically) whenever a process appears or ends, and once more after the training command ended.
+The supervisor is a child subreaper (``PR_SET_CHILD_SUBREAPER``), so a worker whose parent died is
+re-parented to it instead of init and stays in the tree.
+
+Stop and survivors use only this record (:func:`recorded_processes`, :func:`signal_targets`): a
+process is signalled only when its pid *and* create time are in the record of the run's own
+supervisor, and it belongs to the run's owner. A group or session number alone, read from a file,
+never selects a process; a pid reused since it was recorded is never touched.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import psutil
+
+from stepwatch.monitors.runfiles import PROCS_JSON, read_json, write_json_atomic
+from stepwatch.monitors.watchdog import PID_MAX, ProcessRef, probe
+
+#: How often the supervisor looks for new or ended processes of the tree (seconds).
+TREE_SAMPLE_S = 0.5
+#: At most this many processes are recorded per attempt (a fork bomb cannot grow the file forever).
+MAX_RECORDED = 4096
+PR_SET_CHILD_SUBREAPER = 36
+
+
+#: Children the supervisor starts for itself (an alert command): never part of the run's tree.
+#: Start them under ``HELPERS_LOCK`` and add their pid, so no look at the tree falls in between.
+HELPERS_LOCK = threading.Lock()
+HELPER_PIDS: set[int] = set()
+
+
+def become_subreaper() -> bool:
+    """Make this process the child subreaper of its descendants (Linux prctl); False where refused."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):  # not Linux, or no prctl
+        return False
+
+
+def _rank_of(p: psutil.Process) -> tuple[int | None, int | None]:
+    """``(RANK, LOCAL_RANK)`` from the process's environment; None where unset or unreadable."""
+    try:
+        env = p.environ()
+    except (psutil.Error, OSError):
+        return None, None
+    out = []
+    for key in ("RANK", "LOCAL_RANK"):
+        v = env.get(key, "")
+        out.append(int(v) if v.isdigit() and len(v) < 7 else None)
+    return out[0], out[1]
+
+
+class TreeRecorder:
+    """Records the tree of ``child_pid`` into ``run_dir/procs.json`` until ``done`` is set, then
+    takes one last look (a worker left behind by the ended command is recorded before the supervisor
+    exits). ``sample()`` is one look; the thread calls it every ``TREE_SAMPLE_S``."""
+
+    def __init__(self, run_dir: Path, child: ProcessRef, log: Callable[[str], None] | None = None):
+        self.run_dir = run_dir
+        self.child = child
+        self.me = os.getpid()
+        self.sid = os.getsid(0)
+        self.log = log or (lambda _m: None)
+        self._procs: dict[int, dict[str, Any]] = {}  # pid -> record (the pid's latest identity)
+        self._lock = threading.Lock()
+        self._write_failed = False
+
+    def _members(self) -> list[psutil.Process]:
+        """Live processes of the tree: the command, its descendants, the recorded ones and theirs,
+        whatever else runs in this supervisor's session, and every child of the supervisor it did not
+        start itself (a worker whose parent died is re-parented to it: it is the child subreaper)."""
+        with HELPERS_LOCK:
+            return self._members_locked(set(HELPER_PIDS))
+
+    def _members_locked(self, helpers: set[int]) -> list[psutil.Process]:
+        by_parent: dict[int, list[psutil.Process]] = {}
+        procs: dict[int, psutil.Process] = {}
+        roots = {self.child.pid} | {pid for pid, r in self._procs.items() if r.get("ended_at_unix") is None}
+        for p in psutil.process_iter(["ppid"]):
+            procs[p.pid] = p
+            by_parent.setdefault(p.info["ppid"], []).append(p)
+            if p.info["ppid"] == self.me and p.pid not in helpers:
+                roots.add(p.pid)
+            elif p.pid != self.me:
+                try:
+                    if os.getsid(p.pid) == self.sid:
+                        roots.add(p.pid)
+                except OSError:
+                    pass
+        seen: set[int] = set()
+        stack = [pid for pid in roots if pid in procs]
+        while stack:
+            pid = stack.pop()
+            if pid in seen or pid == self.me or pid in helpers:
+                continue
+            seen.add(pid)
+            stack.extend(c.pid for c in by_parent.get(pid, []))
+        return [procs[pid] for pid in sorted(seen)]
+
+    def sample(self) -> bool:
+        """One look at the tree; writes procs.json when a process appeared or ended. Returns whether
+        anything changed."""
+        now = time.time()
+        changed = False
+        live: set[int] = set()
+        for p in self._members():
+            try:
+                ctime = p.create_time()
+                status = p.status()
+            except psutil.Error:
+                continue
+            rec = self._procs.get(p.pid)
+            if rec is not None and abs((rec.get("create_time") or 0) - ctime) > 0.5:
+                rec = None  # the pid was reused: a new process (the old record is replaced)
+            if status == psutil.STATUS_ZOMBIE:
+                if rec is not None and p.pid != self.child.pid:
+                    self._reap(p.pid)
+                continue
+            live.add(p.pid)
+            if rec is None and len(self._procs) < MAX_RECORDED:
+                try:
+                    ppid, uids, name = p.ppid(), p.uids(), p.name()
+                    pgid, sid = os.getpgid(p.pid), os.getsid(p.pid)
+                except (psutil.Error, OSError):
+                    continue
+                rank, local_rank = _rank_of(p)
+                self._procs[p.pid] = {"pid": p.pid, "create_time": ctime, "ppid": ppid, "uid": uids.real,
+                                      "pgid": pgid, "sid": sid, "name": name[:64], "rank": rank,
+                                      "local_rank": local_rank, "first_seen_unix": now, "ended_at_unix": None}
+                changed = True
+        for pid, rec in self._procs.items():
+            if rec.get("ended_at_unix") is None and pid not in live:
+                rec["ended_at_unix"] = now
+                changed = True
+        if changed:
+            self._write(now)
+        return changed
+
+    def _reap(self, pid: int) -> None:
+        """Reap a recorded zombie re-parented to this subreaper (never the command: Popen waits)."""
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+
+    def _write(self, now: float) -> None:
+        rec = {"v": 1, "supervisor": {"pid": self.me, "sid": self.sid}, "child_pid": self.child.pid,
+               "updated_at_unix": now, "processes": sorted(self._procs.values(), key=lambda r: r["pid"])}
+        try:
+            write_json_atomic(self.run_dir / PROCS_JSON, rec, indent=None)
+            self._write_failed = False
+        except OSError as e:
+            if not self._write_failed:
+                self.log(f"could not record the process tree in {PROCS_JSON}: {e}")
+            self._write_failed = True
+
+    def run(self, done: threading.Event) -> None:
+        """Sample every ``TREE_SAMPLE_S`` until ``done``, then once more (what the command left behind)."""
+        while True:
+            try:
+                self.sample()
+            except Exception as e:  # noqa: BLE001 - the record must never take the supervisor down
+                self.log(f"process tree sample failed: {type(e).__name__}: {e}")
+            if done.wait(TREE_SAMPLE_S):
+                break
+        try:
+            self.sample()
+        except Exception as e:  # noqa: BLE001
+            self.log(f"process tree sample failed: {type(e).__name__}: {e}")
+
+    def start(self, done: threading.Event) -> threading.Thread:
+        """Run :meth:`run` in a daemon thread."""
+        t = threading.Thread(target=self.run, args=(done,), name="process-tree", daemon=True)
+        t.start()
+        return t
+
+
+@dataclass(frozen=True)
+class RecordedProcess:
+    """One process of the record: its identity, user, rank, and whether it is alive now."""
+
+    ref: ProcessRef
+    uid: int | None
+    name: str
+    rank: int | None
+    local_rank: int | None
+    pgid: int | None
+    sid: int | None
+
+
+def _as_int(v: Any) -> int | None:
+    return v if type(v) is int and 0 <= v <= PID_MAX else None
+
+
+def recorded_processes(procs_file: Path) -> list[RecordedProcess]:
+    """The processes a record names, validated (a file is hostile: pids in pid_t's range, a finite
+    create time is required, at most MAX_RECORDED). Missing or unreadable file: []."""
+    rec = read_json(procs_file)
+    items = rec.get("processes") if isinstance(rec, dict) else None
+    if not isinstance(items, list):
+        return []
+    out = []
+    for d in items[:MAX_RECORDED]:
+        ref = ProcessRef.from_json(d) if isinstance(d, dict) else None
+        if ref is None or ref.create_time is None or not math.isfinite(ref.create_time):
+            continue  # without a create time a pid is no identity
+        name = d.get("name")
+        out.append(RecordedProcess(ref, _as_int(d.get("uid")), name[:64] if isinstance(name, str) else "?",
+                                   _as_int(d.get("rank")), _as_int(d.get("local_rank")),
+                                   _as_int(d.get("pgid")), _as_int(d.get("sid"))))
+    return out
+
+
+def owner_uid(run_dir: Path) -> int | None:
+    """The uid owning the run dir (never following a symlink); None when it cannot be read."""
+    try:
+        return run_dir.lstat().st_uid
+    except OSError:
+        return None
+
+
+def belongs_to(ref: ProcessRef, uid: int | None) -> bool:
+    """The captured process is alive (pid and create time match) and its real uid is ``uid``."""
+    return uid is not None and ref.create_time is not None and probe(ref) == "alive" and belongs_to_uid(ref.pid, uid)
+
+
+def signal_targets(run_dir: Path, procs_file: Path, exclude: set[int] | None = None) -> list[RecordedProcess]:
+    """Recorded processes of ``procs_file`` that are alive now as recorded and belong to the run's
+    owner (``run_dir``'s uid), less ``exclude``: the only processes stop and survivors may signal."""
+    uid = owner_uid(run_dir)
+    exclude = exclude or set()
+    return [p for p in recorded_processes(procs_file)
+            if p.ref.pid not in exclude and p.ref.pid != os.getpid() and belongs_to(p.ref, uid)]
+
+
+def belongs_to_uid(pid: int, uid: int) -> bool:
+    """The process's real and effective uid are both ``uid`` (a setuid program run by the owner is
+    not the owner's to signal)."""
+    try:
+        u = psutil.Process(pid).uids()
+    except psutil.Error:
+        return False
+    return u.real == uid and u.effective == uid
+
+
+def send_signal(ref: ProcessRef, sig: int, uid: int | None) -> bool:
+    """Send ``sig`` to the captured process only if it is alive as captured (pid and create time)
+    and belongs to ``uid``. A pidfd is opened before the check and the signal goes through it, so a
+    pid reused between the check and the signal is never hit. Returns whether it was sent."""
+    if uid is None or ref.create_time is None:
+        return False
+    fd = None
+    if hasattr(os, "pidfd_open"):
+        try:
+            fd = os.pidfd_open(ref.pid)
+        except OSError:
+            return False  # gone (ESRCH); or no pidfds: fall back below
+    try:
+        if probe(ref) != "alive" or not belongs_to_uid(ref.pid, uid):
+            return False
+        try:
+            if fd is not None:
+                import signal as _signal  # noqa: PLC0415
+
+                _signal.pidfd_send_signal(fd, sig)
+            else:  # pragma: no cover - kernels before 5.3
+                os.kill(ref.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def signal_group(leader: ProcessRef, sig: int, uid: int | None) -> bool:
+    """``killpg`` the process group led by the captured ``leader`` (the training command: the
+    supervisor starts it as its own group's leader), only while the leader is alive as captured,
+    belongs to ``uid`` and still leads that group. Returns whether it was sent."""
+    if not belongs_to(leader, uid):
+        return False
+    try:
+        if os.getpgid(leader.pid) != leader.pid:
+            return False
+        os.killpg(leader.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def in_group(pid: int, pgid: int) -> bool:
+    """The process is (now) a member of process group ``pgid``."""
+    try:
+        return os.getpgid(pid) == pgid
+    except OSError:
+        return False

@@ -27,7 +27,7 @@ LEGACY_MOUSE = b"\x1b[M\xff\xff\xff\x1b[M \xc8\xc8\x1b[M#\x80\x80"  # X10 mouse,
 class PtyApp:
     """``stepwatch attach RUN`` on a fresh 80x24 pty, its output collected."""
 
-    def __init__(self, run_dir: Path, **env_extra: str):
+    def __init__(self, run_dir: Path | None, *args: str, **env_extra: str):
         self.master, slave = os.openpty()
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
         env = dict(os.environ, TERM="xterm-256color", LANG="C.UTF-8")
@@ -35,7 +35,7 @@ class PtyApp:
         env.pop("NO_COLOR", None)
         env.update(env_extra)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "stepwatch.tui.cli", "attach", str(run_dir)], stdin=slave, stdout=slave, stderr=slave,
+            [sys.executable, "-m", "stepwatch.tui.cli", "attach", *([str(run_dir)] if run_dir else []), *args], stdin=slave, stdout=slave, stderr=slave,
             env=env, close_fds=True, cwd=REPO_ROOT,
             preexec_fn=lambda: (os.setsid(), fcntl.ioctl(0, termios.TIOCSCTTY, 0)))
         os.close(slave)
@@ -104,6 +104,64 @@ def test_hangup_ends_the_app_and_never_the_run(repo: Path):
         os.killpg(app.proc.pid, signal.SIGHUP)  # what an SSH drop delivers to the terminal's session
         assert app.pump(lambda: app.proc.poll() is not None, 10), "the app kept running after SIGHUP"
         assert probe(ref) == "alive"
+    finally:
+        app.close()
+
+
+def _write_big_cold_run(run_dir: Path, steps: int) -> None:
+    """An ended run with ``steps`` step events and no saved state: its first read folds every line
+    (about 5 s for a million on this machine's cores)."""
+    from stepwatch.monitors.runfiles import write_json_atomic
+
+    run_dir.mkdir(parents=True)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    t0 = 1_780_000_000.0
+    with open(run_dir / "events.jsonl", "w") as f:
+        f.write('{"v":1,"kind":"run_start","t":%r,"step":null,"rank":0,"world_size":1}\n' % t0)
+        for lo in range(1, steps + 1, 100_000):
+            f.write("".join('{"v":1,"kind":"step","t":%r,"step":%d,"rank":0,"dt":0.5,"step_begin":%r,"step_end":%r,'
+                            '"flags":[]}\n' % (t0 + s / 2, s, t0 + s / 2 - 0.5, t0 + s / 2)
+                            for s in range(lo, min(lo + 100_000, steps + 1))))
+    (run_dir / "train.log").write_text("step 1\n")
+    gone = {"pid": dead.pid, "create_time": 1.0}
+    write_json_atomic(run_dir / "run.json", {"v": 1, "name": run_dir.name, "attempt": 1, "argv": ["python"],
+                                             "cwd": str(run_dir), "launched_at_unix": t0, "supervisor": gone,
+                                             "process": {**gone, "pgid": dead.pid}})
+    write_json_atomic(run_dir / "exit.json", {"returncode": 0, "ended_at_unix": t0 + steps, "duration_s": steps})
+
+
+@pytest.fixture(scope="module")
+def big_cold_run(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("big") / "runs" / "big"
+    _write_big_cold_run(run_dir, 1_000_000)
+    return run_dir
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["q", "SIGHUP", "SIGTERM", "SIGINT", "home q"])
+def test_leaving_during_a_cold_attach_of_a_big_run_ends_the_process_within_a_second(big_cold_run: Path, how: str):
+    """Quit (q, on the run screen or the home list), a hangup, SIGTERM or SIGINT while a worker is
+    still folding a million events: the process is gone within a second, the terminal restored
+    (alternate screen left, mouse reporting off, cursor shown) and the reason printed."""
+    app = PtyApp(None, "--runs-dir", str(big_cold_run.parent)) if how == "home q" else PtyApp(big_cold_run)
+    try:
+        assert app.pump(lambda: b"\x1b[?1049h" in app.out and len(app.out) > 1500, 15), app.out[-500:]
+        app.pump(timeout_s=0.5)  # the first read is under way (it takes seconds)
+        t0 = time.monotonic()
+        if how.endswith("q"):
+            os.write(app.master, b"q")
+        else:
+            os.killpg(app.proc.pid, getattr(signal, how))
+        assert app.pump(lambda: app.proc.poll() is not None, 15), "the app kept running"
+        took_s = time.monotonic() - t0
+        app.pump(timeout_s=0.2)
+        assert took_s < 1.0, f"{how}: the process took {took_s:.2f} s to end"
+        assert app.proc.returncode == 0
+        tail = app.out[-3000:]
+        assert b"\x1b[?1049l" in tail and b"\x1b[?1000l" in tail and b"\x1b[?25h" in tail, tail[-300:]
+        if how.startswith("SIG"):
+            assert b"the run is untouched" in tail
     finally:
         app.close()
 

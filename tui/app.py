@@ -79,11 +79,15 @@ class StepwatchApp(App):
         else:
             self.push_screen(HomeScreen(self.runs_dir))
         self.set_interval(2.0, self._check_terminal)
-        try:  # SIGHUP (the SSH link dropped): leave cleanly; the loop's wakeup fd delivers it at once
-            asyncio.get_running_loop().add_signal_handler(
-                signal.SIGHUP, lambda: self.exit(message="terminal hung up; the run is untouched"))
-        except (NotImplementedError, RuntimeError, ValueError):
-            pass  # not the main thread (tests), or no signals on this platform
+        # SIGHUP (the SSH link dropped), SIGTERM, SIGINT: leave cleanly, the terminal restored; the
+        # loop's wakeup fd delivers them at once, whatever a worker thread is doing
+        for sig, why in ((signal.SIGHUP, "terminal hung up"), (signal.SIGTERM, "terminated (SIGTERM)"),
+                         (signal.SIGINT, "interrupted (SIGINT)")):
+            try:
+                asyncio.get_running_loop().add_signal_handler(
+                    sig, lambda why=why: self.exit(message=f"stepwatch: {why}; the run is untouched"))
+            except (NotImplementedError, RuntimeError, ValueError):
+                pass  # not the main thread (tests), or no signals on this platform
 
     def _check_terminal(self) -> None:
         """Exit on our own when the terminal went away (SSH dropped) instead of polling as an orphan."""
@@ -240,10 +244,26 @@ class StepwatchApp(App):
 def run_app(run_dir: Path | None, runs_dir: Path, low_bandwidth: bool = False) -> int:
     """Run the TUI until the operator quits; returns the CLI exit code (0). The run is never touched.
 
-    SIGHUP (the SSH link dropped) ends the app cleanly; Textual restores the terminal's modes on
-    every exit path, a crash included. ``NO_COLOR`` is honoured by Rich/Textual themselves.
+    SIGHUP (the SSH link dropped), SIGTERM and SIGINT end the app cleanly; Textual restores the
+    terminal's modes on every exit path, a crash included; the process then ends at once
+    (:func:`leave_now`), whatever a worker thread is still reading. ``NO_COLOR`` is honoured by Rich/Textual themselves.
     """
     _tolerate_non_utf8_input()
     app = StepwatchApp(run_dir, runs_dir, low_bandwidth)
-    app.run()
-    return 0
+    # our own loop, never closed: asyncio.run() would join the default executor's threads (a
+    # refresh worker inside a long cold read) before returning
+    app.run(loop=asyncio.new_event_loop())
+    leave_now(0)
+    return 0  # pragma: no cover - leave_now does not return
+
+
+def leave_now(code: int) -> None:
+    """End the process at once, the terminal already restored and the exit message printed: a
+    worker thread still reading a big run (Python would join it at exit, for as long as the read
+    takes) must not keep a quit or hung-up app alive, burning a core."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass  # the terminal is gone
+    os._exit(code)

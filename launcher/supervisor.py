@@ -15,6 +15,7 @@ after the grace, SIGKILL after a second grace, and records each signal in ``stop
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -31,7 +32,8 @@ from stepwatch.monitors.proctree import (
     TreeRecorder, become_subreaper, in_group, owner_uid, send_signal, signal_group, signal_targets,
 )
 from stepwatch.monitors.runfiles import (
-    EXIT_JSON, PROCS_JSON, RUN_JSON, STOP_JSON, TRAIN_LOG, open_append, read_json, utc_iso, write_json_atomic,
+    EXIT_JSON, PROCS_JSON, RUN_JSON, STOP_JSON, TRAIN_LOG, open_append, read_json, utc_iso, write_all,
+    write_json_atomic,
 )
 from stepwatch.monitors.watchdog import ProcessRef, is_alive
 
@@ -40,8 +42,84 @@ DEFAULT_GRACE_S = 30.0
 
 
 def _log(msg: str) -> None:
-    """One line to the supervisor's own log (its stderr is ``supervisor.log``)."""
-    print(f"{utc_iso(time.time())} supervisor[{os.getpid()}]: {msg}", file=sys.stderr, flush=True)
+    """One line to the supervisor's own log (its stderr is ``supervisor.log``); a full disk loses
+    the line, never the supervisor."""
+    try:
+        print(f"{utc_iso(time.time())} supervisor[{os.getpid()}]: {msg}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
+#: Space the supervisor holds from its start (a hidden file in the run dir) and gives back right
+#: before it writes exit.json, so a file system that filled up still has room for the one record
+#: that must not be lost.
+RESERVE_FILE = ".stepwatch.reserve"
+RESERVE_BYTES = 256 * 1024
+#: When even the reserve does not make room: exit.json is tried again this often, this long.
+EXIT_RETRY_EVERY_S = 2.0
+EXIT_RETRY_FOR_S = 600.0
+
+
+def _reserve_space(run_dir: Path) -> Path | None:
+    """Write RESERVE_BYTES of real blocks into the run dir's reserve file; None when it could not."""
+    path = run_dir / RESERVE_FILE
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
+    except OSError as e:
+        _log(f"no space reserved for exit.json: {e}")
+        return None
+    try:
+        write_all(fd, b"\0" * RESERVE_BYTES)  # written, not fallocated: tmpfs and CoW file systems too
+        os.fsync(fd)
+        return path
+    except OSError as e:
+        _log(f"no space reserved for exit.json: {e}")
+        _unlink(path)
+        return None
+    finally:
+        os.close(fd)
+
+
+def _unlink(path: Path | None) -> None:
+    if path is not None:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def record_exit(run_dir: Path, exit_rec: dict[str, Any], reserve: Path | None,
+                retry_every_s: float = EXIT_RETRY_EVERY_S, retry_for_s: float = EXIT_RETRY_FOR_S) -> bool:
+    """Write exit.json, first giving back the space reserved at the start (so the record has room on
+    a full disk; said in the record's ``write_errors`` when it was needed). On a failure, try again
+    every ``retry_every_s`` for ``retry_for_s``; each distinct failure goes into ``write_errors``
+    and supervisor.log. Returns whether exit.json was written."""
+    deadline = time.monotonic() + retry_for_s
+    errors: list[str] = exit_rec.setdefault("write_errors", [])
+    if reserve is not None:
+        try:
+            st = os.statvfs(run_dir)
+            free = st.f_bavail * st.f_frsize
+        except OSError:
+            free = None
+        _unlink(reserve)
+        if free is not None and free < RESERVE_BYTES:
+            errors.append(f"{EXIT_JSON}: the file system was full ({free} B free, ENOSPC for every writer): "
+                          "written into the space reserved at the start")
+    while True:
+        try:
+            write_json_atomic(run_dir / EXIT_JSON, exit_rec)
+            return True
+        except OSError as e:
+            what = f"{EXIT_JSON}: {e.strerror or e} ({errno.errorcode.get(e.errno or 0, e.errno)})"
+            if not errors or errors[-1] != what:
+                errors.append(what)
+            _log(f"could not write {EXIT_JSON} (returncode={exit_rec.get('returncode')} "
+                 f"signal={exit_rec.get('signal')}): {e}")
+            if time.monotonic() >= deadline:
+                _log(f"gave up on {EXIT_JSON} after {retry_for_s:g} s")
+                return False
+            time.sleep(retry_every_s)
 
 
 def child_env(run: dict[str, Any]) -> dict[str, str]:
@@ -215,6 +293,7 @@ def supervise(run_dir: Path) -> int:
     me = psutil.Process()
     supervisor_rec = {"pid": me.pid, "create_time": me.create_time(), "sid": os.getsid(0)}
     t_start = time.time()
+    reserve = _reserve_space(run_dir)
     log = None
     try:
         log = open(open_append(run_dir / TRAIN_LOG), "ab", buffering=0)  # never through a symlink
@@ -228,11 +307,13 @@ def supervise(run_dir: Path) -> int:
         run["supervisor"] = supervisor_rec
         run["process"] = {"pid": None, "create_time": None, "pgid": None}
         run["start_error"] = f"{type(e).__name__}: {e}"
-        write_json_atomic(run_dir / RUN_JSON, run)
         t = time.time()
-        write_json_atomic(run_dir / EXIT_JSON, {
-            "v": 1, "returncode": None, "signal": None, "ended_at": utc_iso(t), "ended_at_unix": t,
-            "duration_s": 0.0, "stop_requested": False, "error": run["start_error"]})
+        try:
+            write_json_atomic(run_dir / RUN_JSON, run)
+        finally:
+            record_exit(run_dir, {"v": 1, "returncode": None, "signal": None, "ended_at": utc_iso(t),
+                                  "ended_at_unix": t, "duration_s": 0.0, "stop_requested": False,
+                                  "error": run["start_error"], "write_errors": []}, reserve, retry_for_s=10.0)
         return 1
     finally:
         if log is not None:
@@ -245,7 +326,10 @@ def supervise(run_dir: Path) -> int:
     run["supervisor"] = supervisor_rec
     run["process"] = {"pid": child.pid, "create_time": ctime, "pgid": child.pid}
     run["start_error"] = None
-    write_json_atomic(run_dir / RUN_JSON, run)
+    try:
+        write_json_atomic(run_dir / RUN_JSON, run)
+    except OSError as e:  # a full disk: the child runs all the same, supervised; exit.json says how it ended
+        _log(f"could not record the pids in {RUN_JSON}: {e}")
     _log(f"started pid {child.pid}: {child_argv(run)!r}" + ("" if subreaper else " (not a child subreaper: "
          "a worker whose parent dies goes to init, and is found only while in this session)"))
 
@@ -272,9 +356,9 @@ def supervise(run_dir: Path) -> int:
     exit_rec = {
         "v": 1, "returncode": rc if rc >= 0 else None, "signal": sig_name, "ended_at": utc_iso(t_end),
         "ended_at_unix": t_end, "duration_s": round(t_end - t_start, 3),
-        "stop_requested": escalation is not None, "error": None,
+        "stop_requested": escalation is not None, "error": None, "write_errors": [],
     }
-    write_json_atomic(run_dir / EXIT_JSON, exit_rec)
+    record_exit(run_dir, exit_rec, reserve)
     exit_recorded.set()
     tree.join(5.0)  # the last look at the tree: what the command left behind is recorded
     if stop_requested.is_set() and escalation is None:  # asked in the last poll interval

@@ -16,6 +16,7 @@ from typing import Any, Callable, TextIO
 
 from stepwatch.monitors.runfiles import utc_iso
 from stepwatch.monitors.snapshot.alerts import end_words
+from stepwatch.monitors.snapshot.disk import full_words
 from stepwatch.tui.format import timing_words
 from stepwatch.monitors.snapshot.model import json_safe, run_ended
 from stepwatch.monitors.snapshot.observer import RunObserver
@@ -65,6 +66,11 @@ def status_lines(snap: dict[str, Any]) -> list[str]:
                          + (f"; over the last 30 s: {g['verdict']}" if g.get("verdict") else ""))
     else:
         lines.append(f"  GPU: {snap.get('gpu_error') or 'no samples'}")
+    disk = snap.get("disk") or {}
+    if disk.get("full") or disk.get("write_errors"):
+        lines.append("  disk: " + "; ".join(
+            ([full_words(disk)] if disk.get("full") else [])
+            + [f"supervisor: {e}" for e in disk.get("write_errors") or []]))
     ident = snap.get("identity") or {}
     if ident:
         lines.append(f"  commit {(ident.get('harness_commit') or 'none')[:12]} dirty at launch: {ident.get('harness_dirty_at_launch')}")

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 from stepwatch.monitors.detectors.storm import recompile_storm
 from stepwatch.monitors.runfiles import utc_iso
 from stepwatch.monitors.snapshot.model import run_ended, shallow
+from stepwatch.monitors.snapshot.disk import end_cause, full_words
 
 
 def end_words(snap: dict[str, Any]) -> str:
@@ -82,6 +83,11 @@ def alerts_for(snap: dict[str, Any], *, first_seen: MutableMapping[str, float],
         out.append(alert(first_seen, att, "stall", str(gs),
                          f"alive but stuck: no optimizer step for {st['current_step_elapsed_s']:.0f} s after "
                          f"step {gs} (p99 {snap['step_seconds'].get('p99')} s)", stall_at))
+    disk = snap.get("disk") or {}
+    if disk.get("full") and (snap["state"] == "running" or snap.get("supervisor_alive")):
+        out.append(alert(first_seen, att, "disk_full", "run_dir",
+                         f"{full_words(disk)}: train.log, events and the run's records cannot grow (ENOSPC); "
+                         "free space, or the run's output is lost", None))
     for g in snap.get("gpu") or []:
         if str(g.get("verdict") or "").startswith("SM-busy, tensor-idle"):
             out.append(alert(first_seen, att, "gpu", f"{g.get('index')}-tensor-idle",
@@ -98,7 +104,7 @@ def alerts_for(snap: dict[str, Any], *, first_seen: MutableMapping[str, float],
             tb = snap["log"].get("traceback_last_line")
             last = f"traceback: {tb}" if tb else f"last log line: {snap['log'].get('last_line')!r}"
             who = f"process {snap['pid']}" if snap["pid"] is not None else "the command"
-            out.append(alert(first_seen, att, "watchdog", "end", f"{who} {end_words(snap)}; {last}",
+            out.append(alert(first_seen, att, "watchdog", "end", f"{who} {end_words(snap)}{end_cause(snap)}; {last}",
                              ended.get("ended_at_unix")))
     return out
 

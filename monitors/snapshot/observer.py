@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from stepwatch.monitors.detectors.stall import NOT_JUDGED, log_only_guard, stall_state
+from stepwatch.monitors.snapshot.disk import disk_status, guard_stall
 from stepwatch.monitors.fold.events import EventsFold, step_no, unix_time
 from stepwatch.monitors.fold.savedstate import load as load_saved_state, refused
 from stepwatch.monitors.gpu.history import GpuHistory
@@ -267,6 +268,8 @@ class RunObserver:
         self._dynamo_part(snap, a)
         self._gpu_part(snap, a)
         self._log_part(snap, a, now)
+        snap["disk"] = disk_status(self.run_dir, (snap["ended"] or {}).get("write_errors"))
+        guard_stall(snap)
         if run_ended(snap):
             snap["survivors"] = self._survivors(now)
         computed = alerts_for(snap, first_seen=a.first_alert_t, limit_hits=a.limit_hits,
@@ -319,7 +322,8 @@ class RunObserver:
         if ex is not None:
             snap["returncode"] = ex.get("returncode")
             snap["signal"] = ex.get("signal")
-            snap["ended"] = {k: ex.get(k) for k in ("ended_at", "ended_at_unix", "duration_s", "stop_requested", "error")}
+            snap["ended"] = {k: ex.get(k) for k in ("ended_at", "ended_at_unix", "duration_s", "stop_requested", "error",
+                                                 "write_errors")}
         sup_ref = ProcessRef.from_json(run.get("supervisor"))
         snap["supervisor_alive"] = sup_ref is not None and probe(sup_ref) == "alive"
         if snap["alive"]:

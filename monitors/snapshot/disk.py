@@ -1,0 +1,69 @@
+"""The run dir's file system: free space, whether it is full, and what its supervisor could not write.
+
+A full file system (ENOSPC) silences every file of a run at once: the training's own train.log,
+the emitter's events.jsonl, the supervisor's records. Silence then proves nothing, so a full disk
+makes the stall detector say "not judged" (never a stall from missing events) and is an alert of its
+own; an end the supervisor could not record says why. Free space is read with ``statvfs`` on each
+refresh (a syscall, no file opened); the supervisor's failed writes come from exit.json's
+``write_errors`` (strings, shown as data).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from stepwatch.monitors.detectors.stall import NOT_JUDGED
+
+#: Below this many free bytes (statvfs f_bavail x f_frsize, what an unprivileged writer may use)
+#: the run dir's file system counts as full: a step's log lines and events no longer fit.
+FULL_BELOW_BYTES = 1 << 20
+
+
+def disk_status(run_dir: Path, write_errors: Any = None) -> dict[str, Any]:
+    """``{free_bytes, total_bytes, full, write_errors, error}`` for the file system holding ``run_dir``."""
+    errs = [str(e)[:300] for e in write_errors[:20]] if isinstance(write_errors, list) else []
+    try:
+        st = os.statvfs(run_dir)
+    except OSError as e:
+        return {"free_bytes": None, "total_bytes": None, "full": None, "write_errors": errs,
+                "error": f"statvfs: {e.strerror}"}
+    free = st.f_bavail * st.f_frsize
+    return {"free_bytes": free, "total_bytes": st.f_blocks * st.f_frsize, "full": free < FULL_BELOW_BYTES,
+            "write_errors": errs, "error": None}
+
+
+def size_words(n: int | None) -> str:
+    """``0 B`` / ``512.0 KiB`` / ``3.2 GiB``."""
+    if n is None:
+        return "?"
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def full_words(disk: dict[str, Any]) -> str:
+    """``the run dir's file system is full (0 B free of 1.0 MiB)``."""
+    return (f"the run dir's file system is full ({size_words(disk.get('free_bytes'))} free of "
+            f"{size_words(disk.get('total_bytes'))})")
+
+
+def guard_stall(snap: dict[str, Any]) -> None:
+    """No stall verdict on a full disk: the silence of files that cannot be written proves nothing."""
+    disk = snap.get("disk") or {}
+    if disk.get("full") and snap["stall"].get("state") != NOT_JUDGED:
+        snap["stall"].update(state=NOT_JUDGED, reason=f"{full_words(disk)}: missing log lines and events "
+                                                       "prove nothing (ENOSPC)")
+
+
+def end_cause(snap: dict[str, Any]) -> str:
+    """Why an end has no exit status, or what its records could not hold: '' when nothing to say."""
+    disk = snap.get("disk") or {}
+    errs = disk.get("write_errors") or []
+    if errs:
+        return "; the supervisor's records: " + "; ".join(errs[:3])
+    if disk.get("full") and snap.get("returncode") is None and not snap.get("signal"):
+        return f"; {full_words(disk)}: exit.json could not be written (ENOSPC)"
+    return ""

@@ -243,9 +243,9 @@ def signal_targets(run_dir: Path, procs_file: Path, exclude: set[int] | None = N
     """Recorded processes of ``procs_file`` that are alive now as recorded and belong to the run's
     owner (``run_dir``'s uid), less ``exclude``: the only processes stop and survivors may signal."""
     uid = owner_uid(run_dir)
-    exclude = exclude or set()
-    return [p for p in recorded_processes(procs_file)
-            if p.ref.pid not in exclude and p.ref.pid != os.getpid() and belongs_to(p.ref, uid)]
+    # never init, this process, nor its parent (the shell that runs stepwatch): none is a run's
+    exclude = (exclude or set()) | {1, os.getpid(), os.getppid()}
+    return [p for p in recorded_processes(procs_file) if p.ref.pid not in exclude and belongs_to(p.ref, uid)]
 
 
 def belongs_to_uid(pid: int, uid: int) -> bool:

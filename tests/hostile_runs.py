@@ -120,6 +120,15 @@ def make_hostile_runs(runs_dir: Path, outside: Path) -> dict[str, Path]:
     _write(d, "run.json", _run_json("crafted-pids", process={"pid": 1, "create_time": 12345.0, "pgid": 1},
                                     supervisor={"pid": 4_000_000_000, "create_time": None, "sid": 1}))
     _write(d, "train.log", "x\n")
+    _write(d, "exit.json", dict(exit_rec, write_errors=[ESCAPES, "[bold]x[/]", 7, None] * 50))
+    _write(d, "procs.json", {"v": 1, "processes": [  # init and this machine's own processes, misnamed
+        {"pid": 1, "create_time": 12345.0, "uid": 0, "name": ESCAPES, "rank": -1},
+        {"pid": 1, "create_time": None}, {"pid": -1, "create_time": 1.0}, {"pid": 2**40, "create_time": 1.0},
+        {"pid": "1", "create_time": "x"}, [1, 2], None, {"pid": True, "create_time": float("nan")}]})
+    d = new("procs-not-a-list")
+    _write(d, "run.json", _run_json("procs-not-a-list"))
+    _write(d, "exit.json", exit_rec)
+    _write(d, "procs.json", {"v": 1, "processes": {"pid": 1}})
     d = new("huge-values")
     nested: object = "deep"
     for _ in range(40):

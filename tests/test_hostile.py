@@ -111,6 +111,37 @@ def test_no_payload_reaches_the_terminal_of_a_real_attach(corpus: dict[str, Path
         app.close()
 
 
+def _pty_shows_no_payload(app, what: str, ready: bytes) -> None:
+    try:
+        assert app.pump(lambda: ready in app.out or app.proc.poll() is not None, 15), (what, app.out[-2000:])
+        if ready not in app.out:  # refused before drawing (a FIFO run.json is no run): said so, plainly
+            app.pump(None, 0.3)
+            assert app.proc.returncode == 2 and b"not a regular file" in app.out, (what, app.out[-1000:])
+            assert not RAW_CONTROL.search(app.out.decode("utf-8", "replace").replace("\r", "")), what
+            return
+        app.pump(None, 1.5)  # a refresh or two
+        assert app.proc.poll() is None, (what, "the app ended", app.out[-2000:])
+        for p in PAYLOADS:
+            assert p not in app.out, (what, p)
+        assert b"textual/" not in app.out and b"stepwatch/tui/" not in app.out, what  # no crash report
+        os.write(app.master, b"q")
+        assert app.pump(lambda: app.proc.poll() is not None, 10), what
+        assert app.proc.returncode == 0, (what, app.out[-1000:])
+    finally:
+        app.close()
+
+
+@pytest.mark.slow
+def test_every_hostile_run_in_a_real_terminal_and_the_home_list_of_all(corpus: dict[str, Path], tmp_path: Path):
+    """Every dir of the corpus attached in a real pty, and the home list of the whole corpus: no
+    crash, no payload byte reaches the terminal, q ends it."""
+    from test_tui_pty import PtyApp
+
+    for name, run_dir in corpus.items():
+        _pty_shows_no_payload(PtyApp(run_dir), name, b"\x1b[?1049h")
+    _pty_shows_no_payload(PtyApp(None, "--runs-dir", str(tmp_path / "runs"), home=True), "home", b"crafted-pids")
+
+
 def test_acknowledging_never_writes_through_a_symlink(corpus: dict[str, Path], tmp_path: Path):
     run_dir = corpus["acks-symlink"]
     obs = RunObserver(run_dir)

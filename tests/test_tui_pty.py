@@ -27,7 +27,8 @@ LEGACY_MOUSE = b"\x1b[M\xff\xff\xff\x1b[M \xc8\xc8\x1b[M#\x80\x80"  # X10 mouse,
 class PtyApp:
     """``stepwatch attach RUN`` on a fresh 80x24 pty, its output collected."""
 
-    def __init__(self, run_dir: Path | None, *args: str, **env_extra: str):
+    def __init__(self, run_dir: Path | None, *args: str, home: bool = False, **env_extra: str):
+        """``attach [RUN_DIR] ARGS``; with ``home``, ``stepwatch ARGS`` (the home list)."""
         self.master, slave = os.openpty()
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
         env = dict(os.environ, TERM="xterm-256color", LANG="C.UTF-8")
@@ -35,7 +36,8 @@ class PtyApp:
         env.pop("NO_COLOR", None)
         env.update(env_extra)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "stepwatch.tui.cli", "attach", *([str(run_dir)] if run_dir else []), *args], stdin=slave, stdout=slave, stderr=slave,
+            [sys.executable, "-m", "stepwatch.tui.cli", *([] if home else ["attach"]), *([str(run_dir)] if run_dir else []),
+             *args], stdin=slave, stdout=slave, stderr=slave,
             env=env, close_fds=True, cwd=REPO_ROOT,
             preexec_fn=lambda: (os.setsid(), fcntl.ioctl(0, termios.TIOCSCTTY, 0)))
         os.close(slave)
@@ -139,12 +141,13 @@ def big_cold_run(tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("how", ["q", "SIGHUP", "SIGTERM", "SIGINT", "home q"])
+@pytest.mark.parametrize("how", ["q", "SIGHUP", "SIGTERM", "SIGINT", "home q", "bare attach q"])
 def test_leaving_during_a_cold_attach_of_a_big_run_ends_the_process_within_a_second(big_cold_run: Path, how: str):
     """Quit (q, on the run screen or the home list), a hangup, SIGTERM or SIGINT while a worker is
     still folding a million events: the process is gone within a second, the terminal restored
     (alternate screen left, mouse reporting off, cursor shown) and the reason printed."""
-    app = PtyApp(None, "--runs-dir", str(big_cold_run.parent)) if how == "home q" else PtyApp(big_cold_run)
+    app = (PtyApp(None, "--runs-dir", str(big_cold_run.parent), home=how.startswith("home"))
+           if how in ("home q", "bare attach q") else PtyApp(big_cold_run))
     try:
         assert app.pump(lambda: b"\x1b[?1049h" in app.out and len(app.out) > 1500, 15), app.out[-500:]
         app.pump(timeout_s=0.5)  # the first read is under way (it takes seconds)

@@ -8,6 +8,7 @@ supervisor in its own session, and return once run.json holds the child's pid.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import stat
@@ -105,6 +106,10 @@ def _launch_lock(cfg: RunConfig):
         refuse_unsafe_dirs(cfg.runs_dir, cfg.run_dir)
         fd = os.open(cfg.runs_dir / f".{cfg.name}.launch.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise LaunchRefused(f"REFUSING: {cfg.runs_dir / f'.{cfg.name}.launch.lock'} is a symlink: the launch "
+                                "lock is never opened through one (it would create or lock a file where the link "
+                                "points). Remove it if it is yours, then launch again.") from None
         raise LaunchRefused(f"cannot use the runs dir {cfg.runs_dir}: {e.strerror or e}. "
                             "Choose another with --runs-dir DIR (or runs_dir in the config).") from None
     try:

@@ -31,11 +31,21 @@ def wait_until(cond: Callable[[], object], timeout_s: float = 10.0, interval_s: 
 
 def step_controls():
     """tests/fixtures/step_controls.py (the detector controls), loaded once by path."""
+    return fixture_module("step_controls")
+
+
+def hostile_runs():
+    """tests/fixtures/hostile_runs.py: the builder of the hostile run-dir corpus (issue 15)."""
+    return fixture_module("hostile_runs")
+
+
+def fixture_module(stem: str):
+    """``tests/fixtures/<stem>.py``, loaded once by path (the fixtures folder is no package)."""
     import importlib.util
 
-    name = "stepwatch_test_step_controls"
+    name = f"stepwatch_test_{stem}"
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).parent / "fixtures" / "step_controls.py")
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).parent / "fixtures" / f"{stem}.py")
         mod = importlib.util.module_from_spec(spec)
         sys.modules[name] = mod
         spec.loader.exec_module(mod)

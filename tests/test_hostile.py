@@ -1,4 +1,4 @@
-"""Hostile run dirs (issue 15): every view opens each one of tests/hostile_runs.py's corpus without
+"""Hostile run dirs (issue 15): every view opens each one of tests/fixtures/hostile_runs.py's corpus without
 crashing, hanging, executing anything or letting a control byte reach the terminal; writes never
 follow a symlink."""
 
@@ -14,18 +14,18 @@ from pathlib import Path
 
 import pytest
 
-from conftest import stepwatch
-from hostile_runs import ESCAPES, PAYLOADS, make_hostile_runs
+from conftest import hostile_runs, stepwatch
 from stepwatch.monitors.snapshot.observer import RunObserver
 from stepwatch.tui.safe import SafeWriter, safe_text, visible
 
 #: a raw control byte in what a headless command printed (newline and tab are layout)
+ESCAPES, PAYLOADS = hostile_runs().ESCAPES, hostile_runs().PAYLOADS
 RAW_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\x80-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
 @pytest.fixture
 def corpus(tmp_path: Path) -> dict[str, Path]:
-    return make_hostile_runs(tmp_path / "runs", tmp_path / "outside")
+    return hostile_runs().make_hostile_runs(tmp_path / "runs", tmp_path / "outside")
 
 
 def test_visible_replaces_every_control_character_with_a_stand_in_of_the_same_length():
@@ -166,7 +166,7 @@ def test_a_fifo_never_hangs_a_view(corpus: dict[str, Path]):
 def test_a_bare_attach_prefers_the_viewers_own_runs_over_another_users_bait(tmp_path: Path, capsys):
     import argparse
 
-    from hostile_runs import _run_json, _write
+    _run_json, _write = hostile_runs()._run_json, hostile_runs()._write
     from stepwatch.tui.cli import _newest
 
     runs = tmp_path / "runs"
@@ -297,3 +297,16 @@ def test_a_launch_refuses_another_users_run_dir(tmp_path: Path):
     r = stepwatch("launch", "--no-tui", "--name", "r", "--", sys.executable, "ok.py", cwd=repo)
     assert r.returncode == 1 and "belongs to uid 12345" in r.stderr, r.stderr
     assert list(theirs.iterdir()) == []
+
+
+def test_a_launch_never_opens_its_lock_through_a_symlink(tmp_path: Path):
+    """A symlink put where the launch lock goes: the launch refuses, saying so, and the file the link
+    names is neither created nor touched."""
+    repo = _harness(tmp_path)
+    (repo / "runs").mkdir()
+    target = tmp_path / "elsewhere" / "root-created"
+    target.parent.mkdir()
+    os.symlink(target, repo / "runs" / ".r.launch.lock")
+    r = stepwatch("launch", "--no-tui", "--name", "r", "--", sys.executable, "ok.py", cwd=repo)
+    assert r.returncode == 1 and ".r.launch.lock is a symlink" in r.stderr, r.stderr
+    assert not target.exists() and not (repo / "runs" / "r").exists()

@@ -358,9 +358,9 @@ def supervise(run_dir: Path) -> int:
         "ended_at_unix": t_end, "duration_s": round(t_end - t_start, 3),
         "stop_requested": escalation is not None, "error": None, "write_errors": [],
     }
+    tree.finish(5.0)  # the last look at the tree first: once exit.json is there, what the command left behind is on record
     record_exit(run_dir, exit_rec, reserve)
     exit_recorded.set()
-    tree.join(5.0)  # the last look at the tree: what the command left behind is recorded
     if stop_requested.is_set() and escalation is None:  # asked in the last poll interval
         escalation = Escalation(run_dir, child_ref)
         escalation.start()

@@ -19,6 +19,8 @@ from __future__ import annotations
 import ctypes
 import math
 import os
+import select
+import signal
 import threading
 import time
 from dataclasses import dataclass
@@ -52,6 +54,31 @@ def become_subreaper() -> bool:
         return False
 
 
+def zombie_exit(pid: int) -> dict[str, Any] | None:
+    """How an exited, not yet reaped process ended, from ``/proc/<pid>/stat``'s ``exit_code`` (field
+    52, a wait status): ``{"returncode": n, "signal": None}`` or ``{"returncode": None, "signal":
+    "SIGKILL"}``; None when it is no zombie (still running, or reaped: then nobody can know)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    fields = raw[raw.rfind(b")") + 2:].split()
+    if len(fields) < 50 or fields[0] != b"Z":
+        return None
+    try:
+        status = int(fields[49])
+    except ValueError:
+        return None
+    if status & 0x7F:
+        try:
+            name = signal.Signals(status & 0x7F).name
+        except ValueError:
+            name = f"signal {status & 0x7F}"
+        return {"returncode": None, "signal": name}
+    return {"returncode": (status >> 8) & 0xFF, "signal": None}
+
+
 def _rank_of(p: psutil.Process) -> tuple[int | None, int | None]:
     """``(RANK, LOCAL_RANK)`` from the process's environment; None where unset or unreadable."""
     try:
@@ -77,8 +104,9 @@ class TreeRecorder:
         self.sid = os.getsid(0)
         self.log = log or (lambda _m: None)
         self._procs: dict[int, dict[str, Any]] = {}  # pid -> record (the pid's latest identity)
-        self._lock = threading.Lock()
         self._write_failed = False
+        self._wake_r, self._wake_w = os.pipe()  # wake(): the next look at once (the command ended)
+        self.thread: threading.Thread | None = None
 
     def _members(self) -> list[psutil.Process]:
         """Live processes of the tree: the command, its descendants, the recorded ones and theirs,
@@ -128,6 +156,8 @@ class TreeRecorder:
             if rec is not None and abs((rec.get("create_time") or 0) - ctime) > 0.5:
                 rec = None  # the pid was reused: a new process (the old record is replaced)
             if status == psutil.STATUS_ZOMBIE:
+                if rec is not None and rec.get("exit") is None:
+                    rec["exit"] = zombie_exit(p.pid)  # read before its parent reaps it
                 if rec is not None and p.pid != self.child.pid:
                     self._reap(p.pid)
                 continue
@@ -141,7 +171,8 @@ class TreeRecorder:
                 rank, local_rank = _rank_of(p)
                 self._procs[p.pid] = {"pid": p.pid, "create_time": ctime, "ppid": ppid, "uid": uids.real,
                                       "pgid": pgid, "sid": sid, "name": name[:64], "rank": rank,
-                                      "local_rank": local_rank, "first_seen_unix": now, "ended_at_unix": None}
+                                      "local_rank": local_rank, "first_seen_unix": now, "ended_at_unix": None,
+                                      "exit": None}
                 changed = True
         for pid, rec in self._procs.items():
             if rec.get("ended_at_unix") is None and pid not in live:
@@ -169,25 +200,65 @@ class TreeRecorder:
                 self.log(f"could not record the process tree in {PROCS_JSON}: {e}")
             self._write_failed = True
 
-    def run(self, done: threading.Event) -> None:
-        """Sample every ``TREE_SAMPLE_S`` until ``done``, then once more (what the command left behind)."""
-        while True:
+    def _wait(self, fds: dict[int, int], timeout_s: float) -> None:
+        """Sleep up to ``timeout_s``, woken at once when a recorded process exits (its pidfd turns
+        readable the instant it is a zombie, before its parent reaps it: its exit status is still
+        there to read)."""
+        live = {pid for pid, r in self._procs.items() if r.get("ended_at_unix") is None}
+        for pid in list(fds):
+            if pid not in live:
+                os.close(fds.pop(pid))
+        for pid in live - set(fds):
             try:
-                self.sample()
-            except Exception as e:  # noqa: BLE001 - the record must never take the supervisor down
-                self.log(f"process tree sample failed: {type(e).__name__}: {e}")
-            if done.wait(TREE_SAMPLE_S):
-                break
+                fds[pid] = os.pidfd_open(pid)
+            except (OSError, AttributeError):
+                pass
+        poller = select.poll()
+        poller.register(self._wake_r, select.POLLIN)
+        for fd in fds.values():
+            poller.register(fd, select.POLLIN)
+        if any(fd == self._wake_r for fd, _ in poller.poll(int(timeout_s * 1000))):
+            os.read(self._wake_r, 4096)
+
+    def wake(self) -> None:
+        """Take the next look now (the supervisor calls it once the command has ended)."""
+        try:
+            os.write(self._wake_w, b"!")
+        except OSError:
+            pass
+
+    def run(self, done: threading.Event) -> None:
+        """Sample every ``TREE_SAMPLE_S`` (at once when a process of the tree exits) until ``done``,
+        then once more (what the command left behind)."""
+        fds: dict[int, int] = {}
+        try:
+            while True:
+                try:
+                    self.sample()
+                except Exception as e:  # noqa: BLE001 - the record must never take the supervisor down
+                    self.log(f"process tree sample failed: {type(e).__name__}: {e}")
+                if done.is_set():
+                    break
+                self._wait(fds, TREE_SAMPLE_S)
+        finally:
+            for fd in fds.values():
+                os.close(fd)
         try:
             self.sample()
         except Exception as e:  # noqa: BLE001
             self.log(f"process tree sample failed: {type(e).__name__}: {e}")
 
-    def start(self, done: threading.Event) -> threading.Thread:
+    def start(self, done: threading.Event) -> "TreeRecorder":
         """Run :meth:`run` in a daemon thread."""
-        t = threading.Thread(target=self.run, args=(done,), name="process-tree", daemon=True)
-        t.start()
-        return t
+        self.thread = threading.Thread(target=self.run, args=(done,), name="process-tree", daemon=True)
+        self.thread.start()
+        return self
+
+    def finish(self, timeout_s: float) -> None:
+        """After ``done`` was set: wake the thread and wait (bounded) for its last look."""
+        self.wake()
+        if self.thread is not None:
+            self.thread.join(timeout_s)
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,14 @@ def stamped_name(filename: str, stamp: str) -> str:
     return f"{stem}.{stamp}.{ext}" if dot else f"{filename}.{stamp}"
 
 
+def size_at_most(path: str | os.PathLike[str], max_bytes: int) -> bool:
+    """The file holds at most ``max_bytes`` (True when it is missing: it will start at byte 0)."""
+    try:
+        return os.stat(path).st_size <= max_bytes
+    except OSError:
+        return True
+
+
 def open_regular(path: str | os.PathLike[str]) -> int | None:
     """A read-only descriptor of ``path`` when it is a regular file, else None (a FIFO, a device, a
     directory put in its place: opened without blocking, so a FIFO with no writer never hangs the

@@ -66,6 +66,11 @@ def status_lines(snap: dict[str, Any]) -> list[str]:
                          + (f"; over the last 30 s: {g['verdict']}" if g.get("verdict") else ""))
     else:
         lines.append(f"  GPU: {snap.get('gpu_error') or 'no samples'}")
+    if snap.get("ranks"):
+        lines.append("  ranks: " + "; ".join(
+            f"rank {r['rank']} pid {r['pid']} " + ("alive" if r["alive"] else f"killed by {r['signal']}" if r["signal"]
+                                                   else f"exited with code {_fmt(r['returncode'])}")
+            for r in snap["ranks"][:16]) + (f"; {len(snap['ranks']) - 16} more" if len(snap["ranks"]) > 16 else ""))
     disk = snap.get("disk") or {}
     if disk.get("full") or disk.get("write_errors"):
         lines.append("  disk: " + "; ".join(

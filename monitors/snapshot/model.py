@@ -22,7 +22,7 @@ SNAPSHOT_KEYS = (
 def null_snapshot() -> dict[str, Any]:
     return {
         "run": None, "run_dir": None, "attempt": None, "state": "unknown", "pid": None, "alive": False,
-        "returncode": None, "signal": None, "ended": None, "launched_at_unix": None, "disk": None,
+        "returncode": None, "signal": None, "ended": None, "launched_at_unix": None, "disk": None, "ranks": [],
         "versions": {"python": None, "torch": None, "transformers": None},
         "step": {"global_step": None, "max_steps": None, "source": None, "timing": None},
         "step_seconds": {"n": 0, "min": None, "p50": None, "p90": None, "p99": None, "max": None, "last": None},

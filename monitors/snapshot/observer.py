@@ -30,6 +30,7 @@ from typing import Any
 
 from stepwatch.monitors.detectors.stall import NOT_JUDGED, log_only_guard, stall_state
 from stepwatch.monitors.snapshot.disk import disk_status, guard_stall
+from stepwatch.monitors.snapshot.ranks import RankWatch
 from stepwatch.monitors.fold.events import EventsFold, step_no, unix_time
 from stepwatch.monitors.fold.savedstate import load as load_saved_state, refused
 from stepwatch.monitors.gpu.history import GpuHistory
@@ -43,6 +44,7 @@ from stepwatch.monitors.readers.textlog import DEFAULT_MAX_BYTES_PER_POLL, LogFo
 from stepwatch.monitors.rundirs import run_survivors
 from stepwatch.monitors.runfiles import (
     ALERTS_JSONL, EVENTS_JSONL, EXIT_JSON, GPU_JSONL, LOG_STEPS_JSONL, RUN_JSON, STOP_JSON, TRAIN_LOG, read_json,
+    size_at_most,
 )
 from stepwatch.monitors.snapshot.acks import acknowledge, read_acked
 from stepwatch.monitors.snapshot.alerts import alerts_for, channel_names, merge_alerts, read_alert_records
@@ -91,12 +93,9 @@ class _Attempt:
     def __init__(self, run_dir: Path):
         self.events = EventReader(run_dir / EVENTS_JSONL)
         log_path = run_dir / TRAIN_LOG
-        try:
-            from_start = log_path.stat().st_size <= LOG_FULL_READ_MAX_BYTES
-        except OSError:
-            from_start = True  # not there yet: it will start at byte 0
-        self.log_from_start = from_start
-        self.log = LogFollower(log_path, keep_lines=200, from_start=from_start)
+        self.log_from_start = size_at_most(log_path, LOG_FULL_READ_MAX_BYTES)  # missing: read from byte 0
+        self.log = LogFollower(log_path, keep_lines=200, from_start=self.log_from_start)
+        self.ranks = RankWatch(run_dir)  # procs.json's ranked processes, torchrun's failure table
         self.gpu = EventReader(run_dir / GPU_JSONL)
         self.logsteps = EventReader(run_dir / LOG_STEPS_JSONL)  # the supervisor's log-timed steps
         self.log_ev = EventsFold()  # ... folded like events.jsonl
@@ -188,6 +187,7 @@ class RunObserver:
                     if len(a.new_lines) == VIEW_LOG_LINES:
                         a.new_lines_dropped = True
                     a.new_lines.append(seg.text)
+                    a.ranks.feed(seg.text)
                 for adv in a.progress.feed(seg):
                     a.last_advance_at = adv.at_s
                     if adv.dt_s is not None and adv.dt_s >= 0:
@@ -269,6 +269,7 @@ class RunObserver:
         self._gpu_part(snap, a)
         self._log_part(snap, a, now)
         snap["disk"] = disk_status(self.run_dir, (snap["ended"] or {}).get("write_errors"))
+        snap["ranks"] = a.ranks.part()
         guard_stall(snap)
         if run_ended(snap):
             snap["survivors"] = self._survivors(now)

@@ -110,6 +110,11 @@ env -u TORCH_LOGS TORCHINDUCTOR_CACHE_DIR="$WARM" "$PYTHON" scripts/dynamo_recom
 step append_cost.json
 "$PYTHON" scripts/append_cost.py --file "$STAGE/append_cost.tmp" --json "$RAW/append_cost.json" >/dev/null </dev/null
 
+# 10b. torchrun, 2 ranks on gloo, rank 1 SIGKILLs itself at step 30: torchrun's failure table
+step torchrun_sigkill_rank1.log
+"$VENV/bin/torchrun" --nproc_per_node 2 scripts/torchrun_ddp.py --steps 100 --kill-rank 1 --kill-at 30 \
+    > "$RAW/torchrun_sigkill_rank1.log" 2>&1 </dev/null || true
+
 # 10. exact package versions of the venv used (the editable stepwatch itself left out)
 step versions.txt
 "$PYTHON" -m pip freeze --exclude-editable > "$RAW/versions.txt"

@@ -13,13 +13,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from stepwatch.monitors.runfiles import EVENTS_STATE, PER_ATTEMPT_FILES, RUN_JSON, read_json, stamped_name, utc_stamp
+from stepwatch.monitors.runfiles import EVENTS_STATE, RUN_JSON, attempt_files, read_json, stamped_name, utc_stamp
 
 
 def attempt_stamp(run_dir: Path) -> str | None:
     """The stamp of the attempt now in ``run_dir``: run.json's ``launched_at_unix``; without a readable
     run.json, the oldest modification time of the attempt's files; None when there is no attempt."""
-    present = [run_dir / f for f in PER_ATTEMPT_FILES if (run_dir / f).exists()]
+    present = [run_dir / f for f in attempt_files(run_dir)]
     if not present:
         return None
     rj = read_json(run_dir / RUN_JSON) or {}
@@ -34,7 +34,7 @@ def plan_rotation(run_dir: Path) -> list[tuple[Path, Path]]:
     stamp = attempt_stamp(run_dir)
     if stamp is None:
         return []
-    present = [f for f in PER_ATTEMPT_FILES if (run_dir / f).exists()]
+    present = attempt_files(run_dir)
     k = 0
     while True:
         s = stamp if k == 0 else f"{stamp}-{k}"

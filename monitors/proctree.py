@@ -33,7 +33,7 @@ from stepwatch.monitors.runfiles import PROCS_JSON, read_json, write_json_atomic
 from stepwatch.monitors.watchdog import PID_MAX, ProcessRef, probe
 
 #: How often the supervisor looks for new or ended processes of the tree (seconds).
-TREE_SAMPLE_S = 0.5
+TREE_SAMPLE_S = 1.0
 #: At most this many processes are recorded per attempt (a fork bomb cannot grow the file forever).
 MAX_RECORDED = 4096
 PR_SET_CHILD_SUBREAPER = 36

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import stat
 import tempfile
 import time
@@ -41,7 +42,28 @@ PROCS_JSON = "procs.json"
 PER_ATTEMPT_FILES = (TRAIN_LOG, EVENTS_JSONL, GPU_JSONL, RUN_JSON, STOP_JSON, EXIT_JSON, SUPERVISOR_LOG, EVENTS_STATE,
                      LOG_STEPS_JSONL, ALERTS_JSONL, PUSH_URLS_JSON, PROCS_JSON)
 
+#: Rank N's own events file (N > 0) when every rank writes (``STEPWATCH_ALL_RANKS=1``, or the
+#: emitter's ``all_ranks=True``); rank 0 writes events.jsonl. Rotated with the attempt's files.
+RANK_EVENTS = re.compile(r"^events\.rank([1-9][0-9]{0,5})\.jsonl$")
+
+
+def rank_events_name(rank: int) -> str:
+    """``events.rank<N>.jsonl`` (rank 0: ``events.jsonl``)."""
+    return EVENTS_JSONL if rank == 0 else f"events.rank{rank}.jsonl"
+
+
+def attempt_files(run_dir: str | os.PathLike[str]) -> list[str]:
+    """The names of the attempt's files present in ``run_dir``: PER_ATTEMPT_FILES and each rank's
+    events file."""
+    try:
+        names = set(os.listdir(run_dir))
+    except OSError:
+        return []
+    return [f for f in PER_ATTEMPT_FILES if f in names] + sorted(n for n in names if RANK_EVENTS.match(n))
+
+
 ENV_RUN_DIR = "STEPWATCH_RUN_DIR"
+ENV_ALL_RANKS = "STEPWATCH_ALL_RANKS"
 ENV_ATTEMPT = "STEPWATCH_ATTEMPT"
 ENV_RUNS_DIR = "STEPWATCH_RUNS_DIR"
 

@@ -124,3 +124,135 @@ def test_a_frozen_rank_does_not_outlive_stop(tmp_path: Path):
     wait_until(lambda: all(gone(*x) for x in recorded), 10, what="every process of the run to be gone")
     snap = json.loads(stepwatch("status", str(run_dir), "--json").stdout)
     assert snap["survivors"] == [] and not [a for a in snap["alerts"] if a["kind"] == "rank_death"]
+
+
+DDP_TEL_PY = '''\
+import os, sys, time
+import torch, torch.distributed as dist
+from stepwatch.telemetry import StepTelemetry
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+slow_rank, steps = int(sys.argv[1]), int(sys.argv[2])
+tel = StepTelemetry(max_steps=steps)  # STEPWATCH_ALL_RANKS=1: every rank its own file
+tel.step_begin()
+for step in range(1, steps + 1):
+    dist.all_reduce(torch.ones(10))
+    time.sleep(0.05)
+    if rank == slow_rank:
+        time.sleep(0.2)  # this rank alone: its steps end later than the other's
+    tel.step_end()
+print(f"rank {rank} done", flush=True)
+if rank == 0:
+    time.sleep(3)  # the run is still running while the views judge it
+tel.close()
+dist.destroy_process_group()
+'''
+
+
+def _launch_tel(tmp_path: Path, slow_rank: int, steps: int) -> Path:
+    repo = make_repo(tmp_path / "repo", {"ddp_tel.py": DDP_TEL_PY})
+    r = stepwatch("launch", "--no-tui", "--name", "tel", "--", TORCHRUN, "--nproc_per_node", "2", "ddp_tel.py",
+                  str(slow_rank), str(steps), cwd=repo, env={"OMP_NUM_THREADS": "1", "STEPWATCH_ALL_RANKS": "1"})
+    assert r.returncode == 0, r.stderr
+    return repo / "runs" / "tel"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("slow_rank", [1, -1], ids=["rank-1-slowed", "control-none-slowed"])
+def test_each_rank_has_its_own_steps_and_a_slowed_rank_is_a_straggler(tmp_path: Path, slow_rank: int):
+    run_dir = _launch_tel(tmp_path, slow_rank, 30)
+    wait_until(lambda: all(f"rank {r} done" in (run_dir / "train.log").read_text() for r in (0, 1)), 90,
+               what="both ranks to end their steps")
+    snap = json.loads(stepwatch("status", str(run_dir), "--json").stdout)
+    assert snap["state"] == "running", snap["state"]
+    by_rank = {r["rank"]: r for r in snap["ranks"]}
+    assert sorted(by_rank) == [0, 1] and (run_dir / "events.rank1.jsonl").exists()
+    for rank in (0, 1):
+        st = by_rank[rank]["steps"]
+        assert st["last_step"] == 30 and st["n"] == 29 and st["p50"] > 0.04 and st["p99"] >= st["p50"], (rank, st)
+        assert by_rank[rank]["alive"] is True and by_rank[rank]["pid"] > 0
+    sg = snap["straggler"]
+    kinds = [a["kind"] for a in snap["alerts"]]
+    if slow_rank == 1:
+        assert sg["state"] == "flagged" and sg["rank"] == 1 and sg["lag_s"] > 0.15, sg
+        msg = next(a["message"] for a in snap["alerts"] if a["kind"] == "straggler")
+        assert msg.startswith(f"straggler: rank 1 (pid {by_rank[1]['pid']}) ends its steps a median"), msg
+        text = stepwatch("status", str(run_dir)).stdout
+        assert "straggler flagged (rank 1 ends its steps" in text and "rank 1 pid" in text and "n=29" in text, text
+    else:
+        assert sg["state"] == "ok" and sg["lag_s"] < 0.05, sg
+        assert "straggler" not in kinds, kinds
+    wait_until(lambda: read_json(run_dir / "exit.json"), 60, what="the end")
+
+
+def _two_rank_run(run_dir: Path) -> None:
+    """An ended 2-rank run as its supervisor and emitter leave it: procs.json with both ranks (the
+    pids long gone), each rank's events file, rank 1 ending each step 0.2 s after rank 0."""
+    import subprocess
+
+    from stepwatch.monitors.runfiles import write_json_atomic
+
+    run_dir.mkdir(parents=True)
+    dead = [subprocess.Popen(["true"]) for _ in range(3)]
+    for d in dead:
+        d.wait()
+    t0 = 1_780_000_000.0
+    for rank, name in ((0, "events.jsonl"), (1, "events.rank1.jsonl")):
+        lines = [{"v": 1, "kind": "run_start", "t": t0, "step": None, "rank": rank, "world_size": 2, "pid": dead[rank + 1].pid}]
+        for s in range(1, 21):
+            end = t0 + s * 0.3 + 0.2 * rank
+            lines.append({"v": 1, "kind": "step", "t": end, "step": s, "rank": rank, "dt": 0.3, "step_begin": end - 0.3,
+                          "step_end": end, "flags": ["first"] if s == 1 else []})
+        (run_dir / name).write_text("".join(json.dumps(x) + "\n" for x in lines))
+    procs = [{"pid": dead[0].pid, "create_time": 1.0, "ppid": 1, "rank": None, "ended_at_unix": t0 + 7, "exit": None},
+             *({"pid": dead[r + 1].pid, "create_time": 1.0, "ppid": dead[0].pid, "rank": r, "local_rank": r,
+                "ended_at_unix": t0 + 7, "exit": {"returncode": 0, "signal": None}} for r in (0, 1))]
+    write_json_atomic(run_dir / "procs.json", {"v": 1, "processes": procs})
+    (run_dir / "train.log").write_text("done\n")
+    gone = {"pid": dead[0].pid, "create_time": 1.0}
+    write_json_atomic(run_dir / "run.json", {"v": 1, "name": run_dir.name, "attempt": 1, "argv": ["torchrun"],
+                                             "cwd": str(run_dir), "launched_at_unix": t0, "supervisor": gone,
+                                             "process": {**gone, "pgid": gone["pid"]}})
+    write_json_atomic(run_dir / "exit.json", {"returncode": 0, "ended_at_unix": t0 + 8, "duration_s": 8.0})
+
+
+def test_the_tui_shows_every_rank_and_the_straggler(tmp_path: Path):
+    import asyncio
+
+    from stepwatch.tui.app import StepwatchApp
+
+    run_dir = tmp_path / "runs" / "two"
+    _two_rank_run(run_dir)
+
+    async def shown() -> str:
+        app = StepwatchApp(run_dir, run_dir.parent)
+        async with app.run_test(size=(100, 40)) as pilot:
+            await pilot.pause(0.1)
+            wait = 0
+            while not getattr(app.screen, "snap", None) and wait < 100:
+                await pilot.pause(0.05)
+                wait += 1
+            await pilot.pause(0.2)
+            return str(app.screen.query_one("#ranks").render())
+
+    text = asyncio.run(shown())
+    assert "ranks 0 pid" in text and "| 1 pid" in text and "step 20" in text, text
+    assert text.count("STRAGGLER") == 1 and text.index("STRAGGLER") > text.index("| 1 pid"), text
+    snap = json.loads(stepwatch("status", str(run_dir), "--json").stdout)
+    assert [(r["rank"], r["steps"]["n"]) for r in snap["ranks"]] == [(0, 19), (1, 19)]
+
+
+def test_a_relaunch_rotates_every_ranks_events_file(tmp_path: Path):
+    """One file describes one attempt, per rank too: events.rank1.jsonl is renamed with the attempt's
+    stamp like events.jsonl, so the next attempt's rank 1 starts a file of its own."""
+    from stepwatch.launcher.rotate import rotate
+
+    run_dir = tmp_path / "runs" / "two"
+    _two_rank_run(run_dir)
+    (run_dir / "events.rank12.jsonl").write_text("{}\n")
+    (run_dir / "events.rankx.jsonl").write_text("{}\n")  # not a rank's file: left alone
+    renamed = {src.name: dst.name for src, dst in rotate(run_dir)}
+    stamp = renamed["run.json"][len("run."):-len(".json")]
+    assert renamed["events.rank1.jsonl"] == f"events.{stamp}.rank1.jsonl"
+    assert renamed["events.rank12.jsonl"] == f"events.{stamp}.rank12.jsonl"
+    assert not (run_dir / "events.rank1.jsonl").exists() and (run_dir / "events.rankx.jsonl").exists()

@@ -70,7 +70,12 @@ def status_lines(snap: dict[str, Any]) -> list[str]:
         lines.append("  ranks: " + "; ".join(
             f"rank {r['rank']} pid {r['pid']} " + ("alive" if r["alive"] else f"killed by {r['signal']}" if r["signal"]
                                                    else f"exited with code {_fmt(r['returncode'])}")
+            + (f", step {_fmt(r['steps']['last_step'])}, n={r['steps']['n']} p50={_fmt(r['steps']['p50'], 3)} "
+               f"p99={_fmt(r['steps']['p99'], 3)}" if r.get("steps") else "")
             for r in snap["ranks"][:16]) + (f"; {len(snap['ranks']) - 16} more" if len(snap["ranks"]) > 16 else ""))
+    sg = snap.get("straggler") or {}
+    if snap.get("ranks") and sg.get("state") != "not judged":
+        lines.append(f"  straggler {sg.get('state')} ({sg.get('reason')})")
     disk = snap.get("disk") or {}
     if disk.get("full") or disk.get("write_errors"):
         lines.append("  disk: " + "; ".join(

@@ -122,7 +122,7 @@ class _Attempt:
 
     def close(self) -> None:
         """Close the files this attempt's readers hold open."""
-        for reader in (self.events, self.gpu, self.log, self.logsteps, self.alerts_file):
+        for reader in (self.events, self.gpu, self.log, self.logsteps, self.alerts_file, self.ranks):
             try:
                 reader.close()
             except Exception:
@@ -269,7 +269,7 @@ class RunObserver:
         self._gpu_part(snap, a)
         self._log_part(snap, a, now)
         snap["disk"] = disk_status(self.run_dir, (snap["ended"] or {}).get("write_errors"))
-        snap["ranks"] = a.ranks.part()
+        snap["ranks"], snap["straggler"] = a.ranks.part()
         guard_stall(snap)
         if run_ended(snap):
             snap["survivors"] = self._survivors(now)

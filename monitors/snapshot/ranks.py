@@ -12,12 +12,19 @@ from __future__ import annotations
 
 import math
 import os
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any, MutableMapping
 
+from stepwatch.monitors.detectors.straggler import straggler_state
 from stepwatch.monitors.parsers.torchrun import FailureTable
-from stepwatch.monitors.runfiles import PROCS_JSON, STOP_JSON, read_json, utc_iso
+from stepwatch.monitors.readers.jsonl import EventReader
+from stepwatch.monitors.runfiles import EVENTS_JSONL, PROCS_JSON, RANK_EVENTS, STOP_JSON, read_json, utc_iso
+from stepwatch.monitors.stats.stepstats import StepStats
 from stepwatch.monitors.watchdog import PID_MAX, ProcessRef, probe
+
+#: Step ends kept per rank for the straggler detector (the last this many global_steps).
+ENDS_KEPT = 512
 
 #: Deaths within this many seconds of the first one are its cascade (torchrun's teardown).
 CASCADE_S = 5.0
@@ -31,14 +38,72 @@ def _num(v: Any) -> float | None:
     return float(v) if type(v) in (int, float) and math.isfinite(v) else None
 
 
+class RankSteps:
+    """One rank's own events file folded: its step-time statistics (nearest-rank, first steps
+    excluded) and the end time of each recent global_step."""
+
+    def __init__(self, path: Path):
+        self.reader = EventReader(path)
+        self.stats = StepStats(recent_maxlen=64, window=64)
+        self.ends: OrderedDict[int, float] = OrderedDict()
+        self.last_step: int | None = None
+        self.last_end: float | None = None
+        self.pid: int | None = None
+
+    def read(self) -> None:
+        for ev in self.reader.read_new():
+            kind = ev.get("kind")
+            if kind == "run_start":
+                self.pid = _int(ev.get("pid"), 1)
+            if kind != "step":
+                continue
+            dt, step, end = _num(ev.get("dt")), _int(ev.get("step"), 0, 2**62), _num(ev.get("step_end"))
+            if dt is None or dt < 0:
+                continue
+            flags = ev.get("flags") if isinstance(ev.get("flags"), list) else []
+            self.stats.add(step, dt, [f for f in flags if isinstance(f, str)], t=end)
+            if step is not None and end is not None:
+                self.ends[step] = end
+                while len(self.ends) > ENDS_KEPT:
+                    self.ends.popitem(last=False)
+            self.last_step, self.last_end = step, end
+
+    def summary(self) -> dict[str, Any]:
+        st = self.stats
+        return {"n": st.n, "p50": st.p50, "p99": st.percentile(99), "last_step": self.last_step,
+                "last_step_end_unix": self.last_end}
+
+
 class RankWatch:
-    """Fed train.log's lines (:meth:`feed`); :meth:`part` gives the snapshot's ``ranks``."""
+    """Fed train.log's lines (:meth:`feed`); :meth:`part` gives the snapshot's ``ranks`` and
+    ``straggler``. Each rank's events file is folded once some rank N > 0 writes its own
+    (``events.rank<N>.jsonl``); rank 0's is events.jsonl."""
 
     def __init__(self, run_dir: Path):
         self.run_dir = run_dir
         self.table = FailureTable()
         self._stamp: tuple[int, int] | None = None
         self._records: list[dict[str, Any]] = []
+        self.steps: dict[int, RankSteps] = {}
+
+    def close(self) -> None:
+        for rs in self.steps.values():
+            rs.reader.close()
+
+    def _read_steps(self) -> None:
+        try:
+            names = os.listdir(self.run_dir)
+        except OSError:
+            return
+        ranks = {int(m.group(1)): n for n in names if (m := RANK_EVENTS.match(n))}
+        if not ranks and not self.steps:
+            return
+        ranks[0] = EVENTS_JSONL
+        for rank, name in sorted(ranks.items())[:1024]:
+            if rank not in self.steps:
+                self.steps[rank] = RankSteps(self.run_dir / name)
+        for rs in self.steps.values():
+            rs.read()
 
     def feed(self, line: str) -> None:
         self.table.feed(line)
@@ -56,9 +121,11 @@ class RankWatch:
             self._stamp = (st.st_mtime_ns, st.st_size)
         return self._records
 
-    def part(self) -> list[dict[str, Any]]:
-        """``[{rank, local_rank, pid, alive, ended_at_unix, returncode, signal, exit_source,
-        root_cause, after_stop}]``, by rank then start; [] for a run without ranked processes."""
+    def part(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """``ranks``: ``[{rank, local_rank, pid, alive, ended_at_unix, returncode, signal,
+        exit_source, root_cause, after_stop, steps}]`` by rank then start ([] for a run without
+        ranked processes or rank files); ``straggler``: the detector's verdict."""
+        self._read_steps()
         recs = self._read()
         ranked = {r["pid"]: r for r in recs if _int(r.get("pid"), 1) and _int(r.get("rank"), 0, 10**6) is not None}
         failures = self.table.by_pid()
@@ -82,8 +149,18 @@ class RankWatch:
                         "signal": sig if isinstance(sig, str) else None, "exit_source": source,
                         "root_cause": bool(f and f.root_cause),
                         "after_stop": bool(stop_t is not None and ended is not None and ended >= stop_t),
-                        "started_at_unix": _num(r.get("first_seen_unix"))})
-        return sorted(out, key=lambda d: (d["rank"], d["started_at_unix"] or 0))
+                        "started_at_unix": _num(r.get("first_seen_unix")), "steps": None})
+        out.sort(key=lambda d: (d["rank"], d["started_at_unix"] or 0))
+        latest = {d["rank"]: d for d in out}  # a restarted rank: its latest process carries the steps
+        for rank, rs in self.steps.items():
+            if rank not in latest:  # a rank file without a recorded process (no supervisor record)
+                latest[rank] = {"rank": rank, "local_rank": None, "pid": rs.pid, "alive": None, "ended_at_unix": None,
+                                "returncode": None, "signal": None, "exit_source": None, "root_cause": False,
+                                "after_stop": False, "started_at_unix": None, "steps": None}
+                out.append(latest[rank])
+            latest[rank]["steps"] = rs.summary()
+        out.sort(key=lambda d: (d["rank"], d["started_at_unix"] or 0))
+        return out, straggler_state({r: rs.ends for r, rs in self.steps.items()})
 
 
 def _how(r: dict[str, Any]) -> str:
@@ -110,8 +187,14 @@ def cascades(deaths: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 
 def rank_alerts(snap: dict[str, Any], make: Any, first_seen: MutableMapping[str, float]) -> list[dict[str, Any]]:
     """One alert per cascade of rank deaths, naming its first (torchrun's root cause where the table
-    says, else the earliest) and listing the rest (``make`` is snapshot.alerts.alert)."""
+    says, else the earliest) and listing the rest; and a straggler, by rank and pid (``make`` is
+    snapshot.alerts.alert)."""
     out = []
+    sg = snap.get("straggler") or {}
+    if sg.get("state") == "flagged" and snap.get("state") == "running":
+        pid = next((r["pid"] for r in reversed(snap.get("ranks") or []) if r["rank"] == sg["rank"]), None)
+        out.append(make(first_seen, snap["attempt"], "straggler", str(sg["rank"]),
+                        f"straggler: rank {sg['rank']} (pid {pid}) {sg['reason'].split(' ', 2)[2]}", None))
     for group in cascades([r for r in snap.get("ranks") or [] if died(r) and not r["after_stop"]]):
         first = next((r for r in group if r["root_cause"]), group[0])
         others = [r for r in group if r is not first]

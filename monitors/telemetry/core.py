@@ -41,7 +41,7 @@ import time
 from array import array
 from typing import Any, Iterable, Mapping
 
-from stepwatch.monitors.runfiles import ENV_ATTEMPT, ENV_RUN_DIR, EVENTS_JSONL
+from stepwatch.monitors.runfiles import ENV_ALL_RANKS, ENV_ATTEMPT, ENV_RUN_DIR, EVENTS_JSONL, rank_events_name
 from stepwatch.telemetry.dynamo import OBSERVER, DynamoObserver, counters_snapshot
 from stepwatch.monitors.protocol import (
     FLAG_EVAL, FLAG_FIRST, FLAG_RECOMPILE, FLAG_SAVE, FLAGS, KIND_DYNAMO, KIND_LOG, KIND_PHASE, KIND_RUN_END,
@@ -84,10 +84,7 @@ def rank_from_env(env: Mapping[str, str] | None = None) -> tuple[int, int]:
 
 def events_filename(rank: int, all_ranks: bool) -> str:
     """``events.jsonl`` for rank 0; ``events.rank<N>.jsonl`` for rank N > 0 when every rank writes."""
-    if all_ranks and rank != 0:
-        stem, _, ext = EVENTS_JSONL.partition(".")
-        return f"{stem}.rank{rank}.{ext}"
-    return EVENTS_JSONL
+    return rank_events_name(rank) if all_ranks else EVENTS_JSONL
 
 
 def library_version(name: str) -> str | None:
@@ -213,7 +210,8 @@ class StepTelemetry:
 
     ``StepTelemetry()`` reads ``STEPWATCH_RUN_DIR`` / ``STEPWATCH_ATTEMPT`` (set by the launcher) and
     writes ``run_start`` at once. Without a run dir it is a no-op that warns once per process on
-    stderr. Only rank 0 writes unless ``all_ranks`` (then rank N writes ``events.rank<N>.jsonl``).
+    stderr. Only rank 0 writes unless ``all_ranks`` or ``STEPWATCH_ALL_RANKS=1`` (then rank N writes
+    ``events.rank<N>.jsonl``).
 
     Arguments (all keyword, all optional):
         run_dir: overrides ``STEPWATCH_RUN_DIR``.
@@ -249,7 +247,8 @@ class StepTelemetry:
         env_rank, env_world = rank_from_env()
         self.rank: int = env_rank if rank is None else int(rank)
         self.world_size: int = env_world if world_size is None else int(world_size)
-        self.all_ranks = bool(all_ranks)
+        # every rank writes its own file when asked here or by the launch's env (STEPWATCH_ALL_RANKS=1)
+        self.all_ranks = bool(all_ranks) or os.environ.get(ENV_ALL_RANKS, "").strip().lower() in ("1", "true", "yes")
         self.attempt: str | None = os.environ.get(ENV_ATTEMPT)
         rd = os.fspath(run_dir) if run_dir is not None else os.environ.get(ENV_RUN_DIR) or None
         self.run_dir: str | None = rd

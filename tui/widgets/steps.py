@@ -38,6 +38,25 @@ def _verdict_text(snap: dict[str, Any]) -> Text:
     return t
 
 
+def ranks_text(snap: dict[str, Any]) -> Text:
+    """``ranks  0 pid 812 step 30 p50 0.050 s | 1 pid 813 step 30 p50 0.251 s STRAGGLER`` (plain text)."""
+    sg = snap.get("straggler") or {}
+    t = Text("ranks ", "dim")
+    for i, r in enumerate(snap.get("ranks") or []):
+        if i:
+            t.append(" | ", "dim")
+        st = r.get("steps") or {}
+        t.append(f"{r['rank']} pid {r.get('pid') or '-'}")
+        if st:
+            t.append(f" step {st.get('last_step') if st.get('last_step') is not None else '-'} p50 {secs(st.get('p50'))} s")
+        if r.get("alive") is False:
+            how = f"killed by {r['signal']}" if r.get("signal") else f"exit {r.get('returncode')}"
+            t.append(f" {how}", "bold red" if r.get("signal") or r.get("returncode") else "dim")
+        if sg.get("state") == "flagged" and sg.get("rank") == r["rank"]:
+            t.append(" STRAGGLER", "bold yellow")
+    return t
+
+
 class StepPanel(Panel):
     """Step statistics of the attached attempt."""
 
@@ -54,6 +73,7 @@ class StepPanel(Panel):
                 yield Sparkline([], id="recent")
                 yield Static("", id="recent-axis", classes="dim")
         yield Static("", id="throughput", classes="dim")
+        yield Static("", id="ranks")
 
     def show(self, snap: dict[str, Any], plots: bool = True) -> None:
         ss = snap.get("step_seconds") or {}
@@ -71,6 +91,10 @@ class StepPanel(Panel):
                                      f"padding {100 * (tp.get('padding_share') or 0):.1f}%")
         else:
             self._set("#throughput", "tokens/s: unknown (the job reports no token counts per step)")
+        ranks = self.query_one("#ranks", Static)
+        ranks.display = bool(snap.get("ranks"))
+        if snap.get("ranks"):
+            self._set("#ranks", ranks_text(snap))
         if plots:
             hist = snap.get("histogram") or {}
             counts = hist.get("counts") or []

@@ -14,12 +14,13 @@ from __future__ import annotations
 import math
 import os
 import signal
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from stepwatch.launcher.supervisor import ESCALATION, Escalation
-from stepwatch.monitors.proctree import belongs_to, owner_uid, send_signal
+from stepwatch.monitors.signalling import belongs_to, owner_uid, send_signal
 from stepwatch.monitors.runfiles import EXIT_JSON, RUN_JSON, STOP_JSON, read_json, utc_iso, write_json_atomic
 from stepwatch.monitors.rundirs import foreign_records, run_survivors
 from stepwatch.monitors.watchdog import ProcessRef, is_alive, wait_for_exit
@@ -36,14 +37,14 @@ class StopInProgress(StopError):
 STARTING_WAIT_S = 30.0
 
 
-def _wait_while_starting(run_dir: Path, run: dict) -> dict:
+def _wait_while_starting(run_dir: Path, run: dict, uid: int | None) -> dict:
     """A run.json without pids, exit.json or start error is an attempt still starting: wait (up to
     STARTING_WAIT_S) for the supervisor to record the child, rather than call it ended."""
     deadline = time.monotonic() + STARTING_WAIT_S
     while ((run.get("process") or {}).get("pid") is None and not run.get("start_error")
            and read_json(run_dir / EXIT_JSON) is None and time.monotonic() < deadline):
         time.sleep(0.05)
-        run = read_json(run_dir / RUN_JSON) or run
+        run = read_json(run_dir / RUN_JSON, uid) or run
     return run
 
 
@@ -67,6 +68,31 @@ def refuse_foreign(run_dir: Path) -> None:
         raise StopError(f"refusing to signal anything for {run_dir.name}: {why}")
 
 
+class PinnedDir:
+    """The run dir as it was when the stop began (device and inode, never through a symlink):
+    :meth:`same` is False once anything replaced it or a directory above it (a swapped parent)."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+        try:
+            st = run_dir.lstat()
+        except OSError as e:
+            raise StopError(f"cannot read {run_dir}: {e.strerror}") from None
+        self.key = (st.st_dev, st.st_ino, st.st_uid)
+
+    def same(self) -> bool:
+        try:
+            st = self.run_dir.lstat()
+        except OSError:
+            return False
+        return stat.S_ISDIR(st.st_mode) and (st.st_dev, st.st_ino, st.st_uid) == self.key
+
+    def check(self) -> None:
+        if not self.same():
+            raise StopError(f"{self.run_dir} was replaced while the stop ran (it, or a directory above it): "
+                            "nothing more is signalled or written")
+
+
 def _ladder_sent(stop: dict) -> int:
     """How many rungs of the INT -> TERM -> KILL ladder ``stop.json`` says were sent."""
     names = [s.get("signal") for s in stop.get("signals") or [] if isinstance(s, dict)]
@@ -86,12 +112,15 @@ def request_stop(run_dir: Path, grace_s: float = 30.0, reason: str | None = None
     """
     if not (grace_s >= 0 and math.isfinite(grace_s)):
         raise StopError(f"the grace must be a finite number of seconds >= 0; got {grace_s!r}")
+    pin = PinnedDir(run_dir)
     refuse_foreign(run_dir)
-    run = read_json(run_dir / RUN_JSON)
-    if run is None:
-        raise StopError(f"no readable {RUN_JSON} in {run_dir}: not a run directory")
-    run = _wait_while_starting(run_dir, run)
     uid = owner_uid(run_dir)
+    run = read_json(run_dir / RUN_JSON, uid)
+    if run is None:
+        raise StopError(f"no readable {RUN_JSON} of the run dir's owner in {run_dir}: not a run directory")
+    run = _wait_while_starting(run_dir, run, uid)
+    pin.check()
+    refuse_foreign(run_dir)
     proc = ProcessRef.from_json(run.get("process"))
     sup = ProcessRef.from_json(run.get("supervisor"))
     if proc is not None and is_alive(proc) and not belongs_to(proc, uid):
@@ -111,22 +140,29 @@ def request_stop(run_dir: Path, grace_s: float = 30.0, reason: str | None = None
                              f"Follow it with: stepwatch watch {run_dir} --plain")
     start_at = 0
     if in_progress:  # the supervisor died mid-stop: this command takes the ladder over where it was
-        stop = current
         start_at = _ladder_sent(current)
-        stop.setdefault("notes", []).append(f"{utc_iso(time.time())}: the supervisor was gone; stepwatch stop "
-                                            f"(pid {os.getpid()}) took the escalation over")
+        t = time.time()
+        stop = {"v": 1, "requested_at": utc_iso(t), "requested_at_unix": t, "grace_s": grace_s, "reason": reason,
+                "requested_by_pid": os.getpid(), "ended_by": None,  # rebuilt: only validated fields are kept
+                "signals": [{"signal": x["signal"], "sent_at_unix": _num(x.get("sent_at_unix"))}
+                            for x in current.get("signals") or []
+                            if isinstance(x, dict) and x.get("signal") in {s.name for s in ESCALATION}][:len(ESCALATION)],
+                "notes": [f"{utc_iso(t)}: the supervisor was gone; stepwatch stop (pid {os.getpid()}) took the "
+                          f"escalation over after {start_at} rung(s)"]}
     else:
         t = time.time()
         stop = {"v": 1, "requested_at": utc_iso(t), "requested_at_unix": t, "grace_s": grace_s, "reason": reason,
                 "requested_by_pid": os.getpid(), "signals": [], "ended_by": None}
+    pin.check()
     try:
         write_json_atomic(run_dir / STOP_JSON, stop)
     except OSError as e:
         raise StopError(f"cannot write {run_dir / STOP_JSON}: {e}") from None
     if sup_alive:
+        pin.check()
         send_signal(sup, signal.SIGUSR1, uid)
     else:
-        return _escalate_here(run_dir, proc, stop, start_at)
+        return _escalate_here(run_dir, proc, stop, start_at, grace_s, pin)
     if not wait:
         return StopOutcome(False, None, read_json(run_dir / STOP_JSON), False)
     timeout = wait_timeout_s if wait_timeout_s is not None else 2 * grace_s + 10
@@ -149,15 +185,17 @@ def _num(v: object) -> float:
     return float(v) if type(v) in (int, float) and math.isfinite(v) else 0.0
 
 
-def _escalate_here(run_dir: Path, proc: ProcessRef, stop: dict, start_at: int) -> StopOutcome:
+def _escalate_here(run_dir: Path, proc: ProcessRef, stop: dict, start_at: int, grace_s: float,
+                   pin: PinnedDir) -> StopOutcome:
     """No supervisor to carry the stop out: run the ladder from this command (recorded in stop.json
-    all the same), to the command's group and every recorded process of its tree."""
-    esc = Escalation(run_dir, proc, start_at=start_at)
+    all the same), to the command's group and every recorded process of its tree, with this
+    command's grace, checking before each rung that the run dir is still the one pinned."""
+    esc = Escalation(run_dir, proc, start_at=start_at, grace_s=grace_s, still_same_dir=pin.same)
     esc.start()
     esc.thread.join()
     gone = not esc.alive()
     st = read_json(run_dir / STOP_JSON) or stop
-    if gone:
+    if gone and pin.same():
         st["ended_by"] = {"last_signal_sent": esc.last_signal, "returncode": None, "signal": None,
                           "ended_at": utc_iso(time.time()),
                           "note": "the supervisor was gone: the CLI escalated, and no exit status can be known"}
@@ -171,10 +209,12 @@ def _escalate_here(run_dir: Path, proc: ProcessRef, stop: dict, start_at: int) -
 def kill_survivors(run_dir: Path) -> list[dict]:
     """SIGKILL each survivor of an ended run: a process its supervisor recorded, alive now with the
     recorded create time and the run owner's (checked through a pidfd right before the signal)."""
+    pin = PinnedDir(run_dir)
     refuse_foreign(run_dir)
     uid = owner_uid(run_dir)
     killed = []
     for p in run_survivors(run_dir):
+        pin.check()
         if send_signal(ProcessRef(p["pid"], p["create_time"]), signal.SIGKILL, uid):
             killed.append(p)
     return killed

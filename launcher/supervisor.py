@@ -15,7 +15,6 @@ after the grace, SIGKILL after a second grace, and records each signal in ``stop
 
 from __future__ import annotations
 
-import errno
 import os
 import signal
 import subprocess
@@ -24,16 +23,15 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import psutil
 
-from stepwatch.monitors.proctree import (
-    TreeRecorder, become_subreaper, in_group, owner_uid, send_signal, signal_group, signal_targets,
-)
+from stepwatch.launcher.exitrecord import record_exit, reserve_space
+from stepwatch.monitors.proctree import TreeRecorder, become_subreaper
+from stepwatch.monitors.signalling import in_group, owner_uid, send_signal, signal_group, signal_targets
 from stepwatch.monitors.runfiles import (
-    EXIT_JSON, PROCS_JSON, RUN_JSON, STOP_JSON, TRAIN_LOG, open_append, read_json, utc_iso, write_all,
-    write_json_atomic,
+    PROCS_JSON, RUN_JSON, STOP_JSON, TRAIN_LOG, open_append, read_json, utc_iso, write_json_atomic,
 )
 from stepwatch.monitors.watchdog import ProcessRef, is_alive
 
@@ -48,78 +46,6 @@ def _log(msg: str) -> None:
         print(f"{utc_iso(time.time())} supervisor[{os.getpid()}]: {msg}", file=sys.stderr, flush=True)
     except (OSError, ValueError):
         pass
-
-
-#: Space the supervisor holds from its start (a hidden file in the run dir) and gives back right
-#: before it writes exit.json, so a file system that filled up still has room for the one record
-#: that must not be lost.
-RESERVE_FILE = ".stepwatch.reserve"
-RESERVE_BYTES = 256 * 1024
-#: When even the reserve does not make room: exit.json is tried again this often, this long.
-EXIT_RETRY_EVERY_S = 2.0
-EXIT_RETRY_FOR_S = 600.0
-
-
-def _reserve_space(run_dir: Path) -> Path | None:
-    """Write RESERVE_BYTES of real blocks into the run dir's reserve file; None when it could not."""
-    path = run_dir / RESERVE_FILE
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
-    except OSError as e:
-        _log(f"no space reserved for exit.json: {e}")
-        return None
-    try:
-        write_all(fd, b"\0" * RESERVE_BYTES)  # written, not fallocated: tmpfs and CoW file systems too
-        os.fsync(fd)
-        return path
-    except OSError as e:
-        _log(f"no space reserved for exit.json: {e}")
-        _unlink(path)
-        return None
-    finally:
-        os.close(fd)
-
-
-def _unlink(path: Path | None) -> None:
-    if path is not None:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
-
-
-def record_exit(run_dir: Path, exit_rec: dict[str, Any], reserve: Path | None,
-                retry_every_s: float = EXIT_RETRY_EVERY_S, retry_for_s: float = EXIT_RETRY_FOR_S) -> bool:
-    """Write exit.json, first giving back the space reserved at the start (so the record has room on
-    a full disk; said in the record's ``write_errors`` when it was needed). On a failure, try again
-    every ``retry_every_s`` for ``retry_for_s``; each distinct failure goes into ``write_errors``
-    and supervisor.log. Returns whether exit.json was written."""
-    deadline = time.monotonic() + retry_for_s
-    errors: list[str] = exit_rec.setdefault("write_errors", [])
-    if reserve is not None:
-        try:
-            st = os.statvfs(run_dir)
-            free = st.f_bavail * st.f_frsize
-        except OSError:
-            free = None
-        _unlink(reserve)
-        if free is not None and free < RESERVE_BYTES:
-            errors.append(f"{EXIT_JSON}: the file system was full ({free} B free, ENOSPC for every writer): "
-                          "written into the space reserved at the start")
-    while True:
-        try:
-            write_json_atomic(run_dir / EXIT_JSON, exit_rec)
-            return True
-        except OSError as e:
-            what = f"{EXIT_JSON}: {e.strerror or e} ({errno.errorcode.get(e.errno or 0, e.errno)})"
-            if not errors or errors[-1] != what:
-                errors.append(what)
-            _log(f"could not write {EXIT_JSON} (returncode={exit_rec.get('returncode')} "
-                 f"signal={exit_rec.get('signal')}): {e}")
-            if time.monotonic() >= deadline:
-                _log(f"gave up on {EXIT_JSON} after {retry_for_s:g} s")
-                return False
-            time.sleep(retry_every_s)
 
 
 def child_env(run: dict[str, Any]) -> dict[str, str]:
@@ -146,11 +72,16 @@ class Escalation:
 
     POLL_S = 0.2
 
-    def __init__(self, run_dir: Path, leader: ProcessRef, start_at: int = 0):
+    def __init__(self, run_dir: Path, leader: ProcessRef, start_at: int = 0, grace_s: float | None = None,
+                 still_same_dir: Callable[[], bool] | None = None):
+        """``grace_s``: the seconds between rungs (default: stop.json's, as the supervisor reads it);
+        ``still_same_dir``: checked before each rung (the CLI's pinned run dir): False ends the ladder."""
         self.run_dir = run_dir
         self.leader = leader
         self.uid = owner_uid(run_dir)
         self.start_at = start_at
+        self.grace_s = grace_s
+        self.still_same_dir = still_same_dir or (lambda: True)
         self.last_signal: str | None = None
         self.thread = threading.Thread(target=self._run, name="stop-escalation", daemon=True)
 
@@ -177,12 +108,17 @@ class Escalation:
         group = signal_group(self.leader, sig, self.uid)
         pids = [t.ref.pid for t in self._others()
                 if not (group and in_group(t.ref.pid, self.leader.pid)) and send_signal(t.ref, sig, self.uid)]
+        if not group and send_signal(self.leader, sig, self.uid):  # a leader that left its group
+            pids.insert(0, self.leader.pid)
         return group, pids
 
     def _run(self) -> None:
-        grace = _grace_of(self.run_dir)
+        grace = _grace_of(self.run_dir) if self.grace_s is None else self.grace_s
         for sig in ESCALATION[self.start_at:]:
             if not self.alive():
+                return
+            if not self.still_same_dir():
+                _log(f"the run dir {self.run_dir} was replaced: the stop ends here, nothing more is signalled")
                 return
             group, pids = self._send(sig)
             if group or pids:
@@ -293,7 +229,7 @@ def supervise(run_dir: Path) -> int:
     me = psutil.Process()
     supervisor_rec = {"pid": me.pid, "create_time": me.create_time(), "sid": os.getsid(0)}
     t_start = time.time()
-    reserve = _reserve_space(run_dir)
+    reserve = reserve_space(run_dir, _log)
     log = None
     try:
         log = open(open_append(run_dir / TRAIN_LOG), "ab", buffering=0)  # never through a symlink
@@ -313,7 +249,7 @@ def supervise(run_dir: Path) -> int:
         finally:
             record_exit(run_dir, {"v": 1, "returncode": None, "signal": None, "ended_at": utc_iso(t),
                                   "ended_at_unix": t, "duration_s": 0.0, "stop_requested": False,
-                                  "error": run["start_error"], "write_errors": []}, reserve, retry_for_s=10.0)
+                                  "error": run["start_error"], "write_errors": []}, reserve, retry_for_s=10.0, log=_log)
         return 1
     finally:
         if log is not None:
@@ -359,7 +295,7 @@ def supervise(run_dir: Path) -> int:
         "stop_requested": escalation is not None, "error": None, "write_errors": [],
     }
     tree.finish(5.0)  # the last look at the tree first: once exit.json is there, what the command left behind is on record
-    record_exit(run_dir, exit_rec, reserve)
+    record_exit(run_dir, exit_rec, reserve, log=_log)
     exit_recorded.set()
     if stop_requested.is_set() and escalation is None:  # asked in the last poll interval
         escalation = Escalation(run_dir, child_ref)

@@ -8,7 +8,8 @@ create_time, unix seconds), its parent, its user, and its rank where its environ
 The supervisor is a child subreaper (``PR_SET_CHILD_SUBREAPER``), so a worker whose parent died is
 re-parented to it instead of init and stays in the tree.
 
-Stop and survivors use only this record (:func:`recorded_processes`, :func:`signal_targets`): a
+Stop and survivors use only this record (:func:`recorded_processes`; the signals themselves are
+:mod:`stepwatch.monitors.signalling`'s): a
 process is signalled only when its pid *and* create time are in the record of the run's own
 supervisor, and it belongs to the run's owner. A group or session number alone, read from a file,
 never selects a process; a pid reused since it was recorded is never touched.
@@ -30,7 +31,7 @@ from typing import Any, Callable
 import psutil
 
 from stepwatch.monitors.runfiles import PROCS_JSON, read_json, write_json_atomic
-from stepwatch.monitors.watchdog import PID_MAX, ProcessRef, probe
+from stepwatch.monitors.watchdog import PID_MAX, ProcessRef
 
 #: How often the supervisor looks for new or ended processes of the tree (seconds).
 TREE_SAMPLE_S = 1.0
@@ -278,10 +279,11 @@ def _as_int(v: Any) -> int | None:
     return v if type(v) is int and 0 <= v <= PID_MAX else None
 
 
-def recorded_processes(procs_file: Path) -> list[RecordedProcess]:
+def recorded_processes(procs_file: Path, owner: int | None = None) -> list[RecordedProcess]:
     """The processes a record names, validated (a file is hostile: pids in pid_t's range, a finite
-    create time is required, at most MAX_RECORDED). Missing or unreadable file: []."""
-    rec = read_json(procs_file)
+    create time is required, at most MAX_RECORDED). Missing or unreadable file, a symlink, or (with
+    ``owner``) a file another uid owns, checked on the descriptor read: []."""
+    rec = read_json(procs_file, owner)
     items = rec.get("processes") if isinstance(rec, dict) else None
     if not isinstance(items, list):
         return []
@@ -295,88 +297,3 @@ def recorded_processes(procs_file: Path) -> list[RecordedProcess]:
                                    _as_int(d.get("rank")), _as_int(d.get("local_rank")),
                                    _as_int(d.get("pgid")), _as_int(d.get("sid"))))
     return out
-
-
-def owner_uid(run_dir: Path) -> int | None:
-    """The uid owning the run dir (never following a symlink); None when it cannot be read."""
-    try:
-        return run_dir.lstat().st_uid
-    except OSError:
-        return None
-
-
-def belongs_to(ref: ProcessRef, uid: int | None) -> bool:
-    """The captured process is alive (pid and create time match) and its real uid is ``uid``."""
-    return uid is not None and ref.create_time is not None and probe(ref) == "alive" and belongs_to_uid(ref.pid, uid)
-
-
-def signal_targets(run_dir: Path, procs_file: Path, exclude: set[int] | None = None) -> list[RecordedProcess]:
-    """Recorded processes of ``procs_file`` that are alive now as recorded and belong to the run's
-    owner (``run_dir``'s uid), less ``exclude``: the only processes stop and survivors may signal."""
-    uid = owner_uid(run_dir)
-    # never init, this process, nor its parent (the shell that runs stepwatch): none is a run's
-    exclude = (exclude or set()) | {1, os.getpid(), os.getppid()}
-    return [p for p in recorded_processes(procs_file) if p.ref.pid not in exclude and belongs_to(p.ref, uid)]
-
-
-def belongs_to_uid(pid: int, uid: int) -> bool:
-    """The process's real and effective uid are both ``uid`` (a setuid program run by the owner is
-    not the owner's to signal)."""
-    try:
-        u = psutil.Process(pid).uids()
-    except psutil.Error:
-        return False
-    return u.real == uid and u.effective == uid
-
-
-def send_signal(ref: ProcessRef, sig: int, uid: int | None) -> bool:
-    """Send ``sig`` to the captured process only if it is alive as captured (pid and create time)
-    and belongs to ``uid``. A pidfd is opened before the check and the signal goes through it, so a
-    pid reused between the check and the signal is never hit. Returns whether it was sent."""
-    if uid is None or ref.create_time is None:
-        return False
-    fd = None
-    if hasattr(os, "pidfd_open"):
-        try:
-            fd = os.pidfd_open(ref.pid)
-        except OSError:
-            return False  # gone (ESRCH); or no pidfds: fall back below
-    try:
-        if probe(ref) != "alive" or not belongs_to_uid(ref.pid, uid):
-            return False
-        try:
-            if fd is not None:
-                import signal as _signal  # noqa: PLC0415
-
-                _signal.pidfd_send_signal(fd, sig)
-            else:  # pragma: no cover - kernels before 5.3
-                os.kill(ref.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            return False
-        return True
-    finally:
-        if fd is not None:
-            os.close(fd)
-
-
-def signal_group(leader: ProcessRef, sig: int, uid: int | None) -> bool:
-    """``killpg`` the process group led by the captured ``leader`` (the training command: the
-    supervisor starts it as its own group's leader), only while the leader is alive as captured,
-    belongs to ``uid`` and still leads that group. Returns whether it was sent."""
-    if not belongs_to(leader, uid):
-        return False
-    try:
-        if os.getpgid(leader.pid) != leader.pid:
-            return False
-        os.killpg(leader.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        return False
-    return True
-
-
-def in_group(pid: int, pgid: int) -> bool:
-    """The process is (now) a member of process group ``pgid``."""
-    try:
-        return os.getpgid(pid) == pgid
-    except OSError:
-        return False

@@ -9,7 +9,8 @@ import os
 import stat
 import time
 
-from stepwatch.monitors.proctree import recorded_processes, signal_targets
+from stepwatch.monitors.proctree import recorded_processes
+from stepwatch.monitors.signalling import signal_targets
 from stepwatch.monitors.runfiles import ENV_RUNS_DIR, EXIT_JSON, PROCS_JSON, RUN_JSON, read_json, stamped_name
 from stepwatch.monitors.watchdog import ProcessRef, is_alive
 
@@ -86,14 +87,22 @@ def live_attempt(run_dir: Path) -> tuple[str, int] | None:
 
 def foreign_records(run_dir: Path) -> str | None:
     """Why the run's records cannot be trusted to name its processes, or None: the run dir is a
-    symlink, or its run.json / procs.json is a symlink or belongs to another user than the run dir."""
+    symlink, or one of its records (run.json, procs.json and every rotated
+    ``run.<stamp>.json`` / ``procs.<stamp>.json``) is a symlink or belongs to another user than the
+    run dir. (Readers check the owner again on the descriptor they read: a file swapped in after
+    this check is never trusted.)"""
     try:
         st = run_dir.lstat()
     except OSError as e:
         return f"cannot read {run_dir}: {e.strerror}"
     if stat.S_ISLNK(st.st_mode):
         return f"{run_dir} is a symlink"
-    for name in (RUN_JSON, PROCS_JSON):
+    try:
+        names = [n for n in os.listdir(run_dir) if n in (RUN_JSON, PROCS_JSON)
+                 or (n.endswith(".json") and n.startswith(("run.", "procs.")))]
+    except OSError as e:
+        return f"cannot list {run_dir}: {e.strerror}"
+    for name in sorted(names)[:10_000]:
         try:
             fst = (run_dir / name).lstat()
         except FileNotFoundError:
@@ -135,10 +144,11 @@ def run_survivors(run_dir: Path) -> list[dict]:
     found: dict[int, dict] = {}
     live: set[int] = set()
     ended = []
-    for rj, pj in _attempt_files(run_dir):
-        run = read_json(rj) or {}
+    owner = run_dir.lstat().st_uid
+    for rj, pj in _attempt_files(run_dir)[:1000]:
+        run = read_json(rj, owner) or {}
         if is_alive(ProcessRef.from_json(run.get("process"))):
-            live |= {p.ref.pid for p in recorded_processes(pj)}
+            live |= {p.ref.pid for p in recorded_processes(pj, owner)}
             sup = ProcessRef.from_json(run.get("supervisor"))
             if sup is not None:
                 live.add(sup.pid)

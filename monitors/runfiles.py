@@ -94,12 +94,20 @@ def size_at_most(path: str | os.PathLike[str], max_bytes: int) -> bool:
         return True
 
 
-def open_regular(path: str | os.PathLike[str]) -> int | None:
+def open_regular(path: str | os.PathLike[str], owner_uid: int | None = None) -> int | None:
     """A read-only descriptor of ``path`` when it is a regular file, else None (a FIFO, a device, a
     directory put in its place: opened without blocking, so a FIFO with no writer never hangs the
-    reader, then closed). Raises OSError (FileNotFoundError, PermissionError) as ``os.open``."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    if stat.S_ISREG(os.fstat(fd).st_mode):
+    reader, then closed; a symlink: never followed, stepwatch writes none; with ``owner_uid``, a
+    file another uid owns, checked on the opened descriptor). Raises OSError (FileNotFoundError,
+    PermissionError) as ``os.open``."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return None
+        raise
+    st = os.fstat(fd)
+    if stat.S_ISREG(st.st_mode) and (owner_uid is None or st.st_uid == owner_uid):
         return fd
     os.close(fd)
     return None
@@ -109,16 +117,18 @@ def open_regular(path: str | os.PathLike[str]) -> int | None:
 MAX_JSON_BYTES = 16 * 1024 * 1024
 
 
-def read_json(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+def read_json(path: str | os.PathLike[str], owner_uid: int | None = None) -> dict[str, Any] | None:
     """Read a JSON object from ``path``.
 
     Returns None when the file does not exist, is not a regular file (a FIFO in its place is never
-    opened blocking), is empty or over MAX_JSON_BYTES, is not valid JSON (a writer caught mid-write
-    by a crash) or is not an object. Never raises for those; PermissionError is raised,
-    because a file that exists and cannot be read is something the caller must say.
+    opened blocking; a symlink is never followed), is another uid's than ``owner_uid`` (when given:
+    checked on the descriptor read, so a file swapped in after a check is never trusted), is empty
+    or over MAX_JSON_BYTES, is not valid JSON (a writer caught mid-write by a crash, or nested too
+    deep to parse) or is not an object. Never raises for those; PermissionError is raised, because a
+    file that exists and cannot be read is something the caller must say.
     """
     try:
-        fd = open_regular(path)  # never blocks: a FIFO in a run.json's place must not hang a view
+        fd = open_regular(path, owner_uid)  # never blocks: a FIFO in a run.json's place must not hang a view
     except (FileNotFoundError, NotADirectoryError):
         return None
     except IsADirectoryError:  # pragma: no cover - O_RDONLY on a directory succeeds on Linux
@@ -133,7 +143,7 @@ def read_json(path: str | os.PathLike[str]) -> dict[str, Any] | None:
         return None
     try:
         obj = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return None
     return obj if isinstance(obj, dict) else None
 

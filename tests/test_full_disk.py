@@ -7,7 +7,6 @@ detector says it did not judge. The control: the same silence on a disk with roo
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -118,7 +117,7 @@ def test_a_full_disk_records_the_end_and_fires_no_stall(small_runs: Path, tmp_pa
 def test_exit_json_is_retried_until_the_disk_has_room(tmp_path: Path):
     """No reserve left and a full disk: the supervisor keeps trying (every retry_every_s) and writes
     exit.json once space is freed; each distinct failure is in its write_errors."""
-    from stepwatch.launcher.supervisor import record_exit
+    from stepwatch.launcher.exitrecord import record_exit
 
     fs = tmp_path / "fs"
     _mount_tmpfs(fs, "1m")

@@ -223,3 +223,88 @@ def test_survivors_are_recorded_whatever_session_they_moved_to(tmp_path: Path):
     finally:
         if psutil.pid_exists(worker):
             os.kill(worker, signal.SIGKILL)
+
+
+def test_a_symlinked_stop_json_is_never_read_through_nor_copied(tmp_path: Path):
+    """stop.json as a symlink to a secret (another user's push tokens): a stop that takes over never
+    reads it and writes a fresh record in its place; the secret is untouched."""
+    a = _victim()
+    try:
+        secret = tmp_path / "elsewhere" / "alerts.urls.json"
+        secret.parent.mkdir()
+        secret.write_text(json.dumps({"urls": ["tgram://TOKEN/123"], "signals": [], "ended_by": None,
+                                      "requested_at_unix": 9e9}))
+        run_dir = tmp_path / "runs" / "r"
+        _crafted_run(run_dir, {**_ident(a), "pgid": a.pid}, {"pid": 999999, "create_time": 1.0})
+        os.symlink(secret, run_dir / "stop.json")
+        r = stepwatch("stop", str(run_dir), "--grace", "0.5")
+        assert r.returncode == 0, (r.stdout, r.stderr)
+        wait_until(lambda: not _alive(a), 5, what="the command to end")
+        assert not (run_dir / "stop.json").is_symlink() and "TOKEN" not in (run_dir / "stop.json").read_text()
+        assert "TOKEN" in secret.read_text()
+    finally:
+        _cleanup(a)
+
+
+def test_a_run_dir_replaced_during_a_stop_stops_the_stop(tmp_path: Path):
+    """The run dir (or a directory above it) swapped for another after the stop pinned it: the
+    ladder signals nothing more and writes nothing more."""
+    from stepwatch.launcher.stop import PinnedDir, StopError
+
+    run_dir = tmp_path / "runs" / "r"
+    run_dir.mkdir(parents=True)
+    pin = PinnedDir(run_dir)
+    assert pin.same()
+    (tmp_path / "runs").rename(tmp_path / "runs-moved")
+    other = tmp_path / "someone-elses" / "r"
+    other.mkdir(parents=True)
+    os.symlink(tmp_path / "someone-elses", tmp_path / "runs")
+    assert not pin.same()
+    with pytest.raises(StopError, match="was replaced while the stop ran"):
+        pin.check()
+
+
+@ROOT_ONLY
+def test_a_planted_rotated_record_is_refused(tmp_path: Path):
+    """A rotated procs.<stamp>.json another uid put into the run dir names a live process with its
+    right create time: refused for --survivors, and the process lives."""
+    a = _victim()
+    try:
+        run_dir = tmp_path / "runs" / "r"
+        _crafted_run(run_dir, {"pid": 999999, "create_time": 1.0}, None, owner=NOBODY)
+        (run_dir / "run.20260101T000000Z.json").write_text(json.dumps({"process": {"pid": 999998, "create_time": 1.0}}))
+        (run_dir / "procs.20260101T000000Z.json").write_text(json.dumps({"v": 1, "processes": [_ident(a)]}))
+        os.chown(run_dir / "run.20260101T000000Z.json", NOBODY, NOBODY)  # the planted procs file stays root's
+        r = stepwatch("stop", "--survivors", str(run_dir))
+        assert r.returncode == 1 and "procs.20260101T000000Z.json belongs to uid 0" in r.stderr, r.stderr
+        assert _alive(a)
+    finally:
+        _cleanup(a)
+
+
+def test_a_record_nested_too_deep_reads_as_no_record(tmp_path: Path):
+    from stepwatch.monitors.runfiles import read_json as rj
+
+    p = tmp_path / "run.json"
+    p.write_text("[" * 100_000 + "]" * 100_000)
+    assert rj(p) is None
+    p.write_text('{"a":' * 50_000 + "1" + "}" * 50_000)
+    assert rj(p) is None
+
+
+@ROOT_ONLY
+def test_root_signals_a_group_only_with_the_owners_permissions(tmp_path: Path):
+    """signal_group as root for a run of uid 65534: sent from a child that dropped to that uid (the
+    kernel decides what the owner may signal): the owner's group leader gets it (positive)."""
+    from stepwatch.monitors.signalling import signal_group
+    from stepwatch.monitors.watchdog import ProcessRef
+
+    p = subprocess.Popen(["sleep", "120"], start_new_session=True, user=NOBODY, group=NOBODY, cwd="/")
+    try:
+        wait_until(lambda: psutil.Process(p.pid).uids().real == NOBODY, 5, what="the process as nobody")
+        leader = ProcessRef.of_pid(p.pid)
+        assert signal_group(leader, signal.SIGTERM, 0) is False  # not root's process
+        assert signal_group(leader, signal.SIGTERM, NOBODY) is True
+        assert p.wait(5) == -signal.SIGTERM
+    finally:
+        _cleanup(p)

@@ -133,9 +133,10 @@ def cmd_relaunch(args: argparse.Namespace) -> int:
 def _describe_end(ex: dict | None) -> str:
     if ex is None:
         return "ended, status unknown (no exit.json)"
+    asked = "stopped as requested: " if ex.get("stop_requested") else ""
     if ex.get("signal"):
-        return f"ended by {ex['signal']} after {ex.get('duration_s')} s"
-    return f"exited with code {ex.get('returncode')} after {ex.get('duration_s')} s"
+        return f"{asked}ended by {ex['signal']} after {ex.get('duration_s')} s"
+    return f"{asked}exited with code {ex.get('returncode')} after {ex.get('duration_s')} s"
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
@@ -147,6 +148,10 @@ def cmd_stop(args: argparse.Namespace) -> int:
         _err(f"--grace must be a finite number of seconds >= 0; got {args.grace:g}")
         return EXIT_USAGE
     try:
+        for cand in (Path(args.run).expanduser(), _runs_dir(args) / args.run):
+            if cand.is_symlink():
+                raise StopError(f"{cand} is a symlink: stop signals only through the run dir itself "
+                                f"(give its real path, {cand.resolve()}, if it is yours)")
         run_dir = resolve_run(args.run, _runs_dir(args))
         if args.survivors:
             refuse_foreign(run_dir)
@@ -254,6 +259,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
     for d in runs:
         s = process_snapshot(d)  # the columns need no events: a long run's events.jsonl is not read
         end = s["signal"] or ("" if s["returncode"] is None else f"code {s['returncode']}")
+        if (s.get("ended") or {}).get("stop_requested"):
+            end = f"stopped ({end})" if end else "stopped"
         print(f"{s['run'][:24]:24} {s['attempt'] or '-':>3} {s['state']:9} {s['pid'] or '-':>8} {_launched_at(d) or '-':24} {end}")
     return EXIT_OK
 

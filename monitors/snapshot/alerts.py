@@ -19,7 +19,7 @@ from stepwatch.monitors.detectors.storm import recompile_storm
 from stepwatch.monitors.runfiles import utc_iso
 from stepwatch.monitors.snapshot.model import run_ended, shallow
 from stepwatch.monitors.snapshot.disk import end_cause, full_words
-from stepwatch.monitors.snapshot.ranks import rank_alerts
+from stepwatch.monitors.snapshot.ranks import rank_alerts, root_cause_words
 
 
 def end_words(snap: dict[str, Any]) -> str:
@@ -106,7 +106,8 @@ def alerts_for(snap: dict[str, Any], *, first_seen: MutableMapping[str, float],
             tb = snap["log"].get("traceback_last_line")
             last = f"traceback: {tb}" if tb else f"last log line: {snap['log'].get('last_line')!r}"
             who = f"process {snap['pid']}" if snap["pid"] is not None else "the command"
-            out.append(alert(first_seen, att, "watchdog", "end", f"{who} {end_words(snap)}{end_cause(snap)}; {last}",
+            out.append(alert(first_seen, att, "watchdog", "end",
+                             f"{who} {end_words(snap)}{end_cause(snap)}{root_cause_words(snap)}; {last}",
                              ended.get("ended_at_unix")))
     return out
 

@@ -16,6 +16,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any, MutableMapping
 
+from stepwatch.monitors.detectors.stall import NOT_JUDGED
 from stepwatch.monitors.detectors.straggler import straggler_state
 from stepwatch.monitors.parsers.torchrun import FailureTable
 from stepwatch.monitors.readers.jsonl import EventReader
@@ -160,7 +161,21 @@ class RankWatch:
                 out.append(latest[rank])
             latest[rank]["steps"] = rs.summary()
         out.sort(key=lambda d: (d["rank"], d["started_at_unix"] or 0))
-        return out, straggler_state({r: rs.ends for r, rs in self.steps.items()})
+        verdict = straggler_state({r: rs.ends for r, rs in self.steps.items()})
+        dead = sorted({d["rank"] for d in latest.values() if died(d)})
+        if dead and verdict["state"] != NOT_JUDGED:  # a dead rank's old steps prove nothing now
+            verdict.update(state=NOT_JUDGED, reason=f"rank(s) {', '.join(map(str, dead))} died")
+        return out, verdict
+
+
+def root_cause_words(snap: dict[str, Any]) -> str:
+    """``; root cause: rank 1 (pid N) killed by SIGKILL`` for an end whose first rank death is
+    known ('' otherwise): torchrun's own traceback ends in an empty ``ChildFailedError:``."""
+    deaths = [r for r in snap.get("ranks") or [] if died(r) and not r["after_stop"]]
+    if not deaths:
+        return ""
+    first = next((r for r in deaths if r["root_cause"]), min(deaths, key=lambda r: r["ended_at_unix"] or 0))
+    return f"; root cause: rank {first['rank']} (pid {first['pid']}) {_how(first)}"
 
 
 def _how(r: dict[str, Any]) -> str:

@@ -163,6 +163,8 @@ def _comparable(snap: dict) -> str:
     snap = json.loads(json.dumps(snap))
     snap["events"]["resume"] = None
     snap["log"]["last_byte_age_s"] = None
+    if snap.get("disk"):
+        snap["disk"]["free_bytes"] = None  # read at each refresh: it moves
     for al in snap["alerts"]:
         al["at"] = al["at"] if al["kind"] in ("fallback", "watchdog") else None
     return json.dumps(snap, sort_keys=True)

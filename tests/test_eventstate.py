@@ -87,6 +87,8 @@ def comparable(snap: dict) -> str:
     snap = json.loads(json.dumps(snap))
     snap["events"]["resume"] = None
     snap["log"]["last_byte_age_s"] = None
+    if snap.get("disk"):  # the file system's free space, read at each refresh: it moves between two
+        snap["disk"]["free_bytes"] = None
     for al in snap["alerts"]:
         if al["kind"] not in ("fallback", "watchdog"):
             al["at"] = None  # when this observer first saw it; the fallback's time is from the file

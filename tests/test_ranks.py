@@ -258,3 +258,58 @@ def test_a_relaunch_rotates_every_ranks_events_file(tmp_path: Path):
     assert renamed["events.rank1.jsonl"] == f"events.{stamp}.rank1.jsonl"
     assert renamed["events.rank12.jsonl"] == f"events.{stamp}.rank12.jsonl"
     assert not (run_dir / "events.rank1.jsonl").exists() and (run_dir / "events.rankx.jsonl").exists()
+
+
+INDEPENDENT_PY = '''\
+import os, sys, time
+import torch.distributed as dist
+from stepwatch.telemetry import StepTelemetry
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+print(f"rank {rank} pid {os.getpid()} up", flush=True)
+tel = StepTelemetry(max_steps=400)
+tel.step_begin()
+def train_step():
+    time.sleep(0.05)
+for step in range(1, 401):  # no collective per step: one rank can stop while the other goes on
+    train_step()
+    tel.step_end()
+tel.close()
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("freeze", [True, False], ids=["rank-1-frozen", "control-none-frozen"])
+def test_a_rank_that_stops_stepping_while_the_other_goes_on_is_named_with_its_stack(tmp_path: Path, freeze: bool):
+    repo = make_repo(tmp_path / "repo", {"indep.py": INDEPENDENT_PY})
+    r = stepwatch("launch", "--no-tui", "--name", "indep", "--", TORCHRUN, "--nproc_per_node", "2", "indep.py",
+                  cwd=repo, env={"OMP_NUM_THREADS": "1", "STEPWATCH_ALL_RANKS": "1"})
+    assert r.returncode == 0, r.stderr
+    run_dir = repo / "runs" / "indep"
+    wait_until(lambda: (run_dir / "events.rank1.jsonl").exists()
+               and (run_dir / "events.rank1.jsonl").read_text().count('"step"') >= 20, 60, what="rank 1 stepping")
+    ranks = _ranks(run_dir)
+    victim = ranks[1]["pid"]
+    try:
+        if freeze:
+            os.kill(victim, signal.SIGSTOP)
+        t0 = time.time()
+
+        def judged():
+            snap = json.loads(stepwatch("status", str(run_dir), "--json").stdout)
+            return snap if time.time() - t0 > 5.5 and snap["state"] == "running" else None
+
+        snap = wait_until(judged, 30, interval_s=0.3, what="5 s past the stall floor with the run still going")
+        stuck = [a for a in snap["alerts"] if a["kind"] == "stuck_rank"]
+        if not freeze:
+            assert stuck == [] and snap["straggler"]["stuck"] == [], snap["straggler"]
+            return
+        assert len(stuck) == 1 and stuck[0]["message"].startswith(f"rank 1 (pid {victim}) stopped stepping"), stuck
+        assert "before rank 0's step" in stuck[0]["message"]
+        rec = wait_until(lambda: next((json.loads(ln) for ln in (run_dir / "alerts.jsonl").read_text().splitlines()
+                                       if '"kind":"stack"' in ln), None), 30, interval_s=0.2, what="the rank's stack")
+        assert rec["pid"] == victim and "train_step (indep.py:" in rec["stack"], rec["stack"][-1500:]
+    finally:
+        if freeze and psutil.pid_exists(victim):
+            os.kill(victim, signal.SIGCONT)
+        stepwatch("stop", str(run_dir), "--grace", "2", timeout=60)

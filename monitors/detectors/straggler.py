@@ -16,7 +16,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, Mapping
 
-from stepwatch.monitors.detectors.stall import NOT_JUDGED
+from stepwatch.monitors.detectors.stall import NOT_JUDGED, STALL_FACTOR, STALL_FLOOR_S
 
 STRAGGLER_WINDOW = 50
 STRAGGLER_MIN_COMMON = 10
@@ -29,7 +29,7 @@ def straggler_state(ends_by_rank: Mapping[int, Mapping[int, float]]) -> dict[str
     """``{state, rank, lag_s, trip_s, steps, lags_s, reason}``; ``state`` is "ok", "flagged" or
     "not judged" (fewer than 2 ranks, or fewer than STRAGGLER_MIN_COMMON common steps)."""
     out: dict[str, Any] = {"state": NOT_JUDGED, "rank": None, "lag_s": None, "trip_s": None, "steps": 0,
-                           "lags_s": {}, "reason": ""}
+                           "lags_s": {}, "reason": "", "stuck": []}
     ranks = sorted(r for r, ends in ends_by_rank.items() if ends)
     if len(ranks) < 2:
         out["reason"] = "fewer than 2 ranks record their steps (STEPWATCH_ALL_RANKS=1)"
@@ -52,4 +52,25 @@ def straggler_state(ends_by_rank: Mapping[int, Mapping[int, float]]) -> dict[str
                                          f"earliest rank over the last {len(steps)} steps (trip {trip:.3f} s)")
     else:
         out.update(state=OK, reason=f"the slowest rank ({worst}) lags {lags[worst]:.3f} s (trip {trip:.3f} s)")
+    return out
+
+
+def stuck_ranks(last_by_rank: Mapping[int, tuple[int | None, float | None, float | None]], now: float,
+                factor: float = STALL_FACTOR, floor_s: float = STALL_FLOOR_S) -> list[dict[str, Any]]:
+    """Ranks that stopped stepping while another goes on. ``last_by_rank``: rank -> (last global_step,
+    its end unix s, the rank's p99 s). A rank is stuck when its last step ended more than
+    ``max(factor x its p99, floor_s)`` (the stall detector's threshold) before both ``now`` and the
+    newest step end of the other ranks. Returns ``[{rank, last_step, behind_s, ahead_rank,
+    ahead_step, threshold_s}]``."""
+    out = []
+    ends = {r: v for r, v in last_by_rank.items() if v[1] is not None}
+    for r, (step, end, p99) in ends.items():
+        others = [(q, v) for q, v in ends.items() if q != r]
+        if not others or end is None:
+            continue
+        q, (q_step, q_end, _) = max(others, key=lambda kv: kv[1][1] or 0)
+        threshold = max(factor * (p99 or 0.0), floor_s)
+        if (q_end or 0) - end > threshold and now - end > threshold:
+            out.append({"rank": r, "last_step": step, "behind_s": round((q_end or 0) - end, 3), "ahead_rank": q,
+                        "ahead_step": q_step, "threshold_s": round(threshold, 3)})
     return out

@@ -24,7 +24,7 @@ def null_snapshot() -> dict[str, Any]:
         "run": None, "run_dir": None, "attempt": None, "state": "unknown", "pid": None, "alive": False,
         "returncode": None, "signal": None, "ended": None, "launched_at_unix": None, "disk": None, "ranks": [],
         "straggler": {"state": NOT_JUDGED, "rank": None, "lag_s": None, "trip_s": None, "steps": 0, "lags_s": {},
-                      "reason": "no ranks"},
+                      "reason": "no ranks", "stuck": []},
         "versions": {"python": None, "torch": None, "transformers": None},
         "step": {"global_step": None, "max_steps": None, "source": None, "timing": None},
         "step_seconds": {"n": 0, "min": None, "p50": None, "p90": None, "p99": None, "max": None, "last": None},

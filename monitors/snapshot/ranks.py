@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, MutableMapping
 
 from stepwatch.monitors.detectors.stall import NOT_JUDGED
-from stepwatch.monitors.detectors.straggler import straggler_state
+from stepwatch.monitors.detectors.straggler import straggler_state, stuck_ranks
 from stepwatch.monitors.parsers.torchrun import FailureTable
 from stepwatch.monitors.readers.jsonl import EventReader
 from stepwatch.monitors.runfiles import EVENTS_JSONL, PROCS_JSON, RANK_EVENTS, STOP_JSON, read_json, utc_iso
@@ -162,10 +163,24 @@ class RankWatch:
             latest[rank]["steps"] = rs.summary()
         out.sort(key=lambda d: (d["rank"], d["started_at_unix"] or 0))
         verdict = straggler_state({r: rs.ends for r, rs in self.steps.items()})
+        verdict["stuck"] = stuck_ranks({r: (rs.last_step, rs.last_end, rs.stats.percentile(99))
+                                        for r, rs in self.steps.items()
+                                        if latest.get(r, {}).get("alive") is not False}, time.time())
         dead = sorted({d["rank"] for d in latest.values() if died(d)})
         if dead and verdict["state"] != NOT_JUDGED:  # a dead rank's old steps prove nothing now
             verdict.update(state=NOT_JUDGED, reason=f"rank(s) {', '.join(map(str, dead))} died")
         return out, verdict
+
+
+def ranks_last_words(snap: dict[str, Any]) -> str:
+    """``; ranks by last step: 1 at step 118 (pid 813), 0 at step 120 (pid 812)``, the first to stop
+    first ('' without per-rank steps)."""
+    rs = [r for r in snap.get("ranks") or [] if (r.get("steps") or {}).get("last_step_end_unix") is not None]
+    if len(rs) < 2:
+        return ""
+    rs.sort(key=lambda r: r["steps"]["last_step_end_unix"])
+    return "; ranks by last step: " + ", ".join(f"{r['rank']} at step {r['steps']['last_step']} (pid {r['pid']})"
+                                                for r in rs[:8])
 
 
 def root_cause_words(snap: dict[str, Any]) -> str:
@@ -206,6 +221,12 @@ def rank_alerts(snap: dict[str, Any], make: Any, first_seen: MutableMapping[str,
     snapshot.alerts.alert)."""
     out = []
     sg = snap.get("straggler") or {}
+    for st in sg.get("stuck") or [] if snap.get("state") == "running" else []:
+        pid = next((r["pid"] for r in reversed(snap.get("ranks") or []) if r["rank"] == st["rank"]), None)
+        out.append(make(first_seen, snap["attempt"], "stuck_rank", f"{st['rank']}-{st['last_step']}",
+                        f"rank {st['rank']} (pid {pid}) stopped stepping: its last step {st['last_step']} ended "
+                        f"{st['behind_s']:.0f} s before rank {st['ahead_rank']}'s step {st['ahead_step']} "
+                        f"(threshold {st['threshold_s']:.1f} s)", None))
     if sg.get("state") == "flagged" and snap.get("state") == "running":
         pid = next((r["pid"] for r in reversed(snap.get("ranks") or []) if r["rank"] == sg["rank"]), None)
         out.append(make(first_seen, snap["attempt"], "straggler", str(sg["rank"]),

@@ -30,6 +30,7 @@ from stepwatch.monitors.readers.textlog import LogFollower
 from stepwatch.monitors.runfiles import ALERTS_JSONL, LOG_STEPS_JSONL, TRAIN_LOG, open_append, read_push_urls, write_all
 from stepwatch.monitors.snapshot.model import json_safe
 from stepwatch.monitors.snapshot.observer import RunObserver
+from stepwatch.monitors.watch.stacks import STACK_KINDS, record_stack_later, stack_target
 from stepwatch.monitors.watch.delivery import Deliverer, level_of
 from stepwatch.monitors.watch.logsteps import LogStepTimer, encode_records
 
@@ -155,6 +156,8 @@ def watch_attempt(run_dir: Path, run: dict[str, Any], child_done: threading.Even
             except (OSError, ValueError) as e:
                 log(f"could not record alert {al['id']}: {e}")
             deliverer.submit(al)
+            if al["kind"] in STACK_KINDS and (pid := stack_target(snap, al)) is not None:
+                record_stack_later(al["id"], pid, alerts_file.append_json, log)
 
     try:
         while not child_done.is_set():

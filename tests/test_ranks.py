@@ -309,6 +309,8 @@ def test_a_rank_that_stops_stepping_while_the_other_goes_on_is_named_with_its_st
         rec = wait_until(lambda: next((json.loads(ln) for ln in (run_dir / "alerts.jsonl").read_text().splitlines()
                                        if '"kind":"stack"' in ln), None), 30, interval_s=0.2, what="the rank's stack")
         assert rec["pid"] == victim and "train_step (indep.py:" in rec["stack"], rec["stack"][-1500:]
+        text = stepwatch("status", str(run_dir)).stdout
+        assert "stack (py-spy):" in text and "train_step (indep.py:" in text, text
     finally:
         if freeze and psutil.pid_exists(victim):
             os.kill(victim, signal.SIGCONT)

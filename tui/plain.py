@@ -91,6 +91,9 @@ def status_lines(snap: dict[str, Any]) -> list[str]:
                               for ch, d in (al.get("delivered") or {}).items())
         lines.append(f"  ALERT [{al['kind']}] {al['message']}" + (f" ({', '.join(notes)})" if notes else "")
                      + (f" [delivery {delivered}]" if delivered else ""))
+        if al.get("stack"):  # the supervisor's py-spy dump of the rank: each thread, innermost frame first
+            stack = [ln for ln in str(al["stack"]).splitlines() if ln.startswith(("Thread", " "))]
+            lines.append("    stack (py-spy): " + " | ".join(ln.strip() for ln in (stack or ["-"])[:12]))
     if snap.get("survivors"):
         lines.append(f"  {len(snap['survivors'])} process(es) of the ended run survive (they may hold GPU memory): "
                      + ", ".join(f"{p['pid']} ({p['name']})" for p in snap["survivors"][:10])

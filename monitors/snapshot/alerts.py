@@ -146,6 +146,8 @@ def merge_alerts(computed: list[dict[str, Any]], recorded: Mapping[str, dict[str
     none is recorded), or null when the run names no channel."""
     for rid, rec in recorded.items():
         shown.setdefault(rid, dict(rec))
+        if "stack" in rec:  # the supervisor's py-spy stack, recorded after the alert
+            shown[rid]["stack"] = rec["stack"]
     active = set()
     for al in computed:
         active.add(al["id"])
@@ -160,7 +162,8 @@ def merge_alerts(computed: list[dict[str, Any]], recorded: Mapping[str, dict[str
 
 
 def read_alert_records(reader: Any, recorded: dict[str, dict[str, Any]], deliveries: dict[str, dict[str, Any]]) -> None:
-    """What alerts.jsonl (``reader``, an EventReader) gained: the supervisor's alert records and each delivery's outcome."""
+    """What alerts.jsonl (``reader``, an EventReader) gained: the supervisor's alert records, each
+    delivery's outcome, and the Python stack it took for an alert (``stack``)."""
     for rec in reader.read_new():
         if type(rec) is not dict or type(rec.get("id" if rec.get("kind") == "alert" else "alert_id")) is not str:
             continue
@@ -168,6 +171,8 @@ def read_alert_records(reader: Any, recorded: dict[str, dict[str, Any]], deliver
             recorded.setdefault(rec["id"], {
                 "id": rec["id"], "kind": str(rec.get("alert_kind")), "at": str(rec.get("at")),
                 "message": str(rec.get("message")), "level": str(rec.get("level"))})
+        elif rec.get("kind") == "stack" and rec["alert_id"] in recorded:
+            recorded[rec["alert_id"]]["stack"] = str(rec.get("stack"))[-4000:]
         elif rec.get("kind") == "delivery":
             deliveries.setdefault(rec["alert_id"], {})[str(rec.get("channel"))] = {
                 k: shallow(rec.get(k)) for k in ("outcome", "detail", "attempts", "t")}

@@ -315,3 +315,34 @@ def test_a_rank_that_stops_stepping_while_the_other_goes_on_is_named_with_its_st
         if freeze and psutil.pid_exists(victim):
             os.kill(victim, signal.SIGCONT)
         stepwatch("stop", str(run_dir), "--grace", "2", timeout=60)
+
+
+BARS_PY = '''\
+import os, time
+from tqdm import tqdm
+rank = int(os.environ["RANK"])
+n = 60 if rank == 0 else 200  # rank 1 counts further and faster: its counter is not the run's step
+for _ in tqdm(range(n), mininterval=0):
+    time.sleep(0.05 if rank == 0 else 0.01)
+time.sleep(2)
+'''
+
+
+@pytest.mark.slow
+def test_an_uninstrumented_run_with_rank_prefixed_bars_takes_rank_0s_step(tmp_path: Path):
+    """torchrun --tee 3: every rank's tqdm bar in train.log behind ``[default<N>]:``; rank 1's bar runs
+    to 200 while rank 0's goes to 60. The headline step is rank 0's, during the run and at its end."""
+    repo = make_repo(tmp_path / "repo", {"bars.py": BARS_PY})
+    r = stepwatch("launch", "--no-tui", "--name", "bars", "--", TORCHRUN, "--nproc_per_node", "2", "--tee", "3",
+                  "bars.py", cwd=repo, env={"OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr
+    run_dir = repo / "runs" / "bars"
+    seen = []
+    while read_json(run_dir / "exit.json") is None and len(seen) < 200:
+        snap = json.loads(stepwatch("status", str(run_dir), "--json").stdout)
+        seen.append((snap["step"]["global_step"], snap["step"]["max_steps"]))
+    assert "[default1]:" in (run_dir / "train.log").read_text()  # rank 1's bar is there, prefixed
+    snap = json.loads(stepwatch("status", str(run_dir), "--json").stdout)
+    assert (snap["step"]["global_step"], snap["step"]["max_steps"]) == (60, 60), snap["step"]
+    assert all(g is None or (g <= 60 and m in (None, 60)) for g, m in seen), seen
+    assert any(g is not None and g < 60 for g, _ in seen), seen  # it was read while running, too

@@ -218,8 +218,13 @@ class TreeRecorder:
         poller.register(self._wake_r, select.POLLIN)
         for fd in fds.values():
             poller.register(fd, select.POLLIN)
-        if any(fd == self._wake_r for fd, _ in poller.poll(int(timeout_s * 1000))):
+        ready = {fd for fd, _ in poller.poll(int(timeout_s * 1000))}
+        if self._wake_r in ready:
             os.read(self._wake_r, 4096)
+        for pid, fd in fds.items():  # exited just now: read the exit status before its parent reaps it
+            rec = self._procs.get(pid)
+            if fd in ready and rec is not None and rec.get("exit") is None:
+                rec["exit"] = zombie_exit(pid)
 
     def wake(self) -> None:
         """Take the next look now (the supervisor calls it once the command has ended)."""

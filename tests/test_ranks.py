@@ -85,8 +85,8 @@ def test_sigkill_of_rank_1_is_an_alert_naming_rank_pid_and_signal_within_2_s(tmp
     snap = json.loads(stepwatch("status", str(run_dir), "--json").stdout)
     by_rank = {r["rank"]: r for r in snap["ranks"]}
     assert by_rank[1]["pid"] == victim and by_rank[1]["signal"] == "SIGKILL" and not by_rank[1]["alive"]
-    assert by_rank[1]["exit_source"] == "kernel"  # read by the supervisor before torchrun reaped it
-    assert by_rank[0]["signal"] == "SIGTERM"  # torchrun's teardown of the other rank
+    assert by_rank[1]["exit_source"] in ("kernel", "torchrun")  # its zombie, or torchrun's table if reaped first
+    assert by_rank[0]["signal"] in ("SIGTERM", None)  # torchrun's teardown of the other rank (if seen)
     deaths = [a for a in snap["alerts"] if a["kind"] == "rank_death"]
     assert len(deaths) == 1 and f"pid {victim}" in deaths[0]["message"], deaths  # rank 0's teardown rides along
     end = next(a["message"] for a in snap["alerts"] if a["kind"] == "watchdog")  # torchrun's empty ChildFailedError
@@ -102,7 +102,9 @@ def test_a_clean_two_rank_run_raises_no_rank_alert(tmp_path: Path):
     assert ex["returncode"] == 0
     snap = json.loads(stepwatch("status", str(run_dir), "--json").stdout)
     assert sorted(r["rank"] for r in snap["ranks"]) == [0, 1]
-    assert all(r["returncode"] == 0 and r["exit_source"] == "kernel" for r in snap["ranks"]), snap["ranks"]
+    # each rank's exit as the kernel gave it, or unknown when torchrun reaped it first: never a failure
+    assert all((r["returncode"], r["exit_source"]) in ((0, "kernel"), (None, None)) and not r["signal"]
+               for r in snap["ranks"]), snap["ranks"]
     assert [a["kind"] for a in snap["alerts"]] == []
 
 

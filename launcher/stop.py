@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stepwatch.launcher.supervisor import ESCALATION, Escalation
+from stepwatch.monitors.fold.events import unix_time
 from stepwatch.monitors.signalling import belongs_to, owner_uid, send_signal
 from stepwatch.monitors.runfiles import EXIT_JSON, RUN_JSON, STOP_JSON, read_json, utc_iso, write_json_atomic
 from stepwatch.monitors.rundirs import foreign_records, run_survivors
@@ -131,8 +132,8 @@ def request_stop(run_dir: Path, grace_s: float = 30.0, reason: str | None = None
         return StopOutcome(True, read_json(run_dir / EXIT_JSON), read_json(run_dir / STOP_JSON), False)
     sup_alive = belongs_to(sup, uid) if sup is not None else False
     current = read_json(run_dir / STOP_JSON)
-    in_progress = current is not None and current.get("ended_by") is None and _num(
-        current.get("requested_at_unix")) >= _num(run.get("launched_at_unix"))
+    in_progress = current is not None and current.get("ended_by") is None and (
+        unix_time(current.get("requested_at_unix")) or 0.0) >= (unix_time(run.get("launched_at_unix")) or 0.0)
     if in_progress and sup_alive:
         sent = ", ".join(str(x.get("signal")) for x in current.get("signals") or [] if isinstance(x, dict)) or "none yet"
         raise StopInProgress(f"a stop of {run_dir.name} is already in progress (requested {current.get('requested_at')}, "
@@ -144,7 +145,7 @@ def request_stop(run_dir: Path, grace_s: float = 30.0, reason: str | None = None
         t = time.time()
         stop = {"v": 1, "requested_at": utc_iso(t), "requested_at_unix": t, "grace_s": grace_s, "reason": reason,
                 "requested_by_pid": os.getpid(), "ended_by": None,  # rebuilt: only validated fields are kept
-                "signals": [{"signal": x["signal"], "sent_at_unix": _num(x.get("sent_at_unix"))}
+                "signals": [{"signal": x["signal"], "sent_at_unix": unix_time(x.get("sent_at_unix"))}
                             for x in current.get("signals") or []
                             if isinstance(x, dict) and x.get("signal") in {s.name for s in ESCALATION}][:len(ESCALATION)],
                 "notes": [f"{utc_iso(t)}: the supervisor was gone; stepwatch stop (pid {os.getpid()}) took the "
@@ -179,10 +180,6 @@ def request_stop(run_dir: Path, grace_s: float = 30.0, reason: str | None = None
                 break
             time.sleep(0.05)
     return StopOutcome(False, ex, read_json(run_dir / STOP_JSON), True, not is_alive(proc))
-
-
-def _num(v: object) -> float:
-    return float(v) if type(v) in (int, float) and math.isfinite(v) else 0.0
 
 
 def _escalate_here(run_dir: Path, proc: ProcessRef, stop: dict, start_at: int, grace_s: float,

@@ -19,6 +19,7 @@ from typing import Any, MutableMapping
 
 from stepwatch.monitors.detectors.stall import NOT_JUDGED
 from stepwatch.monitors.detectors.straggler import straggler_state, stuck_ranks
+from stepwatch.monitors.fold.events import step_no, unix_time
 from stepwatch.monitors.parsers.torchrun import FailureTable
 from stepwatch.monitors.readers.jsonl import EventReader
 from stepwatch.monitors.runfiles import EVENTS_JSONL, PROCS_JSON, RANK_EVENTS, STOP_JSON, read_json, utc_iso
@@ -36,7 +37,8 @@ def _int(v: Any, lo: int = 0, hi: int = PID_MAX) -> int | None:
     return v if type(v) is int and lo <= v <= hi else None
 
 
-def _num(v: Any) -> float | None:
+def _seconds(v: Any) -> float | None:
+    """A duration read from a file: a finite number, else None."""
     return float(v) if type(v) in (int, float) and math.isfinite(v) else None
 
 
@@ -59,7 +61,7 @@ class RankSteps:
                 self.pid = _int(ev.get("pid"), 1)
             if kind != "step":
                 continue
-            dt, step, end = _num(ev.get("dt")), _int(ev.get("step"), 0, 2**62), _num(ev.get("step_end"))
+            dt, step, end = _seconds(ev.get("dt")), step_no(ev.get("step")), unix_time(ev.get("step_end"))
             if dt is None or dt < 0:
                 continue
             flags = ev.get("flags") if isinstance(ev.get("flags"), list) else []
@@ -132,26 +134,26 @@ class RankWatch:
         ranked = {r["pid"]: r for r in recs if _int(r.get("pid"), 1) and _int(r.get("rank"), 0, 10**6) is not None}
         failures = self.table.by_pid()
         stop = read_json(self.run_dir / STOP_JSON)
-        stop_t = _num(stop.get("requested_at_unix")) if isinstance(stop, dict) else None
+        stop_t = unix_time(stop.get("requested_at_unix")) if isinstance(stop, dict) else None
         out = []
         for pid, r in ranked.items():
             parent = ranked.get(r.get("ppid"))
             if parent is not None and parent.get("rank") == r["rank"]:
                 continue  # a worker of that rank
-            ended = _num(r.get("ended_at_unix"))
+            ended = unix_time(r.get("ended_at_unix"))
             ex = r.get("exit") if isinstance(r.get("exit"), dict) else {}
             rc, sig, source = _int(ex.get("returncode"), 0, 255), ex.get("signal"), "kernel" if ex else None
             f = failures.get(pid)
             if f is not None and rc is None and not sig:
                 rc, sig, source = (None, f.how()[len("killed by "):], "torchrun") if f.exitcode < 0 else (
                     f.exitcode, None, "torchrun")
-            alive = ended is None and probe(ProcessRef(pid, _num(r.get("create_time")))) == "alive"
+            alive = ended is None and probe(ProcessRef(pid, unix_time(r.get("create_time")))) == "alive"
             out.append({"rank": r["rank"], "local_rank": _int(r.get("local_rank"), 0, 10**6), "pid": pid,
                         "alive": alive, "ended_at_unix": ended, "returncode": rc,
                         "signal": sig if isinstance(sig, str) else None, "exit_source": source,
                         "root_cause": bool(f and f.root_cause),
                         "after_stop": bool(stop_t is not None and ended is not None and ended >= stop_t),
-                        "started_at_unix": _num(r.get("first_seen_unix")), "steps": None})
+                        "started_at_unix": unix_time(r.get("first_seen_unix")), "steps": None})
         out.sort(key=lambda d: (d["rank"], d["started_at_unix"] or 0))
         latest = {d["rank"]: d for d in out}  # a restarted rank: its latest process carries the steps
         for rank, rs in self.steps.items():

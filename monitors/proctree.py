@@ -3,7 +3,8 @@
 The supervisor (:class:`TreeRecorder`, a thread) records the training command and every process that
 descends from it, or that runs in the supervisor's own session, with its identity (pid + psutil
 create_time, unix seconds), its parent, its user, and its rank where its environment tells it
-(``RANK``, ``LOCAL_RANK``: torchrun, accelerate). The record, ``procs.json``, is rewritten
+(``RANK``, ``LOCAL_RANK``: torchrun, accelerate; ``TORCHELASTIC_RESTART_COUNT`` /
+``TORCHELASTIC_MAX_RESTARTS``: which restart of torchrun's worker group it belongs to). The record, ``procs.json``, is rewritten
 (atomically) whenever a process appears or ends, and once more after the training command ended.
 The supervisor is a child subreaper (``PR_SET_CHILD_SUBREAPER``), so a worker whose parent died is
 re-parented to it instead of init and stays in the tree.
@@ -80,17 +81,24 @@ def zombie_exit(pid: int) -> dict[str, Any] | None:
     return {"returncode": (status >> 8) & 0xFF, "signal": None}
 
 
-def _rank_of(p: psutil.Process) -> tuple[int | None, int | None]:
-    """``(RANK, LOCAL_RANK)`` from the process's environment; None where unset or unreadable."""
+#: Environment keys read into each record: torchrun / accelerate's rank, and torch.distributed.elastic's
+#: restart count of the worker group this process belongs to (0 for the first) and its limit.
+RANK_ENV = {"rank": "RANK", "local_rank": "LOCAL_RANK", "restart_count": "TORCHELASTIC_RESTART_COUNT",
+            "max_restarts": "TORCHELASTIC_MAX_RESTARTS"}
+
+
+def _rank_of(p: psutil.Process) -> dict[str, int | None]:
+    """``{rank, local_rank, restart_count, max_restarts}`` from the process's environment (as it was
+    at its start); None where unset or unreadable."""
     try:
         env = p.environ()
     except (psutil.Error, OSError):
-        return None, None
-    out = []
-    for key in ("RANK", "LOCAL_RANK"):
+        env = {}
+    out: dict[str, int | None] = {}
+    for field, key in RANK_ENV.items():
         v = env.get(key, "")
-        out.append(int(v) if v.isdigit() and len(v) < 7 else None)
-    return out[0], out[1]
+        out[field] = int(v) if v.isdigit() and len(v) < 7 else None
+    return out
 
 
 class TreeRecorder:
@@ -169,11 +177,9 @@ class TreeRecorder:
                     pgid, sid = os.getpgid(p.pid), os.getsid(p.pid)
                 except (psutil.Error, OSError):
                     continue
-                rank, local_rank = _rank_of(p)
                 self._procs[p.pid] = {"pid": p.pid, "create_time": ctime, "ppid": ppid, "uid": uids.real,
-                                      "pgid": pgid, "sid": sid, "name": name[:64], "rank": rank,
-                                      "local_rank": local_rank, "first_seen_unix": now, "ended_at_unix": None,
-                                      "exit": None}
+                                      "pgid": pgid, "sid": sid, "name": name[:64], **_rank_of(p),
+                                      "first_seen_unix": now, "ended_at_unix": None, "exit": None}
                 changed = True
         for pid, rec in self._procs.items():
             if rec.get("ended_at_unix") is None and pid not in live:
@@ -278,6 +284,7 @@ class RecordedProcess:
     local_rank: int | None
     pgid: int | None
     sid: int | None
+    ended: bool = False  #: the record says it ended (``ended_at_unix`` set)
 
 
 def _as_int(v: Any) -> int | None:
@@ -300,5 +307,5 @@ def recorded_processes(procs_file: Path, owner: int | None = None) -> list[Recor
         name = d.get("name")
         out.append(RecordedProcess(ref, _as_int(d.get("uid")), name[:64] if isinstance(name, str) else "?",
                                    _as_int(d.get("rank")), _as_int(d.get("local_rank")),
-                                   _as_int(d.get("pgid")), _as_int(d.get("sid"))))
+                                   _as_int(d.get("pgid")), _as_int(d.get("sid")), d.get("ended_at_unix") is not None))
     return out

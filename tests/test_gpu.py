@@ -682,6 +682,52 @@ def test_used_by_run_marks_devices_holding_the_run_tree(monkeypatch, tmp_path):
         child.wait()
 
 
+RANKS_PARENT = """
+import os, subprocess, sys, time
+kids = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                         env={**os.environ, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in (0, 1)]
+print(" ".join(str(k.pid) for k in kids), flush=True)
+time.sleep(60)
+"""
+
+
+def test_the_gpu_rows_name_the_rank_holding_each_device_from_the_recorded_tree(monkeypatch, tmp_path):
+    from stepwatch.monitors.proctree import TreeRecorder
+    from stepwatch.monitors.watchdog import ProcessRef
+    from stepwatch.tui.plain import status_lines
+    from stepwatch.tui.widgets.gpu import device_line
+
+    parent = subprocess.Popen([sys.executable, "-c", RANKS_PARENT], stdout=subprocess.PIPE, text=True)
+    try:
+        rank0, rank1 = map(int, parent.stdout.readline().split())
+        TreeRecorder(tmp_path, ProcessRef(parent.pid, None)).sample()  # the supervisor's record: procs.json
+        g0, g1, g2 = FakeGpu(0), FakeGpu(1), FakeGpu(2)
+        g0.pids, g1.pids, g2.pids = [rank1], [rank0, 1], [1]  # rank 1 on GPU0; a stranger (pid 1) beside rank 0
+        FakeNvml(monkeypatch, [g0, g1, g2])
+        s = GpuSampler(tmp_path, parent.pid, backend=NvmlBackend())
+        r = s.tick()
+        s.backend.close()
+    finally:
+        parent.kill()
+        parent.wait()
+    d0, d1, d2 = r["devices"]
+    assert (d0["used_by_run"], d0["run_ranks"], d0["processes"][0]["rank"]) == (True, [1], 1)
+    assert (d1["used_by_run"], d1["run_ranks"]) == (True, [0])
+    assert [(p["in_run"], p["rank"]) for p in d1["processes"]] == [(True, 0), (False, None)]
+    assert (d2["used_by_run"], d2["run_ranks"]) == (False, [])  # control: only a stranger there
+    gpu, _ = gpu_status_from_records([r])
+    assert [g["run_ranks"] for g in gpu] == [[1], [0], []]
+    assert "[run: rank 1]" in device_line(gpu[0]).plain and "[run" not in device_line(gpu[2]).plain
+    lines = "\n".join(status_lines({**_snap_for_lines(), "gpu": gpu}))
+    assert "GPU0 NVIDIA H100 80GB HBM3 (the run's rank 1):" in lines and "GPU2 NVIDIA H100 80GB HBM3:" in lines, lines
+
+
+def _snap_for_lines() -> dict[str, Any]:
+    from stepwatch.monitors.snapshot.model import null_snapshot
+
+    return null_snapshot()
+
+
 def test_sidecar_exits_when_the_watched_pid_ends(tmp_path):
     victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.6)"])
     rec = bundled_recording("synthetic_h100_healthy_compute_bound.jsonl")

@@ -108,6 +108,46 @@ def test_a_clean_two_rank_run_raises_no_rank_alert(tmp_path: Path):
     assert [a["kind"] for a in snap["alerts"]] == []
 
 
+RESTART_PY = '''\
+import os, signal, time
+import torch, torch.distributed as dist
+rank, world, restart = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+# a store prefix per restart: a plain init_process_group("gloo") after a restart read the first
+# attempt's addresses from torchrun's store (torch 2.13: "connectFullMesh failed", often a hang)
+store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
+dist.init_process_group("gloo", store=dist.PrefixStore(f"attempt{restart}", store), rank=rank, world_size=world)
+print(f"rank {rank} pid {os.getpid()} restart {restart} up", flush=True)
+for step in range(1, 31):
+    if rank == 1 and restart == 0 and step == 10:
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.all_reduce(torch.ones(10))
+    time.sleep(0.05)
+dist.destroy_process_group()
+'''
+
+
+@pytest.mark.slow
+def test_a_rank_death_torchrun_restarts_from_is_named_with_the_restart_count(tmp_path: Path):
+    repo = make_repo(tmp_path / "repo", {"restart.py": RESTART_PY})
+    r = stepwatch("launch", "--no-tui", "--name", "rs", "--", TORCHRUN, "--nproc_per_node", "2", "--max-restarts", "2",
+                  "--monitor-interval", "0.1", "restart.py", cwd=repo, env={"OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr
+    run_dir = repo / "runs" / "rs"
+    ex = wait_until(lambda: read_json(run_dir / "exit.json"), 120, what="the run to end")
+    assert ex["returncode"] == 0  # the restarted workers finished
+    snap = json.loads(stepwatch("status", str(run_dir), "--json").stdout)
+    assert snap["rank_restarts"] == {"count": 1, "max": 2}, snap["rank_restarts"]
+    ones = [x for x in snap["ranks"] if x["rank"] == 1]
+    assert [x["restart_count"] for x in ones] == [0, 1] and ones[0]["signal"] == "SIGKILL", ones
+    deaths = [a for a in snap["alerts"] if a["kind"] == "rank_death"]
+    assert len(deaths) == 1, deaths
+    assert deaths[0]["message"].startswith(f"rank 1 (local_rank 1, pid {ones[0]['pid']}) killed by SIGKILL"), deaths
+    assert "torchrun restarted the workers (restart 1 of at most 2)" in deaths[0]["message"], deaths
+    text = stepwatch("status", str(run_dir)).stdout
+    assert "torchrun restarted the workers 1 time (at most 2)" in text, text
+    assert f"rank 1 pid {ones[1]['pid']} " in text and f"pid {ones[0]['pid']}" not in text.split("ranks:")[1].split("\n")[0]
+
+
 @pytest.mark.slow
 def test_a_frozen_rank_does_not_outlive_stop(tmp_path: Path):
     run_dir = _launch_ddp(tmp_path, 600)

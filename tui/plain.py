@@ -19,6 +19,7 @@ from stepwatch.monitors.snapshot.alerts import end_words
 from stepwatch.monitors.snapshot.disk import full_words
 from stepwatch.tui.format import timing_words
 from stepwatch.monitors.snapshot.model import json_safe, run_ended
+from stepwatch.monitors.snapshot.ranks import latest_per_rank, restarts_words
 from stepwatch.monitors.snapshot.observer import RunObserver
 from stepwatch.monitors.watchdog import ProcessRef, wait_for_exit
 
@@ -61,18 +62,21 @@ def status_lines(snap: dict[str, Any]) -> list[str]:
         if src.startswith("recorded"):
             lines.append(f"  GPU: RECORDED replay, not this machine's GPU ({src.split(':', 1)[-1]})")
         for g in snap["gpu"]:
-            lines.append(f"  GPU{g.get('index')} {g.get('name')}: kernel-active {_fmt(g.get('util_pct'), 0)}%, "
+            held = f" (the run's rank {', '.join(map(str, g['run_ranks']))})" if g.get("run_ranks") else ""
+            lines.append(f"  GPU{g.get('index')} {g.get('name')}{held}: kernel-active {_fmt(g.get('util_pct'), 0)}%, "
                          f"power {_fmt(g.get('power_w'), 0)}/{_fmt(g.get('power_limit_w'), 0)} W"
                          + (f"; over the last 30 s: {g['verdict']}" if g.get("verdict") else ""))
     else:
         lines.append(f"  GPU: {snap.get('gpu_error') or 'no samples'}")
-    if snap.get("ranks"):
+    ranks = latest_per_rank(snap.get("ranks") or [])
+    if ranks:
         lines.append("  ranks: " + "; ".join(
             f"rank {r['rank']} pid {r['pid']} " + ("alive" if r["alive"] else f"killed by {r['signal']}" if r["signal"]
                                                    else f"exited with code {_fmt(r['returncode'])}")
             + (f", step {_fmt(r['steps']['last_step'])}, n={r['steps']['n']} p50={_fmt(r['steps']['p50'], 3)} "
                f"p99={_fmt(r['steps']['p99'], 3)}" if r.get("steps") else "")
-            for r in snap["ranks"][:16]) + (f"; {len(snap['ranks']) - 16} more" if len(snap["ranks"]) > 16 else ""))
+            for r in ranks[:16]) + (f"; {len(ranks) - 16} more" if len(ranks) > 16 else "")
+            + restarts_words(snap.get("rank_restarts")))
     sg = snap.get("straggler") or {}
     if snap.get("ranks") and sg.get("state") != "not judged":
         lines.append(f"  straggler {sg.get('state')} ({sg.get('reason')})")

@@ -53,6 +53,9 @@ ACTIVE = "active"
 IDLE = "idle"
 NO_READING = "no reading"
 
+#: Ranks of one device read from a record at most (a device holds one rank, rarely a few).
+MAX_RANKS_SHOWN = 64
+
 #: Keys of one row of ``gpu`` in ``stepwatch status --json``, in order.
 STATUS_KEYS = (
     "index",
@@ -70,12 +73,13 @@ STATUS_KEYS = (
     "sm_occupancy_pct",
     "tensor_active_pct",
     "used_by_run",
+    "run_ranks",
     "verdict",
     "unsupported",
 )
 #: The numeric metrics of a status row (each null with a reason in ``unsupported`` when unreadable).
-_STATUS_METRICS = tuple(k for k in STATUS_KEYS if k not in ("index", "name", "uuid", "used_by_run", "verdict",
-                                                              "unsupported"))
+_STATUS_METRICS = tuple(k for k in STATUS_KEYS if k not in ("index", "name", "uuid", "used_by_run", "run_ranks",
+                                                              "verdict", "unsupported"))
 
 
 def power_share(power_w: float | None, power_limit_w: float | None) -> float | None:
@@ -213,6 +217,9 @@ def status_row(device: dict[str, Any], samples: list[tuple[float, dict[str, Any]
     for k in ("index", "name", "uuid", "util_pct", "power_w", "power_limit_w", "mem_used_bytes", "mem_total_bytes",
               "sm_clock_mhz", "temperature_c", "sm_active_pct", "sm_occupancy_pct", "tensor_active_pct", "used_by_run"):
         row[k] = finite_or_none(d.get(k))
+    ranks = d.get("run_ranks")
+    if isinstance(ranks, list):  # a file is hostile: ranks are small ints, a short list
+        row["run_ranks"] = sorted({r for r in ranks[:MAX_RANKS_SHOWN] if type(r) is int and 0 <= r < 10**6})
     row["power_share"] = power_share(row["power_w"], row["power_limit_w"])
     if row["power_share"] is not None:
         row["power_share"] = round(row["power_share"], 4)

@@ -15,8 +15,9 @@ Both end up in :func:`run_sampler`, which never raises: a failing backend become
 record, a failing write (ENOSPC, a vanished directory) is counted and said once on stderr.
 
 Each record (``schema.py``): ``{"v":1, "t": unix s, "devices": [...], "gpu_error": ..., "backend": ...}``.
-Devices where a process of the watched run's tree holds memory get ``used_by_run = true`` (the tree
-is the watched pid and its psutil children, recursive).
+Devices where a process of the watched run's tree holds memory get ``used_by_run = true`` and the
+ranks holding them in ``run_ranks`` (the tree is the supervisor's procs.json, else the watched pid
+and its psutil children, recursive).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Any, Callable
 
 from stepwatch.monitors.gpu.schema import make_record
 from stepwatch.monitors.watchdog import ProcessRef, is_alive
-from stepwatch.monitors.runfiles import GPU_JSONL, append_jsonl
+from stepwatch.monitors.runfiles import GPU_JSONL, PROCS_JSON, append_jsonl
 
 DEFAULT_INTERVAL_S = 1.0
 TREE_REFRESH_S = 5.0  #: the run's process tree is re-read at most this often (and at least every 30 s)
@@ -40,52 +41,66 @@ TREE_MAX_AGE_S = 30.0
 
 
 class RunTree:
-    """The pids of a watched process and its descendants (``psutil.Process.children(recursive=True)``).
+    """The pids of a watched run, each with its rank where known: the supervisor's record of the
+    run's process tree (``procs.json``: every recorded process not yet ended, its ``RANK``) when
+    ``procs_file`` is given and holds one, else the watched process and its psutil descendants.
 
     Re-read when a GPU process is not in the cached set (at most every TREE_REFRESH_S) and every
     TREE_MAX_AGE_S. ``create_time`` (unix s), when given, guards against a reused pid.
     """
 
-    def __init__(self, pid: int, create_time: float | None = None, mono: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, pid: int, create_time: float | None = None, mono: Callable[[], float] = time.monotonic,
+                 procs_file: Path | None = None) -> None:
         self.pid = pid
         self.create_time = create_time
+        self.procs_file = procs_file
         self._mono = mono
-        self._pids: set[int] = set()
+        self._ranks: dict[int, int | None] = {}  # pid -> rank
         self._read_at = float("-inf")
 
     def _refresh(self) -> None:
         self._read_at = self._mono()
+        if self.procs_file is not None:
+            from stepwatch.monitors.proctree import recorded_processes  # noqa: PLC0415 - psutil
+
+            recorded = recorded_processes(self.procs_file, os.geteuid())
+            if recorded:
+                self._ranks = {p.ref.pid: p.rank for p in recorded if not p.ended}
+                return
         try:
             import psutil
 
             if not is_alive(ProcessRef(self.pid, self.create_time)):  # gone, or the pid reused
-                self._pids = set()
+                self._ranks = {}
                 return
             p = psutil.Process(self.pid)
-            self._pids = {self.pid} | {c.pid for c in p.children(recursive=True)}
+            self._ranks = {q: None for q in {self.pid} | {c.pid for c in p.children(recursive=True)}}
         except Exception:  # noqa: BLE001 - gone, no permission, no psutil: nothing is ours
-            self._pids = set()
+            self._ranks = {}
 
-    def contains_any(self, pids: list[int]) -> set[int]:
-        """Which of ``pids`` belong to the tree."""
+    def ranks_of(self, pids: list[int]) -> dict[int, int | None]:
+        """Which of ``pids`` belong to the run, each with its rank (None: not a rank's process)."""
         age = self._mono() - self._read_at
-        if age >= TREE_MAX_AGE_S or (age >= TREE_REFRESH_S and any(p not in self._pids for p in pids)):
+        if age >= TREE_MAX_AGE_S or (age >= TREE_REFRESH_S and any(p not in self._ranks for p in pids)):
             self._refresh()
-        return {p for p in pids if p in self._pids}
+        return {p: self._ranks[p] for p in pids if p in self._ranks}
 
 
 def mark_run_devices(devices: list[dict[str, Any]], tree: RunTree | None) -> None:
-    """Set ``used_by_run`` and each process's ``in_run`` where the backend left them None."""
+    """Set ``used_by_run``, ``run_ranks`` and each process's ``in_run`` and ``rank`` where the
+    backend left them None."""
     for d in devices:
         procs = d.get("processes")
         if tree is None or procs is None or d.get("used_by_run") is not None:
             continue
         pids = [p.get("pid") for p in procs if isinstance(p, dict) and isinstance(p.get("pid"), int)]
-        mine = tree.contains_any(pids) if pids else set()
+        mine = tree.ranks_of(pids) if pids else {}
         for p in procs:
             if isinstance(p, dict) and p.get("in_run") is None:
                 p["in_run"] = p.get("pid") in mine
+                p["rank"] = mine.get(p.get("pid"))
         d["used_by_run"] = bool(mine)
+        d["run_ranks"] = sorted({r for r in mine.values() if r is not None})
 
 
 ENV_GPU_RECORDING = "STEPWATCH_GPU_RECORDING"
@@ -133,7 +148,7 @@ class GpuSampler:
         self.interval_s = max(0.01, float(interval_s))
         self.clock = clock
         self._backend = backend
-        self.tree = RunTree(watched_pid, watched_create_time) if watched_pid else None
+        self.tree = RunTree(watched_pid, watched_create_time, procs_file=self.run_dir / PROCS_JSON) if watched_pid else None
         self.ticks = 0
         self.dropped = 0  #: records that could not be written
         self._warned = False

@@ -38,11 +38,14 @@ Device (units in the names; the NVML call each comes from in brackets)::
     mig_enabled        bool   current MIG mode                       [nvmlDeviceGetMigMode]
     mig_instances      list   [{index, uuid, gpu_instance_id, compute_instance_id,
                                mem_used_bytes, mem_total_bytes}] when MIG is enabled, else []
-    processes          list   [{pid, used_memory_bytes, kind, mig_uuid, in_run}] or null when the
-                              process list could not be read
+    processes          list   [{pid, used_memory_bytes, kind, mig_uuid, in_run, rank}] or null when
+                              the process list could not be read; ``rank`` is the run's rank of
+                              that pid from the supervisor's procs.json (null: not a rank)
                               [nvmlDeviceGetComputeRunningProcesses / ...GraphicsRunningProcesses]
     used_by_run        bool   a process of the watched run's tree holds memory here; null when
                               unknown (no process list, no watched pid)
+    run_ranks          list   the ranks (RANK) of the run's processes holding memory here, sorted;
+                              null when unknown (as used_by_run)
     error              str    the device as a whole gave no reading this tick ("GPU is lost ...",
                               "NVML not answering since ..."); null when it answered
     not_answering_since str   ISO time of the call that missed its deadline, else null
@@ -84,6 +87,7 @@ DEVICE_KEYS = (
     "mig_instances",
     "processes",
     "used_by_run",
+    "run_ranks",
     "error",
     "not_answering_since",
     "unsupported",

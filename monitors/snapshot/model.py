@@ -23,6 +23,7 @@ def null_snapshot() -> dict[str, Any]:
     return {
         "run": None, "run_dir": None, "attempt": None, "state": "unknown", "pid": None, "alive": False,
         "returncode": None, "signal": None, "ended": None, "launched_at_unix": None, "disk": None, "ranks": [],
+        "rank_restarts": None,
         "straggler": {"state": NOT_JUDGED, "rank": None, "lag_s": None, "trip_s": None, "steps": 0, "lags_s": {},
                       "reason": "no ranks", "stuck": []},
         "versions": {"python": None, "torch": None, "transformers": None},

@@ -269,7 +269,7 @@ class RunObserver:
         self._gpu_part(snap, a)
         self._log_part(snap, a, now)
         snap["disk"] = disk_status(self.run_dir, (snap["ended"] or {}).get("write_errors"))
-        snap["ranks"], snap["straggler"] = a.ranks.part()
+        snap["ranks"], snap["straggler"], snap["rank_restarts"] = a.ranks.part()
         guard_stall(snap)
         if run_ended(snap):
             snap["survivors"] = self._survivors(now)

@@ -48,17 +48,18 @@ class RankSteps:
 
     def __init__(self, path: Path):
         self.reader = EventReader(path)
-        self.stats = StepStats(recent_maxlen=64, window=64)
         self.ends: OrderedDict[int, float] = OrderedDict()
-        self.last_step: int | None = None
-        self.last_end: float | None = None
         self.pid: int | None = None
+        self._restart()
 
     def read(self) -> None:
         for ev in self.reader.read_new():
             kind = ev.get("kind")
             if kind == "run_start":
-                self.pid = _int(ev.get("pid"), 1)
+                pid = _int(ev.get("pid"), 1)
+                if self.pid is not None and pid != self.pid:
+                    self._restart()  # torchrun restarted this rank: a new process appends to the file
+                self.pid = pid
             if kind != "step":
                 continue
             dt, step, end = _seconds(ev.get("dt")), step_no(ev.get("step")), unix_time(ev.get("step_end"))
@@ -71,6 +72,13 @@ class RankSteps:
                 while len(self.ends) > ENDS_KEPT:
                     self.ends.popitem(last=False)
             self.last_step, self.last_end = step, end
+
+    def _restart(self) -> None:
+        """The rank's earlier process's steps are not this one's (its step times, its step ends)."""
+        self.stats = StepStats(recent_maxlen=64, window=64)
+        self.ends.clear()
+        self.last_step: int | None = None
+        self.last_end: float | None = None
 
     def summary(self) -> dict[str, Any]:
         st = self.stats
@@ -125,10 +133,11 @@ class RankWatch:
             self._stamp = (st.st_mtime_ns, st.st_size)
         return self._records
 
-    def part(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    def part(self) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any] | None]:
         """``ranks``: ``[{rank, local_rank, pid, alive, ended_at_unix, returncode, signal,
-        exit_source, root_cause, after_stop, steps}]`` by rank then start ([] for a run without
-        ranked processes or rank files); ``straggler``: the detector's verdict."""
+        exit_source, root_cause, after_stop, restart_count, steps}]`` by rank then start ([] for a
+        run without ranked processes or rank files; a rank torchrun restarted has one entry per
+        process); ``straggler``: the detector's verdict; ``rank_restarts``: :func:`restarts_of`."""
         self._read_steps()
         recs = self._read()
         ranked = {r["pid"]: r for r in recs if _int(r.get("pid"), 1) and _int(r.get("rank"), 0, 10**6) is not None}
@@ -153,6 +162,8 @@ class RankWatch:
                         "signal": sig if isinstance(sig, str) else None, "exit_source": source,
                         "root_cause": bool(f and f.root_cause),
                         "after_stop": bool(stop_t is not None and ended is not None and ended >= stop_t),
+                        "restart_count": _int(r.get("restart_count"), 0, 10**6),
+                        "max_restarts": _int(r.get("max_restarts"), 0, 10**6),
                         "started_at_unix": unix_time(r.get("first_seen_unix")), "steps": None})
         out.sort(key=lambda d: (d["rank"], d["started_at_unix"] or 0))
         latest = {d["rank"]: d for d in out}  # a restarted rank: its latest process carries the steps
@@ -160,7 +171,8 @@ class RankWatch:
             if rank not in latest:  # a rank file without a recorded process (no supervisor record)
                 latest[rank] = {"rank": rank, "local_rank": None, "pid": rs.pid, "alive": None, "ended_at_unix": None,
                                 "returncode": None, "signal": None, "exit_source": None, "root_cause": False,
-                                "after_stop": False, "started_at_unix": None, "steps": None}
+                                "after_stop": False, "restart_count": None, "max_restarts": None,
+                                "started_at_unix": None, "steps": None}
                 out.append(latest[rank])
             latest[rank]["steps"] = rs.summary()
         out.sort(key=lambda d: (d["rank"], d["started_at_unix"] or 0))
@@ -171,7 +183,56 @@ class RankWatch:
         dead = sorted({d["rank"] for d in latest.values() if died(d)})
         if dead and verdict["state"] != NOT_JUDGED:  # a dead rank's old steps prove nothing now
             verdict.update(state=NOT_JUDGED, reason=f"rank(s) {', '.join(map(str, dead))} died")
-        return out, verdict
+        return out, verdict, restarts_of(out)
+
+
+def restarts_of(ranks: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """``{count, max}``: how many times torchrun restarted the worker group (the highest
+    ``TORCHELASTIC_RESTART_COUNT`` among the recorded ranks) and its ``--max-restarts``; None where
+    no rank's environment said (not torchrun, or no record)."""
+    counts = [r["restart_count"] for r in ranks if r.get("restart_count") is not None]
+    if not counts:
+        return None
+    limits = [r["max_restarts"] for r in ranks if r.get("max_restarts") is not None]
+    return {"count": max(counts), "max": max(limits) if limits else None}
+
+
+def restarts_words(restarts: dict[str, Any] | None) -> str:
+    """``; torchrun restarted the workers 1 time (at most 3)``; '' before any restart or without
+    torchrun's record."""
+    if not restarts or not restarts.get("count"):
+        return ""
+    n, limit = restarts["count"], restarts.get("max")
+    return f"; torchrun restarted the workers {n} time{'s' if n != 1 else ''}" + (
+        f" (at most {limit})" if limit is not None else "")
+
+
+def latest_per_rank(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each rank's latest process (a rank torchrun restarted has older, ended ones), by rank."""
+    latest: dict[int, dict[str, Any]] = {}
+    for r in ranks:  # sorted by rank then start: the last of a rank is its latest
+        latest[r["rank"]] = r
+    return [latest[k] for k in sorted(latest)]
+
+
+def _restart_words(first: dict[str, Any], snap: dict[str, Any]) -> str:
+    """``; torchrun restarted the workers (restart 1 of at most 3)`` when a later process of the
+    same rank carries a higher restart count; ``; torchrun may restart the workers (2 restarts
+    left)`` while the run goes on and restarts remain; '' otherwise."""
+    rc = first.get("restart_count")
+    if rc is None:
+        return ""
+    later = [r["restart_count"] for r in snap.get("ranks") or []
+             if r["rank"] == first["rank"] and (r.get("restart_count") or 0) > rc]
+    limit = first.get("max_restarts")
+    of = f" of at most {limit}" if limit is not None else ""
+    if later:
+        return f"; torchrun restarted the workers (restart {min(later)}{of})"
+    if snap.get("state") == "running" and limit is not None and limit > rc:
+        return f"; torchrun may restart the workers ({limit - rc} restart{'s' if limit - rc != 1 else ''} left)"
+    if limit is not None and limit <= rc and limit > 0:
+        return f"; no restart left (--max-restarts {limit})"
+    return ""
 
 
 def ranks_last_words(snap: dict[str, Any]) -> str:
@@ -242,5 +303,6 @@ def rank_alerts(snap: dict[str, Any], make: Any, first_seen: MutableMapping[str,
         going = "; the run goes on" if snap.get("state") == "running" else ""
         out.append(make(first_seen, snap["attempt"], "rank_death", f"{first['rank']}-{first['pid']}",
                         f"rank {first['rank']} ({lr}pid {first['pid']}) {_how(first)} at "
-                        f"{utc_iso(first['ended_at_unix'])} (from {src}){then}{going}", first["ended_at_unix"]))
+                        f"{utc_iso(first['ended_at_unix'])} (from {src}){then}{_restart_words(first, snap)}{going}",
+                        first["ended_at_unix"]))
     return out

@@ -24,7 +24,8 @@ def device_line(d: dict[str, Any]) -> Text:
     t = Text()
     t.append(f"GPU{d.get('index')} {d.get('name') or ''}", "bold")
     if d.get("used_by_run"):
-        t.append(" [run]", "cyan")
+        ranks = d.get("run_ranks") or []
+        t.append(f" [run: rank {', '.join(map(str, ranks))}]" if ranks else " [run]", "cyan")
     t.append(f"  kernel-active {_pct(d.get('util_pct'))}")
     if d.get("power_w") is not None and d.get("power_limit_w"):
         t.append(f"  power {d['power_w']:.0f}/{d['power_limit_w']:.0f} W ({100 * (d.get('power_share') or 0):.0f}%)")

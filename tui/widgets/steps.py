@@ -12,6 +12,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Sparkline, Static
 
+from stepwatch.monitors.snapshot.ranks import latest_per_rank, restarts_words
 from stepwatch.tui.format import secs, timing_words
 from stepwatch.tui.widgets.base import Panel
 
@@ -42,7 +43,7 @@ def ranks_text(snap: dict[str, Any]) -> Text:
     """``ranks  0 pid 812 step 30 p50 0.050 s | 1 pid 813 step 30 p50 0.251 s STRAGGLER`` (plain text)."""
     sg = snap.get("straggler") or {}
     t = Text("ranks ", "dim")
-    for i, r in enumerate(snap.get("ranks") or []):
+    for i, r in enumerate(latest_per_rank(snap.get("ranks") or [])):
         if i:
             t.append(" | ", "dim")
         st = r.get("steps") or {}
@@ -54,6 +55,7 @@ def ranks_text(snap: dict[str, Any]) -> Text:
             t.append(f" {how}", "bold red" if r.get("signal") or r.get("returncode") else "dim")
         if sg.get("state") == "flagged" and sg.get("rank") == r["rank"]:
             t.append(" STRAGGLER", "bold yellow")
+    t.append(restarts_words(snap.get("rank_restarts")), "yellow")
     return t
 
 

@@ -19,11 +19,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stepwatch.monitors.parsers.logformats import compile_patterns
 from stepwatch.monitors.rundirs import default_runs_dir
 
-TOP_KEYS = ("name", "command", "cwd", "runs_dir", "env", "shell", "preflight", "alerts")
+TOP_KEYS = ("name", "command", "cwd", "runs_dir", "env", "shell", "preflight", "alerts", "log")
 PREFLIGHT_KEYS = ("test_command", "test_timeout_s", "training_arguments", "python", "min_free_bytes")
 ALERTS_KEYS = ("command", "urls", "min_level", "rate_limit_s", "retries", "command_timeout_s")
+#: ``[log]``: the user's own step patterns (regexes with named groups step, max_steps, dt_s and any
+#: metric) and example lines the checklist tries them on before there is a log.
+LOG_KEYS = ("patterns", "examples")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -48,6 +52,7 @@ class RunConfig:
     shell: bool = False
     preflight: dict[str, Any] = field(default_factory=dict)
     alerts: dict[str, Any] = field(default_factory=dict)
+    log: dict[str, Any] = field(default_factory=dict)
     config_path: Path | None = None
     config_sha256: str | None = None
     config_data: dict[str, Any] | None = None
@@ -72,7 +77,8 @@ def _unknown_keys(data: dict[str, Any], where: str) -> None:
     problems = []
     for table, accepted, label in ((data, TOP_KEYS, where),
                                    (data.get("preflight"), PREFLIGHT_KEYS, f"{where} [preflight]"),
-                                   (data.get("alerts"), ALERTS_KEYS, f"{where} [alerts]")):
+                                   (data.get("alerts"), ALERTS_KEYS, f"{where} [alerts]"),
+                                   (data.get("log"), LOG_KEYS, f"{where} [log]")):
         if isinstance(table, dict):
             try:
                 _check_unknown(table, accepted, label)
@@ -160,8 +166,18 @@ def _validate(data: dict[str, Any], base: Path, where: str, runs_dir_override: P
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= hi
                               or (key == "retries" and not isinstance(v, int))):
             raise ConfigError(f"{where} [alerts]: {key} must be a number from 0 to {hi}; got {v!r}")
+    log = data.get("log", {})
+    if not isinstance(log, dict):
+        raise ConfigError(f"{where}: [log] must be a table, e.g. [log] patterns = ['step (?P<step>\\d+) loss (?P<loss>\\S+)']")
+    try:
+        compile_patterns(log.get("patterns", []))
+    except ValueError as e:
+        raise ConfigError(f"{where} [log]: {e}") from None
+    ex = log.get("examples", [])
+    if not (isinstance(ex, list) and all(isinstance(x, str) for x in ex)):
+        raise ConfigError(f"{where} [log]: examples must be a list of log lines (strings); got {ex!r}")
     return RunConfig(name=name, command=list(command), cwd=cwd, runs_dir=runs_dir, env=dict(env), shell=shell,
-                     preflight=dict(preflight), alerts=dict(alerts))
+                     preflight=dict(preflight), alerts=dict(alerts), log=dict(log))
 
 
 def load_config(path: str | os.PathLike[str], runs_dir_override: Path | None = None) -> RunConfig:
@@ -238,6 +254,7 @@ def config_to_json(cfg: RunConfig) -> dict[str, Any]:
     return {
         "name": cfg.name, "command": cfg.command, "cwd": str(cfg.cwd), "runs_dir": str(cfg.runs_dir),
         "env": cfg.env, "shell": cfg.shell, "preflight": cfg.preflight, "alerts": public_alerts(cfg.alerts),
+        **({"log": cfg.log} if cfg.log else {}),  # absent when unused: a relaunch's diff stays quiet
     }
 
 

@@ -253,12 +253,82 @@ def check_provenance(cfg: RunConfig) -> Item:
                 "the run will have log-derived step times only, no versions or attention backend on record")
 
 
+#: The earlier log the log-format item reads at most (bytes, lines).
+LOG_TRY_BYTES = 256 * 1024
+LOG_TRY_LINES = 2000
+SHAPES_WORDS = ("tqdm bars (HF Trainer, accelerate), Lightning's TQDM and Rich bars, nanoGPT's iter lines, "
+                "JSON lines, step N lines")
+
+
+def _earlier_log_lines(run_dir: Path) -> tuple[str | None, list[str]]:
+    """The newest earlier attempt's train log of this run (name, its first lines), or (None, [])."""
+    try:
+        logs = sorted((p for p in run_dir.glob("train*.log") if p.is_file() and not p.is_symlink()),
+                      key=lambda p: p.stat().st_mtime)
+    except OSError:
+        return None, []
+    if not logs:
+        return None, []
+    try:
+        with open(logs[-1], "rb") as f:
+            text = f.read(LOG_TRY_BYTES).decode("utf-8", "replace")
+    except OSError:
+        return None, []
+    return logs[-1].name, [ln for ln in re.split(r"\r\n|\r|\n", text) if ln.strip()][:LOG_TRY_LINES]
+
+
+def check_log_format(cfg: RunConfig) -> Item:
+    """Item 8: how the training log will be read. The ``[log] patterns`` and the built-in shapes are
+    tried on the last attempt's log and on ``[log] examples``; a pattern that matches nothing it was
+    tried on fails (the run's steps would go unseen), one with nothing to try on is a warning."""
+    from stepwatch.monitors.parsers.logformats import compile_patterns, user_pattern  # noqa: PLC0415
+    from stepwatch.monitors.parsers.logtracker import LogTracker  # noqa: PLC0415
+
+    title = "training log will be read"
+    patterns = compile_patterns(cfg.log.get("patterns", []))  # validated at config load
+    examples = list(cfg.log.get("examples", []))
+    name, lines = _earlier_log_lines(cfg.run_dir)
+    tracker = LogTracker(patterns)
+    for ln in lines:
+        tracker.feed_text(ln)
+    detail = {"earlier_log": name, "lines_tried": len(lines), "format": tracker.format,
+              "matched_lines": tracker.matched_lines, "patterns": []}
+    problems, untried = [], []
+    for i, rx in enumerate(patterns, 1):
+        in_log = sum(1 for ln in lines if user_pattern(rx, ln) is not None)
+        in_examples = sum(1 for ln in examples if user_pattern(rx, ln) is not None)
+        detail["patterns"].append({"pattern": i, "log_lines": in_log, "examples": in_examples})
+        if lines or examples:
+            if not in_log and not in_examples:
+                tried = ([f"the {len(lines)} line(s) of the last attempt's {name}"] if name else []) + (
+                    [f"its {len(examples)} example(s)"] if examples else [])
+                problems.append(f"pattern {i} matched none of {' nor '.join(tried)}")
+        else:
+            untried.append(f"pattern {i}")
+    if problems:
+        return Item("log_format", title, "fail", "; ".join(problems) + ": fix the pattern, or the run's steps go unseen",
+                    detail)
+    seen = (f"the last attempt's {name} reads as {tracker.format} ({tracker.matched_lines} lines)" if tracker.format
+            else f"no recogniser matched the {len(lines)} line(s) of the last attempt's {name}" if name else None)
+    if untried:
+        return Item("log_format", title, "warn", f"{', '.join(untried)} not tried: no earlier log of this run and no "
+                    "[log] examples; add examples = [\"a line of your log\"] to check them now", detail)
+    if seen and not tracker.format:
+        return Item("log_format", title, "warn", f"{seen}: add [log] patterns (named groups step, loss, ...) or "
+                    f"use stepwatch.telemetry; known shapes: {SHAPES_WORDS}", detail)
+    if patterns:
+        return Item("log_format", title, "pass", f"{len(patterns)} [log] pattern(s) match their examples or the last "
+                    "log" + (f"; {seen}" if seen else ""), detail)
+    return Item("log_format", title, "pass", seen or f"no earlier log to try; known shapes: {SHAPES_WORDS}; "
+                "add [log] patterns for another", detail)
+
+
 def run_checklist(cfg: RunConfig, tree: TreeState | None = None) -> Checklist:
     """Run every item for ``cfg`` (the test suite may take up to its timeout). Never raises."""
     tree = tree or read_tree(cfg.cwd, cfg.runs_dir)
     return Checklist([
         check_clean_tree(tree), check_test_suite(cfg), check_training_arguments(cfg), check_config(cfg),
-        check_watchdog(), check_rotation(cfg), check_provenance(cfg),
+        check_watchdog(), check_rotation(cfg), check_provenance(cfg), check_log_format(cfg),
     ])
 
 

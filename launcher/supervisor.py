@@ -48,10 +48,20 @@ def _log(msg: str) -> None:
         pass
 
 
+#: Set for the child unless the user set them: Rich (Lightning's default ``RichProgressBar``) then
+#: draws its progress into train.log while the run goes on, instead of once at the end (Rich >= 14
+#: reads them; a file is neither a terminal nor interactive to it otherwise). Rich only: tqdm, the
+#: HF Trainer and Python's logging never read them.
+RICH_PROGRESS_ENV = {"TTY_COMPATIBLE": "1", "TTY_INTERACTIVE": "1"}
+
+
 def child_env(run: dict[str, Any]) -> dict[str, str]:
-    """The child's environment: the supervisor's own plus run.json's ``env`` additions."""
+    """The child's environment: the supervisor's own plus run.json's ``env`` additions, and
+    RICH_PROGRESS_ENV where neither set those names."""
     env = dict(os.environ)
     env.update(run.get("env") or {})
+    for k, v in RICH_PROGRESS_ENV.items():
+        env.setdefault(k, v)
     return env
 
 

@@ -166,3 +166,17 @@ def _now(fn, pid: int) -> int | None:
         return fn(pid)
     except OSError:
         return None
+
+
+class CachedSurvivors:
+    """:func:`run_survivors` of one run dir, scanned at most every ``every_s`` seconds (a view
+    refreshes several times a second; the scan walks every process)."""
+
+    def __init__(self, run_dir: Path, every_s: float = 5.0):
+        self.run_dir, self.every_s = run_dir, every_s
+        self._cached: tuple[float, list[dict]] | None = None
+
+    def get(self, now: float) -> list[dict]:
+        if self._cached is None or now - self._cached[0] > self.every_s:
+            self._cached = (now, run_survivors(self.run_dir))
+        return self._cached[1]

@@ -29,6 +29,7 @@ def gib(v: float | None) -> str:
 TIMING_WORDS = {
     "per_update": "timed from the log: one progress update per step",
     "shared": "timed from the log: several steps share each progress update",
+    "reported": "as the program reports them in its log",
     "approximate": "APPROXIMATE: this view's own reading of the log (no supervisor record)",
 }
 

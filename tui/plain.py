@@ -19,6 +19,7 @@ from stepwatch.monitors.snapshot.alerts import end_words
 from stepwatch.monitors.snapshot.disk import full_words
 from stepwatch.tui.format import timing_words
 from stepwatch.monitors.snapshot.model import json_safe, run_ended
+from stepwatch.monitors.snapshot.metrics import metrics_words
 from stepwatch.monitors.snapshot.ranks import latest_per_rank, restarts_words
 from stepwatch.monitors.snapshot.observer import RunObserver
 from stepwatch.monitors.watchdog import ProcessRef, wait_for_exit
@@ -46,6 +47,10 @@ def status_lines(snap: dict[str, Any]) -> list[str]:
     lines.append(f"  step {_fmt(step.get('global_step'))}/{_fmt(step.get('max_steps'))}{src}{eta}")
     words = timing_words(snap)
     lines.append(f"  {snap.get('step_line') or 'n=0 seconds_per_optimizer_step'}" + (f" ({words})" if words else ""))
+    log = snap.get("log") or {}
+    mw = metrics_words(snap.get("metrics") or {})
+    lines.append(f"  log: {mw or 'no loss or other metric read'}; format "
+                 + (f"{log['format']} ({log.get('matched_lines')} lines)" if log.get("format") else "not recognised"))
     fb, st = snap.get("fallback") or {}, snap.get("stall") or {}
     stall = st.get("state")
     lines.append(f"  fallback {fb.get('state')}" + (f" ({fb['reason']})" if fb.get("reason") and fb.get("state") != "ok" else "")

@@ -74,6 +74,8 @@ class EventsFold:
         self.unusable_steps = 0
         #: step records timed as k steps sharing one log update (logsteps.jsonl ``timing: shared``)
         self.shared_steps = 0
+        #: step records whose dt the program printed itself (logsteps.jsonl ``timing: reported``)
+        self.reported_steps = 0
 
     def fold(self, reader: EventReader) -> None:
         """Fold what ``reader`` gained, a read (:meth:`EventReader.iter_new`, ~7,000 events) at a
@@ -132,6 +134,8 @@ class EventsFold:
                 rows.append((step, dt, flags, tokens, padded, t))
                 if ev.get("timing") == "shared":
                     self.shared_steps += 1
+                elif ev.get("timing") == "reported":
+                    self.reported_steps += 1
                 ends.append(step_end)
                 last_step = ev
                 if flags and FLAG_RECOMPILE in flags and type(step) is int:

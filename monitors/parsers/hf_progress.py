@@ -227,12 +227,15 @@ class StepAdvance:
             counter advanced by exactly 1 between two consecutive updates that arrived in different
             polls of a live tail; otherwise None. Approximate (tail latency, poll spacing); events win.
         at_s: arrival time (unix seconds) of the update, None when unknown.
+        reported_dt_s: the step's time as the program itself printed it (nanoGPT's ``time``), None
+            when the line does not say (see :mod:`stepwatch.monitors.parsers.logtracker`).
     """
 
     step: int
     prev_step: int | None
     dt_s: float | None
     at_s: float | None
+    reported_dt_s: float | None = None
 
 
 class ProgressTracker:
@@ -383,7 +386,7 @@ class ProgressTracker:
     def _other_text(self, text: str) -> None:
         if "{" in text:
             d = parse_log_dict(text)
-            if d is not None:
+            if d:  # a dict without a number (the model card's) is no training log
                 if "train_loss" in d:
                     self.summary = d
                 else:

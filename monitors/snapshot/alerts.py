@@ -19,6 +19,7 @@ from stepwatch.monitors.detectors.storm import recompile_storm
 from stepwatch.monitors.runfiles import utc_iso
 from stepwatch.monitors.snapshot.model import run_ended, shallow
 from stepwatch.monitors.snapshot.disk import end_cause, full_words
+from stepwatch.monitors.snapshot.metrics import metric_alerts
 from stepwatch.monitors.snapshot.ranks import rank_alerts, ranks_last_words, root_cause_words
 
 
@@ -85,6 +86,7 @@ def alerts_for(snap: dict[str, Any], *, first_seen: MutableMapping[str, float],
                          f"alive but stuck: no optimizer step for {st['current_step_elapsed_s']:.0f} s after "
                          f"step {gs} (p99 {snap['step_seconds'].get('p99')} s){ranks_last_words(snap)}", stall_at))
     out.extend(rank_alerts(snap, alert, first_seen))
+    out.extend(metric_alerts(snap, alert, first_seen))
     disk = snap.get("disk") or {}
     if disk.get("full") and (snap["state"] == "running" or snap.get("supervisor_alive")):
         out.append(alert(first_seen, att, "disk_full", "run_dir",

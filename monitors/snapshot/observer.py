@@ -37,11 +37,12 @@ from stepwatch.monitors.gpu.history import GpuHistory
 from stepwatch.monitors.gpu.reading import WINDOW_S as GPU_WINDOW_S
 from stepwatch.monitors.gpu.reading import gpu_source, gpu_status_from_records
 from stepwatch.monitors.parsers.dynamolog import DynamoLogScanner, RecompileLimit, Recompile
-from stepwatch.monitors.parsers.hf_progress import ProgressTracker
+from stepwatch.monitors.parsers.logtracker import LogTracker, run_patterns
+from stepwatch.monitors.snapshot.metrics import log_metrics
 from stepwatch.monitors.parsers.traceback import traceback_last_line
 from stepwatch.monitors.readers.jsonl import EventReader
 from stepwatch.monitors.readers.textlog import DEFAULT_MAX_BYTES_PER_POLL, LogFollower
-from stepwatch.monitors.rundirs import run_survivors
+from stepwatch.monitors.rundirs import CachedSurvivors
 from stepwatch.monitors.runfiles import (
     ALERTS_JSONL, EVENTS_JSONL, EXIT_JSON, GPU_JSONL, LOG_STEPS_JSONL, RUN_JSON, STOP_JSON, TRAIN_LOG, read_json,
     size_at_most,
@@ -109,7 +110,7 @@ class _Attempt:
         self.new_lines_dropped = False  # more arrived than new_lines holds
         self.ev = EventsFold()  # what events.jsonl says (from a saved state, see refresh())
         self.ev_resume: dict[str, Any] | None = None  # the snapshot's events.resume
-        self.progress = ProgressTracker()
+        self.progress = LogTracker(run_patterns(run_dir))  # the run config's [log] patterns too
         self.log_stats = StepStats()
         self.dynlog = DynamoLogScanner()
         self.dynlog_flushed = False
@@ -144,6 +145,7 @@ class RunObserver:
     def __init__(self, run_dir: Path, *, use_saved_state: bool = True):
         self.run_dir = Path(run_dir)
         self.use_saved_state = use_saved_state
+        self.survivors = CachedSurvivors(self.run_dir)  # what outlives the ended run (by recorded identity)
         self._attempt_no: Any = object()
         self.a: _Attempt | None = None
         #: alert ids acknowledged in this view that acks.jsonl could not take (a run dir the viewer
@@ -188,13 +190,19 @@ class RunObserver:
                         a.new_lines_dropped = True
                     a.new_lines.append(seg.text)
                     a.ranks.feed(seg.text)
-                for adv in a.progress.feed(seg):
-                    a.last_advance_at = adv.at_s
-                    if adv.dt_s is not None and adv.dt_s >= 0:
-                        a.log_stats.add(adv.step, adv.dt_s, ())
+                self._progress(a, seg)
                 self._dynamo_events(a, a.dynlog.feed(seg.text))
             if not a.log.behind:
                 break
+        if a.log.partial_segment:  # the newest bar is unterminated: the step it shows is the run's step
+            self._progress(a, a.log.partial_segment)
+
+    @staticmethod
+    def _progress(a: _Attempt, seg: Any) -> None:
+        for adv in a.progress.feed(seg):
+            a.last_advance_at = adv.at_s
+            if adv.dt_s is not None and adv.dt_s >= 0:
+                a.log_stats.add(adv.step, adv.dt_s, ())
 
     def _dynamo_events(self, a: _Attempt, events: list) -> None:
         step = self._global_step(a)
@@ -272,7 +280,7 @@ class RunObserver:
         snap["ranks"], snap["straggler"], snap["rank_restarts"] = a.ranks.part()
         guard_stall(snap)
         if run_ended(snap):
-            snap["survivors"] = self._survivors(now)
+            snap["survivors"] = self.survivors.get(now)
         computed = alerts_for(snap, first_seen=a.first_alert_t, limit_hits=a.limit_hits,
                               recompile_sources=(a.ev.recompile_steps, a.log_recompile_steps),
                               fallback_onset_t=a.fallback_onset_t, stall_at=a.stall_at)
@@ -356,7 +364,8 @@ class RunObserver:
         fold = a.ev if use_events else (a.log_ev if use_logsteps else None)
         if fold is not None:
             stats = fold.stats
-            timing = "exact" if use_events else ("shared" if a.log_ev.shared_steps else "per_update")
+            timing = "exact" if use_events else ("reported" if a.log_ev.reported_steps else
+                                                 "shared" if a.log_ev.shared_steps else "per_update")
         elif a.log_stats.seen > 0:
             stats, timing = a.log_stats, "approximate"
         else:
@@ -422,21 +431,12 @@ class RunObserver:
         lines = list(a.log.last_lines)
         last = next((ln for ln in reversed(lines) if ln.strip()), None)
         snap["log"] = {"file": TRAIN_LOG, "last_line": last, "traceback_last_line": traceback_last_line(lines),
-                       "last_byte_age_s": a.log.last_byte_age_s, "from_start": a.log_from_start}
+                       "last_byte_age_s": a.log.last_byte_age_s, "from_start": a.log_from_start,
+                       "format": a.progress.format, "matched_lines": a.progress.matched_lines}
+        snap["metrics"] = log_metrics(a.progress.last_metrics, a.ev.last_logs, self._global_step(a))
         snap["events"] = {"file": EVENTS_JSONL if a.events.exists else None, "lines": a.events.lines_read,
                           "corrupt_lines": a.events.corrupt_lines, "unusable_steps": a.ev.unusable_steps,
                           "dropped_events": shallow((a.ev.run_end or {}).get("dropped_events")), "resume": a.ev_resume}
-
-    def _survivors(self, now: float) -> list[dict[str, Any]]:
-        """What outlives the ended run in its process groups/sessions (scanned at most every 5 s)."""
-        cached = getattr(self, "_surv_cache", None)
-        if cached is None or now - cached[0] > 5.0:
-            self._surv_cache = (now, run_survivors(self.run_dir))
-        return self._surv_cache[1]
-
-
-
-
 
 
 def snapshot(run_dir: Path, now: float | None = None) -> dict[str, Any]:

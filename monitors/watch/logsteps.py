@@ -3,14 +3,18 @@
 The supervisor follows ``train.log`` from its first byte as the child writes it (change notice from
 :mod:`stepwatch.monitors.readers.changes`, ~16 ms, with the follower's size/inode poll behind it) and
 feeds every segment, the unfinished tail included (tqdm writes ``\\r`` *before* each bar, so the
-newest bar is the tail until the next one comes), to a :class:`ProgressTracker`. Each poll that
+newest bar is the tail until the next one comes), to a :class:`~stepwatch.monitors.parsers.logtracker.LogTracker`
+(every log shape it knows). Each poll that
 moved the training bar's counter from ``s0`` to ``s1`` gives ``k = s1 - s0`` step records whose
 ``dt`` is the time between the two polls' arrivals divided by ``k``:
 
 - ``timing: "per_update"`` when ``k == 1`` (tqdm printed every step: steps slower than its
   ``mininterval``, 0.1 s by default);
 - ``timing: "shared"`` when ``k > 1`` (tqdm skipped redraws; the k steps share the interval and say
-  so with ``steps_in_update``).
+  so with ``steps_in_update``);
+- ``timing: "reported"`` when the line itself says how long its step took (nanoGPT's ``time 16.12ms``,
+  a JSON line's ``dt_s``): one record per printed step, ``dt`` the program's figure and
+  ``arrival_dt_s`` the arrival-time one beside it.
 
 The first timed step (from the bar's first update, usually ``0/N`` printed before training starts)
 carries the flag ``first``, as the emitter's first step does: it holds start-up and compilation and
@@ -25,12 +29,14 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable
 
-from stepwatch.monitors.parsers.hf_progress import ProgressTracker
+from stepwatch.monitors.parsers.hf_progress import ProgressTracker, StepAdvance
+from stepwatch.monitors.parsers.logtracker import LogTracker
 from stepwatch.monitors.protocol import FLAG_FIRST, KIND_STEP, SCHEMA_VERSION
 from stepwatch.monitors.readers.textlog import Segment
 
 TIMING_PER_UPDATE = "per_update"
 TIMING_SHARED = "shared"
+TIMING_REPORTED = "reported"
 
 
 class LogStepTimer:
@@ -38,7 +44,7 @@ class LogStepTimer:
     from the segments' ``at_s`` (the arrival of the poll that read them)."""
 
     def __init__(self, tracker: ProgressTracker | None = None):
-        self.tracker = tracker or ProgressTracker()
+        self.tracker = tracker or LogTracker()
         self._last_step: int | None = None
         self._last_at: float | None = None
         self._timed_any = False
@@ -48,11 +54,16 @@ class LogStepTimer:
         counter advances they hold."""
         at: float | None = None
         restarted = False
+        reported: list[StepAdvance] = []
         for seg in (*segments, *((partial,) if partial is not None else ())):
             for adv in self.tracker.feed(seg):
-                if adv.prev_step is None or adv.step < adv.prev_step:
+                if adv.reported_dt_s is not None and (adv.prev_step is None or adv.step > adv.prev_step):
+                    reported.append(adv)  # the first printed step too: its own time is known (flagged first)
+                elif adv.prev_step is None or adv.step < adv.prev_step:
                     restarted = True
                 at = seg.at_s
+        if reported and not restarted:
+            return self._reported(reported)
         step = self.tracker.global_step
         if at is None or step is None:
             return []
@@ -79,6 +90,28 @@ class LogStepTimer:
                             "steps_in_update": k})
                 begin = end
         self._last_step, self._last_at = step, at
+        return out
+
+
+    def _reported(self, advances: list[StepAdvance]) -> list[dict[str, Any]]:
+        """One record per printed step whose time the program reported (nanoGPT's ``time``): that
+        is its ``dt``; the arrival-time figure (the time since the previous printed step arrived,
+        over the steps between) rides along as ``arrival_dt_s``, the check that can disagree."""
+        out = []
+        for adv in advances:
+            at = adv.at_s if adv.at_s is not None else self._last_at
+            if at is None:
+                continue
+            k = adv.step - adv.prev_step if adv.prev_step is not None else 1
+            arrival = ((at - self._last_at) / k if self._last_at is not None and self._last_step == adv.prev_step
+                       and k > 0 and at > self._last_at else None)
+            flags = [FLAG_FIRST] if not self._timed_any else []
+            self._timed_any = True
+            dt = adv.reported_dt_s
+            out.append({"v": SCHEMA_VERSION, "kind": KIND_STEP, "t": at, "step": adv.step, "rank": 0, "dt": dt,
+                        "step_begin": at - dt, "step_end": at, "tokens": None, "padded_tokens": None,
+                        "flags": flags, "timing": TIMING_REPORTED, "steps_in_update": k, "arrival_dt_s": arrival})
+            self._last_step, self._last_at = adv.step, at
         return out
 
 

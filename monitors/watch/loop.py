@@ -32,6 +32,7 @@ from stepwatch.monitors.snapshot.model import json_safe
 from stepwatch.monitors.snapshot.observer import RunObserver
 from stepwatch.monitors.watch.stacks import STACK_KINDS, record_stack_later, stack_target
 from stepwatch.monitors.watch.delivery import Deliverer, level_of
+from stepwatch.monitors.parsers.logtracker import LogTracker, run_patterns
 from stepwatch.monitors.watch.logsteps import LogStepTimer, encode_records
 
 #: The detector loop's period, seconds (alerts reach alerts.jsonl within about this, plus a refresh).
@@ -94,7 +95,7 @@ class LogTimerThread(threading.Thread):
         self.run_dir, self.stop, self.log = run_dir, stop, log
         self.out = AttemptFile(run_dir / LOG_STEPS_JSONL, log)
         self.follower = LogFollower(run_dir / TRAIN_LOG, keep_lines=1, from_start=True)
-        self.timer = LogStepTimer()
+        self.timer = LogStepTimer(LogTracker(run_patterns(run_dir)))
         self.records = 0
 
     def _poll(self) -> None:

@@ -115,6 +115,23 @@ step torchrun_sigkill_rank1.log
 "$VENV/bin/torchrun" --nproc_per_node 2 scripts/torchrun_ddp.py --steps 100 --kill-rank 1 --kill-at 30 \
     > "$RAW/torchrun_sigkill_rank1.log" 2>&1 </dev/null || true
 
+# 11. PyTorch Lightning, TQDM bar and Rich bar (Rich told to draw into the file, as the supervisor does)
+step "lightning_tqdm.log + lightning_rich.log"
+"$PYTHON" scripts/lightning_run.py > "$RAW/lightning_tqdm.log" 2>&1 </dev/null
+TTY_COMPATIBLE=1 TTY_INTERACTIVE=1 "$PYTHON" scripts/lightning_run.py --rich > "$RAW/lightning_rich.log" 2>&1 </dev/null
+
+# 12. karpathy/nanoGPT's train.py (a checkout named by $NANOGPT_DIR), tiny, CPU, synthetic data
+if [ -n "${NANOGPT_DIR:-}" ]; then
+    step nanogpt_cpu.log
+    mkdir -p "$STAGE/nanogpt/data" && cp "$NANOGPT_DIR"/{train,model,configurator}.py "$STAGE/nanogpt/"
+    "$PYTHON" scripts/nanogpt_data.py "$STAGE/nanogpt/data/synth"
+    (cd "$STAGE/nanogpt" && OMP_NUM_THREADS=1 "$PYTHON" train.py --dataset=synth --device=cpu --compile=False \
+        --dtype=float32 --eval_iters=5 --eval_interval=20 --log_interval=1 --block_size=64 --batch_size=8 \
+        --n_layer=2 --n_head=2 --n_embd=64 --max_iters=50 --lr_decay_iters=50 --dropout=0.0 \
+        --gradient_accumulation_steps=1 --always_save_checkpoint=False --out_dir=out) \
+        > "$RAW/nanogpt_cpu.log" 2>&1 </dev/null
+fi
+
 # 10. exact package versions of the venv used (the editable stepwatch itself left out)
 step versions.txt
 "$PYTHON" -m pip freeze --exclude-editable > "$RAW/versions.txt"

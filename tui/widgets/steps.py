@@ -12,6 +12,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Sparkline, Static
 
+from stepwatch.monitors.snapshot.metrics import metrics_words
 from stepwatch.monitors.snapshot.ranks import latest_per_rank, restarts_words
 from stepwatch.tui.format import secs, timing_words
 from stepwatch.tui.widgets.base import Panel
@@ -88,11 +89,14 @@ class StepPanel(Panel):
         self._set("#step-line", Text(line))  # never markup
         self._set("#step-verdict", _verdict_text(snap))
         tp = snap.get("throughput") or {}
+        words = metrics_words(snap.get("metrics") or {})
+        tp_line = Text(f"{words}  · " if words else "", "bold red" if "NaN/inf" in words else "bold")
         if tp.get("tokens_per_s") is not None:
-            self._set("#throughput", f"{tp['tokens_per_s']:.0f} tok/s padded, {tp.get('real_tokens_per_s') or 0:.0f} real, "
-                                     f"padding {100 * (tp.get('padding_share') or 0):.1f}%")
+            tp_line.append(f"{tp['tokens_per_s']:.0f} tok/s padded, {tp.get('real_tokens_per_s') or 0:.0f} real, "
+                           f"padding {100 * (tp.get('padding_share') or 0):.1f}%")
         else:
-            self._set("#throughput", "tokens/s: unknown (the job reports no token counts per step)")
+            tp_line.append("tokens/s: unknown (the job reports no token counts per step)")
+        self._set("#throughput", tp_line)
         ranks = self.query_one("#ranks", Static)
         ranks.display = bool(snap.get("ranks"))
         if snap.get("ranks"):

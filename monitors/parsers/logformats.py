@@ -1,0 +1,253 @@
+"""Recognisers for the training-log shapes people actually print, one line at a time.
+
+Each recogniser takes one line's body (rank prefix already split off, terminal escapes removed) and
+returns a :class:`LineStep` when the line reports an optimizer step, else None. Shapes, each from a
+real capture under ``tests/fixtures/real/`` (its README says how it was made):
+
+``nanogpt``
+    karpathy/nanoGPT's ``train.py`` and its forks: ``iter 120: loss 2.3456, time 16.12ms, mfu 3.21%``.
+    ``time`` is the program's own time of that iteration (``reported_dt_s``). Its evaluation line
+    ``step 0: train loss 4.19, val loss 4.19`` is an evaluation, never a step (see :func:`eval_metrics`).
+``lightning_rich``
+    PyTorch Lightning's ``RichProgressBar`` written to a file (the supervisor sets Rich's
+    ``TTY_COMPATIBLE`` / ``TTY_INTERACTIVE`` so it prints while running):
+    ``Epoch 0/2  ━━━╺━━━ 2/40 0:00:00 • 0:00:01 46.08it/s loss: 2.902``; epoch-relative counters become a
+    global step (epoch × batches per epoch + batch), and ``max_steps`` = (last epoch + 1) × batches.
+``json``
+    one JSON object per line with a step key (``step``, ``global_step``, ``iter``, ``iteration``)
+    and numeric metrics; ``dt_s`` / ``step_time_s`` / ``time_ms`` are reported step times.
+``step_line``
+    ``step 42 loss 0.531``, ``Step 10/100 | loss=0.5 | lr=1e-4``, torchtitan's
+    ``step:  10  loss:  7.1  memory: 12.3GiB(45%)  tps: 1,234  tflops: 5.6  mfu: 3.2%``: a ``step N``
+    (``/M`` gives max_steps) followed by at least one ``key value`` / ``key=value`` / ``key: value``.
+``pattern N``
+    the user's own regular expressions (``[log] patterns`` in the run config, named groups ``step``,
+    ``max_steps``, ``dt_s`` and any metric), tried before the shapes above.
+
+Lightning's TQDM bar (``Epoch 0:  34%|███▍ | 44/128 [...]``) and the HF Trainer / plain tqdm bar are
+tqdm bars: :mod:`stepwatch.monitors.parsers.hf_progress` parses them, :mod:`.logtracker` picks.
+Standard library only; never raises on any input.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Callable
+
+#: A line longer than this is no step line (a dumped tensor, a one-line config).
+MAX_LINE_CHARS = 4096
+#: Metrics kept from one line at most.
+MAX_METRICS = 32
+
+_CSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
+_NUM = r"[-+]?(?:\d[\d,]*\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf)"
+
+
+def strip_escapes(text: str) -> str:
+    """``text`` without terminal escape sequences (colours, cursor moves, erase-line)."""
+    return _CSI.sub("", text) if "\x1b" in text else text
+
+
+def to_number(text: str) -> float | None:
+    """``1,234`` -> 1234.0, ``nan`` -> nan; None when it is not a number."""
+    try:
+        return float(text.replace(",", ""))
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class LineStep:
+    """One optimizer step a log line reports: ``step`` (global_step), ``max_steps`` where the line
+    says it, ``reported_dt_s`` (the program's own time of that step, seconds) where it says it, and
+    the numeric ``metrics`` it prints (``loss``, ``lr``, ...; NaN and inf kept: they are findings)."""
+
+    step: int
+    max_steps: int | None = None
+    reported_dt_s: float | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+# --- nanoGPT -----------------------------------------------------------------------------------
+_NANOGPT = re.compile(rf"^\s*iter (\d{{1,12}}): loss ({_NUM}), time ({_NUM})ms(?:, mfu ({_NUM})%)?", re.I)
+
+
+def nanogpt(body: str) -> LineStep | None:
+    m = _NANOGPT.match(body)
+    if not m:
+        return None
+    loss, ms = to_number(m.group(2)), to_number(m.group(3))
+    metrics = {"loss": loss} if loss is not None else {}
+    if m.group(4) is not None and (mfu := to_number(m.group(4))) is not None and mfu >= 0:
+        metrics["mfu_pct"] = mfu  # nanoGPT prints -100% until its running estimate exists
+    dt = ms / 1000.0 if ms is not None and math.isfinite(ms) and ms >= 0 else None
+    return LineStep(int(m.group(1)), None, dt, metrics)
+
+
+# --- Lightning's Rich bar ------------------------------------------------------------------------
+_RICH = re.compile(
+    r"^\s*Epoch (\d{1,9})/(\d{1,9})\s+[━╺╸╾╼─\s]*?(\d{1,12})/(\d{1,12})\s+"
+    r"(\d+:\d\d:\d\d)\s*•\s*(\S+)\s+([\d.]+|\?)\s*it/s\s*(.*)$")
+
+
+def lightning_rich(body: str) -> LineStep | None:
+    m = _RICH.match(body)
+    if not m:
+        return None
+    epoch, last_epoch, n, per_epoch = (int(m.group(i)) for i in (1, 2, 3, 4))
+    if per_epoch <= 0 or n > per_epoch:
+        return None
+    return LineStep(epoch * per_epoch + n, (last_epoch + 1) * per_epoch, None, pairs(m.group(8)))
+
+
+# --- JSON per line -------------------------------------------------------------------------------
+STEP_KEYS = ("global_step", "step", "iter", "iteration", "trainer/global_step")
+_NOT_JSON_METRICS = frozenset((*STEP_KEYS, "max_steps", "total_steps"))
+_DT_KEYS = {"dt_s": 1.0, "step_time_s": 1.0, "iter_time_s": 1.0, "time_s": 1.0, "step_time_ms": 1e-3, "time_ms": 1e-3}
+
+
+def json_line(body: str) -> LineStep | None:
+    s = body.strip()
+    if len(s) < 2 or s[0] != "{" or s[-1] != "}" or '"' not in s:
+        return None
+    try:
+        obj = json.loads(s)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(obj, dict):
+        return None
+    step = next((obj[k] for k in STEP_KEYS if type(obj.get(k)) is int and 0 <= obj[k] < 10**12), None)
+    if step is None:
+        return None
+    metrics: dict[str, float] = {}
+    for k, v in obj.items():
+        if isinstance(k, str) and type(v) in (int, float) and k not in _NOT_JSON_METRICS and len(metrics) < MAX_METRICS:
+            metrics[k[:64]] = float(v)
+    dt = next((metrics[k] * f for k, f in _DT_KEYS.items() if k in metrics and math.isfinite(metrics[k])
+               and metrics[k] >= 0), None)
+    ms = obj.get("max_steps", obj.get("total_steps"))
+    return LineStep(step, ms if type(ms) is int and 0 < ms < 10**12 else None, dt, metrics)
+
+
+# --- step N ... key value ----------------------------------------------------------------------
+_STEP = re.compile(r"(?:^|[\s|\[(,;-])[Ss]tep\b\s*[:=#]?\s*(\d{1,12})(?:\s*/\s*(\d{1,12}))?\b(?!\.\d|\s*%)(.*)$")
+_PAIR = re.compile(rf"([A-Za-z_][\w./-]{{0,63}})\s*(?::|=)?\s*({_NUM})(?![\d.])(%|ms|s|GiB|MiB|GB|MB)?(?![A-Za-z])")
+#: Words that precede a number in prose ("step 3 of 5"), never a metric's name.
+_NOT_METRICS = frozenset({"of", "to", "in", "for", "at", "by", "from", "with", "and", "or", "is", "after", "before",
+                          "over", "out", "than", "per", "x"})
+_UNIT = {"ms": ("_s", 1e-3), "s": ("_s", 1.0), "%": ("_pct", 1.0), "GiB": ("_gib", 1.0), "MiB": ("_gib", 1 / 1024),
+         "GB": ("_gb", 1.0), "MB": ("_gb", 1e-3)}
+_EVAL = re.compile(r"\b(?:val|valid|validation|eval|test)\b[ _/]?(?:loss)?", re.I)
+
+
+def pairs(text: str) -> dict[str, float]:
+    """``loss: 7.1  memory: 12.3GiB(45%)  tps: 1,234`` -> ``{loss: 7.1, memory_gib: 12.3, tps: 1234.0}``;
+    a unit goes into the name (``time 16ms`` -> ``time_s: 0.016``)."""
+    out: dict[str, float] = {}
+    for m in _PAIR.finditer(text):
+        v = to_number(m.group(2))
+        if v is None or len(out) >= MAX_METRICS:
+            continue
+        key, unit = m.group(1).rstrip(":=./-"), m.group(3)
+        if key.lower() in _NOT_METRICS:
+            continue
+        if unit:
+            suffix, f = _UNIT[unit]
+            key, v = key + suffix, v * f
+        out.setdefault(key, v)
+    return out
+
+
+def step_line(body: str) -> LineStep | None:
+    m = _STEP.search(body)
+    if not m or _EVAL.search(body):
+        return None
+    metrics = pairs(m.group(3))
+    if not metrics:
+        return None  # "Step 3/5: loading shards" is no optimizer step
+    total = int(m.group(2)) if m.group(2) else None
+    dt = next((metrics[k] for k in ("step_time_s", "time_s", "dt_s", "iter_time_s") if k in metrics
+               and math.isfinite(metrics[k]) and metrics[k] >= 0), None)
+    return LineStep(int(m.group(1)), total if total else None, dt, metrics)
+
+
+_EVAL_LOSS = re.compile(rf"\b(val|valid|validation|eval|test)[ _/]?loss\b\s*[:=]?\s*({_NUM})", re.I)
+
+
+def eval_metrics(body: str) -> dict[str, float]:
+    """``eval_loss`` from an evaluation line (``step 2000: train loss 2.1, val loss 2.3``,
+    ``val_loss=0.195``), {} otherwise."""
+    m = _EVAL_LOSS.search(body) if len(body) <= MAX_LINE_CHARS else None
+    v = to_number(m.group(2)) if m else None
+    return {"eval_loss": v} if v is not None else {}
+
+
+# --- the user's own patterns ([log] patterns in the run config) ----------------------------------
+#: Named groups a user pattern may use with a meaning of their own; any other named group is a metric.
+PATTERN_GROUPS = ("step", "max_steps", "dt_s")
+MAX_PATTERNS = 16
+MAX_PATTERN_CHARS = 500
+
+
+def compile_patterns(patterns: object) -> list[re.Pattern[str]]:
+    """``[log] patterns`` compiled; ValueError naming the bad pattern and what is wrong (not a list
+    of strings, a regex error, no ``(?P<step>...)`` group)."""
+    if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
+        raise ValueError("patterns must be a list of regular expressions (strings)")
+    if len(patterns) > MAX_PATTERNS:
+        raise ValueError(f"at most {MAX_PATTERNS} patterns; got {len(patterns)}")
+    out = []
+    for i, p in enumerate(patterns, 1):
+        if len(p) > MAX_PATTERN_CHARS:
+            raise ValueError(f"pattern {i} is longer than {MAX_PATTERN_CHARS} characters")
+        try:
+            rx = re.compile(p)
+        except re.error as e:
+            raise ValueError(f"pattern {i} {p!r} is not a regular expression: {e}") from None
+        if "step" not in rx.groupindex:
+            raise ValueError(f"pattern {i} {p!r} has no (?P<step>...) group: which number is the optimizer step?")
+        out.append(rx)
+    return out
+
+
+def user_pattern(rx: re.Pattern[str], body: str) -> LineStep | None:
+    """One user pattern against one line: ``step`` (an integer), ``max_steps``, ``dt_s`` (seconds),
+    and every other named group that holds a number as a metric."""
+    m = rx.search(body)
+    if not m:
+        return None
+    try:
+        step = int(m.group("step"))
+    except (TypeError, ValueError):
+        return None
+    got = {k: to_number(v) for k, v in m.groupdict().items() if v is not None}
+    ms, dt = got.pop("max_steps", None), got.pop("dt_s", None)
+    got.pop("step", None)
+    metrics = {k: v for k, v in got.items() if v is not None}
+    return LineStep(step, int(ms) if ms and ms.is_integer() and ms > 0 else None,
+                    dt if dt is not None and math.isfinite(dt) and dt >= 0 else None, metrics)
+
+
+#: In the order they are tried: the most specific shape first.
+RECOGNISERS: dict[str, Callable[[str], LineStep | None]] = {
+    "nanogpt": nanogpt,
+    "lightning_rich": lightning_rich,
+    "json": json_line,
+    "step_line": step_line,
+}
+
+
+def recognise(body: str, only: str | None = None) -> tuple[str, LineStep] | None:
+    """``(name, step)`` of the first recogniser that matches ``body`` (only ``only`` when given)."""
+    if len(body) > MAX_LINE_CHARS or not body.strip():
+        return None
+    for name, fn in RECOGNISERS.items():
+        if only is not None and name != only:
+            continue
+        got = fn(body)
+        if got is not None:
+            return name, got
+    return None

@@ -1,0 +1,162 @@
+"""Which shape of training log this is, and the run's step and metrics from it, whatever the shape.
+
+:class:`LogTracker` is a :class:`~stepwatch.monitors.parsers.hf_progress.ProgressTracker` (the HF
+Trainer / plain tqdm bar, its log dicts) that also knows Lightning's TQDM bar (``Epoch 3:  34%|…| 44/128``:
+epoch-relative, made global with the bar's total) and the line shapes of
+:mod:`~stepwatch.monitors.parsers.logformats` (nanoGPT, Lightning's Rich bar, JSON lines, ``step N``
+lines). The first shape that reports a training step locks the ``format``; from then on only that
+shape moves the step, so a data-loading bar, an evaluation bar or a tokenizer's ``Map`` bar in the
+same log never does. Lines of another rank than 0 never move it either (rank 0 speaks for the run).
+
+Every numeric metric a recogniser captures is kept as a series per name (``(global_step, value)``),
+and the latest of each in :attr:`last_metrics`; an evaluation line's loss is ``eval_loss``. Summary
+dicts printed at the end (``train_loss``, ``train_runtime``) never replace the training metrics.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections import deque
+from pathlib import Path
+
+from stepwatch.monitors.parsers.hf_progress import ProgressTracker, StepAdvance, parse_progress
+from stepwatch.monitors.parsers.logformats import (MAX_LINE_CHARS, RECOGNISERS, compile_patterns, eval_metrics,
+                                                   pairs, recognise, strip_escapes, user_pattern)
+from stepwatch.monitors.readers.rankprefix import rank_prefix
+from stepwatch.monitors.runfiles import RUN_JSON, read_json
+
+FORMAT_TQDM = "tqdm"  #: the HF Trainer's (or accelerate's, or a plain loop's) tqdm bar without a desc
+FORMAT_LIGHTNING_TQDM = "lightning_tqdm"
+#: Every format name, as ``status --json`` ``log.format`` says it.
+FORMATS = (FORMAT_TQDM, FORMAT_LIGHTNING_TQDM, *RECOGNISERS)
+
+_EPOCH_DESC = re.compile(r"^Epoch (\d{1,9})$")
+#: Metric names kept at most, and points per metric series.
+MAX_SERIES = 64
+SERIES_POINTS = 4096
+#: Keys of the HF Trainer's end-of-run summary dict: never training metrics.
+_SUMMARY_KEYS = ("train_runtime", "train_loss", "train_samples_per_second", "train_steps_per_second")
+
+
+class LogTracker(ProgressTracker):
+    """Feed train.log's segments (as a ProgressTracker); ``format`` is the shape in force (None
+    before any step), ``matched_lines`` how many of its lines moved or restated the step."""
+
+    def __init__(self, patterns: list[re.Pattern[str]] = (), **kw) -> None:  # type: ignore[assignment]
+        super().__init__(**kw)
+        self.patterns = list(patterns)
+        self.format: str | None = None
+        self.matched_lines = 0
+        self.series: dict[str, deque[tuple[int | None, float]]] = {}
+        self.last_metrics: dict[str, tuple[int | None, float]] = {}
+        self._line_at: tuple[float | None, int | None, bool] | None = None  # the current step's first arrival
+        self._tail = False
+
+    def feed(self, seg) -> list[StepAdvance]:
+        """One segment; an unterminated one (the follower's tail) only as a bar: a line a
+        recogniser reads is whole only at its newline."""
+        self._tail = getattr(seg, "end", "\n") == ""
+        try:
+            return super().feed(seg)
+        finally:
+            self._tail = False
+
+    def feed_text(self, text: str, at_s: float | None = None, *, poll_seq: int | None = None,
+                  live: bool = True) -> list[StepAdvance]:
+        if not text:
+            return []
+        rank, body = rank_prefix(text)
+        body = strip_escapes(body)
+        if rank not in (None, 0):
+            return super().feed_text(text, at_s, poll_seq=poll_seq, live=live) if self.format == FORMAT_TQDM else []
+        if self.patterns and (self.format is None or self.format.startswith("pattern ")) and len(body) <= MAX_LINE_CHARS:
+            for i, rx in enumerate(self.patterns, 1):  # the user's own patterns first, on any line
+                ls = user_pattern(rx, body) if self.format in (None, f"pattern {i}") else None
+                if ls is not None:
+                    self.format = f"pattern {i}"
+                    return self._advance(ls.step, ls.max_steps, ls.reported_dt_s, ls.metrics, at_s, poll_seq, live)
+            if self.format is not None:
+                return []
+        u = parse_progress(body) if "[" in body and "]" in body else None
+        if u is not None and u.total and u.iter_unit == "it" and (m := _EPOCH_DESC.match(u.desc)):
+            if self.format not in (None, FORMAT_LIGHTNING_TQDM) or u.step > u.total:
+                return []
+            self.format = FORMAT_LIGHTNING_TQDM
+            step = int(m.group(1)) * u.total + u.step
+            if u.step == 0 and self.global_step is not None and step < self.global_step:
+                return []  # the bar's reset at an epoch's start, drawn before its new "Epoch N" desc
+            postfix = body[body.rfind("it/s") + 4:] if "it/s" in body else ""
+            return self._advance(step, None, None, pairs(postfix), at_s, poll_seq, live)
+        if u is None and self._tail:
+            return []
+        if u is None and self.format in (None, *RECOGNISERS):
+            got = recognise(body, self.format)
+            if got is not None:
+                self.format = got[0]
+                ls = got[1]
+                return self._advance(ls.step, ls.max_steps, ls.reported_dt_s, ls.metrics, at_s, poll_seq, live)
+            ev = eval_metrics(body)
+            if ev:
+                self._record(ev)
+        if self.format not in (None, FORMAT_TQDM):
+            return []
+
+        n_logs = len(self.logs)
+        advs = super().feed_text(text, at_s, poll_seq=poll_seq, live=live)
+        if advs:
+            self.format = FORMAT_TQDM
+            self.matched_lines += 1
+        if len(self.logs) != n_logs:  # a printed Trainer log dict
+            d = self.logs[-1][1]
+            if not any(k in d for k in _SUMMARY_KEYS):
+                self._record(d)
+        return advs
+
+    def _record(self, metrics: dict[str, float]) -> None:
+        for k, v in metrics.items():
+            if k not in self.series:
+                if len(self.series) >= MAX_SERIES:
+                    continue
+                self.series[k] = deque(maxlen=SERIES_POINTS)
+            self.series[k].append((self.global_step, v))
+            self.last_metrics[k] = (self.global_step, v)
+
+    def _advance(self, step: int, max_steps: int | None, reported_dt_s: float | None, metrics: dict[str, float],
+                 at_s: float | None, poll_seq: int | None, live: bool) -> list[StepAdvance]:
+        prev = self.global_step
+        self.matched_lines += 1
+        if max_steps:
+            self.total = max_steps
+        if prev is not None and step == prev:
+            self._record(metrics)  # a redraw with a new postfix (Lightning prints the loss after the step)
+            return []
+        self.finished = bool(self.total and step >= self.total)
+        dt: float | None = reported_dt_s
+        timed = at_s is not None and live
+        if dt is None and prev is not None and step == prev + 1 and timed and self._line_at is not None:
+            f_at, f_seq, f_live = self._line_at
+            if f_live and f_at is not None and (poll_seq is None or f_seq != poll_seq) and at_s - f_at > 0:
+                dt = at_s - f_at
+        if dt is not None and math.isfinite(dt) and prev is not None and step > prev:
+            self.step_times.append((step, dt))
+        self.global_step = step
+        self._line_at = (at_s, poll_seq, timed)
+        self._record(metrics)
+        return [StepAdvance(step, prev, dt, at_s, reported_dt_s)]
+
+
+def run_patterns(run_dir: Path) -> list[re.Pattern[str]]:
+    """The run config's ``[log] patterns`` as run.json records them, compiled; only from a run.json
+    this process's user owns (a regex read from another user's file could be made to take forever
+    on a log line), [] otherwise or when they do not compile."""
+    try:
+        run = read_json(Path(run_dir) / RUN_JSON, os.geteuid())
+    except OSError:
+        return []
+    log = ((run or {}).get("config") or {}).get("log") if isinstance((run or {}).get("config"), dict) else None
+    try:
+        return compile_patterns(log.get("patterns", [])) if isinstance(log, dict) else []
+    except ValueError:
+        return []

@@ -1,0 +1,60 @@
+"""Training metrics read from the log (loss, learning rate, grad norm, eval loss, any numeric field a
+recogniser captured): the snapshot's ``metrics`` part and the alert for a loss that is not a number.
+
+``metrics``: ``{name: {"step": global_step when printed, "value": float | None, "finite": bool}}``
+for the latest value of each name (a NaN or inf value is ``value: null, finite: false``: JSON carries
+no NaN). The series behind them stay in the tracker (:mod:`stepwatch.monitors.parsers.logtracker`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, MutableMapping
+
+#: Names whose non-finite value is an alert: the training loss, however the program names it.
+LOSS_NAMES = ("loss", "train_loss", "train/loss", "lm_loss", "total_loss")
+#: Metrics listed in the snapshot at most (the tracker keeps at most as many series).
+MAX_LISTED = 64
+#: Shown first, in this order, where present (then the rest as they came).
+SHOWN_FIRST = ("loss", "train_loss", "learning_rate", "lr", "grad_norm", "eval_loss", "val_loss")
+
+
+def metrics_words(metrics: dict[str, Any], limit: int = 6) -> str:
+    """``loss 2.346  lr 0.0001  grad_norm 0.6336  (step 50)`` from the snapshot's ``metrics``
+    ('' when there are none); a non-finite value reads ``NaN/inf``."""
+    names = [n for n in SHOWN_FIRST if n in metrics] + [n for n in metrics if n not in SHOWN_FIRST]
+    parts = []
+    for n in names[:limit]:
+        m = metrics[n]
+        parts.append(f"{n} {m['value']:.4g}" if m["finite"] else f"{n} NaN/inf")
+    steps = [metrics[n]["step"] for n in names[:limit] if metrics[n]["step"] is not None]
+    return "  ".join(parts) + (f"  (step {max(steps)})" if steps else "") if parts else ""
+
+
+def log_metrics(last: Mapping[str, tuple[int | None, float]], event_logs: Any = None,
+                step: int | None = None) -> dict[str, Any]:
+    """The snapshot's ``metrics`` from the tracker's latest ``(step, value)`` per name, else from
+    the emitter's latest ``log`` event (``event_logs``, a dict read from events.jsonl: only its
+    finite-or-not numbers count, at ``step``)."""
+    if not last and isinstance(event_logs, dict):
+        last = {k[:64]: (step, float(v)) for k, v in event_logs.items()
+                if isinstance(k, str) and type(v) in (int, float)}
+    out: dict[str, Any] = {}
+    for name, (step, value) in list(last.items())[:MAX_LISTED]:
+        finite = math.isfinite(value)
+        out[name] = {"step": step, "value": value if finite else None, "finite": finite}
+    return out
+
+
+def metric_alerts(snap: dict[str, Any], make: Any, first_seen: MutableMapping[str, float]) -> list[dict[str, Any]]:
+    """A ``nonfinite_loss`` alert while the latest training loss is NaN or inf (``make`` is
+    snapshot.alerts.alert); keyed by the step it was printed at."""
+    out = []
+    for name in LOSS_NAMES:
+        m = (snap.get("metrics") or {}).get(name)
+        if m and not m["finite"]:
+            at = f" at step {m['step']}" if m["step"] is not None else ""
+            out.append(make(first_seen, snap["attempt"], "nonfinite_loss", f"{name}-{m['step']}",
+                            f"the log's {name} is not a number (NaN or inf){at}: the run has diverged; "
+                            "every step from here trains on garbage", None))
+    return out

@@ -1,0 +1,365 @@
+"""Any training log is enough (issue 16): the recognisers on the real captures (tests/fixtures/real/,
+README there says how each was made), and on real runs launched by stepwatch with no instrumentation."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import FIXTURES_REAL
+from stepwatch.monitors.parsers.logformats import recognise
+from stepwatch.monitors.parsers.logtracker import LogTracker
+
+
+def replay(name: str) -> tuple[LogTracker, list[tuple[int, int | None, float | None]]]:
+    """Feed a capture segment by segment (split at \\r and \\n, as the follower does): the tracker
+    and every advance (step, prev, reported dt)."""
+    t = LogTracker()
+    advances = []
+    for i, seg in enumerate(re.split(r"\r\n|\r|\n", (FIXTURES_REAL / name).read_text(errors="replace"))):
+        for a in t.feed_text(seg, at_s=1000.0 + i, poll_seq=i):
+            advances.append((a.step, a.prev_step, a.reported_dt_s))
+    return t, advances
+
+
+def test_nanogpt_iter_lines_are_the_steps_with_the_programs_own_times():
+    t, adv = replay("nanogpt_cpu.log")
+    lines = [ln for ln in (FIXTURES_REAL / "nanogpt_cpu.log").read_text().splitlines() if ln.startswith("iter ")]
+    assert t.format == "nanogpt" and t.global_step == 50 and t.matched_lines == len(lines) == 51
+    assert [a[0] for a in adv] == list(range(51))  # every iter once; the "step 0: train loss" eval line is none
+    last = re.match(r"iter 50: loss ([\d.]+), time ([\d.]+)ms", lines[-1])
+    assert adv[-1][2] == pytest.approx(float(last.group(2)) / 1000)
+    assert t.last_metrics["loss"] == (50, float(last.group(1)))
+    evals = [ln for ln in (FIXTURES_REAL / "nanogpt_cpu.log").read_text().splitlines() if ln.startswith("step ")]
+    assert evals and t.last_metrics["eval_loss"][1] == float(evals[-1].rsplit(" ", 1)[1])
+    assert "mfu_pct" in t.last_metrics and t.last_metrics["mfu_pct"][1] >= 0  # nanoGPT's -100% placeholder dropped
+
+
+def test_lightning_tqdm_epoch_counters_become_a_global_step_and_validation_bars_never_move_it():
+    t, adv = replay("lightning_tqdm.log")
+    text = (FIXTURES_REAL / "lightning_tqdm.log").read_text()
+    assert "Validation DataLoader 0:" in text and "Sanity Checking DataLoader 0:" in text  # bars that are not steps
+    assert t.format == "lightning_tqdm" and t.global_step == 3 * 40
+    steps = [a[0] for a in adv]
+    assert steps == sorted(steps) and steps[-1] == 120 and 40 in steps and 41 in steps  # epoch 1 starts at 41
+    final_loss = re.findall(r"Epoch 2: 100%.*?loss=([\d.]+)", text)[-1]
+    assert t.last_metrics["loss"][1] == float(final_loss)
+    assert t.last_metrics["val_loss"][0] == 120
+
+
+def test_lightning_rich_bar_gives_the_global_step_and_max_steps():
+    t, adv = replay("lightning_rich.log")
+    assert t.format == "lightning_rich" and t.global_step == 120 and t.total == 120
+    steps = [a[0] for a in adv]
+    assert steps == sorted(steps) and steps[0] <= 1
+    assert "loss" in t.last_metrics and t.finished
+
+
+def test_hf_trainer_keeps_its_last_training_loss_after_the_summary_dict():
+    t, _ = replay("hf_trainer_plain.log")
+    assert t.format == "tqdm" and t.global_step == 60 and t.total == 60
+    assert t.summary["train_loss"] == 5.559 and "loss" in t.last_log
+    assert "train_loss" not in t.last_metrics and "loss" in t.last_metrics
+    card = LogTracker()  # a dict without one number (the model card) is no training log
+    card.feed_text("{'loss': '2.5', 'epoch': '1'}")
+    card.feed_text("{'model_name': 'tiny', 'tags': ['a'], 'license': 'mit'}")
+    assert card.last_log == {"loss": 2.5, "epoch": 1.0}
+
+
+@pytest.mark.parametrize("line, want", [
+    ("step 42 loss 0.531", ("step_line", 42, None, {"loss": 0.531})),
+    ("Step 10/100 | loss=0.5 | lr=1e-4", ("step_line", 10, 100, {"loss": 0.5, "lr": 1e-4})),
+    ("[titan] 2026-12-01 12:00:00,000 - root - INFO - step:  10  loss:  7.1000  memory: 12.30GiB(45.12%)  "
+     "tps: 1,234  tflops: 5.60  mfu: 3.20%",
+     ("step_line", 10, None, {"loss": 7.1, "memory_gib": 12.3, "tps": 1234.0, "tflops": 5.6, "mfu_pct": 3.2})),
+    ('{"step": 5, "loss": 0.3, "lr": 0.001, "dt_s": 0.2, "max_steps": 9}',
+     ("json", 5, 9, {"loss": 0.3, "lr": 0.001, "dt_s": 0.2})),
+    ("iter 120: loss 2.3456, time 16.12ms, mfu 3.21%", ("nanogpt", 120, None, {"loss": 2.3456, "mfu_pct": 3.21})),
+])
+def test_each_shape_is_recognised(line, want):
+    name, ls = recognise(line)
+    assert (name, ls.step, ls.max_steps, ls.metrics) == want
+
+
+@pytest.mark.parametrize("line", [
+    "Step 3/5: loading shards", "Downloading step 3 of 5", "warmup steps 100", "step 0: train loss 4.19, val loss 4.20",
+    "Map: 100%|██████████| 1000/1000 [00:00<00:00, 5000.00 examples/s]", '{"loss": 0.3}', "iteration took 5 s",
+])
+def test_lines_that_look_like_a_step_but_are_not(line):
+    assert recognise(line) is None
+
+
+def test_a_locked_format_is_never_moved_by_another_shape_nor_another_rank():
+    t = LogTracker()
+    t.feed_text("iter 10: loss 2.0, time 10.00ms, mfu 1.00%")
+    t.feed_text("step 900 loss 1.0")  # another shape: a data-prep script's print
+    t.feed_text("[rank1]:iter 99: loss 2.0, time 10.00ms, mfu 1.00%")
+    t.feed_text("Map:  50%|█████     | 500/1000 [00:01<00:01, 500.00it/s]")
+    assert (t.format, t.global_step) == ("nanogpt", 10)
+    t.feed_text("iter 11: loss nan, time 10.00ms, mfu 1.00%")
+    assert t.global_step == 11 and math.isnan(t.last_metrics["loss"][1])
+
+
+# --- real runs launched by stepwatch, no instrumentation -----------------------------------------
+SHAPES_PY = r'''
+import json, math, sys, time
+shape, steps, dt = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+t0 = time.perf_counter()
+for step in range(1, steps + 1):
+    time.sleep(dt)
+    t1 = time.perf_counter()
+    took, t0 = t1 - t0, t1
+    loss = 2.0 / math.sqrt(step)
+    if shape == "nanogpt":    # karpathy/nanoGPT train.py's print, verbatim
+        print(f"iter {step}: loss {loss:.4f}, time {took*1000:.2f}ms, mfu {0.5:.2f}%", flush=True)
+    elif shape == "step_line":
+        print(f"step {step} loss {loss:.4f} lr 0.0003", flush=True)
+    elif shape == "titan":    # torchtitan's metrics line, colours included
+        print(f"[titan] 2026-12-01 12:00:00,000 - root - INFO - \x1b[31mstep: {step:2}  \x1b[32mloss: {loss:7.4f}  "
+              f"\x1b[33mmemory:  1.20GiB(3.10%)  \x1b[34mtps: 1,234  \x1b[35mtflops: 0.01  mfu: 0.10%\x1b[39m", flush=True)
+    elif shape == "json":
+        print(json.dumps({"step": step, "max_steps": steps, "loss": loss, "dt_s": took}), flush=True)
+'''
+SHAPES = {"nanogpt": "nanogpt", "step_line": "step_line", "titan": "step_line", "json": "json"}
+
+
+def _launch(tmp_path: Path, name: str, files: dict[str, str], argv: list[str]) -> Path:
+    from conftest import make_repo, stepwatch
+
+    repo = make_repo(tmp_path / "repo", files)
+    r = stepwatch("launch", "--no-tui", "--name", name, "--", sys.executable, *argv, cwd=repo)
+    assert r.returncode == 0, r.stderr
+    return repo / "runs" / name
+
+
+def _status(run_dir: Path) -> dict:
+    from conftest import stepwatch
+
+    return json.loads(stepwatch("status", str(run_dir), "--json").stdout)
+
+
+def _last_printed(run_dir: Path, pattern: str) -> tuple[int, float, float | None]:
+    """The last step line the log shows: (step, loss, the program's own dt in s or None)."""
+    text = (run_dir / "train.log").read_text()
+    m = re.findall(pattern, text)[-1]
+    return int(m[0]), float(m[1]), (float(m[2]) if len(m) > 2 and m[2] else None)
+
+
+PRINTED = {"nanogpt": r"iter (\d+): loss ([\d.]+), time ([\d.]+)ms", "step_line": r"step (\d+) loss ([\d.]+)",
+           "titan": r"step: +(\d+)  \x1b\[32mloss: +([\d.]+)", "json": r'"step": (\d+), "max_steps": \d+, "loss": ([\d.]+)'}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_an_uninstrumented_run_of_each_shape_gives_step_times_loss_and_a_stall(tmp_path: Path, shape: str):
+    from conftest import wait_until
+
+    run_dir = _launch(tmp_path, shape, {"shapes.py": SHAPES_PY}, ["shapes.py", shape, "600", "0.1"])
+    snap = wait_until(lambda: (s := _status(run_dir))["stall"]["state"] == "ok" and (s["step_seconds"]["n"] or 0) >= 15
+                      and s, 60, what="the stall detector to judge")
+    assert snap["log"]["format"] == SHAPES[shape] and snap["log"]["matched_lines"] >= 15, snap["log"]
+    assert snap["step"]["source"] == "log"
+    pid = read_pid(run_dir)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        frozen = wait_until(lambda: (s := _status(run_dir))["stall"]["state"] == "stalled" and s, 30,
+                            what="the stall")
+        step, loss, own_dt = _last_printed(run_dir, PRINTED[shape])
+        assert frozen["step"]["global_step"] == step  # after a hang: the last step the log shows
+        assert frozen["metrics"]["loss"]["value"] == pytest.approx(loss, abs=1e-4)
+        assert frozen["metrics"]["loss"]["step"] == step
+        assert [a["kind"] for a in frozen["alerts"]] == ["stall"] and f"after step {step}" in frozen["alerts"][0]["message"]
+        p50 = frozen["step_seconds"]["p50"]
+        if shape in ("nanogpt", "json"):  # the program's own times are the step times
+            assert frozen["step"]["timing"] == "reported"
+            text = (run_dir / "train.log").read_text()
+            own = sorted(float(x) / (1000 if shape == "nanogpt" else 1) for x in
+                         re.findall(r"time ([\d.]+)ms" if shape == "nanogpt" else r'"dt_s": ([\d.e-]+)', text)[1:])
+            assert own[0] <= p50 <= own[-1] and p50 == pytest.approx(0.1, rel=0.1)
+        else:
+            assert frozen["step"]["timing"] in ("per_update", "shared")
+            assert p50 == pytest.approx(0.1, rel=0.1), frozen["step_seconds"]
+        if shape == "json":
+            assert frozen["step"]["max_steps"] == 600
+        text = stepwatch_text(run_dir)
+        assert f"loss {loss:.4g}" in text and f"format {SHAPES[shape]}" in text, text
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        os.kill(pid, signal.SIGKILL)
+
+
+def read_pid(run_dir: Path) -> int:
+    from stepwatch.monitors.runfiles import read_json
+
+    return read_json(run_dir / "run.json")["process"]["pid"]
+
+
+def stepwatch_text(run_dir: Path) -> str:
+    from conftest import stepwatch
+
+    return stepwatch("status", str(run_dir)).stdout
+
+
+#: The capture script itself (tools/capture_fixtures/), slowed to 0.1 s a step, 20 batches an epoch.
+LIGHTNING_PY = (Path(__file__).resolve().parents[1] / "tools" / "capture_fixtures" / "lightning_run.py").read_text()
+
+
+async def _tui_step_panel(run_dir: Path) -> tuple[str, str]:
+    from stepwatch.tui.app import StepwatchApp
+
+    app = StepwatchApp(run_dir, run_dir.parent)
+    async with app.run_test(size=(100, 40)) as pilot:
+        for _ in range(100):
+            if getattr(app.screen, "snap", None):
+                break
+            await pilot.pause(0.05)
+        await pilot.pause(0.2)
+        return str(app.screen.query_one("#throughput").render()), str(app.screen.query_one("#step-line").render())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bar", ["tqdm", "rich"])
+def test_a_real_lightning_run_gives_its_global_step_and_loss(tmp_path: Path, bar: str):
+    import asyncio
+
+    from conftest import wait_until
+    from stepwatch.monitors.runfiles import read_json
+
+    run_dir = _launch(tmp_path, f"lt-{bar}", {"lt.py": LIGHTNING_PY},
+                      ["lt.py", "--sleep", "0.1", "--samples", "160", *(["--rich"] if bar == "rich" else [])])
+    ex = wait_until(lambda: read_json(run_dir / "exit.json"), 120, what="the Lightning run to end")
+    assert ex["returncode"] == 0
+    snap = _status(run_dir)
+    assert snap["log"]["format"] == f"lightning_{bar}", snap["log"]
+    assert snap["step"]["global_step"] == 3 * 20, snap["step"]  # 3 epochs of 20 batches, made global
+    assert snap["step"]["max_steps"] == (60 if bar == "rich" else None)  # Rich prints "Epoch 0/2": the last epoch
+    text = (run_dir / "train.log").read_text()
+    assert "Validation" in text  # validation bars in the same log never moved the step
+    loss = float(re.findall(r"(?<!_)loss[=:] ?([\d.]+)", strip(text))[-1])
+    assert snap["metrics"]["loss"]["value"] == pytest.approx(loss, rel=1e-3)
+    assert snap["step_seconds"]["p50"] == pytest.approx(0.1, rel=0.1), snap["step_seconds"]
+    metrics_line, step_line = asyncio.run(_tui_step_panel(run_dir))
+    assert f"loss {loss:.4g}" in metrics_line and "(step 60)" in metrics_line, metrics_line
+    assert "seconds_per_optimizer_step" in step_line
+
+
+def strip(text: str) -> str:
+    from stepwatch.monitors.parsers.logformats import strip_escapes
+
+    return strip_escapes(text)
+
+
+# --- the user's own patterns: [log] in the run config ---------------------------------------------
+USER_PY = r'''
+import sys, time
+for b in range(1, int(sys.argv[1]) + 1):
+    time.sleep(0.1)
+    print(f"ep 0 | batch {b:>4} of 500 | xent={3.0 / b:.5f} | took {0.1:.3f}s", flush=True)
+'''
+PATTERN = r"batch +(?P<step>\d+) of (?P<max_steps>\d+) \| xent=(?P<loss>[\d.]+) \| took (?P<dt_s>[\d.]+)s"
+
+
+def _toml_str(s: str) -> str:
+    return "'" + s + "'"  # a TOML literal string: backslashes as they are
+
+
+def _user_cfg(repo: Path, log_table: str) -> Path:
+    from conftest import git
+
+    cfg = repo / "run.toml"
+    cfg.write_text(f'name = "user"\ncommand = ["{sys.executable}", "user.py", "500"]\n{log_table}')
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "config")
+    return cfg
+
+
+@pytest.mark.parametrize("patterns, words", [
+    (["batch (\\d+"], "pattern 1 'batch (\\\\d+' is not a regular expression: missing ), unterminated subpattern"),
+    (["batch (?P<n>\\d+)"], "pattern 1 'batch (?P<n>\\\\d+)' has no (?P<step>...) group"),
+    ("batch", "patterns must be a list"),
+])
+def test_a_bad_user_pattern_is_refused_at_config_load_naming_it(tmp_path: Path, patterns, words):
+    from conftest import make_repo, stepwatch
+
+    repo = make_repo(tmp_path / "repo", {"user.py": USER_PY})
+    value = json.dumps(patterns) if isinstance(patterns, list) else _toml_str(patterns)
+    cfg = _user_cfg(repo, f"[log]\npatterns = {value}\n")
+    r = stepwatch("launch", "--no-tui", str(cfg), cwd=repo)
+    assert r.returncode != 0 and f"[log]: {words}" in r.stderr, r.stderr
+    assert not (repo / "runs" / "user" / "run.json").exists()
+
+
+def test_a_user_pattern_matching_none_of_its_examples_fails_the_checklist_before_launch(tmp_path: Path):
+    from conftest import make_repo, stepwatch
+
+    repo = make_repo(tmp_path / "repo", {"user.py": USER_PY})
+    wrong = PATTERN.replace("xent", "loss")  # the program prints xent=
+    cfg = _user_cfg(repo, f"[log]\npatterns = [{_toml_str(wrong)}]\n"
+                          f"examples = ['ep 0 | batch    7 of 500 | xent=0.42857 | took 0.100s']\n")
+    r = stepwatch("launch", "--no-tui", str(cfg), cwd=repo)
+    assert r.returncode == 1 and "[FAIL] training log will be read: pattern 1 matched none of its 1 example(s)" \
+        in r.stderr, (r.stdout, r.stderr)
+    assert not (repo / "runs" / "user" / "run.json").exists()
+    untried = _user_cfg(repo, f"[log]\npatterns = [{_toml_str(PATTERN)}]\n")  # nothing to try it on: a warning
+    r = stepwatch("preflight", str(untried), cwd=repo)
+    assert "[WARN] training log will be read: pattern 1 not tried" in r.stdout, r.stdout
+
+
+@pytest.mark.slow
+def test_a_run_read_by_a_user_pattern_gives_step_max_steps_loss_and_its_own_times(tmp_path: Path):
+    from conftest import make_repo, stepwatch, wait_until
+
+    repo = make_repo(tmp_path / "repo", {"user.py": USER_PY})
+    cfg = _user_cfg(repo, f"[log]\npatterns = [{_toml_str(PATTERN)}]\n"
+                          f"examples = ['ep 0 | batch    7 of 500 | xent=0.42857 | took 0.100s']\n")
+    r = stepwatch("launch", "--no-tui", str(cfg), cwd=repo)
+    assert r.returncode == 0 and "[PASS] training log will be read" in r.stdout, (r.stdout, r.stderr)
+    run_dir = repo / "runs" / "user"
+    snap = wait_until(lambda: (s := _status(run_dir))["step_seconds"]["n"] >= 10 and s, 60, what="ten steps")
+    os.kill(read_pid(run_dir), signal.SIGSTOP)
+    try:
+        snap = _status(run_dir)
+        step, loss = map(float, re.findall(r"batch +(\d+) of 500 \| xent=([\d.]+)", (run_dir / "train.log").read_text())[-1])
+        assert snap["log"]["format"] == "pattern 1" and snap["step"]["global_step"] == step
+        assert snap["step"]["max_steps"] == 500 and snap["step"]["timing"] == "reported"
+        assert snap["metrics"]["loss"]["value"] == pytest.approx(loss) and snap["step_seconds"]["p50"] == 0.1
+    finally:
+        os.kill(read_pid(run_dir), signal.SIGKILL)
+
+
+TQDM_PY = r'''
+import sys, time
+from tqdm import tqdm
+for step in tqdm(range(600)):
+    time.sleep(0.1)
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("end", ["SIGKILL", "SIGSTOP"])
+def test_after_a_kill_or_a_hang_the_step_is_the_last_bar_the_log_shows(tmp_path: Path, end: str):
+    from conftest import wait_until
+    from stepwatch.monitors.runfiles import read_json
+
+    run_dir = _launch(tmp_path, "bar", {"bar.py": TQDM_PY}, ["bar.py"])
+    wait_until(lambda: (_status(run_dir)["step"]["global_step"] or 0) >= 12, 60, what="a dozen steps")
+    pid = read_pid(run_dir)
+    os.kill(pid, getattr(signal, end))
+    try:
+        if end == "SIGKILL":
+            wait_until(lambda: read_json(run_dir / "exit.json"), 20, what="the end")
+        # (stopped or dead, the process writes no more: the file read below is the file status reads)
+        bars = re.findall(r"\| (\d+)/600 \[", (run_dir / "train.log").read_text())
+        snap = _status(run_dir)
+        assert (run_dir / "train.log").read_text()[-1] != "\n"  # the last bar is unterminated
+        assert snap["step"]["global_step"] == int(bars[-1]) and snap["step"]["max_steps"] == 600, (snap["step"], bars[-3:])
+    finally:
+        os.kill(pid, signal.SIGCONT) if end == "SIGSTOP" else None
+        os.kill(pid, signal.SIGKILL) if end == "SIGSTOP" else None

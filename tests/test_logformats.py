@@ -165,6 +165,7 @@ def test_an_uninstrumented_run_of_each_shape_gives_step_times_loss_and_a_stall(t
     snap = wait_until(lambda: (s := _status(run_dir))["stall"]["state"] == "ok" and (s["step_seconds"]["n"] or 0) >= 15
                       and s, 60, what="the stall detector to judge")
     assert snap["log"]["format"] == SHAPES[shape] and snap["log"]["matched_lines"] >= 15, snap["log"]
+    assert snap["log"]["hint"] is None  # control for the hint below
     assert snap["step"]["source"] == "log"
     pid = read_pid(run_dir)
     os.kill(pid, signal.SIGSTOP)
@@ -175,6 +176,8 @@ def test_an_uninstrumented_run_of_each_shape_gives_step_times_loss_and_a_stall(t
         assert frozen["step"]["global_step"] == step  # after a hang: the last step the log shows
         assert frozen["metrics"]["loss"]["value"] == pytest.approx(loss, abs=1e-4)
         assert frozen["metrics"]["loss"]["step"] == step
+        series = frozen["metrics_series"]["loss"]  # the loss over steps, as printed
+        assert series[-1] == [step, pytest.approx(loss, abs=1e-4)] and [p[0] for p in series] == sorted(p[0] for p in series)
         assert [a["kind"] for a in frozen["alerts"]] == ["stall"] and f"after step {step}" in frozen["alerts"][0]["message"]
         p50 = frozen["step_seconds"]["p50"]
         if shape in ("nanogpt", "json"):  # the program's own times are the step times
@@ -363,3 +366,65 @@ def test_after_a_kill_or_a_hang_the_step_is_the_last_bar_the_log_shows(tmp_path:
     finally:
         os.kill(pid, signal.SIGCONT) if end == "SIGSTOP" else None
         os.kill(pid, signal.SIGKILL) if end == "SIGSTOP" else None
+
+
+NAN_PY = r'''
+import sys, time
+for step in range(1, 600):
+    time.sleep(0.05)
+    loss = float("nan") if step >= int(sys.argv[1]) else 1.0 / step
+    print(f"step {step} loss {loss:.4f} lr 0.0003", flush=True)
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nan_at", [20, 10**6], ids=["loss-nan-from-step-20", "control-finite-loss"])
+def test_a_nan_loss_in_the_log_is_an_alert_recorded_by_the_supervisor(tmp_path: Path, nan_at: int):
+    from conftest import wait_until
+
+    run_dir = _launch(tmp_path, "nan", {"nan.py": NAN_PY}, ["nan.py", str(nan_at)])
+    try:
+        snap = wait_until(lambda: ((s := _status(run_dir))["step"]["global_step"] or 0) >= 30 and s, 60,
+                          what="30 steps")
+        if nan_at == 20:
+            rec = wait_until(lambda: [json.loads(ln) for ln in (run_dir / "alerts.jsonl").read_text().splitlines()
+                                      if '"nonfinite_loss"' in ln], 10, what="the supervisor's nonfinite_loss record")
+            assert rec[0]["level"] == "error" and "loss is not a number (NaN or inf) at step" in rec[0]["message"]
+            step = int(rec[0]["message"].split("at step ")[1].split(":")[0])
+            assert 20 <= step <= 30, rec[0]["message"]
+            assert snap["metrics"]["loss"] == {"step": snap["metrics"]["loss"]["step"], "value": None, "finite": False}
+            assert "loss NaN/inf" in stepwatch_text(run_dir)
+        else:
+            assert snap["metrics"]["loss"]["finite"] and not snap["alerts"], snap["alerts"]
+            assert "nonfinite_loss" not in ((run_dir / "alerts.jsonl").read_text() if (run_dir / "alerts.jsonl").exists()
+                                            else "")
+    finally:
+        os.kill(read_pid(run_dir), signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_a_silent_rich_bar_and_an_unknown_log_say_on_screen_what_to_do(tmp_path: Path):
+    import asyncio
+
+    from conftest import git, make_repo, stepwatch, wait_until
+    from stepwatch.monitors.runfiles import read_json
+
+    repo = make_repo(tmp_path / "repo", {"lt.py": LIGHTNING_PY, "odd.py": "for i in range(60):\n    print(f'{i}: ok')\n"})
+    (repo / "rich.toml").write_text(f'name = "silent"\ncommand = ["{sys.executable}", "lt.py", "--rich", "--sleep", "0"]\n'
+                                    'env = { TTY_INTERACTIVE = "0" }\n')  # the user's own setting wins: Rich is silent
+    (repo / "odd.toml").write_text(f'name = "odd"\ncommand = ["{sys.executable}", "odd.py"]\n')
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "configs")
+    for cfg in ("rich.toml", "odd.toml"):
+        r = stepwatch("launch", "--no-tui", cfg, cwd=repo)
+        assert r.returncode == 0, r.stderr
+    silent, odd = repo / "runs" / "silent", repo / "runs" / "odd"
+    for run_dir in (silent, odd):
+        wait_until(lambda: read_json(run_dir / "exit.json"), 120, what="the run to end")
+    snap = _status(silent)
+    assert snap["log"]["format"] is None and "Lightning's progress bar is not in the log" in snap["log"]["hint"]
+    assert "HINT: Lightning's progress bar" in stepwatch_text(silent)
+    hint = _status(odd)["log"]["hint"]
+    assert hint.startswith("no known shape matched 60 lines of the log: add [log] patterns"), hint
+    metrics_line, _ = asyncio.run(_tui_step_panel(odd))
+    assert metrics_line.startswith("HINT: no known shape matched"), metrics_line

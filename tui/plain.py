@@ -50,7 +50,8 @@ def status_lines(snap: dict[str, Any]) -> list[str]:
     log = snap.get("log") or {}
     mw = metrics_words(snap.get("metrics") or {})
     lines.append(f"  log: {mw or 'no loss or other metric read'}; format "
-                 + (f"{log['format']} ({log.get('matched_lines')} lines)" if log.get("format") else "not recognised"))
+                 + (f"{log['format']} ({log.get('matched_lines')} lines)" if log.get("format") else "not recognised")
+                 + (f"\n  HINT: {log['hint']}" if log.get("hint") else ""))
     fb, st = snap.get("fallback") or {}, snap.get("stall") or {}
     stall = st.get("state")
     lines.append(f"  fallback {fb.get('state')}" + (f" ({fb['reason']})" if fb.get("reason") and fb.get("state") != "ok" else "")

@@ -33,6 +33,8 @@ FORMAT_LIGHTNING_TQDM = "lightning_tqdm"
 FORMATS = (FORMAT_TQDM, FORMAT_LIGHTNING_TQDM, *RECOGNISERS)
 
 _EPOCH_DESC = re.compile(r"^Epoch (\d{1,9})$")
+#: The first line Lightning's Trainer prints (lightning 2.x, tests/fixtures/real/lightning_*.log).
+LIGHTNING_BANNER = "GPU available: "
 #: Metric names kept at most, and points per metric series.
 MAX_SERIES = 64
 SERIES_POINTS = 4096
@@ -53,11 +55,16 @@ class LogTracker(ProgressTracker):
         self.last_metrics: dict[str, tuple[int | None, float]] = {}
         self._line_at: tuple[float | None, int | None, bool] | None = None  # the current step's first arrival
         self._tail = False
+        self.lines_seen = 0  #: complete lines fed
+        self.lightning_seen = False  #: Lightning's Trainer announced itself ("GPU available: ...")
 
     def feed(self, seg) -> list[StepAdvance]:
         """One segment; an unterminated one (the follower's tail) only as a bar: a line a
         recogniser reads is whole only at its newline."""
         self._tail = getattr(seg, "end", "\n") == ""
+        if not self._tail and not getattr(seg, "is_note", False):
+            self.lines_seen += 1
+            self.lightning_seen = self.lightning_seen or seg.text.startswith(LIGHTNING_BANNER)
         try:
             return super().feed(seg)
         finally:
@@ -160,3 +167,21 @@ def run_patterns(run_dir: Path) -> list[re.Pattern[str]]:
         return compile_patterns(log.get("patterns", [])) if isinstance(log, dict) else []
     except ValueError:
         return []
+
+
+#: Lines of log read with no shape recognised before the views say what to add.
+HINT_AFTER_LINES = 50
+
+
+def log_hint(t: LogTracker, steps_from_events: bool) -> str | None:
+    """What to do when no shape reads this log (None while one does, or the emitter speaks)."""
+    if t.format is not None or steps_from_events:
+        return None
+    if t.lightning_seen and t.lines_seen >= 5:
+        return ("Lightning's progress bar is not in the log: its RichProgressBar draws into a file only while Rich "
+                "takes it for a terminal (stepwatch sets TTY_INTERACTIVE=1 and TTY_COMPATIBLE=1 unless the run's "
+                "env sets them); use TQDMProgressBar, or stepwatch.telemetry")
+    if t.lines_seen >= HINT_AFTER_LINES:
+        return (f"no known shape matched {t.lines_seen} lines of the log: add [log] patterns to the run config "
+                "(README: Reading any training log), or use stepwatch.telemetry")
+    return None

@@ -3,7 +3,8 @@ recogniser captured): the snapshot's ``metrics`` part and the alert for a loss t
 
 ``metrics``: ``{name: {"step": global_step when printed, "value": float | None, "finite": bool}}``
 for the latest value of each name (a NaN or inf value is ``value: null, finite: false``: JSON carries
-no NaN). The series behind them stay in the tracker (:mod:`stepwatch.monitors.parsers.logtracker`).
+no NaN); ``metrics_series``: the newest points of the loss-like ones (:func:`series_part`), from the
+tracker's series (:mod:`stepwatch.monitors.parsers.logtracker`).
 """
 
 from __future__ import annotations
@@ -57,4 +58,20 @@ def metric_alerts(snap: dict[str, Any], make: Any, first_seen: MutableMapping[st
             out.append(make(first_seen, snap["attempt"], "nonfinite_loss", f"{name}-{m['step']}",
                             f"the log's {name} is not a number (NaN or inf){at}: the run has diverged; "
                             "every step from here trains on garbage", None))
+    return out
+
+
+#: Points per metric in the snapshot's ``metrics_series`` (the newest), and names at most.
+SERIES_SHOWN = 256
+SERIES_NAMES = 4
+
+
+def series_part(series: Mapping[str, Any]) -> dict[str, list[list[Any]]]:
+    """``metrics_series``: ``{name: [[global_step, value | None], ...]}`` for the first
+    SERIES_NAMES of SHOWN_FIRST the log has, the newest SERIES_SHOWN points each (NaN/inf: None)."""
+    names = [n for n in SHOWN_FIRST if n in series][:SERIES_NAMES]
+    out = {}
+    for n in names:
+        pts = list(series[n])[-SERIES_SHOWN:]
+        out[n] = [[step, v if math.isfinite(v) else None] for step, v in pts]
     return out

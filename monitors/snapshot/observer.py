@@ -37,8 +37,8 @@ from stepwatch.monitors.gpu.history import GpuHistory
 from stepwatch.monitors.gpu.reading import WINDOW_S as GPU_WINDOW_S
 from stepwatch.monitors.gpu.reading import gpu_source, gpu_status_from_records
 from stepwatch.monitors.parsers.dynamolog import DynamoLogScanner, RecompileLimit, Recompile
-from stepwatch.monitors.parsers.logtracker import LogTracker, run_patterns
-from stepwatch.monitors.snapshot.metrics import log_metrics
+from stepwatch.monitors.parsers.logtracker import LogTracker, log_hint, run_patterns
+from stepwatch.monitors.snapshot.metrics import log_metrics, series_part
 from stepwatch.monitors.parsers.traceback import traceback_last_line
 from stepwatch.monitors.readers.jsonl import EventReader
 from stepwatch.monitors.readers.textlog import DEFAULT_MAX_BYTES_PER_POLL, LogFollower
@@ -432,8 +432,10 @@ class RunObserver:
         last = next((ln for ln in reversed(lines) if ln.strip()), None)
         snap["log"] = {"file": TRAIN_LOG, "last_line": last, "traceback_last_line": traceback_last_line(lines),
                        "last_byte_age_s": a.log.last_byte_age_s, "from_start": a.log_from_start,
-                       "format": a.progress.format, "matched_lines": a.progress.matched_lines}
+                       "format": a.progress.format, "matched_lines": a.progress.matched_lines,
+                       "hint": log_hint(a.progress, a.ev.stats.seen > 0)}
         snap["metrics"] = log_metrics(a.progress.last_metrics, a.ev.last_logs, self._global_step(a))
+        snap["metrics_series"] = series_part(a.progress.series)
         snap["events"] = {"file": EVENTS_JSONL if a.events.exists else None, "lines": a.events.lines_read,
                           "corrupt_lines": a.events.corrupt_lines, "unusable_steps": a.ev.unusable_steps,
                           "dropped_events": shallow((a.ev.run_end or {}).get("dropped_events")), "resume": a.ev_resume}

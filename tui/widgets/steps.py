@@ -84,8 +84,9 @@ class StepPanel(Panel):
         if ss.get("last") is not None:
             line += f"  p90={secs(ss.get('p90'))} last={secs(ss['last'])}"
         words = timing_words(snap)
-        if words:
-            line += f"  ({words})"
+        fmt = (snap.get("log") or {}).get("format") if (snap.get("step") or {}).get("source") == "log" else None
+        if words or fmt:
+            line += f"  ({', '.join(w for w in (words, f'log read as {fmt}' if fmt else None) if w)})"
         self._set("#step-line", Text(line))  # never markup
         self._set("#step-verdict", _verdict_text(snap))
         tp = snap.get("throughput") or {}
@@ -96,6 +97,8 @@ class StepPanel(Panel):
                            f"padding {100 * (tp.get('padding_share') or 0):.1f}%")
         else:
             tp_line.append("tokens/s: unknown (the job reports no token counts per step)")
+        if (snap.get("log") or {}).get("hint"):
+            tp_line = Text(f"HINT: {snap['log']['hint']}", "bold yellow")
         self._set("#throughput", tp_line)
         ranks = self.query_one("#ranks", Static)
         ranks.display = bool(snap.get("ranks"))

@@ -54,6 +54,7 @@ TARGETS: dict[str, tuple[float, str, str]] = {
 }
 #: Figures reported beside the table's keys (same verdict rules when they have a target).
 EXTRA_TARGETS: dict[str, tuple[float, str, str]] = {
+    "log_search_s": (1.0, "s", "abs"),
     "watchdog_latency_poll_s": (1.0, "s", "abs"),
     "attach_events_cold_s": (1.0, "s", "abs"),
     "gpu_sampler_cpu_share_nvml": (0.01, "s/s", "abs"),
@@ -77,6 +78,7 @@ BENCHES: list[tuple[str, str, list[str], list[str], float, float, str]] = [
     ("gpu_sampler", "gpu_sampler_cost.py", ["--quick", "--window", "4"], [], 40, 120, "light"),
     ("supervisor_watch", "supervisor_watch.py", ["--quick"], [], 240, 600, "supervisor_watch"),
     ("tui", "tui_pty.py", ["--quick", "--warmup", "3", "--window", "6", "--launches", "1"], [], 100, 400, "tui"),
+    ("log_search", "log_search.py", ["--quick", "--repeat", "3"], [], 60, 120, "log_search"),
 ]
 
 
@@ -92,6 +94,7 @@ KEY_BENCH = {
     "log_timing_p50_error_250ms": "supervisor_watch", "log_timing_p99_error_250ms": "supervisor_watch",
     "log_timing_p50_error_20ms": "supervisor_watch", "alert_latency_kill_s": "supervisor_watch",
     "supervisor_cpu_share": "supervisor_watch",
+    "log_search_s": "log_search", "log_search_again_s": "log_search", "log_search_ratio": "log_search",
 }
 
 

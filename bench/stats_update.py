@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from stepwatch.monitors.snapshot.eta import eta_part  # noqa: E402
 from stepwatch.monitors.stats.stepstats import StepStats  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402  (bench/common.py)
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     summary_us = (time.perf_counter() - t0) / reads * 1e6
     t0 = time.perf_counter()
     s.throughput()
-    s.eta_s(10**7, k)
+    eta_part([r.dt_s for r in s.recent(64) if r.counted], 10**7, k, {"state": "ok"}, True, 0.0)
     s.histogram(40)
     screen_us = (time.perf_counter() - t0) * 1e6
 

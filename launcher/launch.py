@@ -14,6 +14,7 @@ import os
 import stat
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -226,6 +227,9 @@ def _start(cfg: RunConfig, exe: str, tree, checklist: Checklist, allow_dirty: st
             stdin=subprocess.DEVNULL, stdout=slog, stderr=slog, start_new_session=True, close_fds=True,
             cwd=str(run_dir),
         )
+    # A TUI that launched stays open after the run: reap its supervisor when it ends (no zombie);
+    # a CLI launch exits first and the supervisor is re-parented to init, which reaps it.
+    threading.Thread(target=sup.wait, name=f"reap-supervisor-{sup.pid}", daemon=True).start()
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         cur = read_json(run_dir / RUN_JSON) or {}

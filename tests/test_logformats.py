@@ -159,6 +159,8 @@ PRINTED = {"nanogpt": r"iter (\d+): loss ([\d.]+), time ([\d.]+)ms", "step_line"
 @pytest.mark.slow
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_an_uninstrumented_run_of_each_shape_gives_step_times_loss_and_a_stall(tmp_path: Path, shape: str):
+    import asyncio
+
     from conftest import wait_until
 
     run_dir = _launch(tmp_path, shape, {"shapes.py": SHAPES_PY}, ["shapes.py", shape, "600", "0.1"])
@@ -193,6 +195,9 @@ def test_an_uninstrumented_run_of_each_shape_gives_step_times_loss_and_a_stall(t
             assert frozen["step"]["max_steps"] == 600
         text = stepwatch_text(run_dir)
         assert f"loss {loss:.4g}" in text and f"format {SHAPES[shape]}" in text, text
+        metrics_line, step_line = asyncio.run(_tui_step_panel(run_dir))  # the screen: step, shape and loss
+        assert f"loss {loss:.4g}" in metrics_line and f"(step {step})" in metrics_line, metrics_line
+        assert f"log read as {SHAPES[shape]}" in step_line, step_line
     finally:
         os.kill(pid, signal.SIGCONT)
         os.kill(pid, signal.SIGKILL)

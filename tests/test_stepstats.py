@@ -95,7 +95,7 @@ def test_only_a_first_step_means_no_statistics():
     s = feed([], first=45.79)
     assert s.summary() == {"n": 0, "min": None, "p50": None, "p90": None, "p99": None, "max": None, "last": None}
     assert s.canonical_line() == "n=0 seconds_per_optimizer_step"
-    assert s.percentile(50) is None and s.histogram() == [] and s.eta_s(10, 1) is None
+    assert s.percentile(50) is None and s.histogram() == [] and s.recent_p50() is None
 
 
 def test_nearest_rank_helpers():
@@ -182,9 +182,34 @@ def test_eta_from_recent_p50():
         s.add(i + 1, v)
     # recent window = [20, 20, 21, 19, 20] -> nearest-rank p50 = 20
     assert s.recent_p50() == 20.0
-    assert s.eta_s(1312, 1300) == pytest.approx(12 * 20.0)
-    assert s.eta_s(1312, 1312) == 0.0 and s.eta_s(1312, 1400) == 0.0
-    assert s.eta_s(None, 5) is None and s.eta_s(10, None) is None
+
+
+def test_eta_from_the_median_of_the_recent_steps_and_the_step_in_progress():
+    from stepwatch.monitors.snapshot.eta import eta_part
+
+    ok = {"state": "ok", "current_step_elapsed_s": 5.0}
+    e = eta_part([100.0, 100.0, 100.0, 20.0, 20.0, 21.0, 19.0, 20.0], 1312, 1300, ok, True, 1000.0)
+    # the median of the 8 steps (nearest rank: the 4th of 8 sorted) = 20 s; 5 s of step 1301 are gone
+    assert (e["seconds_per_step"], e["remaining_steps"], e["state"]) == (20.0, 12, "ok")
+    assert e["eta_s"] == pytest.approx(15.0 + 11 * 20.0) and e["end_at_unix"] == pytest.approx(1000.0 + e["eta_s"])
+    assert eta_part([20.0], 1312, 1312, ok, True, 0.0)["eta_s"] == 0.0
+    assert eta_part([20.0], 10, 3, {"state": "stalled", "current_step_elapsed_s": 900.0}, True, 0.0)["state"] == "stalled"
+    for args in (([20.0], None, 5), ([20.0], 10, None), ([], 10, 5)):
+        assert eta_part(*args, ok, True, 0.0)["state"] == "not judged"
+    assert eta_part([20.0], 10, 5, ok, False, 0.0)["basis"] == "the run is not running"
+
+
+def test_the_eta_follows_a_20x_slowdown_within_10_steps():
+    from stepwatch.monitors.snapshot.eta import eta_part
+
+    dts = [0.01] * 100
+    for k in range(1, 11):
+        dts.append(0.2)
+        e = eta_part(dts, 1000, 100 + k, {"state": "ok", "current_step_elapsed_s": 0.0}, True, 0.0)
+        if e["seconds_per_step"] == 0.2:
+            break
+    assert k <= 10 and e["eta_s"] == pytest.approx((1000 - 100 - k) * 0.2, rel=0.01), (k, e)
+    assert k > 1  # one slow step (a save) does not move it
 
 
 # ---------------------------------------------------------------- histogram
@@ -295,7 +320,7 @@ def test_monitors_stay_headless():
 
 def _stats_state(s):
     return repr((s.n, s.seen, s.excluded_first, s.last_step, s.summary(), s.canonical_line(), s.recent(),
-                 s.recent_p50(), s.throughput(), s.eta_s(10**6, s.last_step), s.histogram(bins=9)))
+                 s.recent_p50(), s.throughput(), s.histogram(bins=9)))
 
 
 @pytest.mark.parametrize("seed", range(12))

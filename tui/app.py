@@ -53,7 +53,7 @@ class StepwatchApp(App):
     TITLE = "stepwatch"
     ENABLE_COMMAND_PALETTE = False  # every action has a key; a stray click must not open a text box
     BINDINGS = [
-        Binding("q", "quit_app", "quit (run keeps going)"),
+        Binding("q", "quit_app", "quit"),  # the run keeps going: said in ? and the README
         Binding("l", "launch", "launch"),
         Binding("question_mark", "help", "help"),
     ]

@@ -296,7 +296,8 @@ def _newest(args: argparse.Namespace) -> Path:
     ended one; another user's run only when the viewer has none, and then it says whose."""
     runs = list_runs(_runs_dir(args))
     if not runs:
-        raise RunNotFound(f"no runs under {_runs_dir(args)}; name one: stepwatch status RUN")
+        raise RunNotFound(f"no runs under {_runs_dir(args)} yet: start one with `stepwatch launch -- python train.py` "
+                          "(or try `stepwatch demo`); --runs-dir names another folder")
     mine = [d for d in runs if owned_by_viewer(d)]
     pool = mine or runs
     pick = next((d for d in pool if live_attempt(d)), pool[0])
@@ -389,11 +390,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="torch.compile(dynamic=False) with a lowered recompile limit: the real recompile-limit warning")
     sp.add_argument("--gpu-recording", default="auto", metavar="auto|none|FILE",
                     help="GPU panel source: auto replays a labelled synthetic recording when NVML is unavailable")
-    sp.add_argument("--hidden", type=int, help=argparse.SUPPRESS)
-    sp.add_argument("--layers", type=int, help=argparse.SUPPRESS)
-    sp.add_argument("--seq-len", type=int, help=argparse.SUPPRESS)
-    sp.add_argument("--save-every", type=int, help=argparse.SUPPRESS)
-    sp.add_argument("--low-bandwidth", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    sp.add_argument("--hidden", type=int, metavar="N", help="the tiny model's hidden size (smaller: faster steps)")
+    sp.add_argument("--layers", type=int, metavar="N", help="the tiny model's layer count")
+    sp.add_argument("--seq-len", type=int, metavar="N", help="tokens per sequence")
+    sp.add_argument("--save-every", type=int, metavar="STEPS", help="a checkpoint save every STEPS steps")
+    sp.add_argument("--low-bandwidth", action="store_true", default=argparse.SUPPRESS, help="TUI: slow-link mode")
     sp.set_defaults(func=cmd_demo)
 
     sp = sub.add_parser("preflight", help="the pre-launch checklist alone (exit 1 when an item fails)")

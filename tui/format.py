@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
+
+
+#: What the dynamo panel and ``status`` say when neither the log nor the events showed dynamo output.
+NO_DYNAMO_WORDS = "dynamo: no torch.compile output seen (recompiles unknown, not 0)"
 
 
 def hms(seconds: float | None) -> str:
@@ -11,6 +16,16 @@ def hms(seconds: float | None) -> str:
         return "-"
     s = int(max(0, seconds))
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def eta_words(eta: dict[str, Any]) -> str:
+    """``0:23:21 (ends 19:44Z)`` / ``STALLED`` / ``-``, from the snapshot's ``eta``."""
+    if eta.get("state") == "stalled":
+        return "STALLED"
+    if eta.get("state") != "ok" or eta.get("eta_s") is None:
+        return "-"
+    end = time.strftime("%H:%MZ", time.gmtime(eta["end_at_unix"])) if eta.get("end_at_unix") else "?"
+    return f"{hms(eta['eta_s'])} (ends {end})"
 
 
 def secs(v: float | None) -> str:

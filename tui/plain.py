@@ -17,7 +17,7 @@ from typing import Any, Callable, TextIO
 from stepwatch.monitors.runfiles import utc_iso
 from stepwatch.monitors.snapshot.alerts import end_words
 from stepwatch.monitors.snapshot.disk import full_words
-from stepwatch.tui.format import timing_words
+from stepwatch.tui.format import NO_DYNAMO_WORDS, eta_words, timing_words
 from stepwatch.monitors.snapshot.model import json_safe, run_ended
 from stepwatch.monitors.snapshot.metrics import metrics_words
 from stepwatch.monitors.snapshot.ranks import latest_per_rank, restarts_words
@@ -42,7 +42,9 @@ def status_lines(snap: dict[str, Any]) -> list[str]:
     if snap["state"] == "running" and snap.get("supervisor_alive") is False:
         lines.append("  WARNING: the supervisor is gone (killed?): the run goes on, but no exit code will be recorded "
                      "and `stop` will escalate from the command line itself")
-    eta = f", ETA {_fmt(snap.get('eta_s'), 0)} s" if snap.get("eta_s") is not None else ""
+    e = snap.get("eta") or {}
+    eta = (f", ETA {eta_words(e)}: {e.get('remaining_steps')} steps at {_fmt(e.get('seconds_per_step'), 3)} s "
+           f"({e.get('basis')})" if e.get("state") in ("ok", "stalled") else "")
     src = f" (from {step['source']})" if step.get("source") else ""
     lines.append(f"  step {_fmt(step.get('global_step'))}/{_fmt(step.get('max_steps'))}{src}{eta}")
     words = timing_words(snap)
@@ -58,8 +60,12 @@ def status_lines(snap: dict[str, Any]) -> list[str]:
                  + f"; stall {stall}" + (f" ({_fmt(st.get('current_step_elapsed_s'), 1)} s)" if stall == "stalled"
                                          else f" ({st['reason']})" if stall == "not judged" and st.get("reason") else ""))
     d = snap.get("dynamo") or {}
-    lines.append(f"  dynamo: recompiles {_fmt(d.get('recompiles'))}, graph breaks {_fmt(d.get('graph_breaks'))}, "
-                 f"recompile-limit hits {_fmt(d.get('recompile_limit_hits'))} (from {d.get('source') or '-'})")
+    if not d.get("source") and all(d.get(k) is None for k in ("recompiles", "graph_breaks", "recompile_limit_hits")):
+        lines.append("  " + NO_DYNAMO_WORDS)
+    else:
+        u = {k: "unknown" if d.get(k) is None else d[k] for k in ("recompiles", "graph_breaks", "recompile_limit_hits")}
+        lines.append(f"  dynamo: recompiles {u['recompiles']}, graph breaks {u['graph_breaks']}, "
+                     f"recompile-limit hits {u['recompile_limit_hits']} (from {d.get('source') or '-'})")
     a, v = snap.get("attn_implementation") or {}, snap.get("versions") or {}
     lines.append(f"  attention requested {_fmt(a.get('requested'))} -> resolved {_fmt(a.get('resolved'))}; "
                  f"torch {_fmt(v.get('torch'))}, transformers {_fmt(v.get('transformers'))}")

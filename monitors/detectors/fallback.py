@@ -702,8 +702,9 @@ class FallbackDetector:
         return (
             f"flagged: {len(cluster)} slow steps within {(self._flagged_after_judged or 0) + 1} judged steps "
             f"from step {self.onset_step} ({times}{more}) — a second mode; since the onset {n_after} of "
-            f"{since} judged steps were slow ({100.0 * n_after / since:.0f}%); {how}. A dynamo fallback to "
-            f"eager runs ~20x slower (playbook 4.3); check the dynamo recompile-limit warning and counters"
+            f"{since} judged steps were slow ({100.0 * n_after / since:.0f}%); {how}. A compiled graph that "
+            f"falls back to eager runs about 20x slower: look for dynamo's recompile-limit warning in the log "
+            f"and the recompile counts"
         )
 
     def snapshot(self) -> dict[str, Any]:

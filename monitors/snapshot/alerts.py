@@ -40,6 +40,13 @@ def end_words(snap: dict[str, Any]) -> str:
     return "ended, status unknown (supervisor gone, no exit.json)"
 
 
+def _secs(v: Any) -> str:
+    """A duration rounded to what matters: 0.817, 12.3, 412 (``?`` when unknown)."""
+    if not isinstance(v, (int, float)):
+        return "?"
+    return f"{v:.3g}" if v < 100 else f"{v:.0f}"
+
+
 def alert(first_seen: MutableMapping[str, float], attempt: Any, kind: str, key: str, message: str,
           at: float | None) -> dict[str, Any]:
     """One alert dict ``{id, kind, at, message}``; ``at`` (unix s) or the first time it was seen."""
@@ -84,7 +91,8 @@ def alerts_for(snap: dict[str, Any], *, first_seen: MutableMapping[str, float],
         gs = snap["step"].get("global_step")
         out.append(alert(first_seen, att, "stall", str(gs),
                          f"alive but stuck: no optimizer step for {st['current_step_elapsed_s']:.0f} s after "
-                         f"step {gs} (p99 {snap['step_seconds'].get('p99')} s){ranks_last_words(snap)}", stall_at))
+                         f"step {gs} (its steps take {_secs(snap['step_seconds'].get('p99'))} s at p99)"
+                         f"{ranks_last_words(snap)}", stall_at))
     out.extend(rank_alerts(snap, alert, first_seen))
     out.extend(metric_alerts(snap, alert, first_seen))
     disk = snap.get("disk") or {}

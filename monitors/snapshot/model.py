@@ -16,7 +16,7 @@ SNAPSHOT_KEYS = (
     "versions", "step", "step_seconds", "step_line", "throughput", "eta_s", "warmup", "fallback", "stall",
     "dynamo", "attn_implementation", "gpu", "gpu_error", "gpu_source", "gpu_history", "alerts", "identity",
     "log", "events", "histogram", "recent_dt", "process_verdict", "stop", "last_logs", "survivors", "supervisor_alive",
-    "metrics", "metrics_series",
+    "metrics", "metrics_series", "eta",
 )
 
 
@@ -33,6 +33,8 @@ def null_snapshot() -> dict[str, Any]:
         "step_line": "n=0 seconds_per_optimizer_step",
         "throughput": {"tokens_per_s": None, "real_tokens_per_s": None, "padding_share": None},
         "eta_s": None,
+        "eta": {"eta_s": None, "remaining_steps": None, "end_at_unix": None, "seconds_per_step": None,
+                "state": "not judged", "basis": "no steps"},
         "warmup": {"state": None, "until_step": None},
         "fallback": {"state": NOT_JUDGED, "slow_steps": [], "onset_step": None, "reason": "no step times"},
         "stall": {"state": NOT_JUDGED, "current_step_elapsed_s": None, "reason": "no step times"},

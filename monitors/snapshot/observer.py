@@ -6,19 +6,17 @@ so following a live run costs only the new bytes; :func:`snapshot` is the one-sh
 :meth:`RunObserver.view_update` the form a screen uses (the snapshot plus the new log lines: a view
 reads each run file through its observer only). An attach starts events.jsonl from the supervisor's
 saved fold when it checks out (``events.state.json``, :mod:`stepwatch.monitors.fold.savedstate`),
-the same state a fold of every line gives. Views only read: nothing here writes into the run dir
-but :meth:`RunObserver.acknowledge` (acks.jsonl). The snapshot's keys: :mod:`.model`; the alerts'
-ids and wording: :mod:`.alerts`; each detector in :mod:`stepwatch.monitors.detectors`.
+the same state a fold of every line gives. Views only read (but :meth:`RunObserver.acknowledge`:
+acks.jsonl). Keys: :mod:`.model`; alerts: :mod:`.alerts`; detectors: :mod:`stepwatch.monitors.detectors`.
 
 Where numbers come from:
 - process state: run.json's captured pid + create_time (``kill -0``, psutil), exit.json;
-- step times: events.jsonl ``step`` records (``source: "events"``), else HF/tqdm progress updates in
-  train.log (``source: "log"``, approximate: arrival times of counter advances);
+- step times: events.jsonl ``step`` records (``source: "events"``), else the supervisor's records of
+  train.log's steps (logsteps.jsonl, any shape :mod:`~stepwatch.monitors.parsers.logtracker` reads);
 - dynamo: events.jsonl ``dynamo`` records (``torch._dynamo.utils.counters`` and what the emitter saw)
   and train.log's dynamo records (``TORCH_LOGS=recompiles`` lines, the recompile-limit warning);
   ``source`` names which one each count came from;
-- GPU: gpu.jsonl, written by the sampler that runs beside the supervisor (never NVML here).
-"""
+- GPU: gpu.jsonl, written by the sampler beside the supervisor (never NVML here)."""
 
 from __future__ import annotations
 
@@ -34,19 +32,18 @@ from stepwatch.monitors.snapshot.ranks import RankWatch
 from stepwatch.monitors.fold.events import EventsFold, step_no, unix_time
 from stepwatch.monitors.fold.savedstate import load as load_saved_state, refused
 from stepwatch.monitors.gpu.history import GpuHistory
-from stepwatch.monitors.gpu.reading import WINDOW_S as GPU_WINDOW_S
-from stepwatch.monitors.gpu.reading import gpu_source, gpu_status_from_records
+from stepwatch.monitors.gpu.reading import WINDOW_S as GPU_WINDOW_S, gpu_source, gpu_status_from_records
 from stepwatch.monitors.parsers.dynamolog import DynamoLogScanner, RecompileLimit, Recompile
 from stepwatch.monitors.parsers.logtracker import LogTracker, log_hint, run_patterns
 from stepwatch.monitors.snapshot.metrics import log_metrics, series_part
+from stepwatch.monitors.snapshot.eta import ETA_RECENT_STEPS, eta_part
 from stepwatch.monitors.parsers.traceback import traceback_last_line
 from stepwatch.monitors.readers.jsonl import EventReader
+from stepwatch.monitors.readers.loglines import LogLines
 from stepwatch.monitors.readers.textlog import DEFAULT_MAX_BYTES_PER_POLL, LogFollower
 from stepwatch.monitors.rundirs import CachedSurvivors
-from stepwatch.monitors.runfiles import (
-    ALERTS_JSONL, EVENTS_JSONL, EXIT_JSON, GPU_JSONL, LOG_STEPS_JSONL, RUN_JSON, STOP_JSON, TRAIN_LOG, read_json,
-    size_at_most,
-)
+from stepwatch.monitors.runfiles import (ALERTS_JSONL, EVENTS_JSONL, EXIT_JSON, GPU_JSONL, LOG_STEPS_JSONL, RUN_JSON,
+                                         STOP_JSON, TRAIN_LOG, read_json, size_at_most)
 from stepwatch.monitors.snapshot.acks import acknowledge, read_acked
 from stepwatch.monitors.snapshot.alerts import alerts_for, channel_names, merge_alerts, read_alert_records
 from stepwatch.monitors.snapshot.dynamo import dynamo_status
@@ -146,6 +143,7 @@ class RunObserver:
         self.run_dir = Path(run_dir)
         self.use_saved_state = use_saved_state
         self.survivors = CachedSurvivors(self.run_dir)  # what outlives the ended run (by recorded identity)
+        self.log_lines = LogLines(self.run_dir / TRAIN_LOG)  # the whole log, for search (read on demand)
         self._attempt_no: Any = object()
         self.a: _Attempt | None = None
         #: alert ids acknowledged in this view that acks.jsonl could not take (a run dir the viewer
@@ -379,7 +377,6 @@ class RunObserver:
         snap["step_line"] = stats.canonical_line()
         tp = stats.throughput()
         snap["throughput"] = {k: tp.get(k) for k in ("tokens_per_s", "real_tokens_per_s", "padding_share")}
-        snap["eta_s"] = stats.eta_s(max_steps, gs) if snap["state"] == "running" else None
         hist = stats.histogram(bins=HIST_BINS)
         snap["histogram"] = {"edges_s": [h[0] for h in hist] + ([hist[-1][1]] if hist else []),
                              "counts": [h[2] for h in hist]}
@@ -413,6 +410,9 @@ class RunObserver:
                           and sv.threshold_s else None)
         else:
             snap["stall"]["reason"] = "the run is not running"
+        snap["eta"] = eta = eta_part([r.dt_s for r in stats.recent(4 * ETA_RECENT_STEPS) if r.counted], max_steps, gs,
+                                     snap["stall"], snap["state"] == "running", now)
+        snap["eta_s"] = eta["eta_s"]
         snap["last_logs"] = shallow(a.ev.last_logs or a.progress.last_log)
 
     def _dynamo_part(self, snap: dict[str, Any], a: _Attempt) -> None:

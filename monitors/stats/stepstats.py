@@ -17,7 +17,7 @@ Cost: ``add`` is O(1) (deque and list appends); the counted durations reach the 
 next read of an order statistic, O(k log n) for k new steps (one sort when k is large, as when a
 long finished run is read in one go). Memory: the sorted list
 holds one float per counted step (about 32 bytes each, ~32 MB at 10^6 steps); everything else is
-bounded (``recent_maxlen`` records for the screen, ``window`` steps for throughput and ETA).
+bounded (``recent_maxlen`` records for the screen, ``window`` steps for throughput).
 
 No I/O, no clock reads, no UI imports: the status snapshot, the TUI and a headless alerting
 process can all use it unchanged.
@@ -384,21 +384,6 @@ class StepStats:
             "real_tokens_per_s": real_tok / real_dt if have_real and real_dt > 0 else None,
             "padding_share": 1.0 - both_real / both_pad if have_both and both_pad > 0 else None,
         }
-
-    def eta_s(self, max_steps: int | None, global_step: int | None) -> float | None:
-        """Seconds left: (max_steps - global_step) * p50 of the last ``window`` counted steps.
-
-        The median, not the mean, of recent steps: a save spike does not move it, a real change of
-        speed moves it within ``window/2`` steps. 0.0 when global_step >= max_steps; None when either
-        argument is None or no step has been counted yet.
-        """
-        if max_steps is None or global_step is None:
-            return None
-        p50 = self.recent_p50()
-        if p50 is None:
-            return None
-        remaining = int(max_steps) - int(global_step)
-        return 0.0 if remaining <= 0 else remaining * p50
 
     # ------------------------------------------------------------------ histogram
     def histogram(

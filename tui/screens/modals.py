@@ -8,7 +8,7 @@ from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical
+from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Input, Static
 
@@ -20,10 +20,17 @@ stepwatch keys
   r  relaunch this run (confirm; rotates the logs; preflight first)
   x  stop this run (confirm; SIGINT, then SIGTERM, then SIGKILL)
   a  acknowledge the alerts on the banner
+  d  every alert's whole text (a long one is cut on the banner)
   i  show / hide the identity line
   b  low-bandwidth mode on / off (log and plots every 5 s; alerts at once)
   u  update the log panel now (low-bandwidth mode)
   h  home: the list of runs
+the log (the whole train.log, not only the lines on screen)
+  /  search (as typed, any case)      n / N  next / previous match
+  e / E  next / previous error or traceback
+  F  filter: only the lines holding a text      z  the log full screen (and back)
+  f / End  follow the tail again (scrolling up stops following; the title says so)
+  PageUp / PageDown / Home  scroll the log
   q  quit the app: the run keeps going
   ?  this help                                   (Esc closes)
 """
@@ -65,6 +72,28 @@ class Prompt(ModalScreen[str | None]):
         self.dismiss(event.value.strip() or None)
 
     def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class AlertDetails(ModalScreen[None]):
+    """Every unacknowledged alert, whole (``d`` on the run screen; Esc closes)."""
+
+    BINDINGS = [Binding("escape,d,q", "close", "close")]
+
+    def __init__(self, alerts: list[dict[str, Any]]):
+        super().__init__()
+        self.alerts = alerts
+
+    def compose(self) -> ComposeResult:
+        t = Text()
+        for a in reversed(self.alerts):  # the newest first, as the banner shows it
+            t.append(f"{a.get('kind')} at {a.get('at')}\n", "bold")
+            t.append(f"{a.get('message')}\n\n")
+        t.append("[a] on the run screen acknowledges them all; Esc closes", "dim")
+        with VerticalScroll(classes="dialog", id="alert-details"):
+            yield Static(safe_text(t, newlines=True))
+
+    def action_close(self) -> None:
         self.dismiss(None)
 
 

@@ -19,6 +19,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 from textual.worker import Worker, WorkerState
 
+from stepwatch.monitors.readers.loglines import ERROR_RE, literal
 from stepwatch.monitors.snapshot.observer import RunObserver
 from stepwatch.tui.messages import SnapshotReady
 from stepwatch.tui.safe import safe_text
@@ -26,10 +27,13 @@ from stepwatch.tui.widgets.dynamo import DynamoPanel
 from stepwatch.tui.widgets.gpu import GpuPanel
 from stepwatch.tui.widgets.header import AlertBanner, RunHeader
 from stepwatch.tui.widgets.identity import IdentityPanel
-from stepwatch.tui.widgets.logpanel import LogPanel
+from stepwatch.tui.screens.modals import AlertDetails, Prompt
+from stepwatch.tui.widgets.logpanel import WINDOW_LINES, LogPanel
 from stepwatch.tui.widgets.steps import StepPanel
 
 REFRESH_S = 1.0
+#: Lines the panel holds in tail mode (as compose gives it) and refills with when following again.
+TAIL_LINES = 1000
 LOW_BANDWIDTH_PANEL_S = 5.0
 
 
@@ -48,11 +52,20 @@ class RunScreen(Screen):
     BINDINGS = [
         Binding("r", "app.relaunch", "relaunch"),
         Binding("x", "app.stop_run", "stop"),
-        Binding("a", "ack", "ack alert"),
-        Binding("i", "toggle_identity", "identity"),
+        Binding("a", "ack", "ack"),
+        Binding("i", "toggle_identity", "ident"),
         Binding("b", "toggle_bandwidth", "low-bw"),
         Binding("u", "update_now", "update", show=False),
         Binding("h", "app.home", "home"),
+        Binding("d", "alert_details", "alert details", show=False),
+        Binding("slash", "search", "search", show=False),
+        Binding("n", "match(True)", "next match", show=False),
+        Binding("N", "match(False)", "previous match", show=False),
+        Binding("e", "error(True)", "next error", show=False),
+        Binding("E", "error(False)", "previous error", show=False),
+        Binding("F", "filter", "filter", show=False),
+        Binding("f,end", "follow", "follow", show=False, priority=True),
+        Binding("z", "zoom", "log full screen", show=False),
     ]
 
     def __init__(self, run_dir: Path):
@@ -73,7 +86,7 @@ class RunScreen(Screen):
         yield DynamoPanel(id="dynamo")
         yield GpuPanel(id="gpu")
         yield IdentityPanel("", id="identity")
-        yield LogPanel(max_lines=1000, id="log", wrap=False, auto_scroll=True)
+        yield LogPanel(max_lines=TAIL_LINES, id="log", wrap=False, auto_scroll=True)
         yield Static("", id="partial")
         yield Footer()
 
@@ -148,6 +161,10 @@ class RunScreen(Screen):
         else:
             title = f"{name} · last byte {_age(age)} ago"
         panel = self.query_one(LogPanel)
+        if panel.mode == "browse":
+            title = f"{name} · {panel.label} · NOT FOLLOWING (f or End follows)"
+        elif not panel.following:
+            title += " · NOT FOLLOWING (f or End follows)"
         if panel.border_title != title:
             panel.border_title = title
 
@@ -186,6 +203,13 @@ class RunScreen(Screen):
             a["acknowledged"] = True
         self.query_one(AlertBanner).show([])
 
+    def action_alert_details(self) -> None:
+        alerts = [a for a in self.snap.get("alerts") or [] if not a.get("acknowledged")]
+        if not alerts:
+            self.notify("no alert to show")
+            return
+        self.app.push_screen(AlertDetails(alerts))
+
     def action_toggle_identity(self) -> None:
         w = self.query_one(IdentityPanel)
         w.display = not w.display
@@ -194,6 +218,84 @@ class RunScreen(Screen):
         self.app.low_bandwidth = not self.app.low_bandwidth
         self.apply_bandwidth()
         self.notify(f"low-bandwidth mode {'on: log and plots every 5 s' if self.app.low_bandwidth else 'off'}")
+
+    # --- the log: search, filter, errors, follow, zoom (the whole file, through the observer) ---------
+    def action_search(self) -> None:
+        def done(text: str | None) -> None:
+            if text:
+                self._search = literal(text)
+                self._search_text = text
+                self._find(self._search, f"'{text}'", forward=False, start=None)
+
+        self.app.push_screen(Prompt("search train.log (as typed, any case); n / N: next / previous match"), done)
+
+    def action_match(self, forward: bool) -> None:
+        if getattr(self, "_search", None) is None:
+            self.notify("no search yet: / searches")
+            return
+        self._find(self._search, f"'{self._search_text}'", forward, self.query_one(LogPanel).centre)
+
+    def action_error(self, forward: bool) -> None:
+        self._find(ERROR_RE, "error", forward, self.query_one(LogPanel).centre)
+
+    def action_filter(self) -> None:
+        def done(text: str | None) -> None:
+            if text:
+                self._filter(literal(text), text)
+
+        self.app.push_screen(Prompt("show only the lines of train.log holding (as typed, any case); f: all again"),
+                             done)
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="logsearch")
+    def _find(self, pattern: Any, what: str, forward: bool, start: int | None) -> None:
+        ll = self.observer.log_lines
+        ll.refresh()
+        origin = start if start is not None else ll.last_line + 1
+        no = ll.find(pattern, origin, forward)
+        if no is None:
+            self.app.call_from_thread(self.notify, f"no {what} {'after' if forward else 'before'} line {origin}"
+                                      if ll.lines else "the log is empty")
+            return
+        first, lines = ll.window(no, WINDOW_LINES)
+        n_all = ll.count(pattern) if what != "error" else None
+        label = (f"{what} at line {no:,} of {ll.last_line:,}" + (f" ({n_all:,} matching lines)" if n_all else ""))
+        self.app.call_from_thread(self.query_one(LogPanel).browse, list(enumerate(lines, first)), no, label)
+        self.app.call_from_thread(self._log_title, self.snap)
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="logsearch")
+    def _filter(self, pattern: Any, text: str) -> None:
+        ll = self.observer.log_lines
+        ll.refresh()
+        hits = ll.matching(pattern, WINDOW_LINES)
+        label = f"filter '{text}': {len(hits):,} line(s)" + (" (the last ones)" if len(hits) == WINDOW_LINES else "")
+        self.app.call_from_thread(self.query_one(LogPanel).browse, hits, hits[-1][0] if hits else None, label)
+        self.app.call_from_thread(self._log_title, self.snap)
+
+    def action_follow(self) -> None:
+        panel = self.query_one(LogPanel)
+        if panel.mode == "tail":
+            panel.following = True
+            panel.scroll_end(animate=False)
+        else:
+            self._follow_tail()
+        self._log_title(self.snap)
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="logsearch")
+    def _follow_tail(self) -> None:
+        ll = self.observer.log_lines
+        ll.refresh()
+        self.app.call_from_thread(self._refill, ll.lines[-TAIL_LINES:])
+
+    def _refill(self, tail: list[str]) -> None:
+        self._pending_lines, self._pending_reset = [], False  # the tail holds them
+        self.query_one(LogPanel).follow(tail)
+        self._log_title(self.snap)
+
+    def action_zoom(self) -> None:
+        """The log alone on the screen (and back): the header and the alert banner stay."""
+        self._zoomed = not getattr(self, "_zoomed", False)
+        for w in self.query("StepPanel, DynamoPanel, GpuPanel"):
+            w.display = not self._zoomed
 
     def action_update_now(self) -> None:
         self._flush_log(None)

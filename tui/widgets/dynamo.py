@@ -9,6 +9,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.widgets import Static
 
+from stepwatch.tui.format import NO_DYNAMO_WORDS
 from stepwatch.tui.widgets.base import Panel
 
 
@@ -26,12 +27,15 @@ class DynamoPanel(Panel):
     def show(self, snap: dict[str, Any]) -> None:
         d = snap.get("dynamo") or {}
         t = Text()
-        t.append(f"recompiles {_n(d.get('recompiles'))}  graph breaks {_n(d.get('graph_breaks'))}  "
-                 f"unique graphs {_n(d.get('unique_graphs'))}  ")
-        hits = d.get("recompile_limit_hits")
-        t.append(f"limit hits {_n(hits)}", "bold red" if hits else "")
-        if d.get("source"):
-            t.append(f"  (from {d['source']})", "dim")
+        if not d.get("source") and all(d.get(k) is None for k in ("recompiles", "graph_breaks", "recompile_limit_hits")):
+            t.append(NO_DYNAMO_WORDS, "dim")
+        else:
+            t.append(f"recompiles {_n(d.get('recompiles'))}  graph breaks {_n(d.get('graph_breaks'))}  "
+                     f"unique graphs {_n(d.get('unique_graphs'))}  ")
+            hits = d.get("recompile_limit_hits")
+            t.append(f"limit hits {_n(hits)}", "bold red" if hits else "")
+            if d.get("source"):
+                t.append(f"  (from {d['source']})", "dim")
         self._set("#dyn-counts", t)
         a = snap.get("attn_implementation") or {}
         v = snap.get("versions") or {}

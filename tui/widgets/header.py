@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import textwrap
 import time
 from typing import Any
 
 from rich.text import Text
 from textual.widgets import Static
 
-from stepwatch.tui.format import hms, state_word
+from stepwatch.tui.format import eta_words, hms, state_word
 from stepwatch.tui.safe import safe_text
 
 
@@ -27,11 +28,15 @@ class RunHeader(Static):
         t = Text.assemble(
             (f" {snap.get('run')} ", "bold"), (f"#{snap.get('attempt') or '-'} ", "dim"), (f" {word} ", style),
             f" pid {snap.get('pid') or '-'} {hms(elapsed)} step {k if k is not None else '-'}/{n or '?'}",
-            f" ETA {hms(snap.get('eta_s')) if snap.get('state') == 'running' else '-'}",
+            f" ETA {eta_words(snap.get('eta') or {})}",
         )
         if t.plain != getattr(self, "_last", None):
             self._last = t.plain
             self.update(safe_text(t))
+
+
+#: Lines the banner wraps to at most (styles.tcss #banner max-height); a longer alert is cut there.
+BANNER_LINES = 5
 
 
 class AlertBanner(Static):
@@ -44,7 +49,13 @@ class AlertBanner(Static):
             return
         newest = alerts[-1]
         more = f"  (+{len(alerts) - 1} more)" if len(alerts) > 1 else ""
-        text = f" ALERT {newest['kind']}: {newest['message']}{more}  [a] acknowledge "
+        head = f" [a] acknowledge · [d] details · ALERT {newest['kind']}: "  # the keys first: never cut
+        words = newest["message"].split(" ")
+        width = max(40, (self.size.width or 80) - 2)
+        text = f"{head}{newest['message']}{more} "
+        while len(textwrap.wrap(text, width)) > BANNER_LINES and len(words) > 1:  # the whole text: one key away
+            words = words[:max(1, len(words) * 4 // 5)]
+            text = f"{head}{' '.join(words)} …{more} "
         if text != getattr(self, "_last", None):
             self._last = text
             self.update(safe_text(text))

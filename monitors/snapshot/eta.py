@@ -1,0 +1,49 @@
+"""The ETA an operator can plan by: from the recent rate, not the run's whole history.
+
+``eta``: ``{eta_s, remaining_steps, end_at_unix, seconds_per_step, state, basis}``:
+
+- ``seconds_per_step``: the nearest-rank median of the last ETA_RECENT_STEPS counted steps (a
+  save spike does not move it; a real change of speed moves it within ETA_RECENT_STEPS / 2 + 1
+  steps: a run slowed 20x reads so after 9 slow steps);
+- ``eta_s`` = what is left of the step in progress (the median less the time it has already
+  taken, never below 0) + the steps after it at the median; ``end_at_unix`` = now + eta_s;
+- ``state``: ``ok``, ``stalled`` (the stall detector says the step in progress is stuck: the figure
+  is what the run would need if it went on now, and the views say STALLED, not a time), or
+  ``not judged`` (no max_steps, no counted step, or the run is not running) with ``basis`` saying why.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stepwatch.monitors.stats.nearest_rank import nearest_rank
+
+#: Counted steps the rate is the median of.
+ETA_RECENT_STEPS = 16
+
+
+def eta_part(recent_dt_s: list[float], max_steps: int | None, global_step: int | None, stall: dict[str, Any],
+             running: bool, now: float) -> dict[str, Any]:
+    """``recent_dt_s``: the counted steps' times, oldest first (the last ETA_RECENT_STEPS are used);
+    ``stall``: the snapshot's stall part (its ``state`` and ``current_step_elapsed_s``)."""
+    current_step_elapsed_s, stall_state = stall.get("current_step_elapsed_s"), stall.get("state")
+    out: dict[str, Any] = {"eta_s": None, "remaining_steps": None, "end_at_unix": None, "seconds_per_step": None,
+                           "state": "not judged", "basis": None}
+    if not running:
+        out["basis"] = "the run is not running"
+        return out
+    if max_steps is None or global_step is None:
+        out["basis"] = "the planned number of steps is unknown (no max_steps in the log or the emitter)"
+        return out
+    dts = recent_dt_s[-ETA_RECENT_STEPS:]
+    if not dts:
+        out["basis"] = "no counted step yet"
+        return out
+    rate = nearest_rank(sorted(dts), 50)
+    remaining = max(0, int(max_steps) - int(global_step))
+    in_progress = max(rate - (current_step_elapsed_s or 0.0), 0.0) if remaining else 0.0
+    eta = in_progress + max(remaining - 1, 0) * rate
+    out.update(eta_s=eta, remaining_steps=remaining, end_at_unix=now + eta, seconds_per_step=rate,
+               state="stalled" if stall_state == "stalled" else "ok",
+               basis=f"median of the last {len(dts)} step(s)")
+    return out

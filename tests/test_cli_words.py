@@ -1,0 +1,63 @@
+"""What a newcomer reads at the command line (issue 18's smaller findings): every flag that works is
+in --help, an empty runs dir says how to start a run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from conftest import stepwatch
+
+
+def test_attach_with_no_runs_says_how_to_start_one(tmp_path: Path):
+    for cmd in ("attach", "status"):
+        r = stepwatch(cmd, cwd=tmp_path)
+        assert r.returncode == 2, (cmd, r.returncode)
+        assert "start one with `stepwatch launch -- python train.py` (or try `stepwatch demo`)" in r.stderr, r.stderr
+        assert "stepwatch status RUN" not in r.stderr
+
+
+def test_demo_help_lists_every_flag_that_works():
+    text = stepwatch("demo", "--help").stdout
+    for flag in ("--steps", "--crash-at", "--hang-at", "--fallback-at", "--compile", "--gpu-recording", "--hidden",
+                 "--layers", "--seq-len", "--save-every", "--low-bandwidth", "--no-tui", "--runs-dir"):
+        assert flag in text, flag
+
+
+def test_a_tui_that_launched_a_run_leaves_no_zombie_supervisor_behind(tmp_path: Path):
+    """The TUI launches in its own process (launcher.launch.launch) and stays open after the run
+    ends: its child, the supervisor, is reaped when it exits."""
+    import sys
+
+    import psutil
+
+    from conftest import make_repo, wait_until
+    from stepwatch.launcher.config import config_from_flags
+    from stepwatch.launcher.launch import launch
+    from stepwatch.monitors.runfiles import read_json
+
+    repo = make_repo(tmp_path / "repo", {"t.py": "print('step 1 loss 1.0')\n"})
+    cfg = config_from_flags([sys.executable, "t.py"], "z", str(repo), str(repo / "runs"))
+    res = launch(cfg)
+    sup_pid = read_json(res.run_dir / "run.json")["supervisor"]["pid"]
+    assert psutil.Process(sup_pid).ppid() == psutil.Process().pid or not psutil.pid_exists(sup_pid)
+    wait_until(lambda: read_json(res.run_dir / "exit.json"), 30, what="the run to end")
+
+    def reaped() -> bool:
+        try:
+            return psutil.Process(sup_pid).status() != psutil.STATUS_ZOMBIE and psutil.Process(sup_pid).ppid() != psutil.Process().pid
+        except psutil.NoSuchProcess:
+            return True
+
+    wait_until(reaped, 20, what="the supervisor to be reaped, not left a zombie")
+
+
+def test_dynamo_counts_that_nothing_reported_read_unknown_not_a_dash():
+    from stepwatch.monitors.snapshot.model import null_snapshot
+    from stepwatch.tui.plain import status_lines
+
+    snap = {**null_snapshot(), "run": "r"}
+    text = "\n".join(status_lines(snap))
+    assert "dynamo: no torch.compile output seen (recompiles unknown, not 0)" in text and "recompiles -" not in text
+    snap["dynamo"] = {**snap["dynamo"], "recompiles": 0, "graph_breaks": None, "recompile_limit_hits": 0, "source": "log"}
+    text = "\n".join(status_lines(snap))
+    assert "dynamo: recompiles 0, graph breaks unknown, recompile-limit hits 0 (from log)" in text, text

@@ -1,0 +1,177 @@
+"""The log panel as an operator uses it (issue 18): it follows the tail until scrolled up, and says
+so; `/` search with n / N, `e` / `E` errors, `F` filter and `z` full screen work over the whole
+train.log (100,000 lines here), not only the lines on screen. Pilot at 80x24."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO_ROOT, make_repo, stepwatch, wait_until
+from stepwatch.tui.app import StepwatchApp
+
+STATIC_RUN = REPO_ROOT / "tests" / "fixtures" / "runs" / "ended-sigkill"
+N_LINES = 100_000
+
+
+async def until(pilot, cond, timeout_s: float = 10.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout_s
+    while not (v := cond()):
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
+        await pilot.pause(0.05)
+    return v
+
+
+def _big_run(tmp_path: Path) -> Path:
+    run_dir = tmp_path / "runs" / "big"
+    shutil.copytree(STATIC_RUN, run_dir)
+    lines = [f"step {i} loss {1.0 / i:.5f} data ok" for i in range(1, N_LINES + 1)]
+    lines[10_000 - 1] = "step 10000 loss 0.1 the needle here"
+    lines[50_000 - 1] = "Traceback (most recent call last):"
+    lines[90_000 - 1] = "step 90000 loss 0.01 a NEEDLE again"
+    (run_dir / "train.log").write_text("\n".join(lines) + "\n")
+    return run_dir
+
+
+def _panel(app):
+    return app.screen.query_one("#log")
+
+
+def _shown(app) -> list[str]:
+    return [str(line.text) for line in _panel(app).lines]
+
+
+async def _type(pilot, text: str) -> None:
+    for ch in text:
+        await pilot.press(ch)
+    await pilot.press("enter")
+
+
+async def test_search_errors_filter_follow_and_zoom_over_a_100k_line_log(tmp_path: Path):
+    run_dir = _big_run(tmp_path)
+    app = StepwatchApp(run_dir, run_dir.parent)
+    async with app.run_test(size=(80, 24)) as pilot:
+        panel = _panel(app)
+        await until(pilot, lambda: any(f"step {N_LINES} " in s for s in _shown(app)), what="the tail")
+        assert panel.mode == "tail" and "NOT FOLLOWING" not in str(panel.border_title)
+        await pilot.press("slash")
+        await _type(pilot, "needle")
+        await until(pilot, lambda: panel.centre == 90_000, what="the newest match")
+        title = str(panel.border_title)
+        assert "'needle' at line 90,000 of 100,000 (2 matching lines)" in title and "NOT FOLLOWING" in title, title
+        assert any(s.endswith("a NEEDLE again") and s.lstrip().startswith("90000 ") for s in _shown(app))
+        await pilot.press("N")
+        await until(pilot, lambda: panel.centre == 10_000, what="the previous match")
+        await pilot.press("N")  # none before: it says so and stays
+        await pilot.pause(0.3)
+        assert panel.centre == 10_000
+        await pilot.press("n")
+        await until(pilot, lambda: panel.centre == 90_000, what="the next match")
+        await pilot.press("E")  # the previous error or traceback from here
+        await until(pilot, lambda: panel.centre == 50_000, what="the traceback")
+        assert "error at line 50,000" in str(panel.border_title)
+        await pilot.press("F")
+        await _type(pilot, "needle")
+        await until(pilot, lambda: "filter 'needle': 2 line(s)" in str(panel.border_title), what="the filter")
+        assert [re.sub(r"^\s*\d+ ", "", s) for s in _shown(app)] == ["step 10000 loss 0.1 the needle here",
+                                                                   "step 90000 loss 0.01 a NEEDLE again"]
+        await pilot.press("z")
+        await pilot.pause(0.1)
+        assert not app.screen.query_one("#steps").display and not app.screen.query_one("#gpu").display
+        await pilot.press("z")
+        await pilot.pause(0.1)
+        assert app.screen.query_one("#steps").display
+        await pilot.press("f")
+        await until(pilot, lambda: panel.mode == "tail" and any(f"step {N_LINES} " in s for s in _shown(app)),
+                    what="following the tail again")
+        assert "NOT FOLLOWING" not in str(panel.border_title) and not _shown(app)[-1][0].isspace()
+
+
+WRITER_PY = r'''
+import sys, time
+for i in range(1, 100000):
+    print(f"line {i}", flush=True)
+    time.sleep(0.02)
+'''
+
+
+async def test_scrolled_up_the_panel_stays_put_says_so_and_end_follows_again(tmp_path: Path):
+    repo = make_repo(tmp_path / "repo", {"w.py": WRITER_PY})
+    r = stepwatch("launch", "--no-tui", "--name", "w", "--", sys.executable, "w.py", cwd=repo)
+    assert r.returncode == 0, r.stderr
+    run_dir = repo / "runs" / "w"
+    wait_until(lambda: b"line 150\n" in (run_dir / "train.log").read_bytes(), 20, what="150 lines")
+    try:
+        app = StepwatchApp(run_dir, run_dir.parent)
+        async with app.run_test(size=(80, 24)) as pilot:
+            panel = _panel(app)
+            await until(pilot, lambda: len(_shown(app)) > 100, what="the log")
+            panel.focus()
+            await pilot.press("pageup")
+            await pilot.press("pageup")
+            await until(pilot, lambda: not panel.following, what="scrolled up: not following")
+            y, n = panel.scroll_y, len(_shown(app))
+            await until(pilot, lambda: len(_shown(app)) > n + 20, what="more lines arriving")
+            assert panel.scroll_y == y  # where the operator put it
+            await until(pilot, lambda: "NOT FOLLOWING (f or End follows)" in str(panel.border_title), what="the title")
+            await pilot.press("end")
+            await until(pilot, lambda: panel.following and "NOT FOLLOWING" not in str(panel.border_title),
+                        what="following again")
+            m = len(_shown(app))
+            await until(pilot, lambda: len(_shown(app)) > m + 5, what="new lines")
+            await until(pilot, lambda: panel.scroll_y >= panel.max_scroll_y, what="the view at the newest line")
+    finally:
+        stepwatch("stop", str(run_dir), "--grace", "1", timeout=30)
+
+
+async def test_every_alerts_whole_text_and_its_acknowledge_key_are_on_screen_at_80x24(tmp_path: Path):
+    import html
+
+    from stepwatch.tui.screens.modals import AlertDetails
+
+    run_dir = tmp_path / "runs" / "ended-sigkill"
+    shutil.copytree(STATIC_RUN, run_dir)
+    app = StepwatchApp(run_dir, run_dir.parent)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: app.screen.snap.get("alerts"), what="the alerts")
+        alerts = list(app.screen.snap["alerts"])
+        long_one = {"id": "x", "kind": "stuck_rank", "message": "rank 3 (pid 81234) stopped stepping: its last step "
+                    "1,204 ended 95 s before rank 0's step 1,212 (threshold 31.2 s); its Python stack is in "
+                    "stepwatch status; ranks by last step: 3 at step 1204 (pid 81234), 0 at step 1212 (pid 81230) END"}
+        assert {a["kind"] for a in alerts} >= {"fallback", "recompile_limit", "watchdog"}
+        screen = app.screen
+        banner = screen.query_one("#banner")
+
+        def on_screen() -> str:
+            shot = html.unescape(app.export_screenshot()).replace("\xa0", " ")
+            return " ".join(re.sub(r"<[^>]+>", "\n", shot).split())
+
+        await pilot.press("d")  # the key, on the real snapshot: every alert whole, the newest first
+        await pilot.pause(0.3)
+        shown = on_screen()
+        assert all(" ".join(a["message"].split()[-3:]) in shown for a in alerts), shown
+        await pilot.press("escape")
+        await pilot.pause(0.1)
+        screen._show_alerts = lambda snap: None  # from here only this test draws the banner
+        cut = 0
+        for al in [*alerts, long_one]:
+            banner.show([al])
+            await pilot.pause(0.1)
+            words = on_screen()
+            assert "[a] acknowledge · [d] details" in words, al["kind"]
+            tail = " ".join(al["message"].split()[-3:])
+            if tail not in words:  # cut on the banner (it says so): the whole text is one key away
+                cut += 1
+                assert " …" in words, al["kind"]
+                app.push_screen(AlertDetails([al]))
+                await pilot.pause(0.2)
+                assert tail in on_screen(), (al["kind"], tail)
+                await pilot.press("escape")
+                await pilot.pause(0.1)
+        assert 0 < cut < len(alerts) + 1  # the long fallback evidence is cut; the short ones are whole

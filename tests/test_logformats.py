@@ -178,8 +178,9 @@ def test_an_uninstrumented_run_of_each_shape_gives_step_times_loss_and_a_stall(t
         assert frozen["step"]["global_step"] == step  # after a hang: the last step the log shows
         assert frozen["metrics"]["loss"]["value"] == pytest.approx(loss, abs=1e-4)
         assert frozen["metrics"]["loss"]["step"] == step
-        series = frozen["metrics_series"]["loss"]  # the loss over steps, as printed
-        assert series[-1] == [step, pytest.approx(loss, abs=1e-4)] and [p[0] for p in series] == sorted(p[0] for p in series)
+        series = frozen["metrics_series"]["loss"]  # the loss over steps, as printed: [first, last, min, max] bins
+        assert series[-1][1] == step and series[-1][3] == pytest.approx(loss, abs=1e-4), series[-3:]
+        assert [b[0] for b in series] == sorted(b[0] for b in series) and series[0][0] <= 2
         assert [a["kind"] for a in frozen["alerts"]] == ["stall"] and f"after step {step}" in frozen["alerts"][0]["message"]
         p50 = frozen["step_seconds"]["p50"]
         if shape in ("nanogpt", "json"):  # the program's own times are the step times
@@ -249,7 +250,8 @@ def test_a_real_lightning_run_gives_its_global_step_and_loss(tmp_path: Path, bar
     assert snap["step"]["global_step"] == 3 * 20, snap["step"]  # 3 epochs of 20 batches, made global
     assert snap["step"]["max_steps"] == (60 if bar == "rich" else None)  # Rich prints "Epoch 0/2": the last epoch
     text = (run_dir / "train.log").read_text()
-    assert "Validation" in text  # validation bars in the same log never moved the step
+    if bar == "tqdm":  # (Rich draws a validation bar only when a refresh falls inside that short pass)
+        assert "Validation DataLoader 0:" in text  # validation bars in the same log never moved the step
     loss = float(re.findall(r"(?<!_)loss[=:] ?([\d.]+)", strip(text))[-1])
     assert snap["metrics"]["loss"]["value"] == pytest.approx(loss, rel=1e-3)
     assert snap["step_seconds"]["p50"] == pytest.approx(0.1, rel=0.1), snap["step_seconds"]

@@ -4,6 +4,7 @@ train.log (100,000 lines here), not only the lines on screen. Pilot at 80x24."""
 
 from __future__ import annotations
 
+import math
 import re
 import shutil
 import sys
@@ -175,3 +176,50 @@ async def test_every_alerts_whole_text_and_its_acknowledge_key_are_on_screen_at_
                 await pilot.press("escape")
                 await pilot.pause(0.1)
         assert 0 < cut < len(alerts) + 1  # the long fallback evidence is cut; the short ones are whole
+
+
+LOSS_PY = r'''
+import math, time
+for step in range(1, 100000):
+    time.sleep(0.05)
+    if step % 5 == 0:
+        print(f"step {step} loss {3.0 / math.sqrt(step):.4f} lr 0.0003", flush=True)
+    else:
+        print(f"step {step} lr 0.0003", flush=True)
+'''
+
+
+async def test_a_run_logging_its_loss_every_5_steps_shows_the_loss_and_its_plot_within_a_refresh(tmp_path: Path):
+    from stepwatch.tui.widgets.steps import StepPanel
+
+    repo = make_repo(tmp_path / "repo", {"loss.py": LOSS_PY})
+    r = stepwatch("launch", "--no-tui", "--name", "loss", "--", sys.executable, "loss.py", cwd=repo)
+    assert r.returncode == 0, r.stderr
+    run_dir = repo / "runs" / "loss"
+    try:
+        app = StepwatchApp(run_dir, run_dir.parent)
+        async with app.run_test(size=(80, 24)) as pilot:
+            screen = app.screen
+            await until(pilot, lambda: screen.query_one("#loss-col").display, 20, "the loss plot")
+            printed = re.findall(r"step (\d+) loss ([\d.]+)", (run_dir / "train.log").read_text())
+            step, loss = int(printed[-1][0]), float(printed[-1][1])
+            t0 = time.monotonic()
+
+            def shows() -> bool:
+                line = str(screen.query_one("#throughput").render())
+                m = re.search(r"loss ([\d.]+) .*\(step (\d+)\)", line)
+                return bool(m) and int(m.group(2)) >= step
+
+            await until(pilot, shows, 5, f"the loss of step {step} on screen")
+            assert time.monotonic() - t0 < 2.5  # the view's refresh is 1 s
+            axis = str(screen.query_one("#loss-axis").render())
+            assert re.match(r"steps 5\.\.\d+, ", axis), axis
+            assert len(screen.query_one("#loss-plot").data) >= 2 and max(screen.query_one("#loss-plot").data) == \
+                pytest.approx(3.0 / 5 ** 0.5, abs=1e-3)  # the first, highest loss: step 5
+            await pilot.press("g")
+            await until(pilot, lambda: "(log)" in str(screen.query_one("#loss-title").render()), 5, "log scale")
+            assert screen.query_one(StepPanel).log_scale
+            assert max(screen.query_one("#loss-plot").data) == pytest.approx(math.log10(3.0 / 5 ** 0.5), abs=1e-3)
+            assert loss > 0
+    finally:
+        stepwatch("stop", str(run_dir), "--grace", "1", timeout=30)

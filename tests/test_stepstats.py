@@ -369,3 +369,22 @@ def test_add_many_reads_flags_given_as_an_iterator_once():
     ref.add(1, 45.0, iter(["first"]))
     ref.add(2, 1.0, iter([]))
     assert s.add_many(rows) == 1 and _stats_state(s) == _stats_state(ref) and s.excluded_first == 1
+
+
+def test_a_whole_runs_metric_series_keeps_every_spike_in_bounded_bins():
+    from stepwatch.monitors.stats.minmax import MinMaxSeries
+
+    s = MinMaxSeries(max_bins=16)
+    for step in range(1, 10_001):
+        s.add(step, 50.0 if step == 6_789 else float("nan") if step == 9_000 else 1.0 / step)
+    assert len(s.bins) <= 16 and s.per_bin >= 10_000 // 16
+    assert s.bins[0].first_step == 1 and s.bins[-1].last_step == 10_000
+    assert sum(b.n for b in s.bins) == 10_000 and sum(b.nonfinite for b in s.bins) == 1
+    spike = next(b for b in s.bins if b.first_step <= 6_789 <= b.last_step)
+    assert spike.hi == 50.0  # never averaged away
+    assert max(b.hi for b in s.bins) == 50.0 and s.bins[0].hi == 1.0
+    control = MinMaxSeries(max_bins=16)
+    for step in range(1, 10_001):
+        control.add(step, 1.0 / step)
+    assert max(b.hi for b in control.bins) == 1.0  # without the spike: no 50 anywhere
+    assert control.as_json()[0][:3] == [1, control.bins[0].last_step, control.bins[0].lo]

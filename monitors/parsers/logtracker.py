@@ -8,8 +8,9 @@ lines). The first shape that reports a training step locks the ``format``; from 
 shape moves the step, so a data-loading bar, an evaluation bar or a tokenizer's ``Map`` bar in the
 same log never does. Lines of another rank than 0 never move it either (rank 0 speaks for the run).
 
-Every numeric metric a recogniser captures is kept as a series per name (``(global_step, value)``),
-and the latest of each in :attr:`last_metrics`; an evaluation line's loss is ``eval_loss``. Summary
+Every numeric metric a recogniser captures is kept as a series per name over the whole run
+(:class:`~stepwatch.monitors.stats.minmax.MinMaxSeries`: bins of steps with their min and max, so a
+spike is never averaged away), and the latest of each in :attr:`last_metrics`; an evaluation line's loss is ``eval_loss``. Summary
 dicts printed at the end (``train_loss``, ``train_runtime``) never replace the training metrics.
 """
 
@@ -18,7 +19,6 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections import deque
 from pathlib import Path
 
 from stepwatch.monitors.parsers.hf_progress import ProgressTracker, StepAdvance, parse_progress
@@ -26,6 +26,7 @@ from stepwatch.monitors.parsers.logformats import (MAX_LINE_CHARS, RECOGNISERS, 
                                                    pairs, recognise, strip_escapes, user_pattern)
 from stepwatch.monitors.readers.rankprefix import rank_prefix
 from stepwatch.monitors.runfiles import RUN_JSON, read_json
+from stepwatch.monitors.stats.minmax import MinMaxSeries
 
 FORMAT_TQDM = "tqdm"  #: the HF Trainer's (or accelerate's, or a plain loop's) tqdm bar without a desc
 FORMAT_LIGHTNING_TQDM = "lightning_tqdm"
@@ -35,9 +36,9 @@ FORMATS = (FORMAT_TQDM, FORMAT_LIGHTNING_TQDM, *RECOGNISERS)
 _EPOCH_DESC = re.compile(r"^Epoch (\d{1,9})$")
 #: The first line Lightning's Trainer prints (lightning 2.x, tests/fixtures/real/lightning_*.log).
 LIGHTNING_BANNER = "GPU available: "
-#: Metric names kept at most, and points per metric series.
+#: Metric names kept at most, and bins per metric series (the whole run: bins merge as it grows).
 MAX_SERIES = 64
-SERIES_POINTS = 4096
+SERIES_BINS = 512
 #: Keys of the HF Trainer's end-of-run summary dict: never training metrics.
 _SUMMARY_KEYS = ("train_runtime", "train_loss", "train_samples_per_second", "train_steps_per_second")
 
@@ -51,7 +52,7 @@ class LogTracker(ProgressTracker):
         self.patterns = list(patterns)
         self.format: str | None = None
         self.matched_lines = 0
-        self.series: dict[str, deque[tuple[int | None, float]]] = {}
+        self.series: dict[str, MinMaxSeries] = {}  # the whole run per metric, min and max kept per bin
         self.last_metrics: dict[str, tuple[int | None, float]] = {}
         self._line_at: tuple[float | None, int | None, bool] | None = None  # the current step's first arrival
         self._tail = False
@@ -126,8 +127,8 @@ class LogTracker(ProgressTracker):
             if k not in self.series:
                 if len(self.series) >= MAX_SERIES:
                     continue
-                self.series[k] = deque(maxlen=SERIES_POINTS)
-            self.series[k].append((self.global_step, v))
+                self.series[k] = MinMaxSeries(SERIES_BINS)
+            self.series[k].add(self.global_step, v)
             self.last_metrics[k] = (self.global_step, v)
 
     def _advance(self, step: int, max_steps: int | None, reported_dt_s: float | None, metrics: dict[str, float],

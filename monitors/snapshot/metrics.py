@@ -3,8 +3,8 @@ recogniser captured): the snapshot's ``metrics`` part and the alert for a loss t
 
 ``metrics``: ``{name: {"step": global_step when printed, "value": float | None, "finite": bool}}``
 for the latest value of each name (a NaN or inf value is ``value: null, finite: false``: JSON carries
-no NaN); ``metrics_series``: the newest points of the loss-like ones (:func:`series_part`), from the
-tracker's series (:mod:`stepwatch.monitors.parsers.logtracker`).
+no NaN); ``metrics_series``: the loss-like ones over the whole run, min and max per bin
+(:func:`series_part`), from the tracker's series (:mod:`stepwatch.monitors.parsers.logtracker`).
 """
 
 from __future__ import annotations
@@ -61,17 +61,12 @@ def metric_alerts(snap: dict[str, Any], make: Any, first_seen: MutableMapping[st
     return out
 
 
-#: Points per metric in the snapshot's ``metrics_series`` (the newest), and names at most.
-SERIES_SHOWN = 256
+#: Metric series in the snapshot's ``metrics_series`` at most (the loss-like ones first).
 SERIES_NAMES = 4
 
 
 def series_part(series: Mapping[str, Any]) -> dict[str, list[list[Any]]]:
-    """``metrics_series``: ``{name: [[global_step, value | None], ...]}`` for the first
-    SERIES_NAMES of SHOWN_FIRST the log has, the newest SERIES_SHOWN points each (NaN/inf: None)."""
-    names = [n for n in SHOWN_FIRST if n in series][:SERIES_NAMES]
-    out = {}
-    for n in names:
-        pts = list(series[n])[-SERIES_SHOWN:]
-        out[n] = [[step, v if math.isfinite(v) else None] for step, v in pts]
-    return out
+    """``metrics_series``: ``{name: [[first_step, last_step, min, max], ...]}`` over the whole run
+    (:class:`~stepwatch.monitors.stats.minmax.MinMaxSeries` bins, oldest first; a bin of NaN/inf
+    values only has null min and max) for the first SERIES_NAMES of SHOWN_FIRST the log has."""
+    return {n: series[n].as_json() for n in [n for n in SHOWN_FIRST if n in series][:SERIES_NAMES]}

@@ -29,6 +29,7 @@ the log (the whole train.log, not only the lines on screen)
   /  search (as typed, any case)      n / N  next / previous match
   e / E  next / previous error or traceback
   F  filter: only the lines holding a text      z  the log full screen (and back)
+  g  the loss plot in log scale (and back)
   f / End  follow the tail again (scrolling up stops following; the title says so)
   PageUp / PageDown / Home  scroll the log
   q  quit the app: the run keeps going

@@ -66,6 +66,7 @@ class RunScreen(Screen):
         Binding("F", "filter", "filter", show=False),
         Binding("f,end", "follow", "follow", show=False, priority=True),
         Binding("z", "zoom", "log full screen", show=False),
+        Binding("g", "loss_scale", "loss plot log scale", show=False),
     ]
 
     def __init__(self, run_dir: Path):
@@ -290,6 +291,12 @@ class RunScreen(Screen):
         self._pending_lines, self._pending_reset = [], False  # the tail holds them
         self.query_one(LogPanel).follow(tail)
         self._log_title(self.snap)
+
+    def action_loss_scale(self) -> None:
+        panel = self.query_one(StepPanel)
+        panel.log_scale = not panel.log_scale
+        panel.show(self.snap, plots=not self.app.low_bandwidth)
+        self.notify(f"loss plot: {'log10' if panel.log_scale else 'linear'} scale")
 
     def action_zoom(self) -> None:
         """The log alone on the screen (and back): the header and the alert banner stay."""

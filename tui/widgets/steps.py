@@ -60,8 +60,33 @@ def ranks_text(snap: dict[str, Any]) -> Text:
     return t
 
 
+LOSS_NAMES_PLOTTED = ("loss", "train_loss", "eval_loss", "val_loss")
+
+
 class StepPanel(Panel):
-    """Step statistics of the attached attempt."""
+    """Step statistics of the attached attempt, and the run's loss over its steps.
+
+    ``log_scale``: the loss plot in log10 (``g`` on the run screen)."""
+
+    log_scale = False
+
+    def _loss_plot(self, series: dict[str, Any]) -> None:
+        name = next((n for n in LOSS_NAMES_PLOTTED if series.get(n)), None)
+        col = self.query_one("#loss-col")
+        col.display = name is not None
+        if name is None:
+            return
+        bins = [b for b in series[name] if b[3] is not None]  # [first_step, last_step, min, max]
+        key = (name, len(series[name]), series[name][-1][1], series[name][-1][3], self.log_scale)
+        if not bins or key == getattr(self, "_loss_key", None):
+            return  # unchanged: nothing is sent to the terminal
+        self._loss_key = key
+        his = [b[3] for b in bins]
+        scale = self.log_scale and min(his) > 0
+        self.query_one("#loss-plot", Sparkline).data = [math.log10(v) for v in his] if scale else his
+        self._set("#loss-title", f"{name} over steps{' (log)' if scale else ''}")
+        lo, hi = min(b[2] for b in bins), max(his)
+        self._set("#loss-axis", f"steps {bins[0][0]}..{bins[-1][1]}, {lo:.3g}..{hi:.3g}")
 
     def compose(self) -> ComposeResult:
         yield Static("n=0 seconds_per_optimizer_step", id="step-line")
@@ -75,6 +100,10 @@ class StepPanel(Panel):
                 yield Static("recent steps over time (s)", classes="dim")
                 yield Sparkline([], id="recent")
                 yield Static("", id="recent-axis", classes="dim")
+            with Vertical(id="loss-col"):
+                yield Static("loss over steps", id="loss-title", classes="dim")
+                yield Sparkline([], id="loss-plot")  # max per bin: a spike is never averaged away
+                yield Static("", id="loss-axis", classes="dim")
         yield Static("", id="throughput", classes="dim")
         yield Static("", id="ranks")
 
@@ -114,6 +143,7 @@ class StepPanel(Panel):
                 self.query_one("#hist", Sparkline).data = [math.log1p(c) for c in counts]
             if edges:
                 self._set("#hist-axis", f"{secs(edges[0])} s {'·' * 6} {secs(edges[-1])} s  (log bins)")
+            self._loss_plot(snap.get("metrics_series") or {})
             recent = snap.get("recent_dt") or []
             if recent != getattr(self, "_recent", None):
                 self._recent = recent

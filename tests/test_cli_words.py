@@ -61,3 +61,55 @@ def test_dynamo_counts_that_nothing_reported_read_unknown_not_a_dash():
     snap["dynamo"] = {**snap["dynamo"], "recompiles": 0, "graph_breaks": None, "recompile_limit_hits": 0, "source": "log"}
     text = "\n".join(status_lines(snap))
     assert "dynamo: recompiles 0, graph breaks unknown, recompile-limit hits 0 (from log)" in text, text
+
+
+TREE_PY = r'''
+import subprocess, sys, time
+busy = sys.argv[1] == "busy"
+child = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
+                          "t = time.time()\n"
+                          "while time.time() - t < 60:\n"
+                          + ("    pass\n" if busy else "    time.sleep(0.5)\n")])
+print("tree up", flush=True)
+child.wait()
+'''
+
+
+def _health_run(tmp_path: Path, mode: str):
+    import json
+    import sys
+
+    from conftest import make_repo, wait_until
+
+    repo = make_repo(tmp_path / mode, {"tree.py": TREE_PY})
+    r = stepwatch("launch", "--no-tui", "--name", mode, "--", sys.executable, "tree.py", mode, cwd=repo)
+    assert r.returncode == 0, r.stderr
+    run_dir = repo / "runs" / mode
+    snap = wait_until(lambda: (s := json.loads(stepwatch("status", str(run_dir), "--json").stdout))["health"]
+                      ["processes"] >= 2 and s, 20, what="both processes recorded")
+    return run_dir, snap
+
+
+def test_the_runs_whole_tree_cpu_and_memory_and_the_hosts_load_in_one_line(tmp_path: Path):
+    import json
+
+    from conftest import wait_until
+
+    idle_dir, _ = _health_run(tmp_path, "idle")
+    busy_dir, _ = _health_run(tmp_path, "busy")
+    try:
+        busy = wait_until(lambda: ((s := json.loads(stepwatch("status", str(busy_dir), "--json").stdout))["health"]
+                                   ["cpu_cores"] or 0) > 0.3 and s, 20, what="the busy tree's CPU")
+        idle = json.loads(stepwatch("status", str(idle_dir), "--json").stdout)
+        b, i = busy["health"], idle["health"]
+        assert b["processes"] == 2 and b["cpu_cores_basis"] == "since start" and b["rss_bytes"] > 5 * 2**20, b
+        assert b["cpu_cores"] > 0.3 and i["cpu_cores"] < 0.2, (b, i)  # the busy child, against the idle control
+        assert b["host_load_1m"] is not None and b["host_cores"] >= 1
+        text = stepwatch("status", str(busy_dir)).stdout
+        assert "run: 2 procs, CPU " in text and " cores (since start), RSS " in text and " · load " in text, text
+        assert " · started " in text
+    finally:
+        for d in (busy_dir, idle_dir):
+            stepwatch("stop", str(d), "--grace", "1", timeout=30)
+    text = stepwatch("status", str(busy_dir)).stdout
+    assert "run not running · started " in text, text

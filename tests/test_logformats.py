@@ -435,3 +435,23 @@ def test_a_silent_rich_bar_and_an_unknown_log_say_on_screen_what_to_do(tmp_path:
     assert hint.startswith("no known shape matched 60 lines of the log: add [log] patterns"), hint
     metrics_line, _ = asyncio.run(_tui_step_panel(odd))
     assert metrics_line.startswith("HINT: no known shape matched"), metrics_line
+
+
+@pytest.mark.slow
+def test_a_frozen_lightning_run_is_a_stall_at_the_last_step_its_bar_shows(tmp_path: Path):
+    from conftest import wait_until
+
+    run_dir = _launch(tmp_path, "lt-stop", {"lt.py": LIGHTNING_PY}, ["lt.py", "--sleep", "0.1", "--samples", "4000"])
+    wait_until(lambda: _status(run_dir)["stall"]["state"] == "ok", 90, what="the stall detector to judge")
+    pid = read_pid(run_dir)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        snap = wait_until(lambda: (s := _status(run_dir))["stall"]["state"] == "stalled" and s, 60, what="the stall")
+        bars = re.findall(r"Epoch (\d+): +\d+%\|[^|]*\| (\d+)/500 ", (run_dir / "train.log").read_text())
+        epoch, n = map(int, bars[-1])
+        assert snap["log"]["format"] == "lightning_tqdm"
+        assert snap["step"]["global_step"] == epoch * 500 + n, (snap["step"], bars[-2:])
+        assert [a["kind"] for a in snap["alerts"]] == ["stall"]
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.kill(pid, signal.SIGCONT)

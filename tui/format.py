@@ -18,14 +18,39 @@ def hms(seconds: float | None) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
+def clock(t: Any, fmt: str) -> str:
+    """Unix seconds as UTC wall clock (``fmt`` for time.strftime); ``?`` for a value no clock shows
+    (a file's 1e300, a NaN, an ETA of years)."""
+    try:
+        return time.strftime(fmt, time.gmtime(t)) if isinstance(t, (int, float)) else "?"
+    except (OverflowError, OSError, ValueError):
+        return "?"
+
+
 def eta_words(eta: dict[str, Any]) -> str:
     """``0:23:21 (ends 19:44Z)`` / ``STALLED`` / ``-``, from the snapshot's ``eta``."""
     if eta.get("state") == "stalled":
         return "STALLED"
     if eta.get("state") != "ok" or eta.get("eta_s") is None:
         return "-"
-    end = time.strftime("%H:%MZ", time.gmtime(eta["end_at_unix"])) if eta.get("end_at_unix") else "?"
+    end = clock(eta.get("end_at_unix"), "%H:%MZ")
     return f"{hms(eta['eta_s'])} (ends {end})"
+
+
+def health_words(snap: dict[str, Any], basis: bool = True) -> str:
+    """``run: 3 procs, CPU 1.9 cores, RSS 2.1 GiB · load 3.2/16 · started 05-28 14:02Z`` (``basis``: say
+    how the CPU figure was taken, as ``status`` does; the screen leaves it out to stay one line)."""
+    h = snap.get("health") or {}
+    started = snap.get("launched_at_unix")
+    when = f" · started {clock(started, '%m-%d %H:%MZ')}" if isinstance(started, (int, float)) else ""
+    if snap.get("state") != "running":
+        return f"run not running{when}"
+    host = f"load {h['host_load_1m']:.1f}/{h.get('host_cores') or '?'}" if h.get("host_load_1m") is not None else "load ?"
+    if not h.get("processes"):
+        return f"run: no live process recorded · {host}{when}"
+    cpu = (f"CPU {h['cpu_cores']:.1f} cores" + (f" ({h.get('cpu_cores_basis')})" if basis else "")
+           if h.get("cpu_cores") is not None else "CPU ?")
+    return f"run: {h['processes']} procs, {cpu}, RSS {gib(h.get('rss_bytes'))} GiB · {host}{when}"
 
 
 def secs(v: float | None) -> str:

@@ -17,7 +17,7 @@ from typing import Any, Callable, TextIO
 from stepwatch.monitors.runfiles import utc_iso
 from stepwatch.monitors.snapshot.alerts import end_words
 from stepwatch.monitors.snapshot.disk import full_words
-from stepwatch.tui.format import NO_DYNAMO_WORDS, eta_words, timing_words
+from stepwatch.tui.format import NO_DYNAMO_WORDS, eta_words, health_words, timing_words
 from stepwatch.monitors.snapshot.model import json_safe, run_ended
 from stepwatch.monitors.snapshot.metrics import metrics_words
 from stepwatch.monitors.snapshot.ranks import latest_per_rank, restarts_words
@@ -54,6 +54,7 @@ def status_lines(snap: dict[str, Any]) -> list[str]:
     lines.append(f"  log: {mw or 'no loss or other metric read'}; format "
                  + (f"{log['format']} ({log.get('matched_lines')} lines)" if log.get("format") else "not recognised")
                  + (f"\n  HINT: {log['hint']}" if log.get("hint") else ""))
+    lines.append(f"  {health_words(snap)}")
     fb, st = snap.get("fallback") or {}, snap.get("stall") or {}
     stall = st.get("state")
     lines.append(f"  fallback {fb.get('state')}" + (f" ({fb['reason']})" if fb.get("reason") and fb.get("state") != "ok" else "")

@@ -16,7 +16,7 @@ SNAPSHOT_KEYS = (
     "versions", "step", "step_seconds", "step_line", "throughput", "eta_s", "warmup", "fallback", "stall",
     "dynamo", "attn_implementation", "gpu", "gpu_error", "gpu_source", "gpu_history", "alerts", "identity",
     "log", "events", "histogram", "recent_dt", "process_verdict", "stop", "last_logs", "survivors", "supervisor_alive",
-    "metrics", "metrics_series", "eta",
+    "metrics", "metrics_series", "eta", "health",
 )
 
 
@@ -47,6 +47,8 @@ def null_snapshot() -> dict[str, Any]:
         "log": {"file": None, "last_line": None, "traceback_last_line": None, "last_byte_age_s": None,
                 "from_start": None, "format": None, "matched_lines": 0, "hint": None},
         "metrics": {}, "metrics_series": {},
+        "health": {"processes": 0, "cpu_cores": None, "cpu_cores_basis": None, "rss_bytes": None,
+                   "host_load_1m": None, "host_cores": None},
         "events": {"file": None, "lines": 0, "corrupt_lines": 0, "unusable_steps": 0, "dropped_events": None,
                    "resume": None},
         "histogram": {"edges_s": [], "counts": []},

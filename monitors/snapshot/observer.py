@@ -31,18 +31,18 @@ from stepwatch.monitors.snapshot.disk import disk_status, guard_stall
 from stepwatch.monitors.snapshot.ranks import RankWatch
 from stepwatch.monitors.fold.events import EventsFold, step_no, unix_time
 from stepwatch.monitors.fold.savedstate import load as load_saved_state, refused
-from stepwatch.monitors.gpu.history import GpuHistory
-from stepwatch.monitors.gpu.reading import WINDOW_S as GPU_WINDOW_S, gpu_source, gpu_status_from_records
 from stepwatch.monitors.parsers.dynamolog import DynamoLogScanner, RecompileLimit, Recompile
 from stepwatch.monitors.parsers.logtracker import LogTracker, log_hint, run_patterns
 from stepwatch.monitors.snapshot.metrics import log_metrics, series_part
 from stepwatch.monitors.snapshot.eta import ETA_RECENT_STEPS, eta_part
+from stepwatch.monitors.snapshot.gpuview import GpuView
+from stepwatch.monitors.snapshot.health import TreeHealth
 from stepwatch.monitors.parsers.traceback import traceback_last_line
 from stepwatch.monitors.readers.jsonl import EventReader
 from stepwatch.monitors.readers.loglines import LogLines
 from stepwatch.monitors.readers.textlog import DEFAULT_MAX_BYTES_PER_POLL, LogFollower
 from stepwatch.monitors.rundirs import CachedSurvivors
-from stepwatch.monitors.runfiles import (ALERTS_JSONL, EVENTS_JSONL, EXIT_JSON, GPU_JSONL, LOG_STEPS_JSONL, RUN_JSON,
+from stepwatch.monitors.runfiles import (ALERTS_JSONL, EVENTS_JSONL, EXIT_JSON, LOG_STEPS_JSONL, RUN_JSON,
                                          STOP_JSON, TRAIN_LOG, read_json, size_at_most)
 from stepwatch.monitors.snapshot.acks import acknowledge, read_acked
 from stepwatch.monitors.snapshot.alerts import alerts_for, channel_names, merge_alerts, read_alert_records
@@ -64,8 +64,6 @@ RECENT_STEPS = 60
 #: A run.json whose supervisor recorded nothing this long after launch: the supervisor died first.
 SUPERVISOR_SILENT_S = 60.0
 HIST_BINS = 24
-#: Samples per device in the snapshot's gpu_history (the GPU panel's sparklines).
-GPU_HISTORY_SHOWN = 120
 #: New complete log lines one view update carries at most (the log panel keeps 1,000): an attach to
 #: a long log brings its last lines and says the panel starts over (``log_reset``).
 VIEW_LOG_LINES = 1000
@@ -94,15 +92,13 @@ class _Attempt:
         self.log_from_start = size_at_most(log_path, LOG_FULL_READ_MAX_BYTES)  # missing: read from byte 0
         self.log = LogFollower(log_path, keep_lines=200, from_start=self.log_from_start)
         self.ranks = RankWatch(run_dir)  # procs.json's ranked processes, torchrun's failure table
-        self.gpu = EventReader(run_dir / GPU_JSONL)
+        self.gpu = GpuView(run_dir)  # gpu.jsonl: the verdicts' window and the panel's history
         self.logsteps = EventReader(run_dir / LOG_STEPS_JSONL)  # the supervisor's log-timed steps
         self.log_ev = EventsFold()  # ... folded like events.jsonl
         self.alerts_file = EventReader(run_dir / ALERTS_JSONL)  # the supervisor's alerts and deliveries
         self.recorded_alerts: dict[str, dict[str, Any]] = {}
         self.deliveries: dict[str, dict[str, Any]] = {}
         self.shown_alerts: dict[str, dict[str, Any]] = {}  # every alert this view showed: they stay
-        self.gpu_window: deque[dict[str, Any]] = deque()  # the records of the verdicts' window
-        self.gpu_history = GpuHistory()
         self.new_lines: deque[str] = deque(maxlen=VIEW_LOG_LINES)  # complete lines since the last view update
         self.new_lines_dropped = False  # more arrived than new_lines holds
         self.ev = EventsFold()  # what events.jsonl says (from a saved state, see refresh())
@@ -144,6 +140,7 @@ class RunObserver:
         self.use_saved_state = use_saved_state
         self.survivors = CachedSurvivors(self.run_dir)  # what outlives the ended run (by recorded identity)
         self.log_lines = LogLines(self.run_dir / TRAIN_LOG)  # the whole log, for search (read on demand)
+        self.health = TreeHealth(self.run_dir)  # CPU and memory of the recorded tree, the host's load
         self._attempt_no: Any = object()
         self.a: _Attempt | None = None
         #: alert ids acknowledged in this view that acks.jsonl could not take (a run dir the viewer
@@ -210,20 +207,6 @@ class RunObserver:
             elif isinstance(e, Recompile) and step is not None:
                 a.log_recompile_steps.append(step)
 
-    def _read_gpu(self, a: _Attempt) -> None:
-        new = a.gpu.read_new()
-        if not new:
-            return
-        for rec in new:
-            if not isinstance(rec, dict):
-                continue
-            a.gpu_window.append(rec)
-            a.gpu_history.add_record(rec)
-        t_last = a.gpu_window[-1].get("t") if a.gpu_window else None
-        while a.gpu_window and isinstance(t_last, (int, float)) and isinstance(a.gpu_window[0].get("t"), (int, float)) \
-                and t_last - a.gpu_window[0]["t"] > GPU_WINDOW_S + 5:
-            a.gpu_window.popleft()
-
     @staticmethod
     def _global_step(a: _Attempt) -> int | None:
         step = step_no(a.ev.last_step.get("step")) if a.ev.last_step is not None else None
@@ -265,16 +248,17 @@ class RunObserver:
         self._process_part(snap, run)
         self.a = a = self._read_events(self.a, key)
         self._read_log(a)
-        self._read_gpu(a)
+        a.gpu.read()
         read_alert_records(a.alerts_file, a.recorded_alerts, a.deliveries)
         if run_ended(snap) and not a.dynlog_flushed and not a.log.behind:
             self._dynamo_events(a, a.dynlog.flush())
             a.dynlog_flushed = True
         self._steps_part(snap, a, now)
         self._dynamo_part(snap, a)
-        self._gpu_part(snap, a)
+        a.gpu.part(snap)
         self._log_part(snap, a, now)
         snap["disk"] = disk_status(self.run_dir, (snap["ended"] or {}).get("write_errors"))
+        snap["health"] = self.health.part(snap["state"] == "running")
         snap["ranks"], snap["straggler"], snap["rank_restarts"] = a.ranks.part()
         guard_stall(snap)
         if run_ended(snap):
@@ -417,15 +401,6 @@ class RunObserver:
 
     def _dynamo_part(self, snap: dict[str, Any], a: _Attempt) -> None:
         snap["dynamo"] = dynamo_status(a.ev.dynamo_ev, a.ev.run_end, a.dynlog.counts(), snap["dynamo"])
-
-    def _gpu_part(self, snap: dict[str, Any], a: _Attempt) -> None:
-        recs = list(a.gpu_window)
-        if not recs and not a.gpu.exists:
-            snap["gpu"], snap["gpu_error"] = None, "no GPU samples recorded (gpu.jsonl missing): NVML state unknown"
-            return
-        snap["gpu"], snap["gpu_error"] = gpu_status_from_records(recs)
-        snap["gpu_source"] = gpu_source(recs)
-        snap["gpu_history"] = a.gpu_history.recent(GPU_HISTORY_SHOWN)
 
     def _log_part(self, snap: dict[str, Any], a: _Attempt, now: float) -> None:
         lines = list(a.log.last_lines)

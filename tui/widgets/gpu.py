@@ -1,4 +1,4 @@
-"""The GPU panel, from the run's gpu.jsonl (so history survives detaching): per device,
+"""The run's process health line, and the GPU panel, from the run's gpu.jsonl (so history survives detaching): per device,
 kernel-active % and power against the enforced limit over time, tensor activity where known, the
 "SM-busy, tensor-idle" reading when it holds — or the "NVML unavailable" line."""
 
@@ -11,7 +11,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Sparkline, Static
 
-from stepwatch.tui.format import gib
+from stepwatch.tui.format import gib, health_words
 from stepwatch.tui.widgets.base import Panel
 
 
@@ -42,6 +42,7 @@ class GpuPanel(Panel):
     """Per-device lines and, for the run's first device, util and power-share sparklines."""
 
     def compose(self) -> ComposeResult:
+        yield Static("", id="health", classes="dim")
         yield Static("GPU: waiting for gpu.jsonl", id="gpu-lines")
         with Horizontal(classes="plots"):
             with Vertical():
@@ -52,6 +53,7 @@ class GpuPanel(Panel):
                 yield Sparkline([], id="gpu-power")
 
     def show(self, snap: dict[str, Any], plots: bool = True) -> None:
+        self._set("#health", Text(health_words(snap, basis=False)))
         gpus = snap.get("gpu")
         if not gpus:
             err = snap.get("gpu_error") or "no GPU samples yet"

@@ -16,7 +16,9 @@ class IdentityPanel(Static):
         ident = snap.get("identity") or {}
         commit = (ident.get("harness_commit") or "none")[:12]
         dirty = ident.get("harness_dirty_at_launch")
-        text = (f"commit {commit} ({ident.get('describe') or '-'}) dirty at launch: {dirty}  branch {ident.get('branch') or '-'}"
+        desc = ident.get("describe") or ""
+        desc = f" ({desc})" if desc and not commit.startswith(desc.removesuffix("-dirty")) else ""  # a tag, not the sha again
+        text = (f"commit {commit}{desc} dirty at launch: {dirty}  branch {ident.get('branch') or '-'}"
                 f"  attempt {snap.get('attempt') or '-'}  log {(snap.get('log') or {}).get('file') or 'train.log'}")
         surv = snap.get("survivors") or []
         if surv:

@@ -1,0 +1,49 @@
+"""The snapshot's GPU part from gpu.jsonl (written by the sampler beside the supervisor, never NVML
+here): read incrementally, the records of the verdicts' window kept, and the panel's history."""
+
+from __future__ import annotations
+
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from stepwatch.monitors.gpu.history import GpuHistory
+from stepwatch.monitors.gpu.reading import WINDOW_S as GPU_WINDOW_S, gpu_source, gpu_status_from_records
+from stepwatch.monitors.readers.jsonl import EventReader
+from stepwatch.monitors.runfiles import GPU_JSONL
+
+#: Samples per device in the snapshot's gpu_history (the GPU panel's sparklines).
+GPU_HISTORY_SHOWN = 120
+
+
+class GpuView:
+    """One attempt's gpu.jsonl: :meth:`read` what is new, :meth:`part` fills the snapshot's
+    ``gpu``, ``gpu_error``, ``gpu_source`` and ``gpu_history``."""
+
+    def __init__(self, run_dir: Path):
+        self.reader = EventReader(Path(run_dir) / GPU_JSONL)
+        self.window: deque[dict[str, Any]] = deque()  # the records of the verdicts' window
+        self.history = GpuHistory()
+
+    def close(self) -> None:
+        self.reader.close()
+
+    def read(self) -> None:
+        for rec in self.reader.read_new():
+            if not isinstance(rec, dict):
+                continue
+            self.window.append(rec)
+            self.history.add_record(rec)
+        t_last = self.window[-1].get("t") if self.window else None
+        while self.window and isinstance(t_last, (int, float)) and isinstance(self.window[0].get("t"), (int, float)) \
+                and t_last - self.window[0]["t"] > GPU_WINDOW_S + 5:
+            self.window.popleft()
+
+    def part(self, snap: dict[str, Any]) -> None:
+        recs = list(self.window)
+        if not recs and not self.reader.exists:
+            snap["gpu"], snap["gpu_error"] = None, "no GPU samples recorded (gpu.jsonl missing): NVML state unknown"
+            return
+        snap["gpu"], snap["gpu_error"] = gpu_status_from_records(recs)
+        snap["gpu_source"] = gpu_source(recs)
+        snap["gpu_history"] = self.history.recent(GPU_HISTORY_SHOWN)

@@ -1,0 +1,66 @@
+"""The run's process health in one line's worth: CPU and memory of its whole recorded process tree
+(the supervisor's procs.json, each process checked by identity: pid and create time), and the host's
+load. Views only read /proc through psutil; nothing is signalled, nothing in the run dir is run.
+
+``health``: ``{processes, cpu_cores, cpu_cores_basis, rss_bytes, host_load_1m, host_cores}``:
+``cpu_cores`` is the tree's CPU time per second of wall time since this view's previous look
+(``cpu_cores_basis: "last <n> s"``), or on a first look the average since each process started
+(``"since start"``); None (and processes 0) when no recorded process is alive.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from stepwatch.monitors.proctree import recorded_processes
+from stepwatch.monitors.runfiles import PROCS_JSON
+
+#: Processes looked at at most (a DataLoader with many workers per rank stays cheap to watch).
+MAX_LOOKED_AT = 256
+
+
+class TreeHealth:
+    def __init__(self, run_dir: Path):
+        self.procs_file = Path(run_dir) / PROCS_JSON
+        self._prev: tuple[float, float] | None = None  # (monotonic s, the tree's CPU seconds)
+
+    def part(self, running: bool) -> dict[str, Any]:
+        out: dict[str, Any] = {"processes": 0, "cpu_cores": None, "cpu_cores_basis": None, "rss_bytes": None,
+                               "host_load_1m": None, "host_cores": os.cpu_count()}
+        try:
+            out["host_load_1m"] = round(os.getloadavg()[0], 2)
+        except OSError:
+            pass
+        if not running:
+            return out
+        cpu_s = rss = since_start = 0.0
+        n = 0
+        now_wall, now = time.time(), time.monotonic()
+        for rp in [r for r in recorded_processes(self.procs_file) if not r.ended][:MAX_LOOKED_AT]:
+            try:
+                p = psutil.Process(rp.ref.pid)
+                if abs(p.create_time() - (rp.ref.create_time or 0)) > 0.5:
+                    continue  # the pid was reused: not the run's
+                with p.oneshot():
+                    ct, mem = p.cpu_times(), p.memory_info()
+            except (psutil.Error, OSError):
+                continue
+            n += 1
+            cpu_s += ct.user + ct.system
+            rss += mem.rss
+            since_start += (ct.user + ct.system) / max(now_wall - (rp.ref.create_time or now_wall), 1.0)
+        if not n:
+            return out
+        out.update(processes=n, rss_bytes=int(rss))
+        if self._prev is not None and now - self._prev[0] >= 0.5 and cpu_s >= self._prev[1]:
+            out.update(cpu_cores=round((cpu_s - self._prev[1]) / (now - self._prev[0]), 2),
+                       cpu_cores_basis=f"last {now - self._prev[0]:.0f} s")
+        else:
+            out.update(cpu_cores=round(since_start, 2), cpu_cores_basis="since start")
+        self._prev = (now, cpu_s)
+        return out

@@ -24,6 +24,7 @@ from typing import Any
 from stepwatch.launcher.config import ConfigError, RunConfig, resolve_executable
 from stepwatch.launcher.identity import TreeState, read_tree
 from stepwatch.launcher.rotate import plan_rotation
+from stepwatch.monitors.runfiles import open_regular
 from stepwatch.monitors.watchdog import self_test
 
 DEFAULT_TEST_TIMEOUT_S = 600.0
@@ -269,8 +270,11 @@ def _earlier_log_lines(run_dir: Path) -> tuple[str | None, list[str]]:
         return None, []
     if not logs:
         return None, []
-    try:
-        with open(logs[-1], "rb") as f:
+    try:  # never through a symlink, never a FIFO swapped in, only a file of the launching user
+        fd = open_regular(logs[-1], os.geteuid())
+        if fd is None:
+            return None, []
+        with os.fdopen(fd, "rb") as f:
             text = f.read(LOG_TRY_BYTES).decode("utf-8", "replace")
     except OSError:
         return None, []

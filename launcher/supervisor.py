@@ -59,7 +59,8 @@ def child_env(run: dict[str, Any]) -> dict[str, str]:
     """The child's environment: the supervisor's own plus run.json's ``env`` additions, and
     RICH_PROGRESS_ENV where neither set those names."""
     env = dict(os.environ)
-    env.update(run.get("env") or {})
+    add = run.get("env") if isinstance(run.get("env"), dict) else {}
+    env.update({k: v for k, v in add.items() if isinstance(k, str) and isinstance(v, str)})
     for k, v in RICH_PROGRESS_ENV.items():
         env.setdefault(k, v)
     return env

@@ -113,3 +113,40 @@ def test_the_runs_whole_tree_cpu_and_memory_and_the_hosts_load_in_one_line(tmp_p
             stepwatch("stop", str(d), "--grace", "1", timeout=30)
     text = stepwatch("status", str(busy_dir)).stdout
     assert "run not running · started " in text, text
+
+
+def test_the_checklist_reads_no_fifo_nor_symlink_left_as_an_earlier_log(tmp_path: Path):
+    import os
+    import sys
+
+    from stepwatch.launcher.config import config_from_flags
+    from stepwatch.launcher.preflight import check_log_format
+
+    cfg = config_from_flags([sys.executable, "t.py"], "r", str(tmp_path), str(tmp_path / "runs"))
+    cfg.run_dir.mkdir(parents=True)
+    os.mkfifo(cfg.run_dir / "train.20261201T000000Z.log")  # no writer: a blocking open would hang here
+    item = check_log_format(cfg)
+    assert item.status == "pass" and item.detail["lines_tried"] == 0, item
+    (tmp_path / "secret.txt").write_text("step 1 loss 0.5\n" * 30)
+    os.unlink(cfg.run_dir / "train.20261201T000000Z.log")
+    os.symlink(tmp_path / "secret.txt", cfg.run_dir / "train.20261201T000000Z.log")
+    item = check_log_format(cfg)
+    assert item.detail["lines_tried"] == 0 and item.detail["format"] is None, item  # never followed
+    os.unlink(cfg.run_dir / "train.20261201T000000Z.log")
+    (cfg.run_dir / "train.20261201T000000Z.log").write_text("step 1 loss 0.5\n" * 30)  # control: a real one is read
+    item = check_log_format(cfg)
+    assert item.detail["lines_tried"] == 30 and item.detail["format"] == "step_line", item
+
+
+def test_log_lines_keep_only_the_last_drawing_of_a_bar_that_never_ends_its_line(tmp_path: Path):
+    from stepwatch.monitors.readers.loglines import PARTIAL_MAX_BYTES, LogLines
+
+    log = tmp_path / "train.log"
+    log.write_bytes(b"first\n" + b"".join(b"\r %5d/99999 [00:00<00:00]" % i for i in range(200_000)))
+    ll = LogLines(log)
+    ll.refresh()
+    assert ll.lines == ["first"] and len(ll._partial) <= PARTIAL_MAX_BYTES
+    with open(log, "ab") as f:
+        f.write(b"\n")
+    ll.refresh()
+    assert ll.lines[-1] == " 199999/99999 [00:00<00:00]"  # the bar as a terminal shows it

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -12,7 +13,7 @@ NO_DYNAMO_WORDS = "dynamo: no torch.compile output seen (recompiles unknown, not
 
 def hms(seconds: float | None) -> str:
     """Seconds -> ``H:MM:SS`` (or ``-``)."""
-    if seconds is None:
+    if seconds is None or not math.isfinite(seconds):
         return "-"
     s = int(max(0, seconds))
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"

@@ -43,7 +43,10 @@ MAX_LINE_CHARS = 4096
 MAX_METRICS = 32
 
 _CSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
-_NUM = r"[-+]?(?:\d[\d,]*\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf)"
+#: A number as programs print it; atomic (Python 3.11 ``(?>...)``, possessive ``*+``): a run of digits
+#: is read one way only, so no line makes a search backtrack over its splits (a 4,089-char line of
+#: digits took 20 s before).
+_NUM = r"(?>[-+]?(?:\d[\d,]*+\.?\d*+|\.\d++)(?:[eE][-+]?\d++)?|[-+]?(?:nan|inf))"
 
 
 def strip_escapes(text: str) -> str:
@@ -55,8 +58,16 @@ def to_number(text: str) -> float | None:
     """``1,234`` -> 1234.0, ``nan`` -> nan; None when it is not a number."""
     try:
         return float(text.replace(",", ""))
-    except ValueError:
+    except (ValueError, OverflowError):
         return None
+
+
+#: A step time a line reports is believed up to this (seconds); beyond it is no step time (1e308).
+MAX_REPORTED_DT_S = 1e6
+
+
+def _dt(v: float | None) -> float | None:
+    return v if v is not None and math.isfinite(v) and 0 <= v <= MAX_REPORTED_DT_S else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +83,7 @@ class LineStep:
 
 
 # --- nanoGPT -----------------------------------------------------------------------------------
-_NANOGPT = re.compile(rf"^\s*iter (\d{{1,12}}): loss ({_NUM}), time ({_NUM})ms(?:, mfu ({_NUM})%)?", re.I)
+_NANOGPT = re.compile(rf"^\s*+iter (\d{{1,12}}): loss ({_NUM}), time ({_NUM})ms(?:, mfu ({_NUM})%)?", re.I)
 
 
 def nanogpt(body: str) -> LineStep | None:
@@ -83,14 +94,13 @@ def nanogpt(body: str) -> LineStep | None:
     metrics = {"loss": loss} if loss is not None else {}
     if m.group(4) is not None and (mfu := to_number(m.group(4))) is not None and mfu >= 0:
         metrics["mfu_pct"] = mfu  # nanoGPT prints -100% until its running estimate exists
-    dt = ms / 1000.0 if ms is not None and math.isfinite(ms) and ms >= 0 else None
-    return LineStep(int(m.group(1)), None, dt, metrics)
+    return LineStep(int(m.group(1)), None, _dt(ms / 1000.0 if ms is not None else None), metrics)
 
 
 # --- Lightning's Rich bar ------------------------------------------------------------------------
 _RICH = re.compile(
-    r"^\s*Epoch (\d{1,9})/(\d{1,9})\s+[━╺╸╾╼─\s]*?(\d{1,12})/(\d{1,12})\s+"
-    r"(\d+:\d\d:\d\d)\s*•\s*(\S+)\s+([\d.]+|\?)\s*it/s\s*(.*)$")
+    r"^\s*+Epoch (\d{1,9})/(\d{1,9})[━╺╸╾╼─\s]++(\d{1,12})/(\d{1,12})\s++"
+    r"(\d++:\d\d:\d\d)\s*+•\s*+(\S++)\s++([\d.]++|\?)\s*+it/s\s*+(.*)$")
 
 
 def lightning_rich(body: str) -> LineStep | None:
@@ -125,16 +135,18 @@ def json_line(body: str) -> LineStep | None:
     metrics: dict[str, float] = {}
     for k, v in obj.items():
         if isinstance(k, str) and type(v) in (int, float) and k not in _NOT_JSON_METRICS and len(metrics) < MAX_METRICS:
-            metrics[k[:64]] = float(v)
-    dt = next((metrics[k] * f for k, f in _DT_KEYS.items() if k in metrics and math.isfinite(metrics[k])
-               and metrics[k] >= 0), None)
+            try:
+                metrics[k[:64]] = float(v)
+            except OverflowError:  # an int of 400 digits is no metric
+                continue
+    dt = next((_dt(metrics[k] * f) for k, f in _DT_KEYS.items() if k in metrics), None)
     ms = obj.get("max_steps", obj.get("total_steps"))
     return LineStep(step, ms if type(ms) is int and 0 < ms < 10**12 else None, dt, metrics)
 
 
 # --- step N ... key value ----------------------------------------------------------------------
-_STEP = re.compile(r"(?:^|[\s|\[(,;-])[Ss]tep\b\s*[:=#]?\s*(\d{1,12})(?:\s*/\s*(\d{1,12}))?\b(?!\.\d|\s*%)(.*)$")
-_PAIR = re.compile(rf"([A-Za-z_][\w./-]{{0,63}})\s*(?::|=)?\s*({_NUM})(?![\d.])(%|ms|s|GiB|MiB|GB|MB)?(?![A-Za-z])")
+_STEP = re.compile(r"(?:^|[\s|\[(,;-])[Ss]tep\b\s*+[:=#]?\s*+(\d{1,12})(?:\s*+/\s*+(\d{1,12}))?\b(?!\.\d|\s*+%)(.*)$")
+_PAIR = re.compile(rf"((?>[A-Za-z_][\w./-]{{0,63}}))\s*+(?::|=)?\s*+({_NUM})(?![\d.])(%|ms|s|GiB|MiB|GB|MB)?(?![A-Za-z])")
 #: Words that precede a number in prose ("step 3 of 5"), never a metric's name.
 _NOT_METRICS = frozenset({"of", "to", "in", "for", "at", "by", "from", "with", "and", "or", "is", "after", "before",
                           "over", "out", "than", "per", "x"})
@@ -169,12 +181,11 @@ def step_line(body: str) -> LineStep | None:
     if not metrics:
         return None  # "Step 3/5: loading shards" is no optimizer step
     total = int(m.group(2)) if m.group(2) else None
-    dt = next((metrics[k] for k in ("step_time_s", "time_s", "dt_s", "iter_time_s") if k in metrics
-               and math.isfinite(metrics[k]) and metrics[k] >= 0), None)
+    dt = next((_dt(metrics[k]) for k in ("step_time_s", "time_s", "dt_s", "iter_time_s") if k in metrics), None)
     return LineStep(int(m.group(1)), total if total else None, dt, metrics)
 
 
-_EVAL_LOSS = re.compile(rf"\b(val|valid|validation|eval|test)[ _/]?loss\b\s*[:=]?\s*({_NUM})", re.I)
+_EVAL_LOSS = re.compile(rf"\b(val|valid|validation|eval|test)[ _/]?loss\b\s*+[:=]?\s*+({_NUM})", re.I)
 
 
 def eval_metrics(body: str) -> dict[str, float]:
@@ -220,15 +231,16 @@ def user_pattern(rx: re.Pattern[str], body: str) -> LineStep | None:
     if not m:
         return None
     try:
-        step = int(m.group("step"))
+        step = int(m.group("step")[:13])
     except (TypeError, ValueError):
+        return None
+    if not 0 <= step < 10**12:
         return None
     got = {k: to_number(v) for k, v in m.groupdict().items() if v is not None}
     ms, dt = got.pop("max_steps", None), got.pop("dt_s", None)
     got.pop("step", None)
     metrics = {k: v for k, v in got.items() if v is not None}
-    return LineStep(step, int(ms) if ms and ms.is_integer() and ms > 0 else None,
-                    dt if dt is not None and math.isfinite(dt) and dt >= 0 else None, metrics)
+    return LineStep(step, int(ms) if ms and ms.is_integer() and 0 < ms < 1e12 else None, _dt(dt), metrics)
 
 
 #: In the order they are tried: the most specific shape first.

@@ -16,13 +16,17 @@ import re
 import stat
 from pathlib import Path
 
-#: Bytes of log held at most (~100 bytes a line: a million lines), and read per refresh at most.
+#: Bytes of log held at most, counting a Python str's own cost per line (LINE_OVERHEAD_BYTES: a
+#: file of 3-byte lines costs 20x its size in str objects), and read per refresh at most.
 MAX_BYTES = 128 * 1024 * 1024
+LINE_OVERHEAD_BYTES = 64
+#: An unterminated line kept at most (a \r progress bar that never ends its line: its last drawing).
+PARTIAL_MAX_BYTES = 64 * 1024
 READ_CHUNK = 16 * 1024 * 1024
 #: A line longer than this is cut (a dumped tensor): the panel shows at most this much of it.
 MAX_LINE_CHARS = 2000
 #: The lines an error jump (``e`` / ``E``) stops at: a traceback's first line, an exception line.
-ERROR_RE = re.compile(r"Traceback \(most recent call last\)|^\s*(?:\[\w+\]:)?\s*[\w.]*(?:Error|Exception)\b(?::|$)"
+ERROR_RE = re.compile(r"Traceback \(most recent call last\)|^\s*+(?:\[\w+\]:\s*+)?[\w.]*(?:Error|Exception)\b(?::|$)"
                       r"|\bCUDA error\b|\bNCCL error\b|Segmentation fault|\bKilled\b")
 
 
@@ -81,14 +85,17 @@ class LogLines:
 
     def _add(self, data: bytes) -> None:
         *complete, self._partial = data.split(b"\n")
+        if len(self._partial) > PARTIAL_MAX_BYTES:  # a bar redrawn with \r and never ended: its last drawing
+            self._partial = self._partial.rsplit(b"\r", 1)[-1][-PARTIAL_MAX_BYTES:]
         if self._skip_partial and complete:  # the first line read of a huge log starts mid-line
             complete, self._skip_partial = complete[1:], False
         for raw in complete:
-            self.lines.append(_display(raw.decode("utf-8", "replace")))
-            self._held += len(raw) + 1
+            line = _display(raw.decode("utf-8", "replace"))
+            self.lines.append(line)
+            self._held += len(line) + LINE_OVERHEAD_BYTES
         if self._held > MAX_BYTES:  # the oldest lines go: a tenth at a time
             drop = max(1, len(self.lines) // 10)
-            self._held -= sum(len(s) + 1 for s in self.lines[:drop])
+            self._held -= sum(len(s) + LINE_OVERHEAD_BYTES for s in self.lines[:drop])
             del self.lines[:drop]
             self.first_line += drop
 

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from stepwatch.monitors.stats.nearest_rank import nearest_rank
@@ -40,6 +41,9 @@ def eta_part(recent_dt_s: list[float], max_steps: int | None, global_step: int |
         out["basis"] = "no counted step yet"
         return out
     rate = nearest_rank(sorted(dts), 50)
+    if not math.isfinite(rate) or not 0 <= rate <= 1e6:
+        out["basis"] = "the recent step times are not usable numbers"
+        return out
     remaining = max(0, int(max_steps) - int(global_step))
     in_progress = max(rate - (current_step_elapsed_s or 0.0), 0.0) if remaining else 0.0
     eta = in_progress + max(remaining - 1, 0) * rate

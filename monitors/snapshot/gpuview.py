@@ -3,6 +3,7 @@ here): read incrementally, the records of the verdicts' window kept, and the pan
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -30,13 +31,12 @@ class GpuView:
 
     def read(self) -> None:
         for rec in self.reader.read_new():
-            if not isinstance(rec, dict):
-                continue
+            t = rec.get("t") if isinstance(rec, dict) else None
+            if type(t) not in (int, float) or not math.isfinite(t) or (self.window and t < self.window[-1]["t"]):
+                continue  # a record without a usable time (or from the past) would pin the window
             self.window.append(rec)
             self.history.add_record(rec)
-        t_last = self.window[-1].get("t") if self.window else None
-        while self.window and isinstance(t_last, (int, float)) and isinstance(self.window[0].get("t"), (int, float)) \
-                and t_last - self.window[0]["t"] > GPU_WINDOW_S + 5:
+        while self.window and self.window[-1]["t"] - self.window[0]["t"] > GPU_WINDOW_S + 5:
             self.window.popleft()
 
     def part(self, snap: dict[str, Any]) -> None:

@@ -38,8 +38,8 @@ def log_metrics(last: Mapping[str, tuple[int | None, float]], event_logs: Any = 
     the emitter's latest ``log`` event (``event_logs``, a dict read from events.jsonl: only its
     finite-or-not numbers count, at ``step``)."""
     if not last and isinstance(event_logs, dict):
-        last = {k[:64]: (step, float(v)) for k, v in event_logs.items()
-                if isinstance(k, str) and type(v) in (int, float)}
+        last = {k[:64]: (step, v if type(v) is float else float(min(max(v, -2**1000), 2**1000)))  # no OverflowError
+                for k, v in list(event_logs.items())[:MAX_LISTED] if isinstance(k, str) and type(v) in (int, float)}
     out: dict[str, Any] = {}
     for name, (step, value) in list(last.items())[:MAX_LISTED]:
         finite = math.isfinite(value)

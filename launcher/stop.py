@@ -31,6 +31,16 @@ class StopError(Exception):
     """A stop that cannot be carried out; the message says why."""
 
 
+def _user_name() -> str:
+    """Who asks for the stop (the name of this process's effective uid; the uid when it has none)."""
+    try:
+        import pwd  # noqa: PLC0415
+
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except (KeyError, ImportError):
+        return f"uid {os.geteuid()}"
+
+
 class StopInProgress(StopError):
     """A stop was already requested for this attempt and has not finished; nothing is overwritten."""
 
@@ -144,7 +154,7 @@ def request_stop(run_dir: Path, grace_s: float = 30.0, reason: str | None = None
         start_at = _ladder_sent(current)
         t = time.time()
         stop = {"v": 1, "requested_at": utc_iso(t), "requested_at_unix": t, "grace_s": grace_s, "reason": reason,
-                "requested_by_pid": os.getpid(), "ended_by": None,  # rebuilt: only validated fields are kept
+                "requested_by_pid": os.getpid(), "requested_by_user": _user_name(), "ended_by": None,  # rebuilt: only validated fields are kept
                 "signals": [{"signal": x["signal"], "sent_at_unix": unix_time(x.get("sent_at_unix"))}
                             for x in current.get("signals") or []
                             if isinstance(x, dict) and x.get("signal") in {s.name for s in ESCALATION}][:len(ESCALATION)],
@@ -153,7 +163,7 @@ def request_stop(run_dir: Path, grace_s: float = 30.0, reason: str | None = None
     else:
         t = time.time()
         stop = {"v": 1, "requested_at": utc_iso(t), "requested_at_unix": t, "grace_s": grace_s, "reason": reason,
-                "requested_by_pid": os.getpid(), "signals": [], "ended_by": None}
+                "requested_by_pid": os.getpid(), "requested_by_user": _user_name(), "signals": [], "ended_by": None}
     pin.check()
     try:
         write_json_atomic(run_dir / STOP_JSON, stop)

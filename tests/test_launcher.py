@@ -423,7 +423,13 @@ def test_stop_with_sigint_honoured_ends_at_sigint(repo: Path):
     # a stop the operator asked for reads as stopped, raises no alert, and watch exits 0 for it
     w = stepwatch("watch", str(run_dir), "--plain")
     assert w.returncode == 0, (w.stdout, w.stderr)
-    assert "stopped as requested (SIGINT)" in w.stdout and "ALERT" not in w.stdout, w.stdout
+    import pwd
+
+    me = pwd.getpwuid(os.geteuid()).pw_name
+    assert stop["requested_by_user"] == me
+    assert f"stopped as requested (SIGINT) by {me} at {stop['requested_at'][:16]}" in w.stdout, w.stdout
+    assert "ALERT" not in w.stdout, w.stdout
+    assert f"by {me} at " in stepwatch("status", str(run_dir)).stdout  # who asked, and when, everywhere
     s = json.loads(stepwatch("status", str(run_dir), "--json").stdout)
     assert s["alerts"] == [] and s["ended"]["stop_requested"] is True
 

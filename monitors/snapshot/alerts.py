@@ -16,6 +16,7 @@ from typing import Any, Iterable, Mapping, MutableMapping
 from urllib.parse import urlsplit
 
 from stepwatch.monitors.detectors.storm import recompile_storm
+from stepwatch.monitors.fold.events import unix_time
 from stepwatch.monitors.runfiles import utc_iso
 from stepwatch.monitors.snapshot.model import run_ended, shallow
 from stepwatch.monitors.snapshot.disk import end_cause, full_words
@@ -30,7 +31,7 @@ def end_words(snap: dict[str, Any]) -> str:
     after = f" after {dur:.1f} s" if isinstance(dur, (int, float)) else ""
     if ended.get("stop_requested"):
         how = f"{snap['signal']}" if snap.get("signal") else f"exit code {snap.get('returncode')}"
-        return f"stopped as requested ({how}){after}"
+        return f"stopped as requested ({how}){stop_who(snap)}{after}"
     if snap.get("signal"):
         return f"killed by {snap['signal']}{after}"
     if snap.get("returncode") is not None:
@@ -38,6 +39,15 @@ def end_words(snap: dict[str, Any]) -> str:
     if ended.get("error"):
         return f"could not start: {ended['error']}"
     return "ended, status unknown (supervisor gone, no exit.json)"
+
+
+def stop_who(snap: dict[str, Any]) -> str:
+    """`` by alice at 2026-12-01T18:22:05.123Z`` from stop.json ('' for what it does not say; a
+    name from the file is cut short and shown as text, never run or followed)."""
+    stop = snap.get("stop") if isinstance(snap.get("stop"), dict) else {}
+    who = stop.get("requested_by_user")
+    t = unix_time(stop.get("requested_at_unix"))
+    return (f" by {who[:32]}" if isinstance(who, str) and who else "") + (f" at {utc_iso(t)}" if t is not None else "")
 
 
 def _secs(v: Any) -> str:

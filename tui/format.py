@@ -11,6 +11,11 @@ from typing import Any
 NO_DYNAMO_WORDS = "dynamo: no torch.compile output seen (recompiles unknown, not 0)"
 
 
+def no_dynamo_output(d: dict[str, Any]) -> bool:
+    """The snapshot's ``dynamo`` part says nothing: no source, and no count from anywhere."""
+    return not d.get("source") and all(d.get(k) is None for k in ("recompiles", "graph_breaks", "recompile_limit_hits"))
+
+
 def hms(seconds: float | None) -> str:
     """Seconds -> ``H:MM:SS`` (or ``-``)."""
     if seconds is None or not math.isfinite(seconds):

@@ -17,7 +17,7 @@ from typing import Any, Callable, TextIO
 from stepwatch.monitors.runfiles import utc_iso
 from stepwatch.monitors.snapshot.alerts import end_words
 from stepwatch.monitors.snapshot.disk import full_words
-from stepwatch.tui.format import NO_DYNAMO_WORDS, eta_words, health_words, timing_words
+from stepwatch.tui.format import NO_DYNAMO_WORDS, eta_words, health_words, no_dynamo_output, timing_words
 from stepwatch.monitors.snapshot.model import json_safe, run_ended
 from stepwatch.monitors.snapshot.metrics import metrics_words
 from stepwatch.monitors.snapshot.ranks import latest_per_rank, restarts_words
@@ -61,7 +61,7 @@ def status_lines(snap: dict[str, Any]) -> list[str]:
                  + f"; stall {stall}" + (f" ({_fmt(st.get('current_step_elapsed_s'), 1)} s)" if stall == "stalled"
                                          else f" ({st['reason']})" if stall == "not judged" and st.get("reason") else ""))
     d = snap.get("dynamo") or {}
-    if not d.get("source") and all(d.get(k) is None for k in ("recompiles", "graph_breaks", "recompile_limit_hits")):
+    if no_dynamo_output(d):
         lines.append("  " + NO_DYNAMO_WORDS)
     else:
         u = {k: "unknown" if d.get(k) is None else d[k] for k in ("recompiles", "graph_breaks", "recompile_limit_hits")}

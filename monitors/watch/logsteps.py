@@ -82,16 +82,19 @@ class LogStepTimer:
             for i in range(k):
                 s = self._last_step + 1 + i
                 end = begin + dt
-                flags = [FLAG_FIRST] if not self._timed_any else []
-                self._timed_any = True
-                out.append({"v": SCHEMA_VERSION, "kind": KIND_STEP, "t": end, "step": s, "rank": 0, "dt": dt,
-                            "step_begin": begin, "step_end": end, "tokens": None, "padded_tokens": None,
-                            "flags": flags, "timing": TIMING_PER_UPDATE if k == 1 else TIMING_SHARED,
-                            "steps_in_update": k})
+                out.append(self._record(s, dt, begin, end, TIMING_PER_UPDATE if k == 1 else TIMING_SHARED, k))
                 begin = end
         self._last_step, self._last_at = step, at
         return out
 
+    def _record(self, step: int, dt: float, begin: float, end: float, timing: str, k: int,
+                **extra: Any) -> dict[str, Any]:
+        """One ``step`` record; the first one this timer makes is flagged ``first``."""
+        flags = [FLAG_FIRST] if not self._timed_any else []
+        self._timed_any = True
+        return {"v": SCHEMA_VERSION, "kind": KIND_STEP, "t": end, "step": step, "rank": 0, "dt": dt,
+                "step_begin": begin, "step_end": end, "tokens": None, "padded_tokens": None, "flags": flags,
+                "timing": timing, "steps_in_update": k, **extra}
 
     def _reported(self, advances: list[StepAdvance]) -> list[dict[str, Any]]:
         """One record per printed step whose time the program reported (nanoGPT's ``time``): that
@@ -105,12 +108,8 @@ class LogStepTimer:
             k = adv.step - adv.prev_step if adv.prev_step is not None else 1
             arrival = ((at - self._last_at) / k if self._last_at is not None and self._last_step == adv.prev_step
                        and k > 0 and at > self._last_at else None)
-            flags = [FLAG_FIRST] if not self._timed_any else []
-            self._timed_any = True
             dt = adv.reported_dt_s
-            out.append({"v": SCHEMA_VERSION, "kind": KIND_STEP, "t": at, "step": adv.step, "rank": 0, "dt": dt,
-                        "step_begin": at - dt, "step_end": at, "tokens": None, "padded_tokens": None,
-                        "flags": flags, "timing": TIMING_REPORTED, "steps_in_update": k, "arrival_dt_s": arrival})
+            out.append(self._record(adv.step, dt, at - dt, at, TIMING_REPORTED, k, arrival_dt_s=arrival))
             self._last_step, self._last_at = adv.step, at
         return out
 

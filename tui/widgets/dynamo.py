@@ -9,7 +9,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.widgets import Static
 
-from stepwatch.tui.format import NO_DYNAMO_WORDS
+from stepwatch.tui.format import NO_DYNAMO_WORDS, no_dynamo_output
 from stepwatch.tui.widgets.base import Panel
 
 
@@ -27,7 +27,7 @@ class DynamoPanel(Panel):
     def show(self, snap: dict[str, Any]) -> None:
         d = snap.get("dynamo") or {}
         t = Text()
-        if not d.get("source") and all(d.get(k) is None for k in ("recompiles", "graph_breaks", "recompile_limit_hits")):
+        if no_dynamo_output(d):
             t.append(NO_DYNAMO_WORDS, "dim")
         else:
             t.append(f"recompiles {_n(d.get('recompiles'))}  graph breaks {_n(d.get('graph_breaks'))}  "

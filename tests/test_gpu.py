@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -691,25 +692,39 @@ time.sleep(60)
 """
 
 
+MINI_SUPERVISOR = f"""
+import subprocess, sys, time
+from pathlib import Path
+from stepwatch.monitors.proctree import TreeRecorder
+from stepwatch.monitors.watchdog import ProcessRef
+parent = subprocess.Popen([sys.executable, "-c", {RANKS_PARENT!r}], stdout=subprocess.PIPE, text=True)
+ranks = parent.stdout.readline().split()
+TreeRecorder(Path(sys.argv[1]), ProcessRef(parent.pid, None)).sample()
+print(parent.pid, *ranks, flush=True)
+time.sleep(60)
+"""
+
+
 def test_the_gpu_rows_name_the_rank_holding_each_device_from_the_recorded_tree(monkeypatch, tmp_path):
-    from stepwatch.monitors.proctree import TreeRecorder
-    from stepwatch.monitors.watchdog import ProcessRef
     from stepwatch.tui.plain import status_lines
     from stepwatch.tui.widgets.gpu import device_line
 
-    parent = subprocess.Popen([sys.executable, "-c", RANKS_PARENT], stdout=subprocess.PIPE, text=True)
+    # A supervisor of its own (a session leader, as launch starts it) records the run's tree; the
+    # stranger beside rank 0 is this test's process, which is no part of that tree.
+    sup = subprocess.Popen([sys.executable, "-c", MINI_SUPERVISOR, str(tmp_path)], stdout=subprocess.PIPE,
+                           text=True, start_new_session=True)
     try:
-        rank0, rank1 = map(int, parent.stdout.readline().split())
-        TreeRecorder(tmp_path, ProcessRef(parent.pid, None)).sample()  # the supervisor's record: procs.json
+        parent_pid, rank0, rank1 = map(int, sup.stdout.readline().split())
+        stranger = os.getpid()
         g0, g1, g2 = FakeGpu(0), FakeGpu(1), FakeGpu(2)
-        g0.pids, g1.pids, g2.pids = [rank1], [rank0, 1], [1]  # rank 1 on GPU0; a stranger (pid 1) beside rank 0
+        g0.pids, g1.pids, g2.pids = [rank1], [rank0, stranger], [stranger]
         FakeNvml(monkeypatch, [g0, g1, g2])
-        s = GpuSampler(tmp_path, parent.pid, backend=NvmlBackend())
+        s = GpuSampler(tmp_path, parent_pid, backend=NvmlBackend())
         r = s.tick()
         s.backend.close()
     finally:
-        parent.kill()
-        parent.wait()
+        os.killpg(sup.pid, signal.SIGKILL)
+        sup.wait()
     d0, d1, d2 = r["devices"]
     assert (d0["used_by_run"], d0["run_ranks"], d0["processes"][0]["rank"]) == (True, [1], 1)
     assert (d1["used_by_run"], d1["run_ranks"]) == (True, [0])

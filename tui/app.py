@@ -249,12 +249,25 @@ def run_app(run_dir: Path | None, runs_dir: Path, low_bandwidth: bool = False) -
     (:func:`leave_now`), whatever a worker thread is still reading. ``NO_COLOR`` is honoured by Rich/Textual themselves.
     """
     _tolerate_non_utf8_input()
+    _size_from_the_terminal()
     app = StepwatchApp(run_dir, runs_dir, low_bandwidth)
     # our own loop, never closed: asyncio.run() would join the default executor's threads (a
     # refresh worker inside a long cold read) before returning
     app.run(loop=asyncio.new_event_loop())
     leave_now(0)
     return 0  # pragma: no cover - leave_now does not return
+
+
+def _size_from_the_terminal() -> None:
+    """Drop ``COLUMNS`` / ``LINES`` from the environment when the terminal reports its own size:
+    Textual sizes the screen with shutil.get_terminal_size(), which prefers those variables, so an
+    exported ``COLUMNS=80`` drew a 160x45 tmux pane at 80x24 and every resize kept the stale size."""
+    try:
+        os.get_terminal_size(sys.__stdout__.fileno())
+    except (OSError, ValueError, AttributeError):
+        return  # no terminal to ask: the variables are all there is
+    for var in ("COLUMNS", "LINES"):
+        os.environ.pop(var, None)
 
 
 def leave_now(code: int) -> None:

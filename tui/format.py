@@ -97,3 +97,27 @@ def state_word(snap: dict[str, Any]) -> str:
             return f"KILLED {snap['signal']}"
         return f"EXITED {snap.get('returncode')}"
     return "UNKNOWN"
+
+
+def attention_words(attn: dict[str, Any]) -> tuple[str, bool]:
+    """``attention sdpa (as requested)`` or ``attention sdpa (requested flex_attention)``, and whether
+    the resolved backend differs from the one asked for (the views mark it)."""
+    req, res = attn.get("requested"), attn.get("resolved")
+    if res is None:
+        return f"attention {'unknown' if req is None else f'unknown (requested {req})'}", False
+    if req is None or req == res:
+        return f"attention {res}" + (" (as requested)" if req else " (none requested)"), False
+    return f"attention {res} (requested {req})", True
+
+
+def versions_words(versions: dict[str, Any]) -> str:
+    """``torch 2.13.0+cpu  transformers 4.57.1``: the versions the training process imported."""
+    return "  ".join(f"{lib} {versions.get(lib) or 'unknown'}" for lib in ("torch", "transformers"))
+
+
+def tree_words(ident: dict[str, Any]) -> str:
+    """``clean at launch`` / ``DIRTY at launch`` / ``dirty at launch: unknown`` (run.json's sample)."""
+    dirty = ident.get("harness_dirty_at_launch")
+    if dirty is True:
+        return "DIRTY at launch"
+    return "clean at launch" if dirty is False else "dirty at launch: unknown"

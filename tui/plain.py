@@ -17,7 +17,8 @@ from typing import Any, Callable, TextIO
 from stepwatch.monitors.runfiles import utc_iso
 from stepwatch.monitors.snapshot.alerts import end_words
 from stepwatch.monitors.snapshot.disk import full_words
-from stepwatch.tui.format import NO_DYNAMO_WORDS, eta_words, health_words, no_dynamo_output, timing_words
+from stepwatch.tui.format import (NO_DYNAMO_WORDS, attention_words, eta_words, health_words, no_dynamo_output,
+                                  timing_words, tree_words, versions_words)
 from stepwatch.monitors.snapshot.model import json_safe, run_ended
 from stepwatch.monitors.snapshot.metrics import metrics_words
 from stepwatch.monitors.snapshot.ranks import latest_per_rank, restarts_words
@@ -68,8 +69,7 @@ def status_lines(snap: dict[str, Any]) -> list[str]:
         lines.append(f"  dynamo: recompiles {u['recompiles']}, graph breaks {u['graph_breaks']}, "
                      f"recompile-limit hits {u['recompile_limit_hits']} (from {d.get('source') or '-'})")
     a, v = snap.get("attn_implementation") or {}, snap.get("versions") or {}
-    lines.append(f"  attention requested {_fmt(a.get('requested'))} -> resolved {_fmt(a.get('resolved'))}; "
-                 f"torch {_fmt(v.get('torch'))}, transformers {_fmt(v.get('transformers'))}")
+    lines.append(f"  {attention_words(a)[0]}; {versions_words(v)}")
     if snap.get("gpu"):
         src = snap.get("gpu_source") or ""
         if src.startswith("recorded"):
@@ -100,7 +100,7 @@ def status_lines(snap: dict[str, Any]) -> list[str]:
             + [f"supervisor: {e}" for e in disk.get("write_errors") or []]))
     ident = snap.get("identity") or {}
     if ident:
-        lines.append(f"  commit {(ident.get('harness_commit') or 'none')[:12]} dirty at launch: {ident.get('harness_dirty_at_launch')}")
+        lines.append(f"  commit {(ident.get('harness_commit') or 'none')[:12]} {tree_words(ident)}")
     for al in snap.get("alerts") or []:
         notes = [n for n in ("acknowledged" if al.get("acknowledged") else None,
                               "cleared" if al.get("active") is False else None) if n]

@@ -37,6 +37,17 @@ the log (the whole train.log, not only the lines on screen)
 """
 
 
+def key_hints(*pairs: tuple[str, str]) -> Text:
+    """`` y  yes (Enter)    n  no (Esc)``: each key in reverse video, which every terminal shows (a
+    colour-only focus mark vanished under tmux-256color; a literal ``[y]`` in a Static was read as
+    markup and vanished too)."""
+    t = Text()
+    for key, words in pairs:
+        t.append(f" {key} ", "reverse bold")
+        t.append(f" {words}    ")
+    return t
+
+
 class Confirm(ModalScreen[bool]):
     """Ask a yes/no question; ``y``/Enter answers yes, ``n``/Esc no."""
 
@@ -49,7 +60,7 @@ class Confirm(ModalScreen[bool]):
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
             yield Static(safe_text(self.question, newlines=True))
-            yield Static("[y] yes   [n] no", classes="dim")
+            yield Static(key_hints(("y", "yes (Enter)"), ("n", "no (Esc)")), id="confirm-keys")
 
     def action_answer(self, yes: bool) -> None:
         self.dismiss(yes)

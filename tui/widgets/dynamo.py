@@ -9,12 +9,12 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.widgets import Static
 
-from stepwatch.tui.format import NO_DYNAMO_WORDS, no_dynamo_output
+from stepwatch.tui.format import NO_DYNAMO_WORDS, attention_words, no_dynamo_output, versions_words
 from stepwatch.tui.widgets.base import Panel
 
 
 def _n(v: Any) -> str:
-    return "-" if v is None else str(v)
+    return "unknown" if v is None else str(v)  # not reported is not zero
 
 
 class DynamoPanel(Panel):
@@ -39,9 +39,7 @@ class DynamoPanel(Panel):
         self._set("#dyn-counts", t)
         a = snap.get("attn_implementation") or {}
         v = snap.get("versions") or {}
-        req, res = a.get("requested"), a.get("resolved")
-        t2 = Text(f"attention requested {_n(req)} -> resolved {_n(res)}")
-        if req and res and req != res:
-            t2.stylize("bold yellow")
-        t2.append(f"   torch {_n(v.get('torch'))}  transformers {_n(v.get('transformers'))}", "dim")
+        words, differs = attention_words(a)
+        t2 = Text(words, "bold yellow" if differs else "")
+        t2.append(f"  {versions_words(v)}", "dim")
         self._set("#dyn-attn", t2)

@@ -6,6 +6,7 @@ from typing import Any
 
 from textual.widgets import Static
 
+from stepwatch.tui.format import tree_words
 from stepwatch.tui.safe import safe_text
 
 
@@ -15,10 +16,9 @@ class IdentityPanel(Static):
     def show(self, snap: dict[str, Any]) -> None:
         ident = snap.get("identity") or {}
         commit = (ident.get("harness_commit") or "none")[:12]
-        dirty = ident.get("harness_dirty_at_launch")
         desc = ident.get("describe") or ""
         desc = f" ({desc})" if desc and not commit.startswith(desc.removesuffix("-dirty")) else ""  # a tag, not the sha again
-        text = (f"commit {commit}{desc} dirty at launch: {dirty}  branch {ident.get('branch') or '-'}"
+        text = (f"commit {commit}{desc} {tree_words(ident)}  branch {ident.get('branch') or '-'}"
                 f"  attempt {snap.get('attempt') or '-'}  log {(snap.get('log') or {}).get('file') or 'train.log'}")
         surv = snap.get("survivors") or []
         if surv:

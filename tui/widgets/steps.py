@@ -25,7 +25,7 @@ def _verdict_text(snap: dict[str, Any]) -> Text:
     style = {"ok": "green", "suspected": "yellow", "flagged": "bold red"}.get(state, "dim")
     t.append(f"fallback {state.upper()}", style)
     if fb.get("reason") and state != "ok":
-        t.append(f" ({fb['reason']})", style)
+        t.append(f" ({str(fb['reason']).removeprefix(f'{state}: ')})", style)  # the state is said once
     t.append("  ")
     if st.get("state") == "stalled":
         t.append(f"STALLED {secs(st.get('current_step_elapsed_s'))} s in the current step", "bold red")

@@ -31,6 +31,10 @@ EVENT_KEYS: dict[str, tuple[str, ...]] = {
     KIND_RUN_END: COMMON_KEYS + ("step_seconds", "dynamo", "dropped_events"),
 }
 
+#: The training metrics a ``log`` event's ``logs`` (or a printed log dict) usually carries, in the
+#: order the views show them: the loss, the learning rate, the grad norm, the eval loss.
+METRICS_SHOWN_FIRST = ("loss", "train_loss", "learning_rate", "lr", "grad_norm", "eval_loss", "val_loss")
+
 #: Keys of the fixed-shape nested objects: (kind, key) -> nested keys.
 NESTED_KEYS: dict[tuple[str, str], tuple[str, ...]] = {
     ("run_start", "versions"): ("python", "torch", "transformers"),

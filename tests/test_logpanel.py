@@ -223,3 +223,47 @@ async def test_a_run_logging_its_loss_every_5_steps_shows_the_loss_and_its_plot_
             assert loss > 0
     finally:
         stepwatch("stop", str(run_dir), "--grace", "1", timeout=30)
+
+
+EMITTER_LOSS_PY = r'''
+import math, time
+from stepwatch.telemetry import StepTelemetry
+tel = StepTelemetry(max_steps=100000)
+for step in range(1, 100000):
+    time.sleep(0.03)
+    tel.step_end()
+    if step % 5 == 0:
+        loss = float("nan") if step == 60 else 3.0 / math.sqrt(step)
+        tel.log({"loss": loss, "learning_rate": 3e-4, "grad_norm": 0.5}, step=step)
+    if step == 60:
+        print("step 60: the emitter logged a NaN loss", flush=True)
+        time.sleep(600)
+'''
+
+
+async def test_an_emitter_only_run_shows_its_loss_plot_and_a_nan_loss_names_its_step(tmp_path: Path):
+    """Nothing printed but the emitter's log events: the latest loss, the plot from the events, and
+    the NaN loss of step 60 as an alert naming step 60."""
+    repo = make_repo(tmp_path / "repo", {"emit.py": EMITTER_LOSS_PY})
+    r = stepwatch("launch", "--no-tui", "--name", "emit", "--", sys.executable, "emit.py", cwd=repo)
+    assert r.returncode == 0, r.stderr
+    run_dir = repo / "runs" / "emit"
+    try:
+        app = StepwatchApp(run_dir, run_dir.parent)
+        async with app.run_test(size=(80, 24)) as pilot:
+            screen = app.screen
+            await until(pilot, lambda: screen.query_one("#loss-col").display, 20, "the loss plot from log events")
+            def latest_loss() -> str | None:
+                t = str(screen.query_one("#throughput").render())
+                return t if re.search(r"loss \d\.\d+ .*\(step \d+\)", t) else None
+
+            line = await until(pilot, latest_loss, 10, "the latest loss")
+            assert "learning_rate 0.0003" in line and "grad_norm 0.5" in line, line
+            banner = screen.query_one("#banner")
+            await until(pilot, lambda: "nonfinite_loss" in str(banner.render()), 20, "the NaN loss alert")
+            assert "at step 60" in " ".join(str(banner.render()).split())
+            assert "loss NaN/inf" in str(screen.query_one("#throughput").render())
+            series = screen.snap["metrics_series"]["loss"]
+            assert series[0][0] == 5 and max(b[3] for b in series if b[3] is not None) == pytest.approx(3.0 / 5 ** 0.5)
+    finally:
+        stepwatch("stop", str(run_dir), "--grace", "1", timeout=30)

@@ -207,7 +207,17 @@ async def test_live_stall_reads_stalled_in_words(tmp_path: Path):
     async with app.run_test(size=(100, 30)) as pilot:
         verdict = app.screen.query_one("#step-verdict")
         await until(pilot, lambda: "STALLED" in text(verdict), 15, "STALLED in the step panel")
-        assert "stall" in text(app.screen.query_one("#banner"))
+        banner = app.screen.query_one("#banner")
+        assert "ALERT stall: alive but stuck" in text(banner)
+        # A stop is a stop, and the alert it cured stays until the operator acknowledges it.
+        assert stepwatch("stop", str(run_dir), "--grace", "2").returncode == 0
+        header = app.screen.query_one("#header")
+        await until(pilot, lambda: "STOPPED" in text(header), 15, "STOPPED in the header")
+        await pilot.pause(1.5)  # more than one refresh after the stop
+        assert "ALERT stall (cleared): alive but stuck" in text(banner) and banner.display
+        await pilot.press("a")
+        await until(pilot, lambda: not banner.display, 5, "the banner to go on a")
+        assert "stopped as requested" in stepwatch("watch", str(run_dir)).stdout
 
 
 def test_layout_at_80x24_snapshot(snap_compare, tmp_path: Path):

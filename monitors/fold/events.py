@@ -20,9 +20,11 @@ from typing import Any, Iterator
 
 from stepwatch.monitors.protocol import (
     EVENT_KEYS, FLAG_RECOMPILE, KIND_DYNAMO, KIND_LOG, KIND_PHASE, KIND_RUN_END, KIND_RUN_START, KIND_STEP,
+    METRICS_SHOWN_FIRST,
 )
 from stepwatch.monitors.detectors.fallback import FLAGGED, FallbackDetector
 from stepwatch.monitors.readers.jsonl import EventReader
+from stepwatch.monitors.stats.minmax import MinMaxSeries
 from stepwatch.monitors.stats.stepstats import StepStats
 
 #: slow steps' global_step -> step_end kept (a fallback onset is a slow step of the last flag window)
@@ -51,7 +53,10 @@ class EventsFold:
         detector: the :class:`FallbackDetector` fed the same steps.
         recompile_steps: global_step of each step flagged ``recompile`` (the last 1,000).
         run_start, run_end, dynamo_ev: the latest record of that kind (a dict as read), or None.
-        last_step: the latest usable ``step`` record; last_logs: the latest ``log`` record's ``logs``.
+        last_step: the latest usable ``step`` record; last_logs: the latest ``log`` record's ``logs``,
+            last_logs_step its ``step`` (the global_step it was logged at; None when not an int).
+        series: the ``log`` records' loss, learning rate, grad norm and eval loss over the whole run
+            (name -> :class:`MinMaxSeries`, min and max per bin: an emitter-only run's loss plot).
         open_phase: the name of a ``phase`` begun and not yet ended (``save``, ``eval``), or None.
         slow_step_ends: global_step -> step_end (unix s) of the last SLOW_ENDS_KEPT slow steps.
         flagged_onset_end: step_end of the onset of the cluster that made the detector flag.
@@ -69,6 +74,8 @@ class EventsFold:
         self.last_step: dict[str, Any] | None = None
         self.open_phase: Any = None
         self.last_logs: Any = None
+        self.last_logs_step: int | None = None
+        self.series: dict[str, MinMaxSeries] = {}
         self.slow_step_ends: dict[int, float] = {}  # insertion order: oldest first
         self.flagged_onset_end: float | None = None
         self.unusable_steps = 0
@@ -151,10 +158,24 @@ class EventsFold:
                 self.dynamo_ev = ev
             elif kind == KIND_LOG:
                 self.last_logs = ev.get("logs")
+                step = ev.get("step")
+                self.last_logs_step = step if type(step) is int and 0 <= step < _MAX_INT else None
+                self._log_series(self.last_logs, self.last_logs_step)
             elif kind == KIND_RUN_END:
                 self.run_end = ev
         if last_step is not None:
             self.last_step = last_step
+
+    def _log_series(self, logs: Any, step: int | None) -> None:
+        if not isinstance(logs, dict):
+            return
+        for name in METRICS_SHOWN_FIRST:
+            v = logs.get(name)
+            if type(v) in (int, float):
+                s = self.series.get(name)
+                if s is None:
+                    s = self.series[name] = MinMaxSeries()
+                s.add(step, float(min(max(v, -2**1000), 2**1000)) if type(v) is int else v)  # no OverflowError
 
     def _feed(self, rows: list[tuple[Any, float, Any, Any, Any, Any]], ends: list[Any]) -> None:
         """Steps to the statistics and the detector, one call each (both reach the same state

@@ -56,6 +56,7 @@ from stepwatch.monitors.detectors.fallback import FallbackDetector, _Slow
 from stepwatch.monitors.fold.events import EventsFold
 from stepwatch.monitors.readers.jsonl import EventReader
 from stepwatch.monitors.runfiles import EVENTS_JSONL, EVENTS_STATE, RUN_JSON, open_regular, read_json, write_json_atomic
+from stepwatch.monitors.stats.minmax import Bin, MinMaxSeries
 from stepwatch.monitors.stats.stepstats import StepRecord, StepStats
 
 FORMAT = 1
@@ -78,6 +79,8 @@ _CLASSES: dict[str, tuple[type, Callable[[], Any] | None]] = {
     "_Baseline": (_Baseline, lambda: _Baseline(1)),
     "StepRecord": (StepRecord, None),
     "_Slow": (_Slow, None),
+    "MinMaxSeries": (MinMaxSeries, MinMaxSeries),
+    "Bin": (Bin, None),
 }
 _NUM = (int, float)
 _MAX_INT = 2**53  # an int a state holds (a step, a token count) is one a float holds exactly
@@ -89,11 +92,12 @@ _OPT_NUM = (int, float, type(None))
 _RECORD_FIELDS: dict[str, tuple[tuple[type, ...], ...]] = {
     "_Slow": (_OPT_INT, _NUM, _NUM, _NUM),
     "StepRecord": (_OPT_INT, _NUM, (tuple,), _OPT_INT, _OPT_INT, _OPT_NUM, (bool,)),
+    "Bin": (_OPT_INT, _OPT_INT, _OPT_NUM, _OPT_NUM, _NUM, (int,), (int,)),
 }
 #: Attributes holding a value read from events.jsonl as it was (a JSON tree): saved as JSON, unwalked.
 _RAW_FIELDS = {"EventsFold": frozenset({"run_start", "run_end", "dynamo_ev", "last_step", "open_phase", "last_logs"})}
 _MODULES = ("stepwatch.monitors.fold.events", "stepwatch.monitors.readers.jsonl", "stepwatch.monitors.detectors.fallback", "stepwatch.monitors.detectors.baseline",
-            "stepwatch.monitors.stats.stepstats", "stepwatch.monitors.stats.nearest_rank", "stepwatch.monitors.protocol",
+            "stepwatch.monitors.stats.stepstats", "stepwatch.monitors.stats.nearest_rank", "stepwatch.monitors.stats.minmax", "stepwatch.monitors.protocol",
             __name__)
 _fields_cache: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {}
 

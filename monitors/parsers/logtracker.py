@@ -38,7 +38,6 @@ _EPOCH_DESC = re.compile(r"^Epoch (\d{1,9})$")
 LIGHTNING_BANNER = "GPU available: "
 #: Metric names kept at most, and bins per metric series (the whole run: bins merge as it grows).
 MAX_SERIES = 64
-SERIES_BINS = 512
 #: Keys of the HF Trainer's end-of-run summary dict: never training metrics.
 _SUMMARY_KEYS = ("train_runtime", "train_loss", "train_samples_per_second", "train_steps_per_second")
 
@@ -127,7 +126,7 @@ class LogTracker(ProgressTracker):
             if k not in self.series:
                 if len(self.series) >= MAX_SERIES:
                     continue
-                self.series[k] = MinMaxSeries(SERIES_BINS)
+                self.series[k] = MinMaxSeries()
             self.series[k].add(self.global_step, v)
             self.last_metrics[k] = (self.global_step, v)
 

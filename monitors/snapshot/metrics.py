@@ -12,12 +12,14 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, MutableMapping
 
+from stepwatch.monitors.protocol import METRICS_SHOWN_FIRST
+
 #: Names whose non-finite value is an alert: the training loss, however the program names it.
 LOSS_NAMES = ("loss", "train_loss", "train/loss", "lm_loss", "total_loss")
 #: Metrics listed in the snapshot at most (the tracker keeps at most as many series).
 MAX_LISTED = 64
 #: Shown first, in this order, where present (then the rest as they came).
-SHOWN_FIRST = ("loss", "train_loss", "learning_rate", "lr", "grad_norm", "eval_loss", "val_loss")
+SHOWN_FIRST = METRICS_SHOWN_FIRST
 
 
 def metrics_words(metrics: dict[str, Any], limit: int = 6) -> str:

@@ -373,7 +373,7 @@ class RunObserver:
             if snap["warmup"].get("state") != "steady":
                 fb["state"] = NOT_JUDGED
                 fb["reason"] = ("no counted step yet" if snap["warmup"].get("state") is None
-                                else f"warming up (not judged until the step times settle): {fb.get('reason') or ''}".rstrip(": "))
+                                else f"warming up (not judged until the step times settle): {(fb.get('reason') or '').removeprefix('warming up: ')}".rstrip(": "))
         elif timing == "approximate":
             snap["fallback"]["reason"] = ("step times are this view's own reading of train.log (no record from the "
                                           "supervisor): approximate, not judged")
@@ -409,8 +409,8 @@ class RunObserver:
                        "last_byte_age_s": a.log.last_byte_age_s, "from_start": a.log_from_start,
                        "format": a.progress.format, "matched_lines": a.progress.matched_lines,
                        "hint": log_hint(a.progress, a.ev.stats.seen > 0)}
-        snap["metrics"] = log_metrics(a.progress.last_metrics, a.ev.last_logs, self._global_step(a))
-        snap["metrics_series"] = series_part(a.progress.series)
+        snap["metrics"] = log_metrics(a.progress.last_metrics, a.ev.last_logs, a.ev.last_logs_step)
+        snap["metrics_series"] = series_part(a.progress.series or a.ev.series)  # the log, else log events
         snap["events"] = {"file": EVENTS_JSONL if a.events.exists else None, "lines": a.events.lines_read,
                           "corrupt_lines": a.events.corrupt_lines, "unusable_steps": a.ev.unusable_steps,
                           "dropped_events": shallow((a.ev.run_end or {}).get("dropped_events")), "resume": a.ev_resume}

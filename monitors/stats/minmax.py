@@ -8,6 +8,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+#: Bins a whole run's series keeps at most (the log's metrics and the emitter's log events alike).
+SERIES_BINS = 512
+
 
 @dataclass(slots=True)
 class Bin:
@@ -27,7 +30,7 @@ class MinMaxSeries:
     """Append ``(step, value)``; at most ``max_bins`` bins, each holding ``per_bin`` points until
     the bins are merged in pairs (then ``per_bin`` doubles)."""
 
-    def __init__(self, max_bins: int = 512):
+    def __init__(self, max_bins: int = SERIES_BINS):
         self.max_bins = max(2, max_bins)
         self.bins: list[Bin] = []
         self.per_bin = 1

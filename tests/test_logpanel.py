@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO_ROOT, make_repo, stepwatch, wait_until
+from textual.widgets import Static
+
 from stepwatch.tui.app import StepwatchApp
 
 STATIC_RUN = REPO_ROOT / "tests" / "fixtures" / "runs" / "ended-sigkill"
@@ -145,6 +147,26 @@ async def test_every_alerts_whole_text_and_its_acknowledge_key_are_on_screen_at_
         long_one = {"id": "x", "kind": "stuck_rank", "message": "rank 3 (pid 81234) stopped stepping: its last step "
                     "1,204 ended 95 s before rank 0's step 1,212 (threshold 31.2 s); its Python stack is in "
                     "stepwatch status; ranks by last step: 3 at step 1204 (pid 81234), 0 at step 1212 (pid 81230) END"}
+        # The kinds the fixture has not, each as long as it gets (the numbers at their widest), and a
+        # message of one 2,000-character word (a path, a repr): cut by characters, never unmarked.
+        synthetic = [
+            {"id": f"s-{kind}", "kind": kind, "message": msg + " END"} for kind, msg in (
+                ("stall", "alive but stuck: no optimizer step for 86,400 s after step 1,234,567 (its steps take "
+                          "12.3456 s at p99); its Python stack is in stepwatch status"),
+                ("rank_death", "rank 7 (pid 4194304) was killed by SIGKILL at step 1,234,567 while the others "
+                               "ran on; torchrun may restart the workers (2 restarts left)"),
+                ("straggler", "rank 5 runs 3.4x slower than the median rank (p50 1.234 s against 0.363 s over "
+                              "the last 200 steps); ranks by p50: 5 1.234 s, 2 0.401 s, 0 0.363 s"),
+                ("nonfinite_loss", "the log's train/loss is not a number (NaN or inf) at step 1,234,567: the "
+                                   "run has diverged; every step from here trains on garbage"),
+                ("recompile_storm", "12 recompiles within the last 50 steps (steps 1,234,500..1,234,550): "
+                                    "dynamo keeps recompiling; mark the changing dimension dynamic"),
+                ("gpu", "GPU3 NVIDIA H100 80GB HBM3 held by the run's rank 3 is idle: kernel-active 0% at "
+                        "71/700 W for the last 30 s while the run is running"),
+                ("disk_full", "the run dir's file system is full (0 B of 3.5 TiB free): the supervisor could "
+                              "not write alerts.jsonl, logsteps.jsonl; train.log is losing bytes"),
+                ("one_word", "/" + "x" * 2000),
+            )]
         assert {a["kind"] for a in alerts} >= {"fallback", "recompile_limit", "watchdog"}
         screen = app.screen
         banner = screen.query_one("#banner")
@@ -153,15 +175,23 @@ async def test_every_alerts_whole_text_and_its_acknowledge_key_are_on_screen_at_
             shot = html.unescape(app.export_screenshot()).replace("\xa0", " ")
             return " ".join(re.sub(r"<[^>]+>", "\n", shot).split())
 
+        def details_hold(shown: list[dict]) -> int:
+            """The details' text holds each message whole, inside the screen; returns how far it scrolls."""
+            box = app.screen.query_one("#alert-details")
+            text = " ".join(str(box.query_one(Static).render()).split())
+            assert all(" ".join(a["message"].split()) in text for a in shown)
+            assert box.region.y >= 0 and box.region.bottom <= app.size.height, box.region
+            return box.max_scroll_y
+
         await pilot.press("d")  # the key, on the real snapshot: every alert whole, the newest first
-        await pilot.pause(0.3)
-        shown = on_screen()
-        assert all(" ".join(a["message"].split()[-3:]) in shown for a in alerts), shown
+        await until(pilot, lambda: isinstance(app.screen, AlertDetails), 5, "the details")
+        await pilot.pause(0.1)
+        assert details_hold(alerts) == 0  # the three fit on one 80x24 screen, no scrolling
         await pilot.press("escape")
         await pilot.pause(0.1)
         screen._show_alerts = lambda snap: None  # from here only this test draws the banner
         cut = 0
-        for al in [*alerts, long_one]:
+        for al in [*alerts, long_one, *synthetic]:
             banner.show([al])
             await pilot.pause(0.1)
             words = on_screen()
@@ -172,10 +202,15 @@ async def test_every_alerts_whole_text_and_its_acknowledge_key_are_on_screen_at_
                 assert " …" in words, al["kind"]
                 app.push_screen(AlertDetails([al]))
                 await pilot.pause(0.2)
-                assert tail in on_screen(), (al["kind"], tail)
+                if details_hold([al]):  # longer than the screen (the 2,000-char word): End shows its end
+                    assert al["kind"] == "one_word"
+                    await pilot.press("end")
+                    box = app.screen.query_one("#alert-details")
+                    await until(pilot, lambda: box.scroll_y == box.max_scroll_y, 5, "the details' end")
+                    assert "END" in on_screen()  # the message's last word, now on screen
                 await pilot.press("escape")
                 await pilot.pause(0.1)
-        assert 0 < cut < len(alerts) + 1  # the long fallback evidence is cut; the short ones are whole
+        assert 0 < cut < len(alerts) + 1 + len(synthetic)  # the long fallback evidence is cut; the short ones whole
 
 
 LOSS_PY = r'''

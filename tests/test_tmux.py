@@ -128,6 +128,8 @@ def test_in_tmux_the_confirm_keys_are_in_reverse_video_and_d_shows_every_alert_w
     alerts = json.loads(r.stdout)["alerts"]
     assert len(alerts) >= 3, alerts
     shown = pane.wait_for(lambda s: "Esc closes" in s, what="the alert details")
-    flat = " ".join(shown.split())
+    # the dialog's text: what lies between its left and right borders, row after row
+    inner = [m.group(1) for m in (re.search(r"█(.*)█", r) for r in shown.splitlines()) if m]
+    flat = " ".join(" ".join(inner).split())
     for a in alerts:
         assert " ".join(a["message"].split()[-3:]) in flat, (a["kind"], flat)

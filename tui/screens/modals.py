@@ -90,7 +90,9 @@ class Prompt(ModalScreen[str | None]):
 class AlertDetails(ModalScreen[None]):
     """Every unacknowledged alert, whole (``d`` on the run screen; Esc closes)."""
 
-    BINDINGS = [Binding("escape,d,q", "close", "close")]
+    BINDINGS = [Binding("escape,d,q", "close", "close"), Binding("end", "scroll('end')", show=False),
+                Binding("home", "scroll('home')", show=False), Binding("pagedown,space", "scroll('down')", show=False),
+                Binding("pageup", "scroll('up')", show=False)]
 
     def __init__(self, alerts: list[dict[str, Any]]):
         super().__init__()
@@ -99,11 +101,20 @@ class AlertDetails(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         t = Text()
         for a in reversed(self.alerts):  # the newest first, as the banner shows it
-            t.append(f"{a.get('kind')} at {a.get('at')}\n", "bold")
-            t.append(f"{a.get('message')}\n\n")
-        t.append("[a] on the run screen acknowledges them all; Esc closes", "dim")
+            t.append(f"{a.get('kind')} ({str(a.get('at'))[:19].replace('T', ' ')}Z): ", "bold")
+            t.append(f"{a.get('message')}\n")
+        t.append("a (on the run screen) acknowledges them all · PgUp/PgDn/End scroll · Esc closes", "dim")
         with VerticalScroll(classes="dialog", id="alert-details"):
             yield Static(safe_text(t, newlines=True))
+
+    def on_mount(self) -> None:
+        self.app.clear_notifications()  # a toast says less than this and would cover its end
+
+    def action_scroll(self, where: str) -> None:
+        """A text longer than the screen scrolls, whichever widget has the focus."""
+        box = self.query_one("#alert-details", VerticalScroll)
+        {"end": box.scroll_end, "home": box.scroll_home, "down": box.scroll_page_down,
+         "up": box.scroll_page_up}[where](animate=False)
 
     def action_close(self) -> None:
         self.dismiss(None)

@@ -57,6 +57,9 @@ class AlertBanner(Static):
         while len(textwrap.wrap(text, width)) > BANNER_LINES and len(words) > 1:  # the whole text: one key away
             words = words[:max(1, len(words) * 4 // 5)]
             text = f"{head}{' '.join(words)} …{more} "
+        if len(textwrap.wrap(text, width)) > BANNER_LINES:  # one word longer than the banner (a path, a repr)
+            room = max(8, width * (BANNER_LINES - 1) - len(head) - len(more) - 4)
+            text = f"{head}{words[0][:room]} …{more} "
         if text != getattr(self, "_last", None):
             self._last = text
             self.update(safe_text(text))

@@ -63,6 +63,7 @@ EXTRA_TARGETS: dict[str, tuple[float, str, str]] = {
     "log_timing_p50_error_20ms": (0.10, "x", "abs"),
     "alert_latency_kill_s": (2.0, "s", "abs"),
     "supervisor_cpu_share": (0.02, "s/s", "abs"),
+    "exporter_cpu_share_at_5s": (0.01, "s/s", "abs"),
 }
 
 #: name -> (script, quick args, full args, quick timeout s, full timeout s, group). Benchmarks of one
@@ -79,6 +80,7 @@ BENCHES: list[tuple[str, str, list[str], list[str], float, float, str]] = [
     ("supervisor_watch", "supervisor_watch.py", ["--quick"], [], 240, 600, "supervisor_watch"),
     ("tui", "tui_pty.py", ["--quick", "--warmup", "3", "--window", "6", "--launches", "1"], [], 100, 400, "tui"),
     ("log_search", "log_search.py", ["--quick", "--repeat", "3"], [], 60, 120, "log_search"),
+    ("exporter", "exporter_cost.py", ["--quick"], [], 60, 180, "exporter"),
 ]
 
 
@@ -95,6 +97,7 @@ KEY_BENCH = {
     "log_timing_p50_error_20ms": "supervisor_watch", "alert_latency_kill_s": "supervisor_watch",
     "supervisor_cpu_share": "supervisor_watch",
     "log_search_s": "log_search", "log_search_again_s": "log_search", "log_search_ratio": "log_search",
+    "exporter_cpu_s_per_scrape": "exporter", "exporter_cpu_share_at_5s": "exporter", "exporter_vs_floor": "exporter",
 }
 
 

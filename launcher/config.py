@@ -19,10 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stepwatch.launcher.slurm import SLURM_KEYS, validate_slurm_table
 from stepwatch.monitors.parsers.logformats import compile_patterns
 from stepwatch.monitors.rundirs import default_runs_dir
 
-TOP_KEYS = ("name", "command", "cwd", "runs_dir", "env", "shell", "preflight", "alerts", "log")
+TOP_KEYS = ("name", "command", "cwd", "runs_dir", "env", "shell", "preflight", "alerts", "log", "slurm", "export")
+#: ``[export]``: ``prometheus`` (HOST:PORT or HOST:FIRST-LAST, served by the supervisor) and
+#: ``linger_s`` (how long the endpoint stays up after the run ended, for a last scrape).
+EXPORT_KEYS = ("prometheus", "linger_s")
 PREFLIGHT_KEYS = ("test_command", "test_timeout_s", "training_arguments", "python", "min_free_bytes")
 ALERTS_KEYS = ("command", "urls", "min_level", "rate_limit_s", "retries", "command_timeout_s")
 #: ``[log]``: the user's own step patterns (regexes with named groups step, max_steps, dt_s and any
@@ -53,6 +57,10 @@ class RunConfig:
     preflight: dict[str, Any] = field(default_factory=dict)
     alerts: dict[str, Any] = field(default_factory=dict)
     log: dict[str, Any] = field(default_factory=dict)
+    #: ``[slurm]``: submit through sbatch instead of starting here (launcher/slurm.py); None: local
+    slurm: dict[str, Any] | None = None
+    #: ``[export]``: the supervisor's Prometheus endpoint (monitors/export/prometheus.py)
+    export: dict[str, Any] = field(default_factory=dict)
     config_path: Path | None = None
     config_sha256: str | None = None
     config_data: dict[str, Any] | None = None
@@ -78,7 +86,9 @@ def _unknown_keys(data: dict[str, Any], where: str) -> None:
     for table, accepted, label in ((data, TOP_KEYS, where),
                                    (data.get("preflight"), PREFLIGHT_KEYS, f"{where} [preflight]"),
                                    (data.get("alerts"), ALERTS_KEYS, f"{where} [alerts]"),
-                                   (data.get("log"), LOG_KEYS, f"{where} [log]")):
+                                   (data.get("log"), LOG_KEYS, f"{where} [log]"),
+                                   (data.get("slurm"), SLURM_KEYS, f"{where} [slurm]"),
+                                   (data.get("export"), EXPORT_KEYS, f"{where} [export]")):
         if isinstance(table, dict):
             try:
                 _check_unknown(table, accepted, label)
@@ -176,8 +186,28 @@ def _validate(data: dict[str, Any], base: Path, where: str, runs_dir_override: P
     ex = log.get("examples", [])
     if not (isinstance(ex, list) and all(isinstance(x, str) for x in ex)):
         raise ConfigError(f"{where} [log]: examples must be a list of log lines (strings); got {ex!r}")
+    try:
+        slurm = validate_slurm_table(data["slurm"], where) if "slurm" in data else None
+        export = _export_table(data.get("export", {}), where)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     return RunConfig(name=name, command=list(command), cwd=cwd, runs_dir=runs_dir, env=dict(env), shell=shell,
-                     preflight=dict(preflight), alerts=dict(alerts), log=dict(log))
+                     preflight=dict(preflight), alerts=dict(alerts), log=dict(log), slurm=slurm, export=export)
+
+
+def _export_table(table: Any, where: str) -> dict[str, Any]:
+    if not isinstance(table, dict):
+        raise ValueError(f"{where}: [export] must be a table, e.g. [export] prometheus = \"127.0.0.1:9464\"")
+    if "prometheus" in table:
+        from stepwatch.monitors.export.prometheus import parse_address  # noqa: PLC0415
+
+        if not isinstance(table["prometheus"], str):
+            raise ValueError(f"{where} [export]: prometheus must be a string HOST:PORT; got {table['prometheus']!r}")
+        parse_address(table["prometheus"])
+    v = table.get("linger_s")
+    if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 3600):
+        raise ValueError(f"{where} [export]: linger_s must be a number of seconds from 0 to 3600; got {v!r}")
+    return dict(table)
 
 
 def load_config(path: str | os.PathLike[str], runs_dir_override: Path | None = None) -> RunConfig:
@@ -255,6 +285,8 @@ def config_to_json(cfg: RunConfig) -> dict[str, Any]:
         "name": cfg.name, "command": cfg.command, "cwd": str(cfg.cwd), "runs_dir": str(cfg.runs_dir),
         "env": cfg.env, "shell": cfg.shell, "preflight": cfg.preflight, "alerts": public_alerts(cfg.alerts),
         **({"log": cfg.log} if cfg.log else {}),  # absent when unused: a relaunch's diff stays quiet
+        **({"slurm": cfg.slurm} if cfg.slurm is not None else {}),
+        **({"export": cfg.export} if cfg.export else {}),
     }
 
 

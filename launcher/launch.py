@@ -29,7 +29,7 @@ from stepwatch.monitors.runfiles import (
     utc_iso,
     write_json_atomic,
 )
-from stepwatch.monitors.rundirs import live_attempt  # noqa: F401 - re-exported for callers
+from stepwatch.monitors.rundirs import live_attempt, live_words  # noqa: F401 - live_attempt re-exported for callers
 
 SUPERVISOR_START_TIMEOUT_S = 60.0
 # The supervisor runs the stepwatch this launcher is (the installed one, through this interpreter).
@@ -92,10 +92,8 @@ def launch(cfg: RunConfig, allow_dirty: str | None = None, override: str | None 
 def _refuse_if_live(cfg: RunConfig) -> None:
     live = live_attempt(cfg.run_dir)
     if live:
-        what, pid = live
-        raise LaunchRefused(
-            f"REFUSING: run {cfg.name!r} is still running ({what} pid {pid} is alive, create_time matches). "
-            f"Stop it first: stepwatch stop {cfg.run_dir}")
+        raise LaunchRefused(f"REFUSING: run {cfg.name!r} is still running ({live_words(live)}). "
+                            f"Stop it first: stepwatch stop {cfg.run_dir}")
 
 
 @contextlib.contextmanager
@@ -214,12 +212,14 @@ def _start(cfg: RunConfig, exe: str, tree, checklist: Checklist, allow_dirty: st
         "allow_dirty_reason": allow_dirty,
         "rotated_previous": [[str(a.name), str(b.name)] for a, b in rotated],
         "launched_by": {"pid": os.getpid(), "user": _user()},
-        "supervisor": {"pid": None, "create_time": None, "sid": None},
-        "process": {"pid": None, "create_time": None, "pgid": None},
+        "supervisor": {"pid": None, "create_time": None, "sid": None, "host": None},
+        "process": {"pid": None, "create_time": None, "pgid": None, "host": None},
         "start_error": None,
     }
     if cfg.alerts.get("urls"):  # tokens: readable by the run's owner (its supervisor) alone
         write_json_atomic(run_dir / PUSH_URLS_JSON, {"v": 1, "urls": list(cfg.alerts["urls"])}, mode=0o600)
+    if cfg.slurm is not None:
+        return _submit(cfg, run, rotated, warnings)
     write_json_atomic(run_dir / RUN_JSON, run)
     with open(open_append(run_dir / SUPERVISOR_LOG), "ab") as slog:  # never through a symlink
         sup = subprocess.Popen(
@@ -246,6 +246,41 @@ def _start(cfg: RunConfig, exe: str, tree, checklist: Checklist, allow_dirty: st
                             f"it may still be starting the run. Check: stepwatch status {run_dir}; "
                             f"stop it with: stepwatch stop {run_dir}")
     raise LaunchRefused(f"the supervisor exited (status {sup.poll()}) without starting the run; its log:\n{tail}")
+
+
+def _submit(cfg: RunConfig, run: dict[str, Any], rotated: list, warnings: list[str]) -> LaunchResult:
+    """A Slurm attempt: run.json, the batch script submitted held, its job id recorded, the login
+    node's job watcher started, the job released (launcher/slurm.py). Returns at once: the job may
+    wait in the queue; ``status`` says PENDING and Slurm's reason."""
+    from stepwatch.launcher import slurm  # noqa: PLC0415
+    from stepwatch.monitors.runfiles import JOBWATCH_LOG  # noqa: PLC0415
+
+    run_dir = cfg.run_dir
+    previous = [j for j in [slurm.slurm_job_id(read_json(run_dir / n) or {}) for _, n in
+                            sorted((p.stat().st_mtime, p.name) for p in run_dir.glob("run.*.json"))] if j]
+    run["scheduler"] = {"kind": "slurm", "job_id": None, "poll_s": float(cfg.slurm.get("poll_s") or slurm.DEFAULT_POLL_S),
+                        "sbatch_argv": None, "submitted_at": None, "previous_job_ids": previous[-20:]}
+    write_json_atomic(run_dir / RUN_JSON, run)
+    try:
+        job_id, argv = slurm.submit_held(cfg.slurm, run_dir, f"stepwatch-{cfg.name}")
+    except (slurm.SlurmError, OSError) as e:
+        run["start_error"] = f"sbatch: {e}"
+        write_json_atomic(run_dir / RUN_JSON, run)
+        raise LaunchRefused(f"Slurm did not take the job: {e}") from None
+    run["scheduler"].update(job_id=job_id, sbatch_argv=argv, submitted_at=utc_iso(time.time()))
+    write_json_atomic(run_dir / RUN_JSON, run)  # before the release: the supervisor reads it when the job starts
+    with open(open_append(run_dir / JOBWATCH_LOG), "ab") as jlog:
+        w = subprocess.Popen([*SUPERVISOR_ARGV[:3], "stepwatch.monitors.watch.jobwatch", str(run_dir)],
+                             stdin=subprocess.DEVNULL, stdout=jlog, stderr=jlog, start_new_session=True,
+                             close_fds=True, cwd=str(run_dir))
+    threading.Thread(target=w.wait, name=f"reap-jobwatch-{w.pid}", daemon=True).start()
+    try:
+        slurm.release(job_id)
+    except slurm.SlurmError as e:
+        with contextlib.suppress(slurm.SlurmError):
+            slurm.scancel(job_id)
+        raise LaunchRefused(f"Slurm took job {job_id} but would not release it: {e} (the job is cancelled)") from None
+    return LaunchResult(run_dir, run["attempt"], None, rotated, warnings, run)
 
 
 def _user() -> str | None:
@@ -281,7 +316,8 @@ def relaunch_config(run_dir: Path) -> tuple[RunConfig, list[str]]:
     else:
         from stepwatch.launcher.config import _validate  # noqa: PLC0415
 
-        data = {k: old[k] for k in ("name", "command", "cwd", "env", "shell", "preflight", "alerts") if k in old}
+        data = {k: old[k] for k in ("name", "command", "cwd", "env", "shell", "preflight", "alerts", "log", "slurm",
+                                    "export") if k in old}
         if isinstance(data.get("alerts"), dict):  # run.json names push channels, never their URLs
             data["alerts"] = {k: v for k, v in data["alerts"].items() if k != "channels"}
         data.setdefault("name", run.get("name") or run_dir.name)

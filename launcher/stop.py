@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from stepwatch.launcher.slurm import SlurmError, scancel, slurm_job_id
 from stepwatch.launcher.supervisor import ESCALATION, Escalation
 from stepwatch.monitors.fold.events import unix_time
 from stepwatch.monitors.signalling import belongs_to, owner_uid, send_signal
@@ -129,6 +130,9 @@ def request_stop(run_dir: Path, grace_s: float = 30.0, reason: str | None = None
     run = read_json(run_dir / RUN_JSON, uid)
     if run is None:
         raise StopError(f"no readable {RUN_JSON} of the run dir's owner in {run_dir}: not a run directory")
+    job = slurm_job_id(run)
+    if job and not is_alive(ProcessRef.from_json(run.get("process"))) and read_json(run_dir / EXIT_JSON) is None:
+        return _stop_job(run_dir, run, job, grace_s, reason, wait, wait_timeout_s)
     run = _wait_while_starting(run_dir, run, uid)
     pin.check()
     refuse_foreign(run_dir)
@@ -190,6 +194,43 @@ def request_stop(run_dir: Path, grace_s: float = 30.0, reason: str | None = None
                 break
             time.sleep(0.05)
     return StopOutcome(False, ex, read_json(run_dir / STOP_JSON), True, not is_alive(proc))
+
+
+def _stop_job(run_dir: Path, run: dict, job: str, grace_s: float, reason: str | None, wait: bool,
+              wait_timeout_s: float | None) -> StopOutcome:
+    """A Slurm run whose training process this machine does not see: queued (``scancel``: nothing
+    has started), or running on another node (``scancel --batch --signal=USR1``: the supervisor there
+    carries out the ladder, as it does for a local stop). Recorded in stop.json like any stop."""
+    from stepwatch.monitors.slurm import WAITING_STATES, is_ended, query_job  # noqa: PLC0415
+
+    st = query_job(job)
+    if is_ended(st["state"]):
+        return StopOutcome(True, read_json(run_dir / EXIT_JSON), read_json(run_dir / STOP_JSON), False)
+    t = time.time()
+    queued = st["state"] in WAITING_STATES or (run.get("supervisor") or {}).get("pid") is None
+    stop = {"v": 1, "requested_at": utc_iso(t), "requested_at_unix": t, "grace_s": grace_s, "reason": reason,
+            "requested_by_pid": os.getpid(), "requested_by_user": _user_name(), "ended_by": None,
+            "signals": [{"signal": "scancel" if queued else "SIGUSR1 (scancel --batch)", "sent_at": utc_iso(t),
+                         "sent_at_unix": t, "pgid": None, "pids": [], "job_id": job}]}
+    try:
+        write_json_atomic(run_dir / STOP_JSON, stop)
+    except OSError as e:
+        raise StopError(f"cannot write {run_dir / STOP_JSON}: {e}") from None
+    try:
+        scancel(job) if queued else scancel(job, signal="USR1", batch=True)
+    except SlurmError as e:
+        raise StopError(f"Slurm would not take the stop of job {job}: {e}") from None
+    if not wait:
+        return StopOutcome(False, None, stop, False)
+    deadline = time.monotonic() + (wait_timeout_s if wait_timeout_s is not None else 2 * grace_s + 30)
+    while time.monotonic() < deadline and not is_ended(query_job(job)["state"]):
+        time.sleep(0.5)
+    ended = is_ended(query_job(job)["state"])
+    if queued and ended:
+        stop["ended_by"] = {"last_signal_sent": "scancel", "returncode": None, "signal": None,
+                            "ended_at": utc_iso(time.time()), "job_cancelled_while": st["state"]}
+        write_json_atomic(run_dir / STOP_JSON, stop)
+    return StopOutcome(False, read_json(run_dir / EXIT_JSON), stop, True, ended)
 
 
 def _escalate_here(run_dir: Path, proc: ProcessRef, stop: dict, start_at: int, grace_s: float,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -28,6 +29,7 @@ from typing import Any, Callable
 import psutil
 
 from stepwatch.launcher.exitrecord import record_exit, reserve_space
+from stepwatch.launcher.slurm import SlurmError, scancel, slurm_job_id
 from stepwatch.monitors.proctree import TreeRecorder, become_subreaper
 from stepwatch.monitors.signalling import in_group, owner_uid, send_signal, signal_group, signal_targets
 from stepwatch.monitors.runfiles import (
@@ -94,6 +96,7 @@ class Escalation:
         self.grace_s = grace_s
         self.still_same_dir = still_same_dir or (lambda: True)
         self.last_signal: str | None = None
+        self.job_id = slurm_job_id(read_json(run_dir / RUN_JSON) or {})  # a Slurm run: its steps too
         self.thread = threading.Thread(target=self._run, name="stop-escalation", daemon=True)
 
     def start(self) -> None:
@@ -121,6 +124,12 @@ class Escalation:
                 if not (group and in_group(t.ref.pid, self.leader.pid)) and send_signal(t.ref, sig, self.uid)]
         if not group and send_signal(self.leader, sig, self.uid):  # a leader that left its group
             pids.insert(0, self.leader.pid)
+        if self.job_id:  # the job's steps (srun's tasks, on every node): srun takes one INT as "status?"
+            try:
+                scancel(self.job_id, signal=sig.name.removeprefix("SIG"))
+                _log(f"scancel --signal={sig.name.removeprefix('SIG')} {self.job_id} (the job's steps)")
+            except SlurmError as e:
+                _log(f"could not signal the job's steps: {e}")
         return group, pids
 
     def _run(self) -> None:
@@ -202,9 +211,32 @@ def _start_events_state(run_dir: Path, run: dict[str, Any], done: threading.Even
 EVENTS_STATE_FINAL_S = 60.0
 #: ... and for its watch to record the last alerts and deliver them (a delivery waits at most 40 s).
 WATCH_FINAL_S = 60.0
+#: The Prometheus endpoint stays up this long after the run ended (``[export] linger_s``): a scrape
+#: every 15 s still sees the end.
+EXPORT_LINGER_S = 15.0
 
 
-def _start_watch(run_dir: Path, run: dict[str, Any], exit_recorded: threading.Event) -> threading.Thread | None:
+def _start_exporter(run: dict[str, Any]) -> Any:
+    """The run's Prometheus endpoint when ``[export] prometheus`` asks for one (its address then goes
+    to run.json ``export``); None otherwise, or when it cannot bind (logged, in run.json too)."""
+    spec = ((run.get("config") or {}).get("export") or {}).get("prometheus")
+    if not spec:
+        return None
+    try:
+        from stepwatch.monitors.export.prometheus import Exporter  # noqa: PLC0415
+
+        exporter = Exporter(spec)
+        run["export"] = {"prometheus": exporter.start(), "error": None}
+        _log(f"serving Prometheus metrics on http://{exporter.address}/metrics")
+        return exporter
+    except Exception as e:  # noqa: BLE001 - the run goes on without its endpoint
+        run["export"] = {"prometheus": None, "error": f"{type(e).__name__}: {e}"}
+        _log(f"no Prometheus endpoint: {e}")
+        return None
+
+
+def _start_watch(run_dir: Path, run: dict[str, Any], exit_recorded: threading.Event,
+                 exporter: Any = None) -> threading.Thread | None:
     """Start the run's monitoring (:func:`stepwatch.monitors.watch.loop.watch_attempt`): log-derived
     step times, every detector, alerts.jsonl and delivery, with no screen attached. A failure to
     start is logged; the run goes on."""
@@ -213,8 +245,8 @@ def _start_watch(run_dir: Path, run: dict[str, Any], exit_recorded: threading.Ev
     except Exception as e:  # pragma: no cover - only when the package is broken
         _log(f"run not watched: {type(e).__name__}: {e}")
         return None
-    t = threading.Thread(target=watch_attempt, args=(run_dir, run, exit_recorded), kwargs={"log": _log},
-                         name="watch", daemon=True)
+    t = threading.Thread(target=watch_attempt, args=(run_dir, run, exit_recorded),
+                         kwargs={"log": _log, "exporter": exporter}, name="watch", daemon=True)
     t.start()
     return t
 
@@ -238,7 +270,7 @@ def supervise(run_dir: Path) -> int:
 
     subreaper = become_subreaper()  # an orphaned worker of the run stays in its tree, not init's
     me = psutil.Process()
-    supervisor_rec = {"pid": me.pid, "create_time": me.create_time(), "sid": os.getsid(0)}
+    supervisor_rec = {"pid": me.pid, "create_time": me.create_time(), "sid": os.getsid(0), "host": socket.gethostname()}
     t_start = time.time()
     reserve = reserve_space(run_dir, _log)
     log = None
@@ -252,7 +284,7 @@ def supervise(run_dir: Path) -> int:
     except (OSError, ValueError, subprocess.SubprocessError) as e:
         _log(f"could not start the command: {e}")
         run["supervisor"] = supervisor_rec
-        run["process"] = {"pid": None, "create_time": None, "pgid": None}
+        run["process"] = {"pid": None, "create_time": None, "pgid": None, "host": supervisor_rec["host"]}
         run["start_error"] = f"{type(e).__name__}: {e}"
         t = time.time()
         try:
@@ -271,8 +303,9 @@ def supervise(run_dir: Path) -> int:
     except psutil.NoSuchProcess:
         ctime = None  # exited already; exit.json will say how
     run["supervisor"] = supervisor_rec
-    run["process"] = {"pid": child.pid, "create_time": ctime, "pgid": child.pid}
+    run["process"] = {"pid": child.pid, "create_time": ctime, "pgid": child.pid, "host": supervisor_rec["host"]}
     run["start_error"] = None
+    exporter = _start_exporter(run)
     try:
         write_json_atomic(run_dir / RUN_JSON, run)
     except OSError as e:  # a full disk: the child runs all the same, supervised; exit.json says how it ended
@@ -282,11 +315,11 @@ def supervise(run_dir: Path) -> int:
 
     child_done = threading.Event()
     child_ref = ProcessRef(child.pid, ctime)
-    tree = TreeRecorder(run_dir, child_ref, log=_log).start(child_done)
+    tree = TreeRecorder(run_dir, child_ref, log=_log, job_id=slurm_job_id(run)).start(child_done)
     exit_recorded = threading.Event()  # exit.json is written: the watch's last look sees the verdict
     _start_gpu_sampler(run_dir, run, child.pid, child_done)
     events_state = _start_events_state(run_dir, run, child_done)
-    watching = _start_watch(run_dir, run, exit_recorded)
+    watching = _start_watch(run_dir, run, exit_recorded, exporter)
     escalation: Escalation | None = None
     while True:
         try:
@@ -325,6 +358,12 @@ def supervise(run_dir: Path) -> int:
         events_state.join(EVENTS_STATE_FINAL_S)  # the last save: an attach then reads no backlog
     if watching is not None:
         watching.join(WATCH_FINAL_S)  # the last alerts recorded and delivered (bounded)
+    if exporter is not None:  # a last scrape sees the end (stepwatch_run_ended, the exit code)
+        linger = ((run.get("config") or {}).get("export") or {}).get("linger_s", EXPORT_LINGER_S)
+        time.sleep(max(0.0, float(linger) - (time.time() - t_end)))
+        exporter.close()
+    if slurm_job_id(run):  # the batch step's status is the run's: Slurm then says FAILED for a failed run
+        return rc if rc >= 0 else 128 - rc
     return 0
 
 

@@ -36,6 +36,8 @@ from stepwatch.monitors.watchdog import PID_MAX, ProcessRef
 
 #: How often the supervisor looks for new or ended processes of the tree (seconds).
 TREE_SAMPLE_S = 1.0
+#: How often a Slurm run's tree asks ``scontrol listpids`` for the job's tasks on this node (s).
+JOB_TASKS_EVERY_S = 2.0
 #: At most this many processes are recorded per attempt (a fork bomb cannot grow the file forever).
 MAX_RECORDED = 4096
 PR_SET_CHILD_SUBREAPER = 36
@@ -106,9 +108,15 @@ class TreeRecorder:
     takes one last look (a worker left behind by the ended command is recorded before the supervisor
     exits). ``sample()`` is one look; the thread calls it every ``TREE_SAMPLE_S``."""
 
-    def __init__(self, run_dir: Path, child: ProcessRef, log: Callable[[str], None] | None = None):
+    def __init__(self, run_dir: Path, child: ProcessRef, log: Callable[[str], None] | None = None,
+                 job_id: str | None = None):
+        """``job_id``: a Slurm run's job: its step tasks on this node (children of slurmstepd, not
+        of the command) join the tree, each with its task id as its rank (``scontrol listpids``)."""
         self.run_dir = run_dir
         self.child = child
+        self.job_id = job_id
+        self._job_tasks: dict[int, tuple[int | None, int | None]] = {}  # pid -> (global, local) task id
+        self._job_tasks_at = float("-inf")
         self.me = os.getpid()
         self.sid = os.getsid(0)
         self.log = log or (lambda _m: None)
@@ -128,6 +136,11 @@ class TreeRecorder:
         by_parent: dict[int, list[psutil.Process]] = {}
         procs: dict[int, psutil.Process] = {}
         roots = {self.child.pid} | {pid for pid, r in self._procs.items() if r.get("ended_at_unix") is None}
+        if self.job_id and time.monotonic() - self._job_tasks_at >= JOB_TASKS_EVERY_S:
+            from stepwatch.monitors.slurm import job_task_pids  # noqa: PLC0415
+
+            self._job_tasks, self._job_tasks_at = job_task_pids(self.job_id), time.monotonic()
+        roots |= set(self._job_tasks)
         for p in psutil.process_iter(["ppid"]):
             procs[p.pid] = p
             by_parent.setdefault(p.info["ppid"], []).append(p)
@@ -148,6 +161,13 @@ class TreeRecorder:
             seen.add(pid)
             stack.extend(c.pid for c in by_parent.get(pid, []))
         return [procs[pid] for pid in sorted(seen)]
+
+    def _ranked(self, p: psutil.Process) -> dict[str, int | None]:
+        rank = _rank_of(p)
+        task = self._job_tasks.get(p.pid)
+        if task is not None and rank["rank"] is None:  # a Slurm task: srun's task ids are its ranks
+            rank["rank"], rank["local_rank"] = task
+        return rank
 
     def sample(self) -> bool:
         """One look at the tree; writes procs.json when a process appeared or ended. Returns whether
@@ -178,7 +198,7 @@ class TreeRecorder:
                 except (psutil.Error, OSError):
                     continue
                 self._procs[p.pid] = {"pid": p.pid, "create_time": ctime, "ppid": ppid, "uid": uids.real,
-                                      "pgid": pgid, "sid": sid, "name": name[:64], **_rank_of(p),
+                                      "pgid": pgid, "sid": sid, "name": name[:64], **self._ranked(p),
                                       "first_seen_unix": now, "ended_at_unix": None, "exit": None}
                 changed = True
         for pid, rec in self._procs.items():

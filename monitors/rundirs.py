@@ -82,7 +82,20 @@ def live_attempt(run_dir: Path) -> tuple[str, int] | None:
     sup = ProcessRef.from_json(run.get("supervisor"))
     if is_alive(sup) and read_json(run_dir / EXIT_JSON) is None:
         return ("supervisor", sup.pid)
+    from stepwatch.monitors.snapshot.scheduler import read_scheduler  # noqa: PLC0415
+    from stepwatch.monitors.slurm import is_ended  # noqa: PLC0415
+
+    sch = read_scheduler(run_dir, run)  # a Slurm job not ended is live, queued or on another node
+    if sch and sch["job_id"] and not is_ended(sch["state"]) and read_json(run_dir / EXIT_JSON) is None \
+            and sch["state"] != "UNKNOWN":
+        return ("Slurm job", int(sch["job_id"]))
     return None
+
+
+def live_words(live: tuple[str, int]) -> str:
+    """``training process pid 812 is alive`` / ``Slurm job 45 has not ended``: what live_attempt found."""
+    what, n = live
+    return f"{what} {n} has not ended" if what == "Slurm job" else f"{what} pid {n} is alive"
 
 
 def foreign_records(run_dir: Path) -> str | None:

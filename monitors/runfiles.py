@@ -37,10 +37,16 @@ ALERTS_JSONL = "alerts.jsonl"  # the supervisor's alerts and their deliveries (m
 PUSH_URLS_JSON = "alerts.urls.json"
 #: Every process of the attempt by identity, recorded by its supervisor (monitors/proctree.py).
 PROCS_JSON = "procs.json"
+#: A Slurm attempt's job as the login node last read it from the scheduler (monitors/slurm.py,
+#: written by monitors/watch/jobwatch.py), and its batch script (launcher/slurm.py).
+SCHEDULER_JSON = "scheduler.json"
+JOB_SCRIPT = "job.sbatch"
+JOBWATCH_LOG = "jobwatch.log"  # the login node's job watcher's own diagnostics
 
 #: Files that describe one attempt and are renamed with the attempt's stamp on relaunch.
 PER_ATTEMPT_FILES = (TRAIN_LOG, EVENTS_JSONL, GPU_JSONL, RUN_JSON, STOP_JSON, EXIT_JSON, SUPERVISOR_LOG, EVENTS_STATE,
-                     LOG_STEPS_JSONL, ALERTS_JSONL, PUSH_URLS_JSON, PROCS_JSON)
+                     LOG_STEPS_JSONL, ALERTS_JSONL, PUSH_URLS_JSON, PROCS_JSON, SCHEDULER_JSON, JOB_SCRIPT,
+                     JOBWATCH_LOG)
 
 #: Rank N's own events file (N > 0) when every rank writes (``STEPWATCH_ALL_RANKS=1``, or the
 #: emitter's ``all_ranks=True``); rank 0 writes events.jsonl. Rotated with the attempt's files.
@@ -157,15 +163,21 @@ def write_json_atomic(path: str | os.PathLike[str], obj: dict[str, Any], indent:
     (0o666 less the umask), not mkstemp's 0o600: other users may read a run dir (DESIGN.md section 3).
     Raises OSError (e.g. PermissionError) when the directory is not writable.
     """
+    # dumps + one write: json.dump streams through the pure-Python iterencode (~4x slower on the
+    # supervisor's MB-sized events.state.json)
+    text = json.dumps(obj, indent=indent, sort_keys=False, separators=None if indent else (",", ":"))
+    write_bytes_atomic(path, (text + "\n").encode("utf-8"), mode)
+
+
+def write_bytes_atomic(path: str | os.PathLike[str], data: bytes, mode: int | None = None) -> None:
+    """Write ``data`` to ``path`` through a temp file beside it, fsync, then ``os.replace``: a reader
+    never sees half a file (``mode``: the file's mode, else 0o666 less the umask). Raises OSError."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, 0o666 & ~_umask() if mode is None else mode)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            # dumps + one write: json.dump streams through the pure-Python iterencode (~4x slower
-            # on the supervisor's MB-sized events.state.json)
-            f.write(json.dumps(obj, indent=indent, sort_keys=False, separators=None if indent else (",", ":")))
-            f.write("\n")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

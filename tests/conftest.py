@@ -110,6 +110,12 @@ def _reap_runs(tmp_path: Path):
             continue
         if not isinstance(run, dict):
             continue
+        job = (run.get("scheduler") or {}).get("job_id") if isinstance(run.get("scheduler"), dict) else None
+        if isinstance(job, str) and job.isdigit():  # a Slurm run's job: it would hold the test cluster
+            try:
+                subprocess.run(["scancel", job], capture_output=True, timeout=30)
+            except (OSError, subprocess.SubprocessError):
+                pass
         for key in ("process", "supervisor"):
             ref = ProcessRef.from_json(run.get(key))
             if ref and is_alive(ref):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -168,7 +169,8 @@ def test_run_json_is_present_and_null(repo: Path):
                 "launched_at_unix", "identity", "preflight", "allow_dirty_reason", "supervisor", "process"):
         assert key in run, key
     assert run["config_path"] is None and run["config_sha256"] is None
-    assert set(run["process"]) == {"pid", "create_time", "pgid"}
+    assert set(run["process"]) == {"pid", "create_time", "pgid", "host"}
+    assert run["process"]["host"] == run["supervisor"]["host"] == socket.gethostname()  # where pid means this process
     assert run["process"]["pgid"] == run["process"]["pid"]
     assert set(run["supervisor"]) >= {"pid", "create_time"}
     assert run["supervisor"]["pid"] != run["process"]["pid"]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from stepwatch.tui.safe import SafeWriter
 from stepwatch.monitors.rundirs import (
-    RunNotFound, default_runs_dir, list_runs, live_attempt, owned_by_viewer, resolve_run,
+    RunNotFound, default_runs_dir, list_runs, live_attempt, live_words, owned_by_viewer, resolve_run,
 )
 
 # launcher/ (GitPython) and stepwatch.monitors.snapshot.observer are imported inside the commands that use them:
@@ -32,21 +32,12 @@ def _runs_dir(args: argparse.Namespace) -> Path:
 
 
 def _print_launch(res, verb: str) -> None:
-    from stepwatch.launcher.preflight import format_checklist_json  # noqa: PLC0415
+    from stepwatch.tui.plain import launch_lines  # noqa: PLC0415
 
-    for line in format_checklist_json(res.run.get("preflight") or {}):
-        print(line)
-    for a, b in res.rotated:
-        print(f"rotated {a.name} -> {b.name}")
-    for w in res.warnings:
+    out, warnings = launch_lines(res, verb)
+    print("\n".join(out))
+    for w in warnings:
         print(w, file=sys.stderr)
-    ident = res.run.get("identity") or {}
-    commit = (ident.get("harness_commit") or "none")[:12]
-    print(f"{verb} {res.run_dir.name} attempt {res.attempt}: pid {res.pid}, commit {commit}"
-          f"{' (dirty)' if ident.get('harness_dirty_at_launch') else ''}")
-    print(f"  run dir: {res.run_dir}")
-    print(f"  log:     {res.run_dir / 'train.log'}")
-    print(f"  watch:   stepwatch watch {res.run_dir} --plain")
 
 
 def _open_tui(run_dir: Path, args: argparse.Namespace) -> int:
@@ -114,7 +105,7 @@ def cmd_relaunch(args: argparse.Namespace) -> int:
         if live:
             from stepwatch.launcher.launch import LaunchRefused  # noqa: PLC0415
 
-            raise LaunchRefused(f"REFUSING: {run_dir.name} is still running ({live[0]} pid {live[1]}). "
+            raise LaunchRefused(f"REFUSING: {run_dir.name} is still running ({live_words(live)}). "
                                 f"Stop it first: stepwatch stop {run_dir}")
         _warn_survivors(run_dir)
         cfg, changes = relaunch_config(run_dir)
@@ -130,16 +121,8 @@ def cmd_relaunch(args: argparse.Namespace) -> int:
     return _launch_and_follow(args, make_cfg, "relaunched")
 
 
-def _describe_end(ex: dict | None) -> str:
-    if ex is None:
-        return "ended, status unknown (no exit.json)"
-    asked = "stopped as requested: " if ex.get("stop_requested") else ""
-    if ex.get("signal"):
-        return f"{asked}ended by {ex['signal']} after {ex.get('duration_s')} s"
-    return f"{asked}exited with code {ex.get('returncode')} after {ex.get('duration_s')} s"
-
-
 def cmd_stop(args: argparse.Namespace) -> int:
+    from stepwatch.tui.plain import describe_end, stop_lines  # noqa: PLC0415
     from stepwatch.launcher.stop import (  # noqa: PLC0415
         StopError, StopInProgress, kill_survivors, refuse_foreign, request_stop,
     )
@@ -173,25 +156,18 @@ def cmd_stop(args: argparse.Namespace) -> int:
         _err(str(e))
         return EXIT_FAILED
     if out.already_ended:
-        print(f"{run_dir.name} already ended: {_describe_end(out.exit)}; nothing to stop")
+        print(f"{run_dir.name} already ended: {describe_end(out.exit)}; nothing to stop")
         _warn_survivors(run_dir)
         return EXIT_OK
     if not out.waited:
         print(f"stop requested for {run_dir.name}; the supervisor sends SIGINT, then SIGTERM and SIGKILL "
               f"after {args.grace:g} s each. Follow with: stepwatch watch {run_dir} --plain")
         return EXIT_OK
-    sent = [s["signal"] for s in (out.stop or {}).get("signals", [])]
-    print(f"signals sent: {', '.join(sent) or 'none'}")
-    if out.supervisor_gone:
-        print(f"note: the supervisor of {run_dir.name} was gone, so this command escalated itself")
-    if out.exit is None and out.ended:
-        print(f"{run_dir.name} ended after {sent[-1] if sent else 'the stop'}; exit status unknown (the supervisor was gone)")
-        return EXIT_OK
-    if out.exit is None:
-        _err(f"{run_dir.name} has not ended yet; the supervisor keeps escalating")
-        return EXIT_FAILED
-    print(f"{run_dir.name} {_describe_end(out.exit)}")
-    return EXIT_OK
+    lines, failed = stop_lines(run_dir, out)
+    print("\n".join(lines[:-1] if failed else lines))
+    if failed:
+        _err(lines[-1])
+    return EXIT_FAILED if failed else EXIT_OK
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -249,6 +225,7 @@ def _warn_survivors(run_dir: Path) -> None:
 
 def cmd_runs(args: argparse.Namespace) -> int:
     from stepwatch.monitors.snapshot.observer import process_snapshot  # noqa: PLC0415
+    from stepwatch.tui.format import pid_or_job  # noqa: PLC0415
 
     runs_dir = _runs_dir(args)
     runs = list_runs(runs_dir)
@@ -261,7 +238,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
         end = s["signal"] or ("" if s["returncode"] is None else f"code {s['returncode']}")
         if (s.get("ended") or {}).get("stop_requested"):
             end = f"stopped ({end})" if end else "stopped"
-        print(f"{s['run'][:24]:24} {s['attempt'] or '-':>3} {s['state']:9} {s['pid'] or '-':>8} {_launched_at(d) or '-':24} {end}")
+        print(f"{s['run'][:24]:24} {s['attempt'] or '-':>3} {s['state']:9} {pid_or_job(s):>8} {_launched_at(d) or '-':24} {end}")
     return EXIT_OK
 
 
@@ -271,14 +248,22 @@ def _launched_at(run_dir: Path) -> str | None:
     return (read_json(run_dir / RUN_JSON) or {}).get("launched_at")
 
 
+def _pick_run(args: argparse.Namespace) -> Path | None:
+    """RUN (a run dir or a name under --runs-dir), else the newest live run, else the newest; None
+    after saying why (a usage error)."""
+    try:
+        return resolve_run(args.run, _runs_dir(args)) if args.run else _newest(args)
+    except RunNotFound as e:
+        _err(str(e))
+        return None
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from stepwatch.monitors.snapshot.model import json_safe  # noqa: PLC0415
     from stepwatch.monitors.snapshot.observer import RunObserver  # noqa: PLC0415
 
-    try:
-        run_dir = resolve_run(args.run, _runs_dir(args)) if args.run else _newest(args)
-    except RunNotFound as e:
-        _err(str(e))
+    run_dir = _pick_run(args)
+    if run_dir is None:
         return EXIT_USAGE
     snap = RunObserver(run_dir).refresh()
     if args.json:
@@ -318,11 +303,19 @@ def cmd_watch(args: argparse.Namespace) -> int:
     return watch(run_dir, as_json=args.json, every_n_steps=args.every)
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from stepwatch.monitors.export.prometheus import export  # noqa: PLC0415
+
+    run_dir = _pick_run(args)
+    if run_dir is None:
+        return EXIT_USAGE
+    export(run_dir, Path(args.textfile) if args.textfile else None, args.every, sys.stdout.write)
+    return EXIT_OK
+
+
 def cmd_attach(args: argparse.Namespace) -> int:
-    try:
-        run_dir = resolve_run(args.run, _runs_dir(args)) if args.run else _newest(args)
-    except RunNotFound as e:
-        _err(str(e))
+    run_dir = _pick_run(args)
+    if run_dir is None:
         return EXIT_USAGE
     return _open_tui(run_dir, args)
 
@@ -420,6 +413,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--json", action="store_true", help="one JSON object per line instead")
     sp.add_argument("--every", type=int, default=10, metavar="N", help="print the summary every N steps")
     sp.set_defaults(func=cmd_watch)
+
+    sp = sub.add_parser("export", help="the run's metrics in Prometheus' text format (stdout, or --textfile)")
+    common(sp)
+    sp.add_argument("run", nargs="?")
+    sp.add_argument("--textfile", metavar="PATH", help="write PATH for node-exporter's textfile collector (atomically)")
+    sp.add_argument("--every", type=float, default=0, metavar="S", help="again every S seconds (default: once)")
+    sp.set_defaults(func=cmd_export)
 
     sp = sub.add_parser("attach", help="open the TUI on an existing run (default: the newest live one)")
     common(sp)

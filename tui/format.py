@@ -6,6 +6,8 @@ import math
 import time
 from typing import Any
 
+from stepwatch.monitors.slurm import ABNORMAL_ENDS
+
 
 #: What the dynamo panel and ``status`` say when neither the log nor the events showed dynamo output.
 NO_DYNAMO_WORDS = "dynamo: no torch.compile output seen (recompiles unknown, not 0)"
@@ -86,10 +88,16 @@ def timing_words(snap: dict[str, Any]) -> str | None:
 
 
 def state_word(snap: dict[str, Any]) -> str:
-    """RUNNING / EXITED code / STOPPED (the operator asked) / KILLED signal / UNKNOWN, as the header shows it."""
+    """RUNNING / PENDING (a queued Slurm job) / EXITED code / STOPPED (the operator asked) / KILLED signal /
+    Slurm's end (TIMEOUT, CANCELLED, ...) / UNKNOWN, as the header shows it."""
     st = snap.get("state")
+    job = (snap.get("scheduler") or {}).get("state")
     if st == "running":
         return "RUNNING"
+    if st == "pending":
+        return f"{job or 'PENDING'}" if job in ("PENDING", "CONFIGURING", "RUNNING") else "PENDING"
+    if st == "exited" and job in ABNORMAL_ENDS:  # Slurm's word first: TIMEOUT, CANCELLED, NODE_FAIL ...
+        return job if snap.get("returncode") is None and not snap.get("signal") else f"{job} ({snap.get('signal') or 'exit ' + str(snap.get('returncode'))})"
     if st == "exited":
         if (snap.get("ended") or {}).get("stop_requested"):
             return f"STOPPED ({snap['signal'] or 'exit ' + str(snap.get('returncode'))})"
@@ -121,3 +129,30 @@ def tree_words(ident: dict[str, Any]) -> str:
     if dirty is True:
         return "DIRTY at launch"
     return "clean at launch" if dirty is False else "dirty at launch: unknown"
+
+
+def scheduler_words(sch: dict[str, Any] | None) -> str | None:
+    """``Slurm job 12 RUNNING on node01 · 0:41:03 left of 4:00:00`` / ``Slurm job 13 PENDING (Priority)``
+    / ``Slurm job 9 TIMEOUT, exit code 0:15``; None for a local run."""
+    if not sch:
+        return None
+    words = f"Slurm job {sch.get('job_id') or '(not submitted)'} {sch.get('state')}"
+    if sch.get("reason") and sch.get("state") != "RUNNING":
+        words += f" ({sch['reason']})"
+    if sch.get("nodes"):
+        words += f" on {sch['nodes']}"
+    if sch.get("exit_code") and sch.get("state") not in ("RUNNING", "PENDING"):
+        words += f", exit code {sch['exit_code']}"
+    if sch.get("time_left_s") is not None and sch.get("state") == "RUNNING":
+        words += f" · {hms(sch['time_left_s'])} left of {hms(sch.get('time_limit_s'))}"
+    if sch.get("stale"):
+        words += f" · last asked {hms(sch.get('poll_age_s'))} ago (the job watcher stopped?)"
+    if sch.get("error"):
+        words += f" · {sch['error']}"
+    return words
+
+
+def pid_or_job(snap: dict[str, Any]) -> str:
+    """The runs list's PID cell: the training process's pid, else a Slurm run's ``job N``, else ``-``."""
+    job = (snap.get("scheduler") or {}).get("job_id")
+    return str(snap.get("pid") or (f"job {job}" if job else "-"))

@@ -18,7 +18,7 @@ from stepwatch.monitors.runfiles import utc_iso
 from stepwatch.monitors.snapshot.alerts import end_words
 from stepwatch.monitors.snapshot.disk import full_words
 from stepwatch.tui.format import (NO_DYNAMO_WORDS, attention_words, eta_words, health_words, no_dynamo_output,
-                                  timing_words, tree_words, versions_words)
+                                  scheduler_words, timing_words, tree_words, versions_words)
 from stepwatch.monitors.snapshot.model import json_safe, run_ended
 from stepwatch.monitors.snapshot.metrics import metrics_words
 from stepwatch.monitors.snapshot.ranks import latest_per_rank, restarts_words
@@ -40,7 +40,9 @@ def status_lines(snap: dict[str, Any]) -> list[str]:
     lines = [f"{snap['run']} attempt {snap.get('attempt') or '-'}: {snap['state']}"
              + (f", pid {snap['pid']}" if snap.get("pid") else "")
              + (f" ({end_words(snap)})" if run_ended(snap) else "")]
-    if snap["state"] == "running" and snap.get("supervisor_alive") is False:
+    if snap.get("scheduler"):
+        lines.append(f"  {scheduler_words(snap['scheduler'])}")
+    if snap["state"] == "running" and snap.get("supervisor_alive") is False and not snap.get("scheduler"):
         lines.append("  WARNING: the supervisor is gone (killed?): the run goes on, but no exit code will be recorded "
                      "and `stop` will escalate from the command line itself")
     e = snap.get("eta") or {}
@@ -196,3 +198,49 @@ def watch(run_dir: Path, as_json: bool = False, every_n_steps: int = 10, out: Te
             wait_for_exit(ref, timeout_s=poll_s, poll_s=poll_s)
         else:
             time.sleep(poll_s)
+
+
+def launch_lines(res: Any, verb: str) -> tuple[list[str], list[str]]:
+    """What ``launch`` / ``relaunch`` print (stdout lines) and warn (stderr) about a LaunchResult:
+    the checklist, the rotations, the attempt (its pid, or the Slurm job it was submitted as)."""
+    from stepwatch.launcher.preflight import format_checklist_json  # noqa: PLC0415
+
+    out = list(format_checklist_json(res.run.get("preflight") or {}))
+    out += [f"rotated {a.name} -> {b.name}" for a, b in res.rotated]
+    ident = res.run.get("identity") or {}
+    job = (res.run.get("scheduler") or {}).get("job_id")
+    where = f"submitted as Slurm job {job} (the supervisor starts with it)" if job else f"pid {res.pid}"
+    out += [f"{verb} {res.run_dir.name} attempt {res.attempt}: {where}, commit {(ident.get('harness_commit') or 'none')[:12]}"
+            f"{' (dirty)' if ident.get('harness_dirty_at_launch') else ''}",
+            f"  run dir: {res.run_dir}", f"  log:     {res.run_dir / 'train.log'}",
+            f"  watch:   stepwatch watch {res.run_dir} --plain"]
+    return out, list(res.warnings)
+
+
+def describe_end(ex: dict | None) -> str:
+    """``exited with code 3 after 1.2 s`` / ``stopped as requested: ended by SIGINT after ...`` (exit.json)."""
+    if ex is None:
+        return "ended, status unknown (no exit.json)"
+    asked = "stopped as requested: " if ex.get("stop_requested") else ""
+    if ex.get("signal"):
+        return f"{asked}ended by {ex['signal']} after {ex.get('duration_s')} s"
+    return f"{asked}exited with code {ex.get('returncode')} after {ex.get('duration_s')} s"
+
+
+def stop_lines(run_dir: Path, out: Any) -> tuple[list[str], bool]:
+    """What ``stop`` prints once it waited (a StopOutcome), and whether the run has not ended (exit 1;
+    the last line then goes to stderr)."""
+    sent = [s["signal"] for s in (out.stop or {}).get("signals", [])]
+    queued = ((out.stop or {}).get("ended_by") or {}).get("job_cancelled_while")
+    if queued:
+        return [f"{run_dir.name}: Slurm job {(out.stop['signals'][0] or {}).get('job_id')} cancelled while {queued}; "
+                "nothing had started"], False
+    lines = [f"signals sent: {', '.join(sent) or 'none'}"]
+    if out.supervisor_gone:
+        lines.append(f"note: the supervisor of {run_dir.name} was gone, so this command escalated itself")
+    if out.exit is None and out.ended:
+        return [*lines, f"{run_dir.name} ended after {sent[-1] if sent else 'the stop'}; exit status unknown "
+                        "(the supervisor was gone)"], False
+    if out.exit is None:
+        return [*lines, f"{run_dir.name} has not ended yet; the supervisor keeps escalating"], True
+    return [*lines, f"{run_dir.name} {describe_end(out.exit)}"], False

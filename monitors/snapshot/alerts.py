@@ -21,6 +21,8 @@ from stepwatch.monitors.runfiles import utc_iso
 from stepwatch.monitors.snapshot.model import run_ended, shallow
 from stepwatch.monitors.snapshot.disk import end_cause, full_words
 from stepwatch.monitors.snapshot.metrics import metric_alerts
+from stepwatch.monitors.slurm import ABNORMAL_ENDS
+from stepwatch.monitors.snapshot.scheduler import scheduler_alerts
 from stepwatch.monitors.snapshot.ranks import rank_alerts, ranks_last_words, root_cause_words
 
 
@@ -29,6 +31,11 @@ def end_words(snap: dict[str, Any]) -> str:
     ended = snap.get("ended") or {}
     dur = ended.get("duration_s")
     after = f" after {dur:.1f} s" if isinstance(dur, (int, float)) else ""
+    job = (snap.get("scheduler") or {}).get("state")
+    if job in ABNORMAL_ENDS and not ended.get("stop_requested"):
+        return f"ended by Slurm ({job}): " + (f"killed by {snap['signal']}" if snap.get("signal") else
+                                             f"exited with code {snap['returncode']}" if snap.get("returncode") is not None
+                                             else "no exit record from the supervisor") + after
     if ended.get("stop_requested"):
         how = f"{snap['signal']}" if snap.get("signal") else f"exit code {snap.get('returncode')}"
         return f"stopped as requested ({how}){stop_who(snap)}{after}"
@@ -105,6 +112,7 @@ def alerts_for(snap: dict[str, Any], *, first_seen: MutableMapping[str, float],
                          f"{ranks_last_words(snap)}", stall_at))
     out.extend(rank_alerts(snap, alert, first_seen))
     out.extend(metric_alerts(snap, alert, first_seen))
+    out.extend(scheduler_alerts(snap, alert, first_seen))
     disk = snap.get("disk") or {}
     if disk.get("full") and (snap["state"] == "running" or snap.get("supervisor_alive")):
         out.append(alert(first_seen, att, "disk_full", "run_dir",
@@ -122,6 +130,8 @@ def alerts_for(snap: dict[str, Any], *, first_seen: MutableMapping[str, float],
         bad = unknown or snap.get("signal") or snap.get("returncode") not in (0, None) or ended.get("error")
         if ended.get("stop_requested"):
             bad = False  # the operator asked for it: an event (exit.json says how it ended), not an alert
+        if snap.get("returncode") is None and (snap.get("scheduler") or {}).get("state") in ABNORMAL_ENDS:
+            bad = False  # Slurm ended it before the supervisor could say: the job_end alert names how
         if bad:
             tb = snap["log"].get("traceback_last_line")
             last = f"traceback: {tb}" if tb else f"last log line: {snap['log'].get('last_line')!r}"

@@ -16,7 +16,7 @@ SNAPSHOT_KEYS = (
     "versions", "step", "step_seconds", "step_line", "throughput", "eta_s", "warmup", "fallback", "stall",
     "dynamo", "attn_implementation", "gpu", "gpu_error", "gpu_source", "gpu_history", "alerts", "identity",
     "log", "events", "histogram", "recent_dt", "process_verdict", "stop", "last_logs", "survivors", "supervisor_alive",
-    "metrics", "metrics_series", "eta", "health",
+    "metrics", "metrics_series", "eta", "health", "scheduler",
 )
 
 
@@ -54,6 +54,7 @@ def null_snapshot() -> dict[str, Any]:
         "histogram": {"edges_s": [], "counts": []},
         "recent_dt": [],
         "process_verdict": None, "stop": None, "last_logs": None, "survivors": [], "supervisor_alive": None,
+        "scheduler": None,
     }
 
 

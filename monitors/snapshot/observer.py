@@ -42,14 +42,14 @@ from stepwatch.monitors.readers.jsonl import EventReader
 from stepwatch.monitors.readers.loglines import LogLines
 from stepwatch.monitors.readers.textlog import DEFAULT_MAX_BYTES_PER_POLL, LogFollower
 from stepwatch.monitors.rundirs import CachedSurvivors
-from stepwatch.monitors.runfiles import (ALERTS_JSONL, EVENTS_JSONL, EXIT_JSON, LOG_STEPS_JSONL, RUN_JSON,
-                                         STOP_JSON, TRAIN_LOG, read_json, size_at_most)
+from stepwatch.monitors.runfiles import (ALERTS_JSONL, EVENTS_JSONL, LOG_STEPS_JSONL, RUN_JSON,
+                                         TRAIN_LOG, read_json, size_at_most)
 from stepwatch.monitors.snapshot.acks import acknowledge, read_acked
 from stepwatch.monitors.snapshot.alerts import alerts_for, channel_names, merge_alerts, read_alert_records
 from stepwatch.monitors.snapshot.dynamo import dynamo_status
 from stepwatch.monitors.snapshot.model import json_safe, null_snapshot, obj, run_ended, shallow
+from stepwatch.monitors.snapshot.process import process_part
 from stepwatch.monitors.stats.stepstats import StepStats
-from stepwatch.monitors.watchdog import ProcessRef, probe
 
 __all__ = ["RunObserver", "ViewUpdate", "json_safe", "run_ended", "snapshot", "process_snapshot"]
 
@@ -61,8 +61,6 @@ LOG_FULL_READ_MAX_BYTES = 64 * 1024 * 1024
 #: (the traceback) and every dynamo record. Bounded, so a writer faster than the reader cannot pin it.
 LOG_POLLS_PER_REFRESH = LOG_FULL_READ_MAX_BYTES // DEFAULT_MAX_BYTES_PER_POLL + 2
 RECENT_STEPS = 60
-#: A run.json whose supervisor recorded nothing this long after launch: the supervisor died first.
-SUPERVISOR_SILENT_S = 60.0
 HIST_BINS = 24
 #: New complete log lines one view update carries at most (the log panel keeps 1,000): an attach to
 #: a long log brings its last lines and says the panel starts over (``log_reset``).
@@ -245,7 +243,7 @@ class RunObserver:
                 self.a.close()
                 self._attempt_changed = True
             self.a = self._new_attempt(key, resume=True)
-        self._process_part(snap, run)
+        process_part(self.run_dir, snap, run)
         self.a = a = self._read_events(self.a, key)
         self._read_log(a)
         a.gpu.read()
@@ -298,37 +296,6 @@ class RunObserver:
         except OSError as e:
             self.session_acked = self.session_acked | frozenset(alert_ids)
             return f"could not write acks.jsonl ({e}); acknowledged for this session only"
-
-    def _process_part(self, snap: dict[str, Any], run: dict[str, Any]) -> None:
-        snap["run"] = run.get("name") or self.run_dir.name
-        snap["attempt"] = run.get("attempt")
-        snap["identity"] = run.get("identity")
-        snap["launched_at_unix"] = run.get("launched_at_unix")
-        proc = ProcessRef.from_json(run.get("process"))
-        snap["pid"] = proc.pid if proc else None
-        verdict = probe(proc) if proc else None
-        snap["process_verdict"] = verdict
-        snap["alive"] = verdict == "alive"
-        ex = read_json(self.run_dir / EXIT_JSON)
-        if ex is not None:
-            snap["returncode"] = ex.get("returncode")
-            snap["signal"] = ex.get("signal")
-            snap["ended"] = {k: ex.get(k) for k in ("ended_at", "ended_at_unix", "duration_s", "stop_requested", "error",
-                                                 "write_errors")}
-        sup_ref = ProcessRef.from_json(run.get("supervisor"))
-        snap["supervisor_alive"] = sup_ref is not None and probe(sup_ref) == "alive"
-        if snap["alive"]:
-            snap["state"] = "running"
-        elif ex is not None:
-            snap["state"] = "exited"
-        elif proc is None and not run.get("start_error"):
-            sup = ProcessRef.from_json(run.get("supervisor"))
-            launched = run.get("launched_at_unix")
-            silent = isinstance(launched, (int, float)) and time.time() - launched > SUPERVISOR_SILENT_S
-            if (sup is not None and probe(sup) != "alive") or (sup is None and silent):
-                # the supervisor died before it recorded the child: nothing will ever say more
-                snap["process_verdict"] = "never_recorded"
-        snap["stop"] = read_json(self.run_dir / STOP_JSON)
 
     def _steps_part(self, snap: dict[str, Any], a: _Attempt, now: float) -> None:
         rs = a.ev.run_start or {}
@@ -430,6 +397,6 @@ def process_snapshot(run_dir: Path) -> dict[str, Any]:
     snap["run_dir"], snap["run"] = str(run_dir), run_dir.name
     run = read_json(run_dir / RUN_JSON)
     if run is not None:
-        RunObserver(run_dir)._process_part(snap, run)
+        process_part(run_dir, snap, run)
     return snap
 

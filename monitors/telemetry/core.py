@@ -73,12 +73,15 @@ def _env_int(env: Mapping[str, str], name: str) -> int | None:
 
 def rank_from_env(env: Mapping[str, str] | None = None) -> tuple[int, int]:
     """``(rank, world_size)`` from torchrun's variables: ``RANK`` (else ``LOCAL_RANK``, else 0) and
-    ``WORLD_SIZE`` (else 1)."""
+    ``WORLD_SIZE`` (else 1); in a task of an ``srun`` step (``SLURM_STEP_ID`` set: never the batch
+    script itself) without them, Slurm's ``SLURM_PROCID`` and ``SLURM_STEP_NUM_TASKS``."""
     env = os.environ if env is None else env
     rank = _env_int(env, "RANK")
     if rank is None:
         rank = _env_int(env, "LOCAL_RANK")
     world = _env_int(env, "WORLD_SIZE")
+    if rank is None and env.get("SLURM_STEP_ID") is not None:
+        rank, world = _env_int(env, "SLURM_PROCID"), world or _env_int(env, "SLURM_STEP_NUM_TASKS")
     return (rank if rank is not None else 0), (world if world is not None and world > 0 else 1)
 
 

@@ -39,6 +39,8 @@ from stepwatch.monitors.watch.logsteps import LogStepTimer, encode_records
 DETECT_EVERY_S = 1.0
 #: After the child ended: how long deliveries in flight are waited for before the supervisor exits.
 FINAL_DELIVERY_WAIT_S = 40.0
+#: Alert kinds only the scheduler can raise, recorded by the login node's job watcher.
+SCHEDULER_ALERT_KINDS = frozenset({"job_end", "time_limit"})
 
 
 def evidence_of(snap: dict[str, Any], kind: str) -> dict[str, Any]:
@@ -128,54 +130,78 @@ class LogTimerThread(threading.Thread):
             self.out.close()
 
 
-def watch_attempt(run_dir: Path, run: dict[str, Any], child_done: threading.Event,
-                  log: Callable[[str], None] = lambda m: None) -> None:
-    """Watch one attempt until ``child_done`` is set, then record its last alerts and wait (bounded)
-    for their delivery. Never raises."""
-    stop_log = threading.Event()
-    timer = LogTimerThread(run_dir, stop_log, log)
-    timer.start()
-    config = (run.get("config") or {}).get("alerts") or {}
-    config = dict(config) if isinstance(config, dict) else {}
-    config["urls"] = read_push_urls(run_dir)  # kept out of run.json, which other users may read
-    alerts_file = AttemptFile(run_dir / ALERTS_JSONL, log)
-    deliverer = Deliverer(run_dir, alerts_file.append_json, config, str(run.get("name") or run_dir.name), log=log)
-    observer = RunObserver(run_dir, use_saved_state=False)
-    recorded: set[str] = set()
+class AlertRecorder:
+    """Appends each new alert of a :class:`RunObserver`'s snapshot once to ``alerts.jsonl`` with its
+    evidence and hands it to the :class:`Deliverer`; ``kinds`` (a set) limits it to those alert
+    kinds, ``skip`` leaves those out (the supervisor and the login node's job watcher split the
+    kinds: each alert has one recorder)."""
 
-    def detect() -> None:
-        snap = observer.refresh()
+    def __init__(self, run_dir: Path, run: dict[str, Any], log: Callable[[str], None],
+                 kinds: frozenset[str] | None = None, skip: frozenset[str] = frozenset()):
+        config = (run.get("config") or {}).get("alerts") or {}
+        config = dict(config) if isinstance(config, dict) else {}
+        config["urls"] = read_push_urls(run_dir)  # kept out of run.json, which other users may read
+        self.file = AttemptFile(run_dir / ALERTS_JSONL, log)
+        self.deliverer = Deliverer(run_dir, self.file.append_json, config, str(run.get("name") or run_dir.name), log=log)
+        self.observer = RunObserver(run_dir, use_saved_state=False)
+        self.kinds, self.skip, self.log = kinds, skip, log
+        self.recorded: set[str] = set()
+
+    def detect(self) -> dict[str, Any]:
+        """One refresh; records and delivers what is new. Returns the snapshot."""
+        snap = self.observer.refresh()
         for al in snap.get("alerts") or []:
-            if al["id"] in recorded or al.get("recorded"):
-                recorded.add(al["id"])
+            if al["id"] in self.recorded or al.get("recorded") or al["kind"] in self.skip or (
+                    self.kinds is not None and al["kind"] not in self.kinds):
+                self.recorded.add(al["id"])
                 continue
-            recorded.add(al["id"])
+            self.recorded.add(al["id"])
             rec = {"v": 1, "kind": "alert", "id": al["id"], "alert_kind": al["kind"], "level": level_of(al["kind"]),
                    "message": al["message"], "at": al["at"], "t": time.time(), "evidence": evidence_of(snap, al["kind"])}
             try:
-                alerts_file.append_json(rec)
+                self.file.append_json(rec)
             except (OSError, ValueError) as e:
-                log(f"could not record alert {al['id']}: {e}")
-            deliverer.submit(al)
+                self.log(f"could not record alert {al['id']}: {e}")
+            self.deliverer.submit(al)
             if al["kind"] in STACK_KINDS and (pid := stack_target(snap, al)) is not None:
-                record_stack_later(al["id"], pid, alerts_file.append_json, log)
+                record_stack_later(al["id"], pid, self.file.append_json, self.log)
+        return snap
 
+    def finish(self) -> None:
+        """Wait (bounded) for the deliveries in flight, then close the file."""
+        if not self.deliverer.wait(FINAL_DELIVERY_WAIT_S):
+            self.log(f"deliveries still in flight after {FINAL_DELIVERY_WAIT_S:g} s; leaving them")
+        self.file.close()
+
+
+def watch_attempt(run_dir: Path, run: dict[str, Any], child_done: threading.Event,
+                  log: Callable[[str], None] = lambda m: None, exporter: Any = None) -> None:
+    """Watch one attempt until ``child_done`` is set, then record its last alerts and wait (bounded)
+    for their delivery. Never raises. The scheduler's alerts (a Slurm run's job end, its time limit)
+    are the login node's job watcher's to record (:mod:`.jobwatch`). ``exporter`` (the Prometheus
+    endpoint, :class:`stepwatch.monitors.export.prometheus.Exporter`) gets each snapshot."""
+    stop_log = threading.Event()
+    timer = LogTimerThread(run_dir, stop_log, log)
+    timer.start()
+    recorder = AlertRecorder(run_dir, run, log, skip=SCHEDULER_ALERT_KINDS)
     try:
         while not child_done.is_set():
             try:
-                detect()
+                snap = recorder.detect()
+                if exporter is not None:
+                    exporter.update(snap)
             except Exception as e:  # noqa: BLE001 - a detector bug must not end the watching
                 log(f"detector loop: {type(e).__name__}: {e}")
             child_done.wait(DETECT_EVERY_S)
         stop_log.set()
         timer.join(10.0)
         try:
-            detect()  # the end: the watchdog's verdict, the log's last steps
+            snap = recorder.detect()  # the end: the watchdog's verdict, the log's last steps
+            if exporter is not None:
+                exporter.update(snap)
         except Exception as e:  # noqa: BLE001
             log(f"detector loop (final): {type(e).__name__}: {e}")
-        if not deliverer.wait(FINAL_DELIVERY_WAIT_S):
-            log(f"deliveries still in flight after {FINAL_DELIVERY_WAIT_S:g} s; leaving them")
     except Exception as e:  # noqa: BLE001
         log(f"watching stopped: {type(e).__name__}: {e}")
     finally:
-        alerts_file.close()
+        recorder.finish()

@@ -14,7 +14,7 @@ from textual.widgets import DataTable, Footer, Static
 
 from stepwatch.monitors.rundirs import list_runs
 from stepwatch.monitors.snapshot.observer import RunObserver
-from stepwatch.tui.format import secs, state_word
+from stepwatch.tui.format import pid_or_job, secs, state_word
 from stepwatch.tui.messages import RunsListed
 from stepwatch.tui.safe import safe_text
 
@@ -75,7 +75,7 @@ class HomeScreen(Screen):
         self.rows = msg.rows
         for s in msg.rows:
             step = s.get("step") or {}
-            cells = (s.get("run"), state_word(s), str(s.get("attempt") or "-"), str(s.get("pid") or "-"),
+            cells = (s.get("run"), state_word(s), str(s.get("attempt") or "-"), pid_or_job(s),
                      f"{step.get('global_step') if step.get('global_step') is not None else '-'}/{step.get('max_steps') or '?'}",
                      secs((s.get("step_seconds") or {}).get("p50")), str(s["_open_alerts"] or ""))
             t.add_row(*(safe_text(c) for c in cells))  # a str cell would be parsed as markup

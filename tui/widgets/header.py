@@ -13,6 +13,15 @@ from stepwatch.tui.format import eta_words, hms, state_word
 from stepwatch.tui.safe import safe_text
 
 
+def _where(snap: dict[str, Any]) -> str:
+    """``pid 812``, or for a Slurm run ``job 12 0:41:03 left`` (the time left of its limit)."""
+    sch = snap.get("scheduler")
+    if not sch:
+        return f"pid {snap.get('pid') or '-'}"
+    left = sch.get("time_left_s")
+    return f"job {sch.get('job_id') or '-'}" + (f" {hms(left)} left" if left is not None and snap.get("state") == "running" else "")
+
+
 class RunHeader(Static):
     """One line: ``run  STATE  pid  elapsed  step k/N  ETA``. Updated only when its text changes."""
 
@@ -27,7 +36,7 @@ class RunHeader(Static):
         style = {"RUNNING": "bold green"}.get(word, "bold" if word.startswith("STOPPED") else "bold red" if word.startswith(("KILLED", "EXITED")) and word != "EXITED 0" else "bold yellow")
         t = Text.assemble(
             (f" {snap.get('run')} ", "bold"), (f"#{snap.get('attempt') or '-'} ", "dim"), (f" {word} ", style),
-            f" pid {snap.get('pid') or '-'} {hms(elapsed)} step {k if k is not None else '-'}/{n or '?'}",
+            f" {_where(snap)} {hms(elapsed)} step {k if k is not None else '-'}/{n or '?'}",
             f" ETA {eta_words(snap.get('eta') or {})}",
         )
         if t.plain != getattr(self, "_last", None):

@@ -1,0 +1,1 @@
+"""Exporting a run to the monitoring stacks people already run (Prometheus)."""

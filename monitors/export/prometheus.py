@@ -1,0 +1,263 @@
+"""A run's state in Prometheus' text format, from the status snapshot (the one object every view draws).
+
+:class:`SnapshotCollector` turns a snapshot into metric families on each scrape (``prometheus_client``,
+a registry of its own, never the process default). The supervisor serves it for its run when the
+config asks (``[export] prometheus = "127.0.0.1:9464"``, or a port range ``"127.0.0.1:9464-9480"``:
+the first free one), from the snapshot its detector loop made last (about once a second): a scrape
+reads no file. ``stepwatch export RUN --textfile PATH`` writes the same text for node-exporter's
+textfile collector (a temp file, then a rename).
+
+Names follow Prometheus' conventions: one ``stepwatch_`` prefix, base units (seconds, watts, ratios
+0..1), ``_total`` for counters, ``stepwatch_run_info`` for identity; labels ``run`` and ``attempt`` on
+every series, ``rank``, ``gpu``, ``kind``, ``quantile``, ``state``, ``name`` where they apply (each has
+a handful of values: no high-cardinality label). A value the snapshot does not know is absent, never 0.
+Each number is the snapshot's own: step times nearest-rank, first step excluded
+(:mod:`stepwatch.monitors.stats.stepstats`), GPU figures from NVML via gpu.jsonl.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from stepwatch.monitors.runfiles import write_bytes_atomic
+
+#: Slurm job states exported as ``stepwatch_scheduler_state{state=...}`` (1 for the current one).
+SCHEDULER_STATES = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "COMPLETED", "FAILED", "CANCELLED",
+                    "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "UNKNOWN")
+_FALLBACK = {"ok": 0.0, "suspected": 1.0, "flagged": 2.0}
+
+
+_LABEL_OK = re.compile(r"[^A-Za-z0-9 _.+:/@-]")
+_METRIC_NAME = re.compile(r"^[A-Za-z0-9_./-]{1,32}$")
+
+
+def _label(v: Any) -> str:
+    """A label value read from a run's files: printable ASCII of a few safe kinds, at most 64 chars
+    (a file's bytes never reach the scraper as they are)."""
+    return _LABEL_OK.sub("?", str(v or ""))[:64]
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if type(v) in (int, float) and v == v and abs(v) != float("inf") else None
+
+
+class SnapshotCollector(Collector):
+    """Metric families from ``snapshot()`` (None: nothing to say yet, only ``stepwatch_exporter_up``)."""
+
+    def __init__(self, snapshot: Callable[[], dict[str, Any] | None]):
+        self.snapshot = snapshot
+
+    def collect(self) -> Iterable[Metric]:
+        snap = self.snapshot()
+        up = GaugeMetricFamily("stepwatch_exporter_snapshot_ready", "1 once the exporter holds a snapshot of the run")
+        up.add_metric([], 0.0 if snap is None else 1.0)
+        yield up
+        if snap is None:
+            return
+        yield from families(snap)
+
+
+def families(snap: dict[str, Any]) -> list[Metric]:
+    """Every metric family of one snapshot (see the module docstring for the names)."""
+    base = ["run", "attempt"]
+    lv = [_label(snap.get("run")), _label(snap.get("attempt"))]
+    out: list[Metric] = []
+    gauges: dict[str, GaugeMetricFamily] = {}
+
+    def gauge(name: str, doc: str, value: Any, extra: dict[str, str] | None = None) -> None:
+        """One sample of the gauge family ``name`` (made on first use); an unknown value adds none."""
+        if name not in gauges:
+            gauges[name] = GaugeMetricFamily(name, doc, labels=base + list(extra or {}))
+            out.append(gauges[name])
+        v = _num(value)
+        if v is not None:
+            gauges[name].add_metric(lv + list((extra or {}).values()), v)
+
+    ident = snap.get("identity") or {}
+    info = InfoMetricFamily("stepwatch_run", "The run's identity, sampled at launch", labels=base)
+    versions = snap.get("versions") or {}
+    info.add_metric(lv, {"commit": _label(ident.get("harness_commit"))[:12], "branch": _label(ident.get("branch")),
+                         "torch": _label(versions.get("torch")), "transformers": _label(versions.get("transformers"))})
+    out.append(info)
+    gauge("stepwatch_training_process_up", "1 while the training process (pid + create time) is alive",
+          1.0 if snap.get("state") == "running" else 0.0)
+    gauge("stepwatch_supervisor_up", "1 while the run's supervisor is alive", 1.0 if snap.get("supervisor_alive") else 0.0)
+    gauge("stepwatch_run_ended", "1 once the attempt ended (exit.json, or Slurm said so)",
+          1.0 if snap.get("state") == "exited" else 0.0)
+    if snap.get("state") == "exited":
+        gauge("stepwatch_exit_code", "The training process's exit code (absent when killed by a signal)",
+              snap.get("returncode"))
+    step = snap.get("step") or {}
+    steps = CounterMetricFamily("stepwatch_steps", "Optimizer steps completed (global_step)", labels=base)
+    if _num(step.get("global_step")) is not None:
+        steps.add_metric(lv, float(step["global_step"]))
+    out.append(steps)
+    gauge("stepwatch_max_steps", "The planned number of optimizer steps", step.get("max_steps"))
+    ss = snap.get("step_seconds") or {}
+    counted = CounterMetricFamily("stepwatch_step_time_observations", "Step times counted (the first step excluded)",
+                                  labels=base)
+    counted.add_metric(lv, float(ss.get("n") or 0))
+    out.append(counted)
+    for key in ("p50", "p90", "p99", "min", "max"):  # not a Prometheus summary: nearest-rank over the attempt
+        gauge(f"stepwatch_step_time_{key}_seconds", f"Seconds per optimizer step, {key} (nearest-rank over the "
+              "attempt's counted steps, the first step excluded)", ss.get(key))
+    gauge("stepwatch_step_time_last_seconds", "The last optimizer step's seconds", ss.get("last"))
+    fb, st = snap.get("fallback") or {}, snap.get("stall") or {}
+    gauge("stepwatch_fallback_state", "Bimodal step times (a silent eager fallback): 0 ok, 1 suspected, 2 flagged; "
+          "absent while not judged", _FALLBACK.get(fb.get("state")))
+    gauge("stepwatch_stalled", "1 while the process is alive but no optimizer step ends (stall detector); absent "
+          "while not judged", {"stalled": 1.0, "ok": 0.0}.get(st.get("state")))
+    gauge("stepwatch_current_step_elapsed_seconds", "Seconds since the last optimizer step ended",
+          st.get("current_step_elapsed_s"))
+    eta = snap.get("eta") or {}
+    gauge("stepwatch_eta_seconds", "Seconds to the planned last step at the recent rate", eta.get("eta_s"))
+    tp = snap.get("throughput") or {}
+    gauge("stepwatch_tokens_per_second", "Padded tokens per second (the job's own counts)", tp.get("tokens_per_s"))
+    gauge("stepwatch_real_tokens_per_second", "Real (unpadded) tokens per second", tp.get("real_tokens_per_s"))
+    d = snap.get("dynamo") or {}
+    for key, name, doc in (("recompiles", "stepwatch_recompiles", "torch.compile / dynamo recompiles"),
+                           ("graph_breaks", "stepwatch_graph_breaks", "dynamo graph breaks"),
+                           ("recompile_limit_hits", "stepwatch_recompile_limit_hits",
+                            "dynamo recompile-limit hits (that frame then runs eagerly)")):
+        c = CounterMetricFamily(name, doc, labels=base)
+        if _num(d.get(key)) is not None:
+            c.add_metric(lv, float(d[key]))
+        out.append(c)
+    raised = CounterMetricFamily("stepwatch_alerts", "Alerts raised in the attempt, by kind", labels=base + ["kind"])
+    active: dict[str, int] = {}
+    for kind in sorted({_label(a.get("kind")) for a in snap.get("alerts") or [] if isinstance(a.get("kind"), str)}):
+        mine = [a for a in snap["alerts"] if _label(a.get("kind")) == kind]
+        raised.add_metric(lv + [kind], float(len(mine)))
+        active[kind] = sum(1 for a in mine if a.get("active") is not False and not a.get("acknowledged"))
+    out.append(raised)
+    for kind, n in active.items():
+        gauge("stepwatch_alerts_unacknowledged", "Alerts of a kind not acknowledged and still active", n, {"kind": kind})
+    for name, m in (snap.get("metrics") or {}).items():
+        if not (isinstance(name, str) and _METRIC_NAME.match(name)):
+            continue  # a name the log made up: not a label
+        gauge("stepwatch_log_metric", "The latest value the training log or the emitter gave a metric "
+              "(loss, learning rate, grad norm, eval loss)", m.get("value") if isinstance(m, dict) else None,
+              {"name": name})
+    for r in snap.get("ranks") or []:
+        if isinstance(r, dict) and isinstance(r.get("rank"), int) and r.get("alive") is not None:
+            gauge("stepwatch_rank_up", "1 while a rank's latest process is alive", 1.0 if r.get("alive") else 0.0,
+                  {"rank": str(r["rank"])})
+            gauge("stepwatch_rank_step_time_p50_seconds", "A rank's median seconds per optimizer step (nearest-rank)",
+                  (r.get("steps") or {}).get("p50"), {"rank": str(r["rank"])})
+    for g in snap.get("gpu") or []:
+        lab = {"gpu": str(g.get("index"))}
+        pct = lambda k: None if _num(g.get(k)) is None else g[k] / 100.0  # noqa: E731 - percent to a ratio
+        gauge("stepwatch_gpu_utilization_ratio", "NVML utilization (kernel-active time), 0..1", pct("util_pct"), lab)
+        gauge("stepwatch_gpu_sm_active_ratio", "SM activity (GPM), 0..1", pct("sm_active_pct"), lab)
+        gauge("stepwatch_gpu_tensor_active_ratio", "Tensor-core activity (GPM), 0..1", pct("tensor_active_pct"), lab)
+        gauge("stepwatch_gpu_power_watts", "Power draw", g.get("power_w"), lab)
+        gauge("stepwatch_gpu_power_limit_watts", "The enforced power limit", g.get("power_limit_w"), lab)
+        gauge("stepwatch_gpu_memory_used_bytes", "Device memory in use", g.get("mem_used_bytes"), lab)
+        gauge("stepwatch_gpu_used_by_run", "1 when a process of the run holds the device", 1.0 if g.get("used_by_run") else 0.0, lab)
+    gauge("stepwatch_gpu_visible", "GPUs NVML reports for the run (absent: NVML unavailable)",
+          len(snap["gpu"]) if snap.get("gpu") is not None else None)
+    sch = snap.get("scheduler")
+    if sch:
+        for state in SCHEDULER_STATES:
+            gauge("stepwatch_scheduler_state", "1 for the Slurm job's current state", 1.0 if sch.get("state") == state else 0.0,
+                  {"state": state})
+        gauge("stepwatch_scheduler_time_left_seconds", "Seconds left of the Slurm job's time limit", sch.get("time_left_s"))
+        gauge("stepwatch_scheduler_time_limit_seconds", "The Slurm job's time limit", sch.get("time_limit_s"))
+    return out
+
+
+def registry_for(snapshot: Callable[[], dict[str, Any] | None]) -> CollectorRegistry:
+    """A registry of its own holding one :class:`SnapshotCollector` (never the process default)."""
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(SnapshotCollector(snapshot))
+    return reg
+
+
+def text_of(snap: dict[str, Any]) -> bytes:
+    """The exposition text of one snapshot."""
+    return generate_latest(registry_for(lambda: snap))
+
+
+def write_textfile(snap: dict[str, Any], path: Path) -> None:
+    """Write the text for node-exporter's textfile collector: a temp file beside ``path``, then a
+    rename (the collector never reads half a file)."""
+    write_bytes_atomic(path, text_of(snap), mode=0o644)
+
+
+def export(run_dir: Path, textfile: Path | None, every_s: float, write: Callable[[str], Any]) -> None:
+    """``stepwatch export``: the run's text to ``write`` (stdout), or to ``textfile`` for node-exporter
+    (atomically), once, or every ``every_s`` seconds until interrupted."""
+    from stepwatch.monitors.snapshot.observer import RunObserver  # noqa: PLC0415
+
+    observer = RunObserver(run_dir)
+    while True:
+        snap = observer.refresh()
+        if textfile is None:
+            write(text_of(snap).decode())
+        else:
+            write_textfile(snap, textfile)
+        if not every_s:
+            return
+        time.sleep(every_s)
+
+
+def parse_address(spec: str) -> tuple[str, list[int]]:
+    """``"127.0.0.1:9464"`` or ``"127.0.0.1:9464-9480"`` -> (host, ports to try). Raises ValueError."""
+    host, sep, ports = str(spec).rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"prometheus must be HOST:PORT or HOST:FIRST-LAST, e.g. \"127.0.0.1:9464\"; got {spec!r}")
+    lo, _, hi = ports.partition("-")
+    if not lo.isdigit() or (hi and not hi.isdigit()):
+        raise ValueError(f"prometheus: the port must be a number or a range FIRST-LAST; got {ports!r}")
+    first, last = int(lo), int(hi or lo)
+    if not 1 <= first <= last <= 65535 or last - first > 1000:
+        raise ValueError(f"prometheus: ports {first}-{last} are not a range of at most 1,000 ports within 1-65535")
+    return host.strip("[]"), list(range(first, last + 1))
+
+
+class Exporter:
+    """The supervisor's endpoint: ``start()`` binds the first free port of the configured address
+    and serves ``/metrics`` in a daemon thread; :meth:`update` hands it the newest snapshot."""
+
+    def __init__(self, spec: str):
+        self.host, self.ports = parse_address(spec)
+        self._snap: dict[str, Any] | None = None
+        self._lock = threading.Lock()
+        self.address: str | None = None
+        self.server: Any = None
+
+    def update(self, snap: dict[str, Any]) -> None:
+        with self._lock:
+            self._snap = snap
+
+    def _latest(self) -> dict[str, Any] | None:
+        with self._lock:
+            return self._snap
+
+    def start(self) -> str:
+        """Serve; returns ``host:port``. Raises OSError when every port of the range is taken."""
+        from prometheus_client import start_http_server  # noqa: PLC0415
+
+        reg = registry_for(self._latest)
+        last: OSError | None = None
+        for port in self.ports:
+            try:
+                self.server, _thread = start_http_server(port, addr=self.host, registry=reg)
+                self.address = f"{self.host}:{port}"
+                return self.address
+            except OSError as e:
+                last = e
+        raise OSError(f"no free port for the Prometheus endpoint in {self.host}:{self.ports[0]}-{self.ports[-1]}: {last}")
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()

@@ -1,0 +1,94 @@
+"""The login node's watcher of a Slurm run: ``python -m stepwatch.monitors.watch.jobwatch RUN_DIR``.
+
+Started by ``stepwatch launch`` beside the submitted job, in a session of its own (closing the
+terminal or losing SSH leaves it running). Every ``[slurm] poll_s`` seconds it asks Slurm about the
+job (:func:`stepwatch.monitors.slurm.query_job`) and writes ``scheduler.json`` (atomically), then
+records and delivers the alerts only the scheduler can raise (``job_end``, ``time_limit``; the
+supervisor inside the allocation records every other kind). It exits once the job ended (after a
+last look and the deliveries in flight), when the run dir holds another attempt (a relaunch), or
+when Slurm has forgotten the job for good (no accounting) and the supervisor's exit record is there.
+
+Its own diagnostics go to ``jobwatch.log``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from stepwatch.monitors.runfiles import EXIT_JSON, RUN_JSON, SCHEDULER_JSON, read_json, utc_iso, write_json_atomic
+from stepwatch.monitors.slurm import is_ended, query_job
+from stepwatch.monitors.watch.loop import SCHEDULER_ALERT_KINDS, AlertRecorder
+
+#: Polls in a row Slurm may not know the job before the watcher gives up (with exit.json there).
+UNKNOWN_POLLS = 12
+#: ... and without exit.json (the job and its supervisor vanished: a state nobody can report on).
+UNKNOWN_POLLS_NO_EXIT = 720
+
+
+def _log(msg: str) -> None:
+    try:
+        print(f"{utc_iso(time.time())} jobwatch[{os.getpid()}]: {msg}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
+def watch_job(run_dir: Path, log: Callable[[str], None] = _log, query: Callable[[str], dict[str, Any]] = query_job,
+              sleep: Callable[[float], None] = time.sleep) -> int:
+    """Watch the job of ``run_dir``'s current attempt until it ended; returns the exit status (0, or
+    2 when run.json names no Slurm job)."""
+    run = read_json(run_dir / RUN_JSON) or {}
+    sch = run.get("scheduler") if isinstance(run.get("scheduler"), dict) else {}
+    job_id, key = sch.get("job_id"), (run.get("attempt"), run.get("launched_at_unix"))
+    if sch.get("kind") != "slurm" or not isinstance(job_id, str) or not job_id.isdigit():
+        log(f"{run_dir}: run.json names no Slurm job; nothing to watch")
+        return 2
+    poll_s = float(sch.get("poll_s") or 5.0)
+    recorder = AlertRecorder(run_dir, run, log, kinds=SCHEDULER_ALERT_KINDS)
+    me = {"pid": os.getpid(), "host": socket.gethostname()}
+    last_state, unknown = None, 0
+    log(f"watching Slurm job {job_id} of {run_dir} every {poll_s:g} s")
+    try:
+        while True:
+            st = query(job_id)
+            st["watcher"] = me
+            try:
+                write_json_atomic(run_dir / SCHEDULER_JSON, st)
+            except OSError as e:
+                log(f"could not write {SCHEDULER_JSON}: {e}")
+            if st["state"] != last_state:
+                log(f"job {job_id}: {st['state']}" + (f" ({st['reason']})" if st.get("reason") else "")
+                    + (f"; {st['error']}" if st.get("error") else ""))
+                last_state = st["state"]
+            try:
+                recorder.detect()
+            except Exception as e:  # noqa: BLE001 - a detector bug must not end the watching
+                log(f"detector: {type(e).__name__}: {e}")
+            cur = read_json(run_dir / RUN_JSON) or {}
+            if (cur.get("attempt"), cur.get("launched_at_unix")) != key:
+                log("the run dir holds another attempt now: this job's watch ends")
+                return 0
+            unknown = unknown + 1 if st["state"] == "UNKNOWN" else 0
+            exited = read_json(run_dir / EXIT_JSON) is not None
+            if is_ended(st["state"]) or unknown >= (UNKNOWN_POLLS if exited else UNKNOWN_POLLS_NO_EXIT):
+                log(f"job {job_id} ended {st['state']}; the watch ends")
+                return 0
+            sleep(poll_s)
+    finally:
+        recorder.finish()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m stepwatch.monitors.watch.jobwatch RUN_DIR", file=sys.stderr)
+        return 2
+    return watch_job(Path(args[0]).resolve())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

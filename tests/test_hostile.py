@@ -47,7 +47,7 @@ def test_safe_writer_passes_text_and_makes_control_visible(tmp_path: Path):
     assert text.startswith("ok\tline\n") and not RAW_CONTROL.search(text)
 
 
-HEADLESS = [("status",), ("status", "--json"), ("watch", "--plain"), ("watch", "--json")]
+HEADLESS = [("status",), ("status", "--json"), ("watch", "--plain"), ("watch", "--json"), ("export",)]
 
 
 def test_every_headless_view_opens_every_hostile_run(corpus: dict[str, Path], tmp_path: Path):

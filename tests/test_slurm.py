@@ -6,8 +6,10 @@ Also the parsers of Slurm's own output, on lines captured from this Slurm (22.05
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -17,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from conftest import make_repo, stepwatch, wait_until
-from stepwatch.monitors.slurm import duration_s, parse_sacct, parse_scontrol, parse_squeue, query_job
+from stepwatch.monitors.slurm import duration_s, is_ended, parse_sacct, parse_scontrol, parse_squeue, query_job
 
 TRAIN_PY = r'''
 import os, sys, time
@@ -93,6 +95,7 @@ def test_a_slurm_run_runs_its_job_stops_and_relaunches_as_a_new_job(slurm, tmp_p
     assert (sch["kind"], sch["job_id"], snap["state"]) == ("slurm", job, "running")
     assert sch["nodes"] and sch["time_limit_s"] == 600 and 0 < sch["time_left_s"] <= 600, sch
     assert snap["step"]["source"] == "log" and snap["step"]["max_steps"] == 3000
+    asyncio.run(_header_shows(run_dir, f"RUNNING  job {job} 0:0"))  # the job and its time left on screen
     plain = stepwatch("status", str(run_dir)).stdout
     assert f"Slurm job {job} RUNNING on {sch['nodes']} · " in plain and " left of 0:10:00" in plain, plain
     r = stepwatch("stop", str(run_dir), "--grace", "5", timeout=90)
@@ -164,6 +167,9 @@ def test_a_job_held_in_the_queue_reads_pending_with_slurms_reason_and_stops_ther
     assert (snap["state"], snap["scheduler"]["state"], snap["scheduler"]["reason"]) == ("pending", "PENDING", "BeginTime")
     assert snap["alerts"] == []  # waiting in the queue is no failure: no "status unknown"
     assert f"Slurm job {job} PENDING (BeginTime)" in stepwatch("status", str(run_dir)).stdout
+    runs = stepwatch("runs", "--runs-dir", str(run_dir.parent)).stdout
+    assert re.search(rf"^sl\s+1 pending\s+job {job} ", runs, re.M), runs  # the queued job in the runs list
+    asyncio.run(_header_shows(run_dir, f"PENDING  job {job} "))
     r = stepwatch("launch", "run.toml", "--no-tui", cwd=run_dir.parent.parent)
     assert r.returncode == 1 and f"Slurm job {job} has not ended" in r.stderr, r.stderr  # one live attempt
     r = stepwatch("stop", str(run_dir), timeout=60)
@@ -186,6 +192,18 @@ def test_a_two_task_srun_run_shows_both_ranks(slurm, tmp_path: Path):
     assert "ranks: rank 0 pid" in stepwatch("status", str(run_dir)).stdout
 
 
+async def _header_shows(run_dir: Path, words: str) -> None:
+    """The TUI's header (Pilot, 80x24) shows ``words``."""
+    from stepwatch.tui.app import StepwatchApp
+
+    app = StepwatchApp(run_dir, run_dir.parent)
+    async with app.run_test(size=(80, 24)) as pilot:
+        deadline = time.monotonic() + 15
+        while words not in str(app.screen.query_one("#header").render()):
+            assert time.monotonic() < deadline, str(app.screen.query_one("#header").render())
+            await pilot.pause(0.1)
+
+
 # ---- the parsers, on this Slurm's own output --------------------------------------------------------
 
 SQUEUE_RUNNING = "7|RUNNING|None|vm|10:00|9:57|2026-12-01T19:22:44|2026-12-01T19:32:44\n"
@@ -206,6 +224,8 @@ def test_slurm_durations_and_lines_parse_to_seconds_and_states():
     assert (t["state"], t["reason"], t["exit_code"], t["time_limit_s"], t["time_left_s"]) == \
         ("TIMEOUT", "TimeLimit", "0:15", 60.0, 0.0)
     assert parse_sacct("9", "9|NODE_FAIL|0:0|vm|01:00:00|2026-12-01T19:30:01|2026-12-01T19:31:05\n")["state"] == "NODE_FAIL"
+    assert not any(is_ended(s) for s in ("COMPLETING", "CONFIGURING", "PENDING", "RUNNING", "UNKNOWN"))
+    assert all(is_ended(s) for s in ("COMPLETED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED"))
 
 
 def test_with_the_job_forgotten_and_accounting_off_the_state_is_unknown_with_slurms_words():

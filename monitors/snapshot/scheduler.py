@@ -10,7 +10,6 @@ from Slurm's own commands (:mod:`stepwatch.monitors.slurm`); read here as hostil
 
 from __future__ import annotations
 
-import math
 import re
 import socket
 import time
@@ -40,7 +39,9 @@ _WHAT = {
 
 
 def _num(v: Any) -> float | None:
-    return float(v) if type(v) in (int, float) and math.isfinite(v) and 0 <= v < 1e12 else None
+    """A time or duration from scheduler.json: a number from 0 to 1e12 (never a 400-digit int's
+    OverflowError, a NaN, an inf)."""
+    return float(v) if type(v) in (int, float) and 0 <= v < 1e12 else None
 
 
 def _word(v: Any, n: int = 200) -> str | None:

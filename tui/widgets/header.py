@@ -39,6 +39,9 @@ class RunHeader(Static):
             f" {_where(snap)} {hms(elapsed)} step {k if k is not None else '-'}/{n or '?'}",
             f" ETA {eta_words(snap.get('eta') or {})}",
         )
+        eta_s, left = (snap.get("eta") or {}).get("eta_s"), (snap.get("scheduler") or {}).get("time_left_s")
+        if isinstance(eta_s, (int, float)) and isinstance(left, (int, float)) and eta_s > left:
+            t.append(" past the time limit", "bold red")  # the time_limit alert says how far
         if t.plain != getattr(self, "_last", None):
             self._last = t.plain
             self.update(safe_text(t))

@@ -24,7 +24,8 @@ COMMON_KEYS = ("v", "kind", "t", "step", "rank")
 #: Top-level keys of each kind, in the order they are written.
 EVENT_KEYS: dict[str, tuple[str, ...]] = {
     KIND_RUN_START: COMMON_KEYS + ("world_size", "pid", "max_steps", "versions", "attn_implementation"),
-    KIND_STEP: COMMON_KEYS + ("dt", "step_begin", "step_end", "tokens", "padded_tokens", "flags"),
+    KIND_STEP: COMMON_KEYS + ("dt", "step_begin", "step_end", "tokens", "padded_tokens", "flags", "batch_size",
+                              "width"),
     KIND_PHASE: COMMON_KEYS + ("name", "state"),
     KIND_DYNAMO: COMMON_KEYS + ("counters", "recompiles", "recompile_limit_hits"),
     KIND_LOG: COMMON_KEYS + ("logs",),

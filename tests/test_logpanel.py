@@ -104,7 +104,8 @@ for i in range(1, 100000):
 '''
 
 
-async def test_scrolled_up_the_panel_stays_put_says_so_and_end_follows_again(tmp_path: Path):
+@pytest.mark.parametrize("size", [(80, 24), (160, 45)])
+async def test_scrolled_up_the_panel_stays_put_says_so_and_end_follows_again(tmp_path: Path, size: tuple[int, int]):
     repo = make_repo(tmp_path / "repo", {"w.py": WRITER_PY})
     r = stepwatch("launch", "--no-tui", "--name", "w", "--", sys.executable, "w.py", cwd=repo)
     assert r.returncode == 0, r.stderr
@@ -112,7 +113,7 @@ async def test_scrolled_up_the_panel_stays_put_says_so_and_end_follows_again(tmp
     wait_until(lambda: b"line 150\n" in (run_dir / "train.log").read_bytes(), 20, what="150 lines")
     try:
         app = StepwatchApp(run_dir, run_dir.parent)
-        async with app.run_test(size=(80, 24)) as pilot:
+        async with app.run_test(size=size) as pilot:
             panel = _panel(app)
             await until(pilot, lambda: len(_shown(app)) > 100, what="the log")
             panel.focus()
@@ -224,7 +225,9 @@ for step in range(1, 100000):
 '''
 
 
-async def test_a_run_logging_its_loss_every_5_steps_shows_the_loss_and_its_plot_within_a_refresh(tmp_path: Path):
+@pytest.mark.parametrize("size", [(80, 24), (160, 45)])
+async def test_a_run_logging_its_loss_every_5_steps_shows_the_loss_and_its_plot_within_a_refresh(tmp_path: Path,
+                                                                                                 size: tuple[int, int]):
     from stepwatch.tui.widgets.steps import StepPanel
 
     repo = make_repo(tmp_path / "repo", {"loss.py": LOSS_PY})
@@ -233,7 +236,7 @@ async def test_a_run_logging_its_loss_every_5_steps_shows_the_loss_and_its_plot_
     run_dir = repo / "runs" / "loss"
     try:
         app = StepwatchApp(run_dir, run_dir.parent)
-        async with app.run_test(size=(80, 24)) as pilot:
+        async with app.run_test(size=size) as pilot:
             screen = app.screen
             await until(pilot, lambda: screen.query_one("#loss-col").display, 20, "the loss plot")
             printed = re.findall(r"step (\d+) loss ([\d.]+)", (run_dir / "train.log").read_text())

@@ -149,7 +149,10 @@ def test_trainer_run_writes_the_protocol(tmp_path, monkeypatch, capsys):
             labels[i, :n] = b["input_ids"]
             att[i, :n] = 1
         real_tokens.append(int(att.sum()))
+        shapes.append((len(batch), L))
         return {"input_ids": ids, "labels": labels, "attention_mask": att}
+
+    shapes: list[tuple[int, int]] = []  # (sequences, padded width) of each batch
 
     args = TrainingArguments(
         output_dir=str(tmp_path / "out"), max_steps=20, per_device_train_batch_size=4, learning_rate=1e-3,
@@ -186,7 +189,9 @@ def test_trainer_run_writes_the_protocol(tmp_path, monkeypatch, capsys):
         assert cur["step_end"] - cur["step_begin"] == pytest.approx(cur["dt"], abs=2e-3)
     # tokens: the real (attention-mask) tokens of each optimizer step
     assert [ev["tokens"] for ev in steps] == real_tokens[:20]
-    assert all(ev["padded_tokens"] is None for ev in steps)
+    # the batch shape, from the model's forward pre-hook (a tensor's shape: no device sync)
+    assert [(ev["batch_size"], ev["width"]) for ev in steps] == shapes[:20]
+    assert [ev["padded_tokens"] for ev in steps] == [b * w for b, w in shapes[:20]]
 
     kinds = [(ev["kind"], ev["step"], ev.get("name"), ev.get("state"))
              for ev in events if ev["kind"] in ("step", "phase")]

@@ -156,3 +156,28 @@ def pid_or_job(snap: dict[str, Any]) -> str:
     """The runs list's PID cell: the training process's pid, else a Slurm run's ``job N``, else ``-``."""
     job = (snap.get("scheduler") or {}).get("job_id")
     return str(snap.get("pid") or (f"job {job}" if job else "-"))
+
+
+def scaling_words(scaling: dict[str, Any] | None) -> str:
+    """``scaling: quadratic: attention (w²) is ~51% of the step at the run's widths (linear 47%, constant
+    2%; E[w²]/E[w]² 1.34, 190 steps)`` / ``scaling: undetermined (2 distinct width(s): ...)``."""
+    sc = scaling or {}
+    verdict, shares = sc.get("verdict") or "undetermined", sc.get("shares") or {}
+    if verdict == "undetermined":
+        return f"scaling: undetermined ({sc.get('reason') or 'no fit yet'})"
+    what = {"quadratic": ("attention (w²)", "quadratic"), "linear": ("per-token work", "linear"),
+            "launch-bound": ("a fixed cost per step (launches, optimizer, host)", "constant")}[verdict]
+    others = ", ".join(f"{k} {100 * v:.0f}%" for k, v in shares.items() if k != what[1] and v is not None)
+    ratio = f"; E[w²]/E[w]² {sc['e_w2_over_e_w_sq']:.2f}" if sc.get("e_w2_over_e_w_sq") else ""
+    return (f"scaling: {verdict}: {what[0]} is ~{100 * (shares.get(what[1]) or 0):.0f}% of the step at the run's "
+            f"widths ({others}{ratio}, {sc.get('steps')} steps)")
+
+
+def padding_words(padding: dict[str, Any] | None) -> str | None:
+    """``padding 8.3% of tokens; 34% of steps unpadded (padded ones +0.2% at equal width)``; None without counts."""
+    pd = padding or {}
+    if pd.get("share") is None:
+        return None
+    same = [x["padded_excess"] for x in pd.get("same_width") or [] if x.get("padded_excess") is not None]
+    excess = f" (padded ones {100 * sum(same) / len(same):+.1f}% at equal width)" if same else ""
+    return f"padding {100 * pd['share']:.1f}% of tokens; {100 * (pd.get('unpadded_share') or 0):.0f}% of steps unpadded{excess}"

@@ -123,6 +123,11 @@ def families(snap: dict[str, Any]) -> list[Metric]:
     tp = snap.get("throughput") or {}
     gauge("stepwatch_tokens_per_second", "Padded tokens per second (the job's own counts)", tp.get("tokens_per_s"))
     gauge("stepwatch_real_tokens_per_second", "Real (unpadded) tokens per second", tp.get("real_tokens_per_s"))
+    sc = snap.get("scaling") or {}
+    if sc.get("verdict") not in (None, "undetermined"):
+        for term, share in (sc.get("shares") or {}).items():
+            gauge("stepwatch_step_time_share", "The step's scaling fit t = A·Σbw + B·Σbw² + C: each term's share of "
+                  "the mean step at the run's widths (linear, quadratic, constant)", share, {"term": str(term)})
     d = snap.get("dynamo") or {}
     for key, name, doc in (("recompiles", "stepwatch_recompiles", "torch.compile / dynamo recompiles"),
                            ("graph_breaks", "stepwatch_graph_breaks", "dynamo graph breaks"),

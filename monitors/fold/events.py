@@ -23,6 +23,7 @@ from stepwatch.monitors.protocol import (
     METRICS_SHOWN_FIRST,
 )
 from stepwatch.monitors.detectors.fallback import FLAGGED, FallbackDetector
+from stepwatch.monitors.detectors.scaling import ScalingFit
 from stepwatch.monitors.readers.jsonl import EventReader
 from stepwatch.monitors.stats.minmax import MinMaxSeries
 from stepwatch.monitors.stats.stepstats import StepStats
@@ -55,6 +56,7 @@ class EventsFold:
         run_start, run_end, dynamo_ev: the latest record of that kind (a dict as read), or None.
         last_step: the latest usable ``step`` record; last_logs: the latest ``log`` record's ``logs``,
             last_logs_step its ``step`` (the global_step it was logged at; None when not an int).
+        scaling: the step time against the steps' batch shapes (:class:`ScalingFit`), and their padding.
         series: the ``log`` records' loss, learning rate, grad norm and eval loss over the whole run
             (name -> :class:`MinMaxSeries`, min and max per bin: an emitter-only run's loss plot).
         open_phase: the name of a ``phase`` begun and not yet ended (``save``, ``eval``), or None.
@@ -76,6 +78,7 @@ class EventsFold:
         self.last_logs: Any = None
         self.last_logs_step: int | None = None
         self.series: dict[str, MinMaxSeries] = {}
+        self.scaling = ScalingFit()
         self.slow_step_ends: dict[int, float] = {}  # insertion order: oldest first
         self.flagged_onset_end: float | None = None
         self.unusable_steps = 0
@@ -139,6 +142,10 @@ class EventsFold:
                 if type(t) is not float or not 0.0 <= t < _UNIX_MAX:
                     t = unix_time(t)
                 rows.append((step, dt, flags, tokens, padded, t))
+                width = ev.get("width")
+                if width is not None and padded is not None:  # the batch shape: the scaling fit's point
+                    bs = ev.get("batch_size")
+                    self.scaling.add(float(dt), padded, width, bs if type(bs) is int else None, tokens, bool(flags))
                 if ev.get("timing") == "shared":
                     self.shared_steps += 1
                 elif ev.get("timing") == "reported":

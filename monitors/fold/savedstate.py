@@ -39,13 +39,12 @@ import functools
 import hashlib
 import importlib
 import json
-import math
 import os
 import stat
 import sys
 import threading
 import time
-from collections import Counter, deque
+from collections import deque
 from pathlib import Path
 from typing import Any, Callable
 
@@ -53,7 +52,9 @@ from sortedcontainers import SortedList
 
 from stepwatch.monitors.detectors.baseline import _Baseline
 from stepwatch.monitors.detectors.fallback import FallbackDetector, _Slow
+from stepwatch.monitors.detectors.scaling import ScalingFit
 from stepwatch.monitors.fold.events import EventsFold
+from stepwatch.monitors.fold.statecheck import RESTORED_CHECKS, StateError
 from stepwatch.monitors.readers.jsonl import EventReader
 from stepwatch.monitors.runfiles import EVENTS_JSONL, EVENTS_STATE, RUN_JSON, open_regular, read_json, write_json_atomic
 from stepwatch.monitors.stats.minmax import Bin, MinMaxSeries
@@ -80,6 +81,7 @@ _CLASSES: dict[str, tuple[type, Callable[[], Any] | None]] = {
     "StepRecord": (StepRecord, None),
     "_Slow": (_Slow, None),
     "MinMaxSeries": (MinMaxSeries, MinMaxSeries),
+    "ScalingFit": (ScalingFit, ScalingFit),
     "Bin": (Bin, None),
 }
 _NUM = (int, float)
@@ -96,15 +98,10 @@ _RECORD_FIELDS: dict[str, tuple[tuple[type, ...], ...]] = {
 }
 #: Attributes holding a value read from events.jsonl as it was (a JSON tree): saved as JSON, unwalked.
 _RAW_FIELDS = {"EventsFold": frozenset({"run_start", "run_end", "dynamo_ev", "last_step", "open_phase", "last_logs"})}
-_MODULES = ("stepwatch.monitors.fold.events", "stepwatch.monitors.readers.jsonl", "stepwatch.monitors.detectors.fallback", "stepwatch.monitors.detectors.baseline",
-            "stepwatch.monitors.stats.stepstats", "stepwatch.monitors.stats.nearest_rank", "stepwatch.monitors.stats.minmax", "stepwatch.monitors.protocol",
+_MODULES = ("stepwatch.monitors.fold.events", "stepwatch.monitors.readers.jsonl", "stepwatch.monitors.detectors.fallback", "stepwatch.monitors.detectors.baseline", "stepwatch.monitors.detectors.scaling",
+            "stepwatch.monitors.stats.stepstats", "stepwatch.monitors.stats.nearest_rank", "stepwatch.monitors.stats.minmax", "stepwatch.monitors.protocol", "stepwatch.monitors.fold.statecheck",
             __name__)
 _fields_cache: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {}
-
-
-class StateError(ValueError):
-    """A saved state that cannot be read back: malformed, an unknown class, attributes that are
-    not the class's own, a value of the wrong type, a container held twice."""
 
 
 @functools.cache
@@ -268,23 +265,10 @@ def _dec(n: Any, objs: dict[int, Any]) -> Any:
             raise StateError(f"a saved {name}.{k} is a {type(v).__name__}, not a {type(want).__name__}")
         elif type(v) is deque and v.maxlen != want.maxlen:
             raise StateError(f"a saved {name}.{k} keeps {v.maxlen} items, not {want.maxlen}")
-    if name == "_Baseline":
-        _check_baseline(o)
+    check = RESTORED_CHECKS.get(name)
+    if check is not None:
+        check(o)
     return o
-
-
-def _check_baseline(b: _Baseline) -> None:
-    """The invariants a detector window keeps (its width groups index its steps), so a state cannot
-    make a lookup scan the window at every step. Raises StateError."""
-    widths = Counter(e[1] for e in b._q if type(e) is tuple and len(e) == 3 and e[1] is not None)
-    if (len(b._q) > b.maxlen or b._n_width != sum(widths.values()) or widths.keys() != b._groups.keys()
-            or any(len(b._groups[w]) != n for w, n in widths.items())):
-        raise StateError("a saved detector window does not match its width groups")
-    lw_ws = b._lw_ws
-    if (b._lws != sorted(lw_ws) or sorted(w for ws in lw_ws.values() for w in ws) != sorted(b._groups)
-            or any(math.log(w) != lw for lw, ws in lw_ws.items() for w in ws)
-            or b._shared != {lw for lw, ws in lw_ws.items() if len(ws) > 1}):
-        raise StateError("a saved detector window's width index is not its widths'")
 
 
 def _dec_items(items: list[Any], objs: dict[int, Any]) -> list[Any]:

@@ -328,6 +328,7 @@ class RunObserver:
         snap["step_line"] = stats.canonical_line()
         tp = stats.throughput()
         snap["throughput"] = {k: tp.get(k) for k in ("tokens_per_s", "real_tokens_per_s", "padding_share")}
+        snap["scaling"], snap["padding"] = a.ev.scaling.scaling(), a.ev.scaling.padding()
         hist = stats.histogram(bins=HIST_BINS)
         snap["histogram"] = {"edges_s": [h[0] for h in hist] + ([hist[-1][1]] if hist else []),
                              "counts": [h[2] for h in hist]}

@@ -162,6 +162,8 @@ def _step_line(
     tokens: Any,
     padded_tokens: Any,
     flags: list[Any],
+    batch_size: Any = None,
+    width: Any = None,
 ) -> str | None:
     """``_ENCODER.encode`` of the step event (``step_end`` = ``t``), or None when a value is not of
     the plain types the template writes (a float that is finite, an int, None, a str)."""
@@ -189,6 +191,14 @@ def _step_line(
         pad = repr(padded_tokens)
     else:
         return None
+    if batch_size is None and width is None:
+        shape = '"batch_size":null,"width":null'
+    elif type(batch_size) in (int, type(None)) and type(width) in (int, float, type(None)) and \
+            (width is None or -_INF < width < _INF):
+        shape = f'"batch_size":{"null" if batch_size is None else repr(batch_size)},' \
+                f'"width":{"null" if width is None else repr(width)}'
+    else:
+        return None
     if flags:
         parts = []
         for f in flags:
@@ -204,7 +214,7 @@ def _step_line(
     _last_t_repr = (t, tr)
     return (
         f'{_STEP_HEAD}{tr},"step":{step!r},"rank":{rank!r},"dt":{dt!r},"step_begin":{br},'
-        f'"step_end":{tr},"tokens":{tok},"padded_tokens":{pad},"flags":[{fl}]}}'
+        f'"step_end":{tr},"tokens":{tok},"padded_tokens":{pad},"flags":[{fl}],{shape}}}'
     )
 
 
@@ -376,12 +386,18 @@ class StepTelemetry:
         flags: Iterable[str] | None = None,
         *,
         step: int | None = None,
+        batch_size: int | None = None,
+        width: float | None = None,
     ) -> None:
         """Close one optimizer step and write its ``step`` event.
 
         ``tokens``: real (non-padding) tokens in the step; ``padded_tokens``: tokens computed
         including padding; None when unknown. ``flags``: extra flags, written after the emitter's own.
         ``step``: the optimizer step number (default: one more than the previous step).
+        ``batch_size``: sequences in the step (summed over its micro-batches); ``width``: their padded
+        width (tokens per sequence; with micro-batches of several widths, the token-weighted width
+        Σb·w² / Σb·w). With both, ``padded_tokens`` defaults to batch_size × width. The monitor fits
+        the step time on them (the scaling curve, monitors/detectors/scaling.py).
         """
         now = time.perf_counter()
         wall = time.time()
@@ -432,14 +448,16 @@ class StepTelemetry:
             due = now >= self._next_check
             if due:  # before the write: a removed file must not swallow this event uncounted
                 self._check_file()
-            line = _step_line(wall, step, self.rank, dt, b_wall, tokens, padded_tokens, out_flags)
+            if padded_tokens is None and type(batch_size) is int and type(width) is int:
+                padded_tokens = batch_size * width
+            line = _step_line(wall, step, self.rank, dt, b_wall, tokens, padded_tokens, out_flags, batch_size, width)
             if line is not None:
                 self._emit_line(line)
             else:
                 self._emit({
                     "v": SCHEMA_VERSION, "kind": KIND_STEP, "t": wall, "step": step, "rank": self.rank, "dt": dt,
                     "step_begin": b_wall, "step_end": wall, "tokens": tokens, "padded_tokens": padded_tokens,
-                    "flags": out_flags,
+                    "flags": out_flags, "batch_size": batch_size, "width": width,
                 })
             if due:
                 self._next_check = now + self.check_interval_s

@@ -20,6 +20,9 @@ never imports transformers. What the Trainer tells callbacks, and what is taken 
   (facts file: 0.166 s instead of ~0.017 s for the step after the save at step 6).
 * ``on_evaluate`` / ``on_save``: ``phase`` end. The Trainer evaluates before it saves, so a save
   announced together with an evaluation begins when the evaluation ends.
+* the batch shapes: a forward pre-hook on the model (:class:`BatchShapes`) reads each training
+  forward's ``input_ids`` shape and, on the CPU, its attention mask's sum: the step event's
+  ``batch_size``, ``width`` and, where the Trainer does not count them, ``padded_tokens`` / ``tokens``.
 * ``on_log(logs=...)``: one ``log`` event with the dict as given (floats, not the printed strings).
 * ``on_train_end``: ``run_end``; the file is closed (the next ``train()`` reopens it).
 """
@@ -40,6 +43,66 @@ def _tokens_mode(args: Any) -> str:
     if mode is False or mode is None:
         return "no"
     return str(mode)
+
+
+class BatchShapes:
+    """The optimizer step's batch shapes, seen by a forward pre-hook on the model: each training
+    forward's ``input_ids`` shape (sequences b, padded width w: a tensor's shape is metadata, reading
+    it never synchronises a device) and, for a mask on the CPU, its sum (the real tokens; a mask on
+    a GPU would need a device sync to read: its real tokens stay unknown). With gradient accumulation
+    the micro-batches of one optimizer step are summed (:meth:`take`)."""
+
+    def __init__(self) -> None:
+        self.micro: list[tuple[int, int]] = []
+        self.real: int | None = 0
+        self.handle: Any = None
+
+    def install(self, model: Any) -> None:
+        self.remove()
+        self.micro, self.real = [], 0
+        register = getattr(model, "register_forward_pre_hook", None)
+        if register is not None:
+            try:
+                self.handle = register(self._hook, with_kwargs=True)
+            except TypeError:  # a torch without with_kwargs: no shapes
+                self.handle = None
+
+    def remove(self) -> None:
+        if self.handle is not None:
+            self.handle.remove()
+            self.handle = None
+
+    def _hook(self, module: Any, args: Any, kwargs: Any) -> None:
+        try:
+            if not getattr(module, "training", False):
+                return  # an evaluation's forward is not the step's
+            ids = (kwargs or {}).get("input_ids")
+            if ids is None and args:
+                ids = args[0]
+            shape = getattr(ids, "shape", None)
+            if shape is None or len(shape) != 2:
+                return
+            self.micro.append((int(shape[0]), int(shape[1])))
+            mask = (kwargs or {}).get("attention_mask")
+            if self.real is not None and mask is not None and getattr(mask.device, "type", None) == "cpu":
+                self.real += int(mask.sum())
+            else:
+                self.real = None
+        except Exception:  # noqa: BLE001 - telemetry never breaks the step
+            self.real = None
+
+    def take(self) -> tuple[int | None, float | int | None, int | None, int | None]:
+        """(sequences, width, padded tokens, real tokens) of the step's micro-batches, then reset;
+        width is the token-weighted Σb·w² / Σb·w (an int when every micro-batch has one width)."""
+        micro, real = self.micro, self.real
+        self.micro, self.real = [], 0
+        if not micro:
+            return None, None, None, None
+        b = sum(m[0] for m in micro)
+        bw = sum(m[0] * m[1] for m in micro)
+        widths = {m[1] for m in micro}
+        width: float | int = micro[0][1] if len(widths) == 1 else round(sum(m[0] * m[1] ** 2 for m in micro) / bw, 3)
+        return b, width, bw, real
 
 
 def build_callback_class() -> type:
@@ -80,12 +143,14 @@ def build_callback_class() -> type:
             self._tokens_mode = "no"
             self._tokens_prev: int | None = None
             self._save_after_eval = False
+            self._shapes = BatchShapes()
 
         def on_train_begin(self, args, state, control, model=None, **kwargs):
             tel = self.telemetry
             self._tokens_mode = _tokens_mode(args)
             self._tokens_prev = getattr(state, "num_input_tokens_seen", None)
             self._save_after_eval = False
+            self._shapes.install(model)
             tel.run_start(
                 max_steps=getattr(state, "max_steps", None),
                 attn_implementation_resolved=attn_implementation_of(model),
@@ -111,8 +176,11 @@ def build_callback_class() -> type:
                     else:
                         padded = delta
                 self._tokens_prev = cur
+            batch_size, width, shape_padded, real = self._shapes.take()
             step = state.global_step
-            tel.step_end(tokens=tokens, padded_tokens=padded, step=step)
+            tel.step_end(tokens=tokens if tokens is not None else real,
+                         padded_tokens=padded if padded is not None else shape_padded, step=step,
+                         batch_size=batch_size, width=width)
             self._announce(control, step)
 
         def on_epoch_end(self, args, state, control, **kwargs):
@@ -147,6 +215,7 @@ def build_callback_class() -> type:
             self.telemetry.log(logs if logs is not None else {}, step=state.global_step)
 
         def on_train_end(self, args, state, control, **kwargs):
+            self._shapes.remove()
             self.telemetry.run_end(step=state.global_step)
             self.telemetry.close()
 

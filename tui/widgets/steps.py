@@ -14,7 +14,7 @@ from textual.widgets import Sparkline, Static
 
 from stepwatch.monitors.snapshot.metrics import metrics_words
 from stepwatch.monitors.snapshot.ranks import latest_per_rank, restarts_words
-from stepwatch.tui.format import secs, timing_words
+from stepwatch.tui.format import scaling_words, secs, timing_words
 from stepwatch.tui.widgets.base import Panel
 
 
@@ -126,6 +126,8 @@ class StepPanel(Panel):
                            f"padding {100 * (tp.get('padding_share') or 0):.1f}%")
         else:
             tp_line.append("tokens/s: unknown (the job reports no token counts per step)")
+        if (snap.get("scaling") or {}).get("steps"):  # the batch shapes are known: the fit's verdict
+            tp_line.append(f"  · {scaling_words(snap['scaling']).removeprefix('scaling: ')}")
         if (snap.get("log") or {}).get("hint"):
             tp_line = Text(f"HINT: {snap['log']['hint']}", "bold yellow")
         self._set("#throughput", tp_line)

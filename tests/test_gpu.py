@@ -382,9 +382,12 @@ def test_power_from_energy_delta_over_the_interval(monkeypatch):
     b = NvmlBackend()
     d = dev(b.sample(), 0)
     assert (d["power_w"], d["power_source"]) == (285.0, "power_usage_avg")  # first tick: no delta yet
+    first_mj = d["energy_mj"]
+    assert 5_000_000 <= first_mj < 5_000_000 + 450 * 1000 * 5  # the counter as NVML gave it, mJ
     time.sleep(0.2)
     d = dev(b.sample(), 0)
     assert d["power_source"] == "energy_counter"
+    assert (d["energy_mj"] - first_mj) / 1000.0 == pytest.approx(450.0 * 0.2, rel=0.3)  # ~90 J in ~0.2 s
     assert d["power_w"] == pytest.approx(450.0, rel=0.05)
     assert gpu.calls["nvmlDeviceGetPowerUsage"] == 1
     b.close()
@@ -405,6 +408,8 @@ def test_power_without_energy_counter_and_without_any_power(monkeypatch):
     assert d1["power_w"] is None and d1["power_source"] is None and d1["power_limit_w"] is None
     assert "nvmlDeviceGetTotalEnergyConsumption: Not Supported" in d1["unsupported"]["power_w"]
     assert "nvmlDeviceGetPowerUsage: Not Supported" in d1["unsupported"]["power_w"]
+    for d in (d0, d1):  # no counter: no energy, with NVML's reason (never 0)
+        assert d["energy_mj"] is None and "nvmlDeviceGetTotalEnergyConsumption: Not Supported" in d["unsupported"]["energy_mj"]
     assert g1.calls["nvmlDeviceGetPowerUsage"] == 1
     gpu, _ = gpu_status_from_records([{"v": 1, "t": 0.0, "devices": [d1], "gpu_error": None, "backend": "nvml"}])
     assert gpu[0]["power_share"] is None and "power_w is null" in gpu[0]["unsupported"]["power_share"]

@@ -181,3 +181,18 @@ def padding_words(padding: dict[str, Any] | None) -> str | None:
     same = [x["padded_excess"] for x in pd.get("same_width") or [] if x.get("padded_excess") is not None]
     excess = f" (padded ones {100 * sum(same) / len(same):+.1f}% at equal width)" if same else ""
     return f"padding {100 * pd['share']:.1f}% of tokens; {100 * (pd.get('unpadded_share') or 0):.0f}% of steps unpadded{excess}"
+
+
+def energy_words(energy: dict[str, Any] | None) -> str | None:
+    """``energy 750 J/step, 5.46 tokens/J, 21.8 kJ this attempt (GPU0, GPU1)`` / ``energy unsupported: ...``;
+    None when there is nothing to say (no GPU at all)."""
+    e = energy or {}
+    if e.get("unsupported"):
+        return None if e["unsupported"].startswith("no GPU energy samples") else f"energy unsupported: {e['unsupported']}"
+    if e.get("joules") is None:
+        return None
+    parts = [f"{e['joules_per_step']:.4g} J/step" if e.get("joules_per_step") is not None else "J/step: no step inside the samples yet"]
+    if e.get("tokens_per_joule") is not None:
+        parts.append(f"{e['tokens_per_joule']:.4g} tokens/J")
+    parts.append(f"{e['joules'] / 1000:.4g} kJ this attempt ({', '.join(f'GPU{i}' for i in e.get('devices') or [])})")
+    return "energy " + ", ".join(parts)

@@ -17,7 +17,7 @@ from typing import Any, Callable, TextIO
 from stepwatch.monitors.runfiles import utc_iso
 from stepwatch.monitors.snapshot.alerts import end_words
 from stepwatch.monitors.snapshot.disk import full_words
-from stepwatch.tui.format import (NO_DYNAMO_WORDS, attention_words, eta_words, health_words, no_dynamo_output,
+from stepwatch.tui.format import (NO_DYNAMO_WORDS, attention_words, energy_words, eta_words, health_words, no_dynamo_output,
                                   padding_words, scaling_words, scheduler_words, timing_words, tree_words,
                                   versions_words)
 from stepwatch.monitors.snapshot.model import json_safe, run_ended
@@ -59,7 +59,8 @@ def status_lines(snap: dict[str, Any]) -> list[str]:
                  + (f"{log['format']} ({log.get('matched_lines')} lines)" if log.get("format") else "not recognised")
                  + (f"\n  HINT: {log['hint']}" if log.get("hint") else ""))
     lines.append(f"  {health_words(snap)}")
-    lines.append("  " + "; ".join(w for w in (scaling_words(snap.get("scaling")), padding_words(snap.get("padding"))) if w))
+    lines.append("  " + "; ".join(w for w in (scaling_words(snap.get("scaling")), padding_words(snap.get("padding")),
+                                              energy_words(snap.get("energy"))) if w))
     fb, st = snap.get("fallback") or {}, snap.get("stall") or {}
     stall = st.get("state")
     lines.append(f"  fallback {fb.get('state')}" + (f" ({fb['reason']})" if fb.get("reason") and fb.get("state") != "ok" else "")

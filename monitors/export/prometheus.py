@@ -123,6 +123,15 @@ def families(snap: dict[str, Any]) -> list[Metric]:
     tp = snap.get("throughput") or {}
     gauge("stepwatch_tokens_per_second", "Padded tokens per second (the job's own counts)", tp.get("tokens_per_s"))
     gauge("stepwatch_real_tokens_per_second", "Real (unpadded) tokens per second", tp.get("real_tokens_per_s"))
+    en = snap.get("energy") or {}
+    joules = CounterMetricFamily("stepwatch_energy_joules", "Energy of the run's GPUs this attempt (NVML's counter)",
+                                 labels=base)
+    if _num(en.get("joules")) is not None:
+        joules.add_metric(lv, float(en["joules"]))
+    out.append(joules)
+    gauge("stepwatch_energy_joules_per_step", "Joules per optimizer step (median of the recent steps)",
+          en.get("joules_per_step"))
+    gauge("stepwatch_tokens_per_joule", "Real tokens per joule over the recent steps", en.get("tokens_per_joule"))
     sc = snap.get("scaling") or {}
     if sc.get("verdict") not in (None, "undetermined"):
         for term, share in (sc.get("shares") or {}).items():

@@ -504,9 +504,12 @@ class NvmlBackend:
         return d
 
     def _read_power(self, dev: _Dev, job: _Job, reasons: dict[str, list[str]], d: dict[str, Any], h: Any) -> None:
-        energy_mj = self._nv(dev, job, reasons, "power_w", "energy", "nvmlDeviceGetTotalEnergyConsumption", h)
+        energy_mj = self._nv(dev, job, reasons, "energy_mj", "energy", "nvmlDeviceGetTotalEnergyConsumption", h)
         t = time.monotonic()
-        if energy_mj is not None:
+        if energy_mj is None:  # the power's reason too, should the power usage fail as well
+            reasons.setdefault("power_w", []).extend(reasons.get("energy_mj", []))
+        else:
+            d["energy_mj"] = int(energy_mj)
             prev = dev.energy_prev
             dev.energy_prev = (int(energy_mj), t)
             if prev is not None and energy_mj >= prev[0] and 0 < t - prev[1] <= ENERGY_MAX_GAP_S:

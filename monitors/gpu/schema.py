@@ -27,6 +27,9 @@ Device (units in the names; the NVML call each comes from in brackets)::
                               "power_usage_avg": nvmlDeviceGetPowerUsage (mW), a ~1 s moving
                               average on recent GPUs; null when power_w is null
     power_limit_w      num    enforced power limit, W               [nvmlDeviceGetEnforcedPowerLimit, mW]
+    energy_mj          int    the board's energy counter since the driver loaded, mJ (Volta and
+                              later); its deltas between step ends give joules per step
+                              [nvmlDeviceGetTotalEnergyConsumption]
     sm_clock_mhz       int    SM clock, MHz                          [nvmlDeviceGetClockInfo NVML_CLOCK_SM]
     mem_clock_mhz      int    memory clock, MHz                      [nvmlDeviceGetClockInfo NVML_CLOCK_MEM]
     temperature_c      int    GPU die temperature, degrees C         [nvmlDeviceGetTemperature]
@@ -72,6 +75,7 @@ METRIC_KEYS = (
     "sm_active_pct",
     "sm_occupancy_pct",
     "tensor_active_pct",
+    "energy_mj",
 )
 
 GPM_KEYS = ("sm_active_pct", "sm_occupancy_pct", "tensor_active_pct")

@@ -8,6 +8,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from stepwatch.monitors.gpu.energy import EnergyMeter
 from stepwatch.monitors.gpu.history import GpuHistory
 from stepwatch.monitors.gpu.reading import WINDOW_S as GPU_WINDOW_S, gpu_source, gpu_status_from_records
 from stepwatch.monitors.readers.jsonl import EventReader
@@ -25,6 +26,7 @@ class GpuView:
         self.reader = EventReader(Path(run_dir) / GPU_JSONL)
         self.window: deque[dict[str, Any]] = deque()  # the records of the verdicts' window
         self.history = GpuHistory()
+        self.energy = EnergyMeter()
 
     def close(self) -> None:
         self.reader.close()
@@ -36,6 +38,7 @@ class GpuView:
                 continue  # a record without a usable time (or from the past) would pin the window
             self.window.append(rec)
             self.history.add_record(rec)
+            self.energy.add_record(rec)
         while self.window and self.window[-1]["t"] - self.window[0]["t"] > GPU_WINDOW_S + 5:
             self.window.popleft()
 

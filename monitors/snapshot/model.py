@@ -10,6 +10,7 @@ import math
 from typing import Any
 
 from stepwatch.monitors.detectors.scaling import ScalingFit
+from stepwatch.monitors.gpu.energy import EnergyMeter
 from stepwatch.monitors.detectors.stall import NOT_JUDGED
 
 SNAPSHOT_KEYS = (
@@ -17,7 +18,7 @@ SNAPSHOT_KEYS = (
     "versions", "step", "step_seconds", "step_line", "throughput", "eta_s", "warmup", "fallback", "stall",
     "dynamo", "attn_implementation", "gpu", "gpu_error", "gpu_source", "gpu_history", "alerts", "identity",
     "log", "events", "histogram", "recent_dt", "process_verdict", "stop", "last_logs", "survivors", "supervisor_alive",
-    "metrics", "metrics_series", "eta", "health", "scheduler", "scaling", "padding",
+    "metrics", "metrics_series", "eta", "health", "scheduler", "scaling", "padding", "energy",
 )
 
 
@@ -56,7 +57,7 @@ def null_snapshot() -> dict[str, Any]:
         "recent_dt": [],
         "process_verdict": None, "stop": None, "last_logs": None, "survivors": [], "supervisor_alive": None,
         "scheduler": None,
-        "scaling": ScalingFit().scaling(), "padding": ScalingFit().padding(),
+        "scaling": ScalingFit().scaling(), "padding": ScalingFit().padding(), "energy": EnergyMeter().part([]),
     }
 
 

@@ -35,6 +35,7 @@ from stepwatch.monitors.parsers.dynamolog import DynamoLogScanner, RecompileLimi
 from stepwatch.monitors.parsers.logtracker import LogTracker, log_hint, run_patterns
 from stepwatch.monitors.snapshot.metrics import log_metrics, series_part
 from stepwatch.monitors.snapshot.eta import ETA_RECENT_STEPS, eta_part
+from stepwatch.monitors.gpu.energy import RECENT_STEPS as ENERGY_STEPS
 from stepwatch.monitors.snapshot.gpuview import GpuView
 from stepwatch.monitors.snapshot.health import TreeHealth
 from stepwatch.monitors.parsers.traceback import traceback_last_line
@@ -329,6 +330,7 @@ class RunObserver:
         tp = stats.throughput()
         snap["throughput"] = {k: tp.get(k) for k in ("tokens_per_s", "real_tokens_per_s", "padding_share")}
         snap["scaling"], snap["padding"] = a.ev.scaling.scaling(), a.ev.scaling.padding()
+        snap["energy"] = a.gpu.energy.part(stats.recent(ENERGY_STEPS))
         hist = stats.histogram(bins=HIST_BINS)
         snap["histogram"] = {"edges_s": [h[0] for h in hist] + ([hist[-1][1]] if hist else []),
                              "counts": [h[2] for h in hist]}

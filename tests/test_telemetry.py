@@ -45,7 +45,7 @@ DESIGN_EXAMPLE = """
  "versions":{"python":"3.11.7","torch":"2.13.0","transformers":"5.24.0"},
  "attn_implementation":{"requested":"flex_attention","resolved":"flex_attention"}}
 {"v":1,"kind":"step","t":1780000019.6,"step":612,"rank":0,"dt":19.48,"step_begin":1780000000.2,
- "step_end":1780000019.6,"tokens":26048,"padded_tokens":26112,"flags":["save"]}
+ "step_end":1780000019.6,"tokens":26048,"padded_tokens":26112,"flags":["save"],"batch_size":32,"width":816}
 {"v":1,"kind":"phase","t":1780000020.0,"step":612,"rank":0,"name":"save","state":"begin"}
 {"v":1,"kind":"dynamo","t":1780000021.0,"step":612,"rank":0,"counters":{"stats":{"unique_graphs":4},
  "frames":{"total":5,"ok":4}},"recompiles":3,"recompile_limit_hits":1}
@@ -733,20 +733,24 @@ def test_step_line_is_what_the_encoder_writes(plain):
             step, rank = rng.randrange(10**7), rng.randrange(8)
             tok = rng.choice([None, rng.randrange(10**6)])
             pad = rng.choice([None, rng.randrange(10**6), True])
+            bs = rng.choice([None, rng.randrange(64)])
+            w = rng.choice([None, rng.randrange(4096), round(rng.random() * 1000, 3), True])
         else:
             t, dt, b = _random_float(rng), _random_float(rng), _random_float(rng)
-            step, rank, tok, pad = (_random_int(rng) for _ in range(4))
+            step, rank, tok, pad, bs = (_random_int(rng) for _ in range(5))
+            w = rng.choice([_random_float(rng), _random_int(rng)])
         flags = [rng.choice(["first", "eval", "save", "recompile", _random_str(rng)]) for _ in range(rng.randrange(4))]
         if rng.random() < 0.03:
             flags.append(rng.choice([1, None, b"x"]))
-        line = tcore._step_line(t, step, rank, dt, b, tok, pad, flags)
+        line = tcore._step_line(t, step, rank, dt, b, tok, pad, flags, bs, w)
         if line is None:
             continue
         built += 1
         ev = {"v": tcore.SCHEMA_VERSION, "kind": "step", "t": t, "step": step, "rank": rank, "dt": dt,
-              "step_begin": b, "step_end": t, "tokens": tok, "padded_tokens": pad, "flags": flags}
+              "step_begin": b, "step_end": t, "tokens": tok, "padded_tokens": pad, "flags": flags,
+              "batch_size": bs, "width": w}
         assert line == tcore._ENCODER.encode(ev)
-    assert built > (20_000 if plain else 3_000)
+    assert built > (15_000 if plain else 1_500)  # the template takes most; the rest went to the encoder
 
 
 def test_step_events_are_byte_identical_with_and_without_the_template(tmp_path, monkeypatch):
@@ -805,10 +809,12 @@ def test_short_writes_complete_the_line_and_a_zero_write_disables(tmp_path, monk
     tel = StepTelemetry(run_dir=tmp_path, check_interval_s=1e9)
     tel.step_end(26048, 26112)
     tel.step_end(None, None, ["x"])
+    tel.flush()  # step lines are written by time: now, for this test of the write itself
     events = read_events(tmp_path / "events.jsonl")
     assert [ev["kind"] for ev in events] == ["run_start", "step", "step"] and not tel.dropped_events
     budget["zero_after"] = budget["calls"] + 2  # the next line stops after 14 bytes
     tel.step_end()
+    tel.flush()
     assert tel.disabled and tel.dropped_events == 1
     tel.step_end()
     assert tel.dropped_events == 2
@@ -818,3 +824,67 @@ def test_short_writes_complete_the_line_and_a_zero_write_disables(tmp_path, monk
     assert len(lines[3]) == 14 and json.loads(lines[4])["kind"] == "run_end"
     assert json.loads(lines[4])["dropped_events"] == 2
     assert "short write" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------------------------------
+# Step lines written by time, not by step (issue 20: the emitter's cost at 1 ms steps)
+# --------------------------------------------------------------------------------------------------
+
+def test_fast_steps_share_one_write_and_the_flusher_writes_what_the_last_step_left(tmp_path, monkeypatch):
+    from stepwatch.telemetry.writer import FLUSH_EVERY_S  # noqa: F401 - the window these tests are about
+
+    writes = []
+    real_write = os.write
+    monkeypatch.setattr(tcore.os, "write", lambda fd, data: writes.append(bytes(data)) or real_write(fd, data))
+    tel = StepTelemetry(run_dir=tmp_path, check_interval_s=1e9)
+    n0 = len(writes)  # run_start
+    for _ in range(20):
+        tel.step_end()  # 20 steps well within FLUSH_EVERY_S
+    assert len(writes) - n0 == 1  # the first step at once (nothing written for an age); the rest wait
+    deadline = time.monotonic() + 2.0
+    while len(read_events(tmp_path / "events.jsonl")) < 21:  # a hang after the last step still shows it
+        assert time.monotonic() < deadline, "the flusher did not write the buffered steps"
+        time.sleep(0.01)
+    assert len(writes) - n0 == 2 and writes[-1].count(b"\n") == 19  # one write for the nineteen
+    tel.step_end()
+    tel.log({"loss": 1.0})  # another kind writes the buffer first: the file keeps event order
+    kinds = [ev["kind"] for ev in read_events(tmp_path / "events.jsonl")]
+    assert kinds[-2:] == ["step", "log"] and len(kinds) == 23
+
+
+def test_a_process_that_exits_without_close_or_is_killed_loses_at_most_the_window(tmp_path):
+    from stepwatch.telemetry.writer import FLUSH_EVERY_S
+
+    script = ("import sys, time\nfrom stepwatch.telemetry import StepTelemetry\n"
+              "tel = StepTelemetry(run_dir=sys.argv[1])\n"
+              "for i in range(300):\n    tel.step_end()\n    time.sleep(0.001)\n"
+              "print('done', flush=True)\n"
+              "if sys.argv[2] == 'hang':\n    time.sleep(60)\n")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    exits = subprocess.run([sys.executable, "-c", script, str(tmp_path / "a"), "exit"], capture_output=True, text=True,
+                           timeout=60)
+    assert exits.returncode == 0
+    assert sum(ev["kind"] == "step" for ev in read_events(tmp_path / "a" / "events.jsonl")) == 300  # at exit: atexit
+    p = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "b"), "hang"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "done"
+        time.sleep(FLUSH_EVERY_S * 4)  # the window the flusher needs, passed
+    finally:
+        p.kill()
+        p.wait()
+    assert sum(ev["kind"] == "step" for ev in read_events(tmp_path / "b" / "events.jsonl")) == 300
+
+
+def test_a_forked_child_never_writes_the_parents_buffered_steps(tmp_path):
+    tel = StepTelemetry(run_dir=tmp_path, check_interval_s=1e9)
+    tel.step_end()
+    tel.step_end()  # buffered
+    pid = os.fork()
+    if pid == 0:  # the child (a DataLoader worker forked mid-window): its copy of the buffer is not its own
+        tel.flush()
+        os._exit(0)
+    os.waitpid(pid, 0)
+    tel.flush()
+    steps = [ev["step"] for ev in read_events(tmp_path / "events.jsonl") if ev["kind"] == "step"]
+    assert steps == [1, 2]

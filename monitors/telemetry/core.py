@@ -17,8 +17,12 @@ Where the numbers come from:
 
 Cost per step (measured by ``bench/emitter_cost.py``): two clock reads, the step line built from a
 fixed template (the same bytes as the JSON encoder, which is used for unusual value types and for the
-other events), one ``os.write`` of the whole line to an ``O_APPEND`` descriptor (the buffered write +
-flush: one syscall, no fsync), no CUDA synchronisation. Once per ``check_interval_s`` (1 s): one
+other events), appended to a buffer written by time, not by step: one ``os.write`` to an ``O_APPEND``
+descriptor once FLUSH_EVERY_S (50 ms) passed since the last one (a step after a longer gap is written at
+once; a small daemon thread writes what a step left behind within FLUSH_EVERY_S, so a hang right after
+a step still shows that step), and always before ``run_start`` / ``phase`` / ``dynamo`` / ``log`` /
+``run_end``, at ``close()`` and at interpreter exit. A SIGKILL loses at most the last FLUSH_EVERY_S of
+steps. No fsync, no CUDA synchronisation. Once per ``check_interval_s`` (1 s): one
 ``stat`` and ``fstat`` of the events file (was it removed or replaced?) and the dynamo check.
 
 Failure: nothing raises into the training loop. An ``OSError`` on open or write (ENOSPC, the run dir
@@ -31,12 +35,10 @@ are lost without being counted.
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import platform
 import sys
-import threading
 import time
 from array import array
 from typing import Any, Iterable, Mapping
@@ -48,20 +50,14 @@ from stepwatch.monitors.protocol import (
     KIND_RUN_START, KIND_STEP, PHASE_NAMES, SCHEMA_VERSION,
 )
 from stepwatch.telemetry.stats import step_summary
+from stepwatch.telemetry.writer import EventFileWriter, _warn
 
-_PREFIX = "stepwatch telemetry: "
+
 
 #: Set once the "STEPWATCH_RUN_DIR is not set" warning was printed (once per process).
 _warned_unset = False
 
 
-def _warn(msg: str) -> None:
-    """One line on stderr; never raises (stderr may be closed)."""
-    try:
-        sys.stderr.write(_PREFIX + msg + "\n")
-        sys.stderr.flush()
-    except Exception:
-        pass
 
 
 def _env_int(env: Mapping[str, str], name: str) -> int | None:
@@ -218,7 +214,7 @@ def _step_line(
     )
 
 
-class StepTelemetry:
+class StepTelemetry(EventFileWriter):
     """Telemetry for a plain training loop; :class:`StepwatchCallback` wraps one for the HF Trainer.
 
     ``StepTelemetry()`` reads ``STEPWATCH_RUN_DIR`` / ``STEPWATCH_ATTEMPT`` (set by the launcher) and
@@ -267,20 +263,13 @@ class StepTelemetry:
         self.run_dir: str | None = rd
         self.path: str | None = None
         #: Events that could not be written (after an OSError, or not serialisable).
-        self.dropped_events = 0
-        #: Why writing stopped ("[Errno 28] No space left on device: ..."), or None.
-        self.disabled_reason: str | None = None
         self.check_interval_s = float(check_interval_s)
         self.max_steps = max_steps
         self.attn_implementation_requested = attn_implementation_requested
         self._attn_resolved = attn_implementation_resolved
         self._model = model
         self._observer: DynamoObserver = OBSERVER
-        self._lock = threading.Lock()
-        self._fd: int | None = None
-        self._disabled = False
-        self._partial_line = False
-        self._warned_disable = False
+        self._init_writer()
         self._warned_serialise = False
         self._warned_internal = False
         self._run_open = False
@@ -537,6 +526,7 @@ class StepTelemetry:
         """Write ``run_end`` if a run is open, then close the file (a later event reopens it)."""
         if self._run_open:
             self.run_end()
+        self.flush()
         self._close_fd()
 
     def __enter__(self) -> "StepTelemetry":
@@ -568,6 +558,8 @@ class StepTelemetry:
             except OSError:
                 replaced = True
             if replaced:
+                with self._lock:
+                    self._flush_locked()  # the steps before it belong to the file they were made for
                 self._close_fd()
                 self._disable(OSError(f"{self.path} was rotated or removed (a relaunch owns it now); "
                                       "this process stops writing events"))
@@ -595,18 +587,6 @@ class StepTelemetry:
                 "rank": self.rank, "counters": snap, "recompiles": state[1], "recompile_limit_hits": state[2],
             })
 
-    def _open(self) -> None:
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
-        self._fd = os.open(self.path, flags, 0o644)  # type: ignore[arg-type]
-
-    def _close_fd(self) -> None:
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-
     def _emit(self, ev: dict[str, Any], retry: bool = False) -> bool:
         """Serialise ``ev`` and append it as one line with one write. Never raises."""
         with self._lock:
@@ -621,49 +601,7 @@ class StepTelemetry:
                     self._warned_serialise = True
                     _warn(f"dropped a {ev.get('kind')} event that is not JSON-serialisable ({e}); training continues")
                 return False
-            return self._write_locked(data)
-
-    def _emit_line(self, line: str) -> bool:
-        """Append ``line`` (one event, already serialised, ASCII) with one write, as :meth:`_emit`."""
-        with self._lock:
-            if self._disabled:
-                self.dropped_events += 1
-                return False
-            return self._write_locked((line + "\n").encode("utf-8"))
-
-    def _write_locked(self, data: bytes) -> bool:
-        """The write of :meth:`_emit` (the lock held): one line, one ``os.write``, never raises."""
-        if self._disabled and self._partial_line:
-            data = b"\n" + data  # end the line a failed write left half-written
-        try:
-            if self._fd is None:
-                self._open()
-            n = os.write(self._fd, data)  # type: ignore[arg-type]
-            if n != len(data):  # a short write: the rest, one write at a time
-                view = memoryview(data)
-                while view:
-                    if n <= 0:
-                        raise OSError(errno.EIO, "short write")
-                    if n < len(view):
-                        self._partial_line = True
-                    view = view[n:]
-                    if view:
-                        n = os.write(self._fd, view)  # type: ignore[arg-type]
-            self._partial_line = False
-            return True
-        except OSError as e:
-            self.dropped_events += 1
-            self._disable(e)
-            return False
-
-    def _disable(self, e: OSError) -> None:
-        self._disabled = True
-        self.disabled_reason = str(e)
-        self._close_fd()
-        if not self._warned_disable:
-            self._warned_disable = True
-            _warn(f"cannot write {self.path}: {e}; telemetry disabled, further events are counted as "
-                  "dropped (training continues)")
+            return self._write_after_buffer(data)
 
     def _internal_error(self, e: BaseException) -> None:
         if not self._warned_internal:

@@ -1,0 +1,169 @@
+"""The emitter's events file: appends to an ``O_APPEND`` descriptor, step lines written by time.
+
+:class:`EventFileWriter` is the half of :class:`stepwatch.telemetry.core.StepTelemetry` that owns the
+file: step lines wait in a buffer and are written in one ``os.write`` once FLUSH_EVERY_S passed since
+the last write (or FLUSH_MAX_LINES wait); any other event writes the buffer first, in order; a daemon
+thread writes what the last step left within FLUSH_EVERY_S (a hang right after a step still shows
+it); ``flush()`` / ``close()`` and interpreter exit write the rest. A SIGKILL loses at most the last
+FLUSH_EVERY_S of steps. A forked child never writes the parent's buffered lines. An ``OSError``
+disables writing (counted in ``dropped_events``, one line on stderr). Standard library only.
+"""
+
+from __future__ import annotations
+
+import atexit
+import errno
+import math
+import os
+import sys
+import threading
+import time
+
+_PREFIX = "stepwatch telemetry: "
+#: Step lines are written at most this often (seconds): one write for all steps in the window.
+FLUSH_EVERY_S = 0.05
+#: ... or once this many wait (a very fast loop's buffer stays small).
+FLUSH_MAX_LINES = 1024
+
+
+def _warn(msg: str) -> None:
+    """One line on stderr; never raises (stderr may be closed)."""
+    try:
+        sys.stderr.write(_PREFIX + msg + "\n")
+        sys.stderr.flush()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+class EventFileWriter:
+    """The events file of one emitter (``self.path``; None: nothing is written)."""
+
+    path: str | None
+
+    def _init_writer(self) -> None:
+        self._lock = threading.Lock()
+        self.dropped_events = 0
+        #: Why writing stopped ("[Errno 28] No space left on device: ..."), or None.
+        self.disabled_reason: str | None = None
+        self._buf: list[str] = []  # step lines not yet written (FLUSH_EVERY_S)
+        self._flushed_at = -math.inf  # time.monotonic() of the last write
+        self._buf_pid = os.getpid()  # a forked child never writes the parent's buffered lines
+        self._wake = threading.Event()
+        self._flusher: threading.Thread | None = None
+        self._fd: int | None = None
+        self._disabled = False
+        self._partial_line = False
+        self._warned_disable = False
+
+    def flush(self) -> None:
+        """Write the buffered step lines now (they are written within FLUSH_EVERY_S anyway). Never raises."""
+        with self._lock:
+            self._flush_locked()
+
+
+    def _open(self) -> None:
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+        self._fd = os.open(self.path, flags, 0o644)  # type: ignore[arg-type]
+
+    def _close_fd(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def _emit_line(self, line: str) -> bool:
+        """Buffer a step ``line`` (one event, already serialised, ASCII); write the buffer when
+        FLUSH_EVERY_S passed since the last write, else let the flusher thread write it."""
+        with self._lock:
+            if self._disabled:
+                self.dropped_events += 1
+                return False
+            self._buf.append(line)
+            now = time.monotonic()
+            if now - self._flushed_at >= FLUSH_EVERY_S or len(self._buf) >= FLUSH_MAX_LINES:
+                return self._flush_locked(now)
+            if len(self._buf) == 1:
+                self._arm_flusher()
+            return True
+
+    def _take_buffer(self) -> bytes:
+        lines, self._buf = self._buf, []
+        if os.getpid() != self._buf_pid:  # a fork's copy of the parent's buffer: the parent writes them
+            self._buf_pid = os.getpid()
+            return b""
+        return ("\n".join(lines) + "\n").encode("utf-8")
+
+    def _flush_locked(self, now: float | None = None) -> bool:
+        if not self._buf:
+            return True
+        n = len(self._buf)
+        data = self._take_buffer()
+        self._flushed_at = time.monotonic() if now is None else now
+        if not data:
+            return True
+        ok = self._write_locked(data)
+        if not ok:
+            self.dropped_events += n - 1  # _write_locked counted one
+        return ok
+
+    def _arm_flusher(self) -> None:
+        """Wake (or start) the daemon thread that writes a buffer the next step does not."""
+        if self._flusher is None or not self._flusher.is_alive() or os.getpid() != self._buf_pid:
+            self._buf_pid = os.getpid()
+            self._flusher = threading.Thread(target=self._flush_loop, name="stepwatch-events-flush", daemon=True)
+            self._flusher.start()
+            atexit.register(self.flush)
+        self._wake.set()
+
+    def _flush_loop(self) -> None:
+        while True:
+            self._wake.wait()
+            time.sleep(FLUSH_EVERY_S)
+            with self._lock:
+                self._wake.clear()
+                try:
+                    self._flush_locked()
+                except Exception:  # noqa: BLE001 - never raises into anything; the next write retries
+                    pass
+
+    def _write_locked(self, data: bytes) -> bool:
+        """The write of :meth:`_emit` (the lock held): one line, one ``os.write``, never raises."""
+        if self._disabled and self._partial_line:
+            data = b"\n" + data  # end the line a failed write left half-written
+        try:
+            if self._fd is None:
+                self._open()
+            n = os.write(self._fd, data)  # type: ignore[arg-type]
+            if n != len(data):  # a short write: the rest, one write at a time
+                view = memoryview(data)
+                while view:
+                    if n <= 0:
+                        raise OSError(errno.EIO, "short write")
+                    if n < len(view):
+                        self._partial_line = True
+                    view = view[n:]
+                    if view:
+                        n = os.write(self._fd, view)  # type: ignore[arg-type]
+            self._partial_line = False
+            return True
+        except OSError as e:
+            self.dropped_events += 1
+            self._disable(e)
+            return False
+
+    def _disable(self, e: OSError) -> None:
+        self._disabled = True
+        self.disabled_reason = str(e)
+        self._close_fd()
+        if not self._warned_disable:
+            self._warned_disable = True
+            _warn(f"cannot write {self.path}: {e}; telemetry disabled, further events are counted as "
+                  "dropped (training continues)")
+
+    def _write_after_buffer(self, data: bytes) -> bool:
+        """Write ``data`` (an event that is not a step; the lock held) after the buffered steps, one write."""
+        if self._buf:  # the steps before it first: the file stays in event order
+            data = self._take_buffer() + data
+        return self._write_locked(data)

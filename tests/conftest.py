@@ -96,6 +96,12 @@ def repo(tmp_path: Path) -> Path:
     })
 
 
+def _is_this_test_run(pid: int) -> bool:
+    """``pid`` is pytest, its parent, or the id of pytest's process group (``setsid pytest``, a CI runner
+    that makes pytest a group leader): SIGKILL to it, or killpg of it, would end the test run."""
+    return pid in (os.getpid(), os.getppid(), os.getpgrp())  # killpg(pid) of pytest's own group
+
+
 @pytest.fixture(autouse=True)
 def _reap_runs(tmp_path: Path):
     """After each test, SIGKILL every process group a run in tmp_path recorded and that still lives."""
@@ -118,6 +124,8 @@ def _reap_runs(tmp_path: Path):
                 pass
         for key in ("process", "supervisor"):
             ref = ProcessRef.from_json(run.get(key))
+            if ref and _is_this_test_run(ref.pid):
+                continue  # a test recorded pytest itself as a run's process: never signal the test run
             if ref and is_alive(ref):
                 try:
                     os.killpg(ref.pid, signal.SIGKILL) if key == "process" else os.kill(ref.pid, signal.SIGKILL)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -113,3 +114,19 @@ def test_the_bundled_synthetic_recordings_carry_a_counter_consistent_with_their_
     vgpu = [json.loads(ln) for ln in bundled_recording("synthetic_gpu_without_power_readings.jsonl").read_text().splitlines()
             if '"devices"' in ln]
     assert all(d["energy_mj"] is None and "energy_mj" in d["unsupported"] for r in vgpu for d in r["devices"])
+
+
+async def test_the_gpu_panel_says_the_energy_per_step(tmp_path: Path):
+    from stepwatch.tui.app import StepwatchApp
+
+    rec = tmp_path / "energy.jsonl"
+    _recording(rec, [500.0] * 30)
+    run_dir = tmp_path / "runs" / "e"
+    _run(run_dir, rec, 30)
+    app = StepwatchApp(run_dir, run_dir.parent)
+    async with app.run_test(size=(160, 45)) as pilot:
+        deadline = time.monotonic() + 10
+        while "energy" not in (line := str(app.screen.query_one("#health").render())):
+            assert time.monotonic() < deadline, line
+            await pilot.pause(0.05)
+        assert "energy 750 J/step, 5.461 tokens/J, 21.75 kJ this attempt (GPU0, GPU1)" in line, line

@@ -417,8 +417,10 @@ def test_a_silent_rich_bar_and_an_unknown_log_say_on_screen_what_to_do(tmp_path:
     from stepwatch.monitors.runfiles import read_json
 
     repo = make_repo(tmp_path / "repo", {"lt.py": LIGHTNING_PY, "odd.py": "for i in range(60):\n    print(f'{i}: ok')\n"})
-    (repo / "rich.toml").write_text(f'name = "silent"\ncommand = ["{sys.executable}", "lt.py", "--rich", "--sleep", "0"]\n'
-                                    'env = { TTY_INTERACTIVE = "0" }\n')  # the user's own setting wins: Rich is silent
+    # the user's own setting wins: Rich is silent while the run goes on (at its end Rich prints the
+    # last frame once, for files: the hint is judged while the run runs)
+    (repo / "rich.toml").write_text(f'name = "silent"\ncommand = ["{sys.executable}", "lt.py", "--rich", "--sleep", "0.1",'
+                                    ' "--samples", "4000"]\nenv = { TTY_INTERACTIVE = "0" }\n')
     (repo / "odd.toml").write_text(f'name = "odd"\ncommand = ["{sys.executable}", "odd.py"]\n')
     git(repo, "add", "-A")
     git(repo, "commit", "-qm", "configs")
@@ -426,11 +428,12 @@ def test_a_silent_rich_bar_and_an_unknown_log_say_on_screen_what_to_do(tmp_path:
         r = stepwatch("launch", "--no-tui", cfg, cwd=repo)
         assert r.returncode == 0, r.stderr
     silent, odd = repo / "runs" / "silent", repo / "runs" / "odd"
-    for run_dir in (silent, odd):
-        wait_until(lambda: read_json(run_dir / "exit.json"), 120, what="the run to end")
-    snap = _status(silent)
-    assert snap["log"]["format"] is None and "Lightning's progress bar is not in the log" in snap["log"]["hint"]
+    snap = wait_until(lambda: (s := _status(silent))["log"]["hint"] and s, 120, what="the hint on the silent run")
+    assert snap["state"] == "running" and snap["log"]["format"] is None
+    assert "Lightning's progress bar is not in the log" in snap["log"]["hint"]
     assert "HINT: Lightning's progress bar" in stepwatch_text(silent)
+    stepwatch("stop", str(silent), "--grace", "2", timeout=60)
+    wait_until(lambda: read_json(odd / "exit.json"), 120, what="the odd run to end")
     hint = _status(odd)["log"]["hint"]
     assert hint.startswith("no known shape matched 60 lines of the log: add [log] patterns"), hint
     metrics_line, _ = asyncio.run(_tui_step_panel(odd))

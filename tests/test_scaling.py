@@ -165,3 +165,33 @@ def test_a_real_trainer_run_with_dynamic_padding_records_widths_and_gets_a_verdi
     assert s["residual_s"] is not None and s["r2"] is not None, s  # a fit, with its residuals
     assert s["e_w2_over_e_w_sq"] > 1, s
     assert fold.scaling.padding()["share"] > 0
+
+
+def test_the_callbacks_shapes_sum_a_steps_micro_batches_token_weighted():
+    """Gradient accumulation: the micro-batches of one optimizer step are summed; the width is
+    Σb·w² / Σb·w, so padded tokens × width = Σb·w² (the fit's second regressor) holds exactly."""
+    torch = pytest.importorskip("torch")
+    from stepwatch.telemetry.hf import BatchShapes
+
+    class Model(torch.nn.Module):
+        def forward(self, input_ids=None, attention_mask=None):
+            return input_ids
+
+    m, shapes = Model(), BatchShapes()
+    shapes.install(m)
+    m.train()
+    for b, w, real in ((4, 64, 200), (2, 128, 250)):  # two micro-batches of one step
+        mask = torch.zeros(b, w, dtype=torch.long)
+        mask.view(-1)[:real] = 1
+        m(input_ids=torch.zeros(b, w, dtype=torch.long), attention_mask=mask)
+    m.eval()
+    m(input_ids=torch.zeros(8, 512, dtype=torch.long))  # an evaluation's forward: not the step's
+    batch, width, padded, real = shapes.take()
+    assert (batch, padded, real) == (6, 4 * 64 + 2 * 128, 450)
+    assert padded * width == pytest.approx(4 * 64 ** 2 + 2 * 128 ** 2, rel=1e-5)
+    m.train()
+    m(input_ids=torch.zeros(3, 32, dtype=torch.long), attention_mask=torch.ones(3, 32, dtype=torch.long))
+    assert shapes.take() == (3, 32, 96, 96)  # one width: an int, and the reset after take
+    shapes.remove()
+    m(input_ids=torch.zeros(3, 32, dtype=torch.long))
+    assert shapes.take() == (None, None, None, None)  # removed: the hook sees nothing more

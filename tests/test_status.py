@@ -259,8 +259,14 @@ def test_status_without_json_prints_readable_lines_for_a_failed_run(harness: Pat
 # --- views only read ---------------------------------------------------------------------------------
 
 def test_status_and_watch_on_a_read_only_copy_write_nothing(harness: Path, tmp_path: Path):
+    from stepwatch.monitors.watchdog import ProcessRef, is_alive
+
     src = launch(harness, sys.executable, "steps.py", "6", "0.02", "3", name="ro")
     wait_exit(src)
+    # the supervisor outlives the child by its last save (a temp file that comes and goes): copy the
+    # run dir once it is gone, not while a file of it may vanish under copytree
+    sup = ProcessRef.from_json(read_json(src / "run.json")["supervisor"])
+    wait_until(lambda: not is_alive(sup), 60, what="the supervisor to finish")
     ro = tmp_path / "mount" / "ro"
     shutil.copytree(src, ro)
     for p in ro.iterdir():

@@ -11,7 +11,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Sparkline, Static
 
-from stepwatch.tui.format import gib, health_words
+from stepwatch.tui.format import energy_words, gib, health_words
 from stepwatch.tui.widgets.base import Panel
 
 
@@ -53,7 +53,8 @@ class GpuPanel(Panel):
                 yield Sparkline([], id="gpu-power")
 
     def show(self, snap: dict[str, Any], plots: bool = True) -> None:
-        self._set("#health", Text(health_words(snap, basis=False)))
+        energy = energy_words(snap.get("energy"))
+        self._set("#health", Text(health_words(snap, basis=False) + (f" · {energy}" if energy else "")))
         gpus = snap.get("gpu")
         if not gpus:
             err = snap.get("gpu_error") or "no GPU samples yet"

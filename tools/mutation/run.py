@@ -1,0 +1,101 @@
+"""Mutation testing of the silent properties (issue 21), with cosmic-ray (``pip install cosmic-ray``).
+
+    python tools/mutation/run.py                 # every target of targets.toml
+    python tools/mutation/run.py watchdog rotate # some of them
+    python tools/mutation/run.py --timeout 120   # seconds per mutant's test run
+
+For each target: ``cosmic-ray init`` (a session in .mutation/<name>.sqlite), ``cosmic-ray baseline``
+(the tests pass on the unmutated code, else the target is not measured), ``cosmic-ray exec`` (each
+mutant applied in place, the target's tests run with ``pytest -x``, the file restored), then the
+kill rate and the survivors. Survivors named in equivalent.md (file, line, operator) are counted
+apart, with the reason there. Exit status 1 when a target is below --min (default 0.9).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sqlite3
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+
+
+def equivalents() -> set[tuple[str, int, str]]:
+    """(file, line, operator) of each mutant equivalent.md says no behaviour tells apart."""
+    out = set()
+    for line in (HERE / "equivalent.md").read_text().splitlines():
+        if line.startswith("| `") and line.count("|") >= 5:
+            f, ln, op = (c.strip().strip("`") for c in line.split("|")[1:4])
+            if ln.isdigit():
+                out.add((f, int(ln), op))
+    return out
+
+
+def run_target(name: str, spec: dict, timeout_s: float) -> dict:
+    work = ROOT / ".mutation"
+    work.mkdir(exist_ok=True)
+    cfg, db = work / f"{name}.toml", work / f"{name}.sqlite"
+    tests = " ".join(shlex.quote(t) for t in spec["tests"])
+    cfg.write_text(
+        "[cosmic-ray]\n"
+        f"module-path = {json.dumps(spec['file'])}\n"
+        f"timeout = {timeout_s}\n"
+        "excluded-modules = []\n"
+        f"test-command = {json.dumps(f'{sys.executable} -m pytest -x -q -p no:cacheprovider {tests}')}\n"
+        "[cosmic-ray.distributor]\nname = \"local\"\n")
+    db.unlink(missing_ok=True)
+    cr = [str(Path(sys.executable).parent / "cosmic-ray")]
+    subprocess.run([*cr, "init", str(cfg), str(db)], cwd=ROOT, check=True)
+    base = subprocess.run([*cr, "baseline", str(cfg)], cwd=ROOT, capture_output=True, text=True)
+    if base.returncode != 0:
+        return {"name": name, "file": spec["file"], "error": f"the tests fail on the unmutated code: {base.stdout[-500:]}"}
+    subprocess.run([*cr, "exec", str(cfg), str(db)], cwd=ROOT, check=True)
+    con = sqlite3.connect(db)
+    rows = con.execute("SELECT m.module_path, m.operator_name, m.occurrence, m.start_pos_row, r.test_outcome, "
+                       "r.worker_outcome FROM mutation_specs m JOIN work_results r ON m.job_id = r.job_id").fetchall()
+    equiv = equivalents()
+    survivors, equivalent, killed = [], [], 0
+    for path, op, occ, row, outcome, worker in rows:
+        outcome, worker = str(outcome or "").lower(), str(worker or "").lower()
+        if outcome == "survived":
+            (equivalent if (spec["file"], row, op) in equiv else survivors).append((row, op, occ))
+        elif outcome in ("killed", "incompetent") or worker == "timeout":  # the tests noticed (a hang counts)
+            killed += 1
+    counted = len(rows) - len(equivalent)
+    return {"name": name, "file": spec["file"], "mutants": len(rows), "killed": killed, "equivalent": len(equivalent),
+            "kill_rate": killed / counted if counted else None, "survivors": sorted(survivors)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("names", nargs="*")
+    ap.add_argument("--timeout", type=float, default=180.0)
+    ap.add_argument("--min", type=float, default=0.9)
+    a = ap.parse_args()
+    targets = tomllib.loads((HERE / "targets.toml").read_text())
+    names = a.names or list(targets)
+    results = [run_target(n, targets[n], a.timeout) for n in names]
+    print(f"\n{'target':12} {'file':36} {'mutants':>7} {'killed':>6} {'equiv':>5} {'kill rate':>9}")
+    low = False
+    for r in results:
+        if "error" in r:
+            print(f"{r['name']:12} {r['file']:36} ERROR {r['error']}")
+            low = True
+            continue
+        rate = r["kill_rate"]
+        low |= rate is None or rate < a.min
+        print(f"{r['name']:12} {r['file']:36} {r['mutants']:7} {r['killed']:6} {r['equivalent']:5} "
+              f"{'-' if rate is None else f'{100 * rate:.1f}%':>9}")
+        for row, op, occ in r["survivors"]:
+            print(f"    survived: line {row} {op} #{occ}")
+    return 1 if low else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

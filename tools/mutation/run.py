@@ -3,6 +3,8 @@
     python tools/mutation/run.py                 # every target of targets.toml
     python tools/mutation/run.py watchdog rotate # some of them
     python tools/mutation/run.py --timeout 120   # seconds per mutant's test run
+    python tools/mutation/run.py energy --survivors  # after new tests: the survivors again
+    python tools/mutation/run.py --report        # the sessions already run
 
 For each target: ``cosmic-ray init`` (a session in .mutation/<name>.sqlite), ``cosmic-ray baseline``
 (the tests pass on the unmutated code, else the target is not measured), ``cosmic-ray exec`` (each
@@ -37,7 +39,52 @@ def equivalents() -> set[tuple[str, int, str]]:
     return out
 
 
-def run_target(name: str, spec: dict, timeout_s: float) -> dict:
+def annotation_spans(path: Path) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """(start, end) (line, col) of every annotation in ``path``: with ``from __future__ import
+    annotations`` they are never evaluated, so a mutant inside one (``int | None`` -> ``int & None``)
+    is equivalent by construction."""
+    import ast
+
+    spans = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        for ann in ([node.annotation] if isinstance(node, (ast.arg, ast.AnnAssign)) and node.annotation else []) + (
+                [node.returns] if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.returns else []):
+            spans.append(((ann.lineno, ann.col_offset), (ann.end_lineno, ann.end_col_offset)))
+    return spans
+
+
+def retest_survivors(name: str, spec: dict, timeout_s: float) -> None:
+    """Run the target's (now larger) tests again on each mutant that survived in the session, one at
+    a time (``cosmic-ray apply``, the file restored after each), and record the new outcomes: after
+    new tests, only the survivors need another look."""
+    db = ROOT / ".mutation" / f"{name}.sqlite"
+    con = sqlite3.connect(db)
+    rows = con.execute("SELECT m.job_id, m.module_path, m.operator_name, m.occurrence FROM mutation_specs m JOIN "
+                       "work_results r ON m.job_id = r.job_id WHERE lower(r.test_outcome) = 'survived'").fetchall()
+    path = ROOT / spec["file"]
+    original = path.read_bytes()
+    cr = str(Path(sys.executable).parent / "cosmic-ray")
+    try:
+        for job, module, op, occ in rows:
+            subprocess.run([cr, "apply", module, op, str(occ)], cwd=ROOT, check=True, capture_output=True)
+            try:
+                t = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *spec["tests"]],
+                                   cwd=ROOT, capture_output=True, timeout=timeout_s)
+                outcome = "SURVIVED" if t.returncode == 0 else "KILLED"
+            except subprocess.TimeoutExpired:
+                outcome = "KILLED"
+            path.write_bytes(original)
+            con.execute("UPDATE work_results SET test_outcome = ? WHERE job_id = ?", (outcome, job))
+            con.commit()
+    finally:
+        path.write_bytes(original)
+
+
+def run_target(name: str, spec: dict, timeout_s: float, resume: str = "no") -> dict:
+    if resume == "survivors":
+        retest_survivors(name, spec, timeout_s)
+    if resume != "no":
+        return report(name, spec)
     work = ROOT / ".mutation"
     work.mkdir(exist_ok=True)
     cfg, db = work / f"{name}.toml", work / f"{name}.sqlite"
@@ -56,15 +103,23 @@ def run_target(name: str, spec: dict, timeout_s: float) -> dict:
     if base.returncode != 0:
         return {"name": name, "file": spec["file"], "error": f"the tests fail on the unmutated code: {base.stdout[-500:]}"}
     subprocess.run([*cr, "exec", str(cfg), str(db)], cwd=ROOT, check=True)
-    con = sqlite3.connect(db)
-    rows = con.execute("SELECT m.module_path, m.operator_name, m.occurrence, m.start_pos_row, r.test_outcome, "
-                       "r.worker_outcome FROM mutation_specs m JOIN work_results r ON m.job_id = r.job_id").fetchall()
+    return report(name, spec)
+
+
+def report(name: str, spec: dict) -> dict:
+    """The target's kill rate and survivors from its session (.mutation/<name>.sqlite)."""
+    con = sqlite3.connect(ROOT / ".mutation" / f"{name}.sqlite")
+    rows = con.execute("SELECT m.module_path, m.operator_name, m.occurrence, m.start_pos_row, m.start_pos_col, "
+                       "r.test_outcome, r.worker_outcome FROM mutation_specs m JOIN work_results r "
+                       "ON m.job_id = r.job_id").fetchall()
     equiv = equivalents()
+    spans = annotation_spans(ROOT / spec["file"])
     survivors, equivalent, killed = [], [], 0
-    for path, op, occ, row, outcome, worker in rows:
+    for path, op, occ, row, col, outcome, worker in rows:
         outcome, worker = str(outcome or "").lower(), str(worker or "").lower()
+        in_annotation = any(a <= (row, col) < b for a, b in spans)
         if outcome == "survived":
-            (equivalent if (spec["file"], row, op) in equiv else survivors).append((row, op, occ))
+            (equivalent if in_annotation or (spec["file"], row, op) in equiv else survivors).append((row, op, occ))
         elif outcome in ("killed", "incompetent") or worker == "timeout":  # the tests noticed (a hang counts)
             killed += 1
     counted = len(rows) - len(equivalent)
@@ -77,10 +132,14 @@ def main() -> int:
     ap.add_argument("names", nargs="*")
     ap.add_argument("--timeout", type=float, default=180.0)
     ap.add_argument("--min", type=float, default=0.9)
+    ap.add_argument("--report", action="store_true", help="only report the sessions already run")
+    ap.add_argument("--survivors", action="store_true",
+                    help="test only the last session's survivors again (after adding tests), then report")
     a = ap.parse_args()
     targets = tomllib.loads((HERE / "targets.toml").read_text())
     names = a.names or list(targets)
-    results = [run_target(n, targets[n], a.timeout) for n in names]
+    resume = "survivors" if a.survivors else "report" if a.report else "no"
+    results = [run_target(n, targets[n], a.timeout, resume) for n in names]
     print(f"\n{'target':12} {'file':36} {'mutants':>7} {'killed':>6} {'equiv':>5} {'kill rate':>9}")
     low = False
     for r in results:

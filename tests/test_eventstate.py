@@ -89,6 +89,7 @@ def comparable(snap: dict) -> str:
     snap["log"]["last_byte_age_s"] = None
     if snap.get("disk"):  # the file system's free space, read at each refresh: it moves between two
         snap["disk"]["free_bytes"] = None
+    snap["health"] = None  # the host's load and the tree's CPU, read at each refresh: they move too
     for al in snap["alerts"]:
         if al["kind"] not in ("fallback", "watchdog"):
             al["at"] = None  # when this observer first saw it; the fallback's time is from the file

@@ -239,6 +239,9 @@ async def test_a_run_logging_its_loss_every_5_steps_shows_the_loss_and_its_plot_
         async with app.run_test(size=size) as pilot:
             screen = app.screen
             await until(pilot, lambda: screen.query_one("#loss-col").display, 20, "the loss plot")
+            # a plot needs two points: wait for the second loss line (step 10) in the log, then time it
+            await until(pilot, lambda: len(re.findall(r"step \d+ loss ", (run_dir / "train.log").read_text())) >= 2,
+                        20, "two loss lines")
             printed = re.findall(r"step (\d+) loss ([\d.]+)", (run_dir / "train.log").read_text())
             step, loss = int(printed[-1][0]), float(printed[-1][1])
             t0 = time.monotonic()

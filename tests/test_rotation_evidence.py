@@ -57,3 +57,32 @@ def test_without_run_json_the_stamp_is_the_oldest_files_time(tmp_path: Path):
     assert attempt_stamp(d) == utc_stamp(T_LAUNCH)
     os.utime(d / "train.log", (T_LAUNCH + 9000, T_LAUNCH + 9000))  # control: now events.jsonl is the oldest
     assert attempt_stamp(d) == utc_stamp(T_LAUNCH + 7200)
+
+
+def test_a_state_of_a_later_attempt_is_dropped_too(tmp_path: Path):
+    d = tmp_path / "run"
+    _attempt(d, attempt=2)
+    (d / "events.state.json").write_text(json.dumps({"attempt": [3, T_LAUNCH + 100]}))  # not this attempt's
+    rotate(d)
+    assert not list(d.glob("events*state*"))
+
+
+def test_a_name_taken_while_rotating_moves_the_attempt_to_the_next_suffix(tmp_path: Path, monkeypatch):
+    """Another process takes a stamped name between the plan and the link: the link fails rather than
+    overwrite, and the whole attempt goes to the next suffix."""
+    d = tmp_path / "run"
+    _attempt(d)
+    stamp = utc_stamp(T_LAUNCH)
+    real_link, raced = os.link, []
+
+    def link(src, dst):
+        if not raced:
+            raced.append(dst)
+            Path(dst).write_text("another process's file\n")
+        return real_link(src, dst)
+
+    monkeypatch.setattr(os, "link", link)
+    plan = rotate(d)
+    assert Path(raced[0]).read_text() == "another process's file\n"  # never overwritten
+    assert {p.name for _, p in plan} == {f"train.{stamp}-1.log", f"events.{stamp}-1.jsonl", f"run.{stamp}-1.json"}
+    assert (d / f"train.{stamp}-1.log").read_text() == "attempt 1 log\n"

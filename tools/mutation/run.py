@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sqlite3
 import subprocess
@@ -26,6 +27,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
+#: Every test run compiles the mutated source afresh: a mutant of the same size written within the
+#: second of the last .pyc would otherwise be run as the stale bytecode of an earlier variant (and
+#: "survive"). The prefix dir stays empty: nothing is written, so nothing stale is ever read.
+NO_PYC = f"PYTHONDONTWRITEBYTECODE=1 PYTHONPYCACHEPREFIX={ROOT / '.mutation' / 'no-pyc'}"
 
 
 def equivalents() -> set[tuple[str, int, str]]:
@@ -68,8 +73,9 @@ def retest_survivors(name: str, spec: dict, timeout_s: float) -> None:
         for job, module, op, occ in rows:
             subprocess.run([cr, "apply", module, op, str(occ)], cwd=ROOT, check=True, capture_output=True)
             try:
+                env = dict(os.environ, **dict(kv.split("=", 1) for kv in NO_PYC.split()))
                 t = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *spec["tests"]],
-                                   cwd=ROOT, capture_output=True, timeout=timeout_s)
+                                   cwd=ROOT, capture_output=True, timeout=timeout_s, env=env)
                 outcome = "SURVIVED" if t.returncode == 0 else "KILLED"
             except subprocess.TimeoutExpired:
                 outcome = "KILLED"
@@ -94,7 +100,7 @@ def run_target(name: str, spec: dict, timeout_s: float, resume: str = "no") -> d
         f"module-path = {json.dumps(spec['file'])}\n"
         f"timeout = {timeout_s}\n"
         "excluded-modules = []\n"
-        f"test-command = {json.dumps(f'{sys.executable} -m pytest -x -q -p no:cacheprovider {tests}')}\n"
+        f"test-command = {json.dumps(f'env {NO_PYC} {sys.executable} -m pytest -x -q -p no:cacheprovider {tests}')}\n"
         "[cosmic-ray.distributor]\nname = \"local\"\n")
     db.unlink(missing_ok=True)
     cr = [str(Path(sys.executable).parent / "cosmic-ray")]

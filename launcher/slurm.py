@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from stepwatch.monitors.runfiles import JOB_SCRIPT, SUPERVISOR_LOG
+from stepwatch.monitors.slurm import DEFAULT_POLL_S  # noqa: F401 - the table's default, re-exported for launch
 
 #: ``[slurm]`` keys: sbatch's options by their own names (``ntasks_per_node`` is
 #: ``--ntasks-per-node``), ``extra`` (more sbatch options, a list of strings, passed as they are)
@@ -32,11 +33,9 @@ SLURM_KEYS = ("partition", "nodes", "ntasks_per_node", "gpus_per_node", "cpus_pe
               "extra", "poll_s")
 _INT_KEYS = ("nodes", "ntasks_per_node", "gpus_per_node", "cpus_per_task")
 _STR_KEYS = ("partition", "account", "qos", "time")
-#: Seconds between two looks at the scheduler from the login node (``[slurm] poll_s``).
-DEFAULT_POLL_S = 5.0
 #: What a Slurm command may take (seconds) before it counts as not answering.
 SLURM_TIMEOUT_S = 30.0
-_TIME_RE = re.compile(r"^(\d+-)?\d+(:\d+){0,2}$|^\d+-\d+$|^(UNLIMITED|INFINITE)$", re.IGNORECASE)
+_TIME_RE = re.compile(r"^(\d+-)?\d+(:\d+){0,2}$|^(UNLIMITED|INFINITE)$", re.IGNORECASE)
 
 
 def validate_slurm_table(table: Any, where: str) -> dict[str, Any]:

@@ -223,9 +223,8 @@ def _stop_job(run_dir: Path, run: dict, job: str, grace_s: float, reason: str | 
     if not wait:
         return StopOutcome(False, None, stop, False)
     deadline = time.monotonic() + (wait_timeout_s if wait_timeout_s is not None else 2 * grace_s + 30)
-    while time.monotonic() < deadline and not is_ended(query_job(job)["state"]):
+    while not (ended := is_ended(query_job(job)["state"])) and time.monotonic() < deadline:
         time.sleep(0.5)
-    ended = is_ended(query_job(job)["state"])
     if queued and ended:
         stop["ended_by"] = {"last_signal_sent": "scancel", "returncode": None, "signal": None,
                             "ended_at": utc_iso(time.time()), "job_cancelled_while": st["state"]}

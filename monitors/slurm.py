@@ -25,6 +25,8 @@ ABNORMAL_ENDS = frozenset({"CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
 #: Not ended yet, whatever else they look like.
 WAITING_STATES = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"})
 SLURM_TIMEOUT_S = 20.0
+#: Seconds between two looks at the scheduler from the login node (``[slurm] poll_s``).
+DEFAULT_POLL_S = 5.0
 _SQUEUE_FMT = "%i|%T|%r|%N|%l|%L|%S|%e"
 
 Runner = Callable[[list[str]], "subprocess.CompletedProcess[str]"]

@@ -42,6 +42,14 @@ def _big_run(tmp_path: Path) -> Path:
     return run_dir
 
 
+def _launched(tmp_path: Path, name: str, source: str) -> Path:
+    """``source`` as ``<name>.py`` in a fresh repo, launched headless as run ``name``; its run dir."""
+    repo = make_repo(tmp_path / "repo", {f"{name}.py": source})
+    r = stepwatch("launch", "--no-tui", "--name", name, "--", sys.executable, f"{name}.py", cwd=repo)
+    assert r.returncode == 0, r.stderr
+    return repo / "runs" / name
+
+
 def _panel(app):
     return app.screen.query_one("#log")
 
@@ -106,10 +114,7 @@ for i in range(1, 100000):
 
 @pytest.mark.parametrize("size", [(80, 24), (160, 45)])
 async def test_scrolled_up_the_panel_stays_put_says_so_and_end_follows_again(tmp_path: Path, size: tuple[int, int]):
-    repo = make_repo(tmp_path / "repo", {"w.py": WRITER_PY})
-    r = stepwatch("launch", "--no-tui", "--name", "w", "--", sys.executable, "w.py", cwd=repo)
-    assert r.returncode == 0, r.stderr
-    run_dir = repo / "runs" / "w"
+    run_dir = _launched(tmp_path, "w", WRITER_PY)
     wait_until(lambda: b"line 150\n" in (run_dir / "train.log").read_bytes(), 20, what="150 lines")
     try:
         app = StepwatchApp(run_dir, run_dir.parent)
@@ -230,10 +235,7 @@ async def test_a_run_logging_its_loss_every_5_steps_shows_the_loss_and_its_plot_
                                                                                                  size: tuple[int, int]):
     from stepwatch.tui.widgets.steps import StepPanel
 
-    repo = make_repo(tmp_path / "repo", {"loss.py": LOSS_PY})
-    r = stepwatch("launch", "--no-tui", "--name", "loss", "--", sys.executable, "loss.py", cwd=repo)
-    assert r.returncode == 0, r.stderr
-    run_dir = repo / "runs" / "loss"
+    run_dir = _launched(tmp_path, "loss", LOSS_PY)
     try:
         app = StepwatchApp(run_dir, run_dir.parent)
         async with app.run_test(size=size) as pilot:
@@ -285,10 +287,7 @@ for step in range(1, 100000):
 async def test_an_emitter_only_run_shows_its_loss_plot_and_a_nan_loss_names_its_step(tmp_path: Path):
     """Nothing printed but the emitter's log events: the latest loss, the plot from the events, and
     the NaN loss of step 60 as an alert naming step 60."""
-    repo = make_repo(tmp_path / "repo", {"emit.py": EMITTER_LOSS_PY})
-    r = stepwatch("launch", "--no-tui", "--name", "emit", "--", sys.executable, "emit.py", cwd=repo)
-    assert r.returncode == 0, r.stderr
-    run_dir = repo / "runs" / "emit"
+    run_dir = _launched(tmp_path, "emit", EMITTER_LOSS_PY)
     try:
         app = StepwatchApp(run_dir, run_dir.parent)
         async with app.run_test(size=(80, 24)) as pilot:

@@ -95,9 +95,11 @@ def state_word(snap: dict[str, Any]) -> str:
     if st == "running":
         return "RUNNING"
     if st == "pending":
-        return f"{job or 'PENDING'}" if job in ("PENDING", "CONFIGURING", "RUNNING") else "PENDING"
+        return job if job in ("PENDING", "CONFIGURING", "RUNNING") else "PENDING"
     if st == "exited" and job in ABNORMAL_ENDS:  # Slurm's word first: TIMEOUT, CANCELLED, NODE_FAIL ...
-        return job if snap.get("returncode") is None and not snap.get("signal") else f"{job} ({snap.get('signal') or 'exit ' + str(snap.get('returncode'))})"
+        if snap.get("returncode") is None and not snap.get("signal"):
+            return job
+        return f"{job} ({snap.get('signal') or 'exit ' + str(snap.get('returncode'))})"
     if st == "exited":
         if (snap.get("ended") or {}).get("stop_requested"):
             return f"STOPPED ({snap['signal'] or 'exit ' + str(snap.get('returncode'))})"

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, MutableMapping
 
 from stepwatch.monitors.runfiles import SCHEDULER_JSON, read_json, utc_iso
-from stepwatch.monitors.slurm import ABNORMAL_ENDS, ENDED_STATES, WAITING_STATES
+from stepwatch.monitors.slurm import ABNORMAL_ENDS, DEFAULT_POLL_S, ENDED_STATES, WAITING_STATES
 
 #: The ETA may run past the time left by this share before the time-limit alert (the ETA is an
 #: estimate from the last steps; a run that just fits is not an alert).
@@ -62,7 +62,7 @@ def read_scheduler(run_dir: Path, run: dict[str, Any], now: float | None = None)
         rec = {}  # another job's record (a relaunch's leftovers): not this attempt's
     state = rec.get("state") if isinstance(rec.get("state"), str) and _STATE_RE.match(rec["state"]) else None
     polled = _num(rec.get("polled_at_unix"))
-    poll_s = _num(sch.get("poll_s")) or 5.0
+    poll_s = _num(sch.get("poll_s")) or DEFAULT_POLL_S
     age = None if polled is None else max(0.0, now - polled)
     return {"kind": "slurm", "job_id": job_id, "state": state or ("SUBMITTED" if job_id else "NOT SUBMITTED"),
             "reason": _word(rec.get("reason")), "nodes": _word(rec.get("nodes")), "exit_code": _word(rec.get("exit_code"), 32),
@@ -73,6 +73,11 @@ def read_scheduler(run_dir: Path, run: dict[str, Any], now: float | None = None)
             "previous_job_ids": [j for j in sch.get("previous_job_ids") or [] if isinstance(j, str) and j.isdigit()][:20]}
 
 
+def _stop_asked(snap: dict[str, Any]) -> bool:
+    """The operator asked for the stop (``stepwatch stop`` writes who), not Slurm's own TERM."""
+    return bool((snap.get("stop") or {}).get("requested_by_user"))
+
+
 def scheduler_state(snap: dict[str, Any], run: dict[str, Any], exit_record: dict[str, Any] | None) -> None:
     """Set the run's ``state`` where only the scheduler knows it (the snapshot's ``scheduler`` is set)."""
     sch = snap.get("scheduler")
@@ -81,13 +86,11 @@ def scheduler_state(snap: dict[str, Any], run: dict[str, Any], exit_record: dict
     state = sch["state"]
     proc_host = (run.get("process") or {}).get("host")
     elsewhere = isinstance(proc_host, str) and proc_host != socket.gethostname()
-    asked = bool((snap.get("stop") or {}).get("requested_by_user"))
-    if state in ABNORMAL_ENDS and snap.get("ended") and not asked:
+    if state in ABNORMAL_ENDS and snap.get("ended") and not _stop_asked(snap):
         snap["ended"]["stop_requested"] = False  # Slurm's own TERM (time limit, scancel) reached the supervisor
     if snap["state"] == "running" or exit_record is not None:
         return
-    if state in WAITING_STATES or state in ("SUBMITTED",) or (state in ("RUNNING", "COMPLETING") and snap["pid"] is None
-                                                              and state not in ENDED_STATES):
+    if state in WAITING_STATES or state == "SUBMITTED" or (state in ("RUNNING", "COMPLETING") and snap["pid"] is None):
         snap["state"] = "pending"
         snap["process_verdict"] = f"Slurm job {sch['job_id']} {state}" + (f" ({sch['reason']})" if sch["reason"] else "")
     elif state in ("RUNNING", "COMPLETING") and elsewhere:
@@ -97,7 +100,7 @@ def scheduler_state(snap: dict[str, Any], run: dict[str, Any], exit_record: dict
         snap["state"] = "exited"
         snap["ended"] = {"ended_at": utc_iso(sch["end_unix"]) if sch["end_unix"] else None,
                          "ended_at_unix": sch["end_unix"], "duration_s": None,
-                         "stop_requested": bool((snap.get("stop") or {}).get("requested_by_user")), "write_errors": None,
+                         "stop_requested": _stop_asked(snap), "write_errors": None,
                          "error": f"Slurm ended job {sch['job_id']} {state} before the supervisor wrote exit.json"}
 
 
@@ -110,8 +113,7 @@ def scheduler_alerts(snap: dict[str, Any], make: Callable[..., dict[str, Any]],
         return []
     out = []
     state, job = sch["state"], sch["job_id"]
-    asked = bool((snap.get("stop") or {}).get("requested_by_user"))  # stepwatch stop, not Slurm's own TERM
-    if state in ABNORMAL_ENDS and not (asked and state == "CANCELLED"):
+    if state in ABNORMAL_ENDS and not (_stop_asked(snap) and state == "CANCELLED"):
         where = f" on {sch['nodes']}" if sch["nodes"] else ""
         code = f", exit code {sch['exit_code']}" if sch["exit_code"] and sch["exit_code"] != "0:0" else ""
         why = f" (Slurm's reason: {sch['reason']})" if sch["reason"] else ""

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from stepwatch.monitors.runfiles import EXIT_JSON, RUN_JSON, SCHEDULER_JSON, read_json, utc_iso, write_json_atomic
-from stepwatch.monitors.slurm import is_ended, query_job
+from stepwatch.monitors.slurm import DEFAULT_POLL_S, is_ended, query_job
 from stepwatch.monitors.watch.loop import SCHEDULER_ALERT_KINDS, AlertRecorder
 
 #: Polls in a row Slurm may not know the job before the watcher gives up (with exit.json there).
@@ -47,7 +47,7 @@ def watch_job(run_dir: Path, log: Callable[[str], None] = _log, query: Callable[
     if sch.get("kind") != "slurm" or not isinstance(job_id, str) or not job_id.isdigit():
         log(f"{run_dir}: run.json names no Slurm job; nothing to watch")
         return 2
-    poll_s = float(sch.get("poll_s") or 5.0)
+    poll_s = float(sch.get("poll_s") or DEFAULT_POLL_S)
     recorder = AlertRecorder(run_dir, run, log, kinds=SCHEDULER_ALERT_KINDS)
     me = {"pid": os.getpid(), "host": socket.gethostname()}
     last_state, unknown = None, 0

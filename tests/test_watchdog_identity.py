@@ -9,12 +9,15 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 
 import psutil
 import pytest
 
 from conftest import wait_until
-from stepwatch.monitors.watchdog import CREATE_TIME_TOLERANCE_S, ProcessRef, is_alive, probe
+from stepwatch.monitors.watchdog import (CREATE_TIME_TOLERANCE_S, PID_MAX, ProcessRef, is_alive, probe, self_test,
+                                        wait_for_exit)
 
 
 def test_a_real_zombie_child_reads_zombie_and_not_alive():
@@ -82,3 +85,128 @@ def test_another_users_live_process_reads_alive_to_a_prober_that_may_not_signal_
         mine.kill()
         mine.wait()
     assert _probe_as(65534, mine.pid, ctime) == ("ESRCH", "dead")  # control: the same prober sees it gone
+
+
+# --- run.json's record, the wait for a death, the preflight's self-test (the rest of the file) ------
+
+
+@pytest.mark.parametrize("record, expected", [
+    ({"pid": 4242, "create_time": 1700000000.25}, ProcessRef(4242, 1700000000.25)),
+    ({"pid": 4242, "create_time": 1700000000}, ProcessRef(4242, 1700000000)),  # a whole-second time
+    ({"pid": 4242}, ProcessRef(4242, None)),  # the time unknown: the pid alone
+    ({"pid": PID_MAX, "create_time": None}, ProcessRef(PID_MAX, None)),  # pid_t's largest
+    ({"pid": 1, "create_time": 1.0}, ProcessRef(1, 1.0)),  # the smallest pid that names one process
+    ({"pid": 4242, "create_time": float("nan")}, ProcessRef(4242, None)),  # a hostile time is unknown
+    ({"pid": 4242, "create_time": float("inf")}, ProcessRef(4242, None)),
+    ({"pid": 4242, "create_time": "1700000000"}, ProcessRef(4242, None)),
+    ({"pid": 4242, "create_time": True}, ProcessRef(4242, None)),  # a bool is no time
+    ({"pid": 0, "create_time": 1.0}, None),  # kill(0) would signal the caller's whole group
+    ({"pid": -1, "create_time": 1.0}, None),  # kill(-1) would signal every process it may
+    ({"pid": PID_MAX + 1}, None),
+    ({"pid": True}, None),  # a bool is an int to Python, never a pid
+    ({"pid": 42.0}, None),
+    ({"pid": "42"}, None),
+    ({"create_time": 1.0}, None),
+    (None, None),
+    ([4242, 1.0], None),
+])
+def test_a_recorded_process_is_read_as_a_pid_in_range_and_a_finite_create_time_or_not_at_all(record, expected):
+    ref = ProcessRef.from_json(record)
+    assert ref == expected
+    if ref is not None:
+        assert type(ref.pid) is int
+
+
+def test_a_process_captured_now_carries_its_own_create_time_and_a_missing_one_raises():
+    ref = ProcessRef.of_pid(os.getpid())
+    assert ref.pid == os.getpid() and ref.create_time == psutil.Process().create_time()
+    assert probe(ref) == "alive" and is_alive(ref)
+    assert not is_alive(None)  # nothing captured is never alive
+    assert probe(ProcessRef(PID_MAX, None)) == "dead"  # above any pid_max: kill -0 says ESRCH
+    with pytest.raises(psutil.NoSuchProcess):
+        ProcessRef.of_pid(PID_MAX)
+
+
+def _sleeper(seconds: float) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})"])
+
+
+@pytest.mark.parametrize("pidfd", [True, False], ids=["pidfd", "poll-only"])
+def test_waiting_for_a_death_returns_when_it_happens_and_not_before(pidfd, monkeypatch):
+    if not pidfd:
+        monkeypatch.delattr(os, "pidfd_open", raising=False)  # an old kernel's path: the probe alone
+    p = _sleeper(60)
+    try:
+        ref = ProcessRef.of_pid(p.pid)
+        t0 = time.monotonic()
+        assert wait_for_exit(ref, timeout_s=0.4, poll_s=0.05) is False  # alive all along: a timeout
+        waited = time.monotonic() - t0
+        assert 0.35 <= waited < 2.0, waited  # it waited the time asked, not less, not much more
+        threading.Timer(0.3, p.kill).start()
+        t0 = time.monotonic()
+        assert wait_for_exit(ref, timeout_s=20, poll_s=0.05) is True
+        assert 0.25 <= time.monotonic() - t0 < 5.0  # returned at the death, not at the timeout
+    finally:
+        p.kill()
+        p.wait()
+    t0 = time.monotonic()
+    assert wait_for_exit(ref, timeout_s=None) is True  # already gone: at once, without a timeout
+    assert time.monotonic() - t0 < 1.0
+
+
+def test_a_pidfd_notices_a_death_long_before_the_next_poll():
+    if not hasattr(os, "pidfd_open"):
+        pytest.fail("this kernel/python has no os.pidfd_open (Linux >= 5.3, Python >= 3.9)")
+    p = _sleeper(60)
+    try:
+        ref = ProcessRef.of_pid(p.pid)
+        threading.Thread(target=p.wait, daemon=True).start()  # reaped as the supervisor reaps
+        threading.Timer(0.2, p.kill).start()
+        t0 = time.monotonic()
+        assert wait_for_exit(ref, timeout_s=None, poll_s=30) is True  # the poll alone would take 30 s
+        assert time.monotonic() - t0 < 5.0
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_waiting_on_a_zombie_or_a_reused_pid_returns_at_once():
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        ref = ProcessRef(child.pid, psutil.Process(child.pid).create_time())
+        wait_until(lambda: psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE, 20, what="a zombie")
+        t0 = time.monotonic()
+        assert wait_for_exit(ref, timeout_s=10, poll_s=5) is True  # exited: gone, though unreaped
+        assert time.monotonic() - t0 < 1.0
+    finally:
+        child.wait()
+    me = ProcessRef.of_pid(os.getpid())
+    assert wait_for_exit(ProcessRef(me.pid, me.create_time - 100), timeout_s=10, poll_s=5) is True
+
+
+def test_the_self_test_passes_on_a_working_watchdog_and_names_each_failure():
+    r = self_test(limit_s=5.0)
+    assert r.ok is True and r.noticed_after_s is not None and 0 <= r.noticed_after_s < 5.0
+    assert "alive read alive; SIGKILL noticed after" in r.detail
+
+
+def test_the_self_test_fails_when_no_process_can_start_or_the_watchdog_is_blind(monkeypatch):
+    import stepwatch.monitors.watchdog as wd
+
+    def no_fork(*a, **k):
+        raise OSError(11, "Resource temporarily unavailable")
+
+    with monkeypatch.context() as m:
+        m.setattr(wd.subprocess, "Popen", no_fork)
+        r = self_test()
+    assert (r.ok, r.noticed_after_s) == (False, None) and "could not start a throwaway process" in r.detail
+    with monkeypatch.context() as m:  # a watchdog that reads every process dead
+        m.setattr(wd, "probe", lambda ref: "dead")
+        r = self_test()
+    assert r.ok is False and "read a live process" in r.detail and "as not alive" in r.detail
+    with monkeypatch.context() as m:  # a watchdog that never notices a death
+        m.setattr(wd, "probe", lambda ref: "alive")
+        t0 = time.monotonic()
+        r = self_test(limit_s=0.3)
+    assert r.ok is False and r.noticed_after_s is None and "still read pid" in r.detail
+    assert "0.3 s after SIGKILL" in r.detail and time.monotonic() - t0 < 5.0

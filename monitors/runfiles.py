@@ -53,6 +53,16 @@ PER_ATTEMPT_FILES = (TRAIN_LOG, EVENTS_JSONL, GPU_JSONL, RUN_JSON, STOP_JSON, EX
 RANK_EVENTS = re.compile(r"^events\.rank([1-9][0-9]{0,5})\.jsonl$")
 
 
+#: Rank N's log-derived step records (N > 0), timed by the supervisor from train.log's lines behind
+#: a ``[rankN]:`` / ``[defaultN]:`` prefix (monitors/watch/logsteps.py); rank 0's go to logsteps.jsonl.
+RANK_LOG_STEPS = re.compile(r"^logsteps\.rank([1-9][0-9]{0,5})\.jsonl$")
+
+
+def rank_log_steps_name(rank: int) -> str:
+    """``logsteps.rank<N>.jsonl`` (rank 0: ``logsteps.jsonl``)."""
+    return LOG_STEPS_JSONL if rank == 0 else f"logsteps.rank{rank}.jsonl"
+
+
 def rank_events_name(rank: int) -> str:
     """``events.rank<N>.jsonl`` (rank 0: ``events.jsonl``)."""
     return EVENTS_JSONL if rank == 0 else f"events.rank{rank}.jsonl"
@@ -60,12 +70,13 @@ def rank_events_name(rank: int) -> str:
 
 def attempt_files(run_dir: str | os.PathLike[str]) -> list[str]:
     """The names of the attempt's files present in ``run_dir``: PER_ATTEMPT_FILES and each rank's
-    events file."""
+    events file and log-derived step file."""
     try:
         names = set(os.listdir(run_dir))
     except OSError:
         return []
-    return [f for f in PER_ATTEMPT_FILES if f in names] + sorted(n for n in names if RANK_EVENTS.match(n))
+    return [f for f in PER_ATTEMPT_FILES if f in names] + sorted(n for n in names if RANK_EVENTS.match(n)
+                                                                 or RANK_LOG_STEPS.match(n))
 
 
 ENV_RUN_DIR = "STEPWATCH_RUN_DIR"

@@ -66,7 +66,14 @@ def test_hf_trainer_keeps_its_last_training_loss_after_the_summary_dict():
     t, _ = replay("hf_trainer_plain.log")
     assert t.format == "tqdm" and t.global_step == 60 and t.total == 60
     assert t.summary["train_loss"] == 5.559 and "loss" in t.last_log
-    assert "train_loss" not in t.last_metrics and "loss" in t.last_metrics
+    assert "train_loss" not in t.last_metrics and t.last_metrics["loss"][1] == 5.56  # the last training dict's
+    assert t.last_metrics["grad_norm"][1] == 0.5335 and t.last_metrics["learning_rate"][1] == 1.818e-05
+    # a run with include_num_input_tokens_seen: every training dict carries train_runtime so far;
+    # they are training metrics all the same, only the dict with train_loss is the summary
+    t, _ = replay("hf_trainer_printer_callback.log")
+    assert t.last_metrics["loss"][1] == 5.557 and t.last_metrics["num_input_tokens_seen"][1] == 5120, t.last_metrics
+    assert "train_loss" not in t.last_metrics and t.summary["train_loss"] == 5.556
+    assert t.series["loss"].as_json() and t.series["loss"].as_json()[-1][-1] == 5.557  # the series ends on it
     card = LogTracker()  # a dict without one number (the model card) is no training log
     card.feed_text("{'loss': '2.5', 'epoch': '1'}")
     card.feed_text("{'model_name': 'tiny', 'tags': ['a'], 'license': 'mit'}")
@@ -189,8 +196,17 @@ def test_an_uninstrumented_run_of_each_shape_gives_step_times_loss_and_a_stall(t
             own = sorted(float(x) / (1000 if shape == "nanogpt" else 1) for x in
                          re.findall(r"time ([\d.]+)ms" if shape == "nanogpt" else r'"dt_s": ([\d.e-]+)', text)[1:])
             assert own[0] <= p50 <= own[-1] and p50 == pytest.approx(0.1, rel=0.1)
+            printed = dict(re.findall(r"iter (\d+): loss [\d.]+, time ([\d.]+)ms" if shape == "nanogpt"
+                                      else r'"step": (\d+), "max_steps": \d+, "loss": [\d.e-]+, "dt_s": ([\d.e-]+)', text))
+            recs = [json.loads(ln) for ln in (run_dir / "logsteps.jsonl").read_text().splitlines()]
+            assert recs and all(r["timing"] == "reported" for r in recs)
+            for r in recs:  # each step's time is exactly the one its line printed
+                assert r["dt"] == float(printed[str(r["step"])]) / (1000 if shape == "nanogpt" else 1), r
+            arrival = frozen["step"]["arrival"]  # the supervisor's own figure beside it, which agrees here
+            assert arrival["agrees"] is True and arrival["n"] >= 10 and arrival["p50"] == pytest.approx(0.1, rel=0.25)
+            assert "their lines' arrival: p50" in stepwatch_text(run_dir)
         else:
-            assert frozen["step"]["timing"] in ("per_update", "shared")
+            assert frozen["step"]["timing"] in ("per_update", "shared") and frozen["step"]["arrival"] is None
             assert p50 == pytest.approx(0.1, rel=0.1), frozen["step_seconds"]
         if shape == "json":
             assert frozen["step"]["max_steps"] == 600
@@ -198,10 +214,15 @@ def test_an_uninstrumented_run_of_each_shape_gives_step_times_loss_and_a_stall(t
         assert f"loss {loss:.4g}" in text and f"format {SHAPES[shape]}" in text, text
         metrics_line, step_line = asyncio.run(_tui_step_panel(run_dir))  # the screen: step, shape and loss
         assert f"loss {loss:.4g}" in metrics_line and f"(step {step})" in metrics_line, metrics_line
-        assert f"log read as {SHAPES[shape]}" in step_line, step_line
+        assert f"log read as {SHAPES[shape]}, " in step_line and " lines)" in step_line, step_line
     finally:
         os.kill(pid, signal.SIGCONT)
         os.kill(pid, signal.SIGKILL)
+
+
+def repo_of(run_dir: Path) -> Path:
+    """The repo a test launched ``run_dir``'s run from (the run's working directory)."""
+    return run_dir.parent.parent
 
 
 def read_pid(run_dir: Path) -> int:
@@ -220,17 +241,19 @@ def stepwatch_text(run_dir: Path) -> str:
 LIGHTNING_PY = (Path(__file__).resolve().parents[1] / "tools" / "capture_fixtures" / "lightning_run.py").read_text()
 
 
-async def _tui_step_panel(run_dir: Path) -> tuple[str, str]:
+async def _tui_step_panel(run_dir: Path, header: bool = False) -> tuple[str, ...]:
+    """The run screen's metrics line and step-time line (and, with ``header``, its header line)."""
     from stepwatch.tui.app import StepwatchApp
 
     app = StepwatchApp(run_dir, run_dir.parent)
-    async with app.run_test(size=(100, 40)) as pilot:
+    async with app.run_test(size=(160, 45)) as pilot:
         for _ in range(100):
             if getattr(app.screen, "snap", None):
                 break
             await pilot.pause(0.05)
         await pilot.pause(0.2)
-        return str(app.screen.query_one("#throughput").render()), str(app.screen.query_one("#step-line").render())
+        shown = (str(app.screen.query_one("#throughput").render()), str(app.screen.query_one("#step-line").render()))
+        return (*shown, str(app.screen.query_one("#header").render())) if header else shown
 
 
 @pytest.mark.slow
@@ -458,3 +481,105 @@ def test_a_frozen_lightning_run_is_a_stall_at_the_last_step_its_bar_shows(tmp_pa
     finally:
         os.kill(pid, signal.SIGKILL)
         os.kill(pid, signal.SIGCONT)
+
+
+def test_the_arrival_check_agrees_within_a_quarter_and_judges_only_from_ten_steps():
+    from stepwatch.monitors.snapshot.metrics import arrival_check
+    from stepwatch.monitors.stats.stepstats import StepStats
+
+    def stats(dts):
+        st = StepStats()
+        for i, dt in enumerate([5.0, *dts], 1):  # the first step (start-up) is left out
+            st.add(i, dt, ["first"] if i == 1 else [])
+        return st
+
+    own = stats([0.1] * 12)
+    assert arrival_check(own, stats([0.12] * 12)) == {"n": 12, "p50": 0.12, "p99": 0.12, "agrees": True}
+    assert arrival_check(own, stats([0.124] * 12))["agrees"] is True
+    assert arrival_check(own, stats([0.126] * 12))["agrees"] is False  # the program times a part of its step
+    assert arrival_check(own, stats([0.074] * 12))["agrees"] is False
+    assert arrival_check(own, stats([0.1] * 9))["agrees"] is None  # too few to judge
+    assert arrival_check(own, stats([0.1] * 10))["agrees"] is True
+    assert arrival_check(stats([]), stats([0.1] * 12))["agrees"] is None  # no own time to judge against
+
+
+#: An un-instrumented HF Trainer script as a user has it: a tiny Llama from a config, random token ids,
+#: the Trainer's own tqdm bar and log dicts; a callback of the user's slows each step to ~0.1 s.
+HF_PY = '''\
+import sys, time
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
+steps = int(sys.argv[1])
+torch.manual_seed(0)
+cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                  num_key_value_heads=2, vocab_size=128, max_position_embeddings=64)
+data = [{"input_ids": (ids := torch.randint(0, 128, (16,))), "labels": ids.clone()} for _ in range(steps * 2)]
+from tqdm import tqdm
+for _ in tqdm(range(300), desc="Map", unit=" examples"):  # a tokenizer's map bar (datasets prints this one)
+    time.sleep(0.002)
+class Slow(TrainerCallback):  # its own clock: when each optimizer step ended, to a side file (not the log)
+    def on_step_end(self, args, state, control, **kw):
+        time.sleep(0.1)
+        with open("own_step_ends.txt", "a") as f:
+            f.write(f"{state.global_step} {time.perf_counter()}\\n")
+args = TrainingArguments(output_dir="out", max_steps=steps, per_device_train_batch_size=2, logging_steps=5,
+                         save_strategy="no", report_to="none", use_cpu=True, disable_tqdm=False,
+                         eval_strategy="steps", eval_steps=60, per_device_eval_batch_size=2,
+                         dataloader_num_workers=0, seed=0)
+Trainer(model=LlamaForCausalLM(cfg), args=args, train_dataset=data, eval_dataset=data[:80],  # eval bar: 40 steps
+        callbacks=[Slow()]).train()
+'''
+
+
+@pytest.mark.slow
+def test_an_uninstrumented_hf_trainer_run_gives_its_step_times_loss_a_stall_and_its_last_loss_at_the_end(tmp_path: Path):
+    import asyncio
+
+    from conftest import wait_until
+    from stepwatch.monitors.runfiles import read_json
+
+    run_dir = _launch(tmp_path, "hf", {"hf.py": HF_PY}, ["hf.py", "150"])
+    def judged():
+        s = _status(run_dir)
+        assert s["ended"] is None, (run_dir / "train.log").read_text()[-2000:]  # the script runs
+        return s["stall"]["state"] == "ok" and (s["step_seconds"]["n"] or 0) >= 20 and s
+
+    snap = wait_until(judged, 120, interval_s=0.3, what="the stall detector to judge the Trainer's steps")
+    assert (snap["log"]["format"], snap["step"]["source"], snap["step"]["max_steps"]) == ("tqdm", "log", 150), snap
+    pid = read_pid(run_dir)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        frozen = wait_until(lambda: (s := _status(run_dir))["stall"]["state"] == "stalled" and s, 30, what="the stall")
+        text = (run_dir / "train.log").read_text()
+        step = int(re.findall(r"(\d+)/150 \[", text)[-1])
+        assert frozen["step"]["global_step"] == step  # after a hang: the last step the bar shows
+        ends = dict(ln.split() for ln in (repo_of(run_dir) / "own_step_ends.txt").read_text().splitlines())
+        own = {int(k): float(ends[k]) - float(ends[str(int(k) - 1)]) for k in ends if str(int(k) - 1) in ends}
+        timed = [json.loads(ln) for ln in (run_dir / "logsteps.jsonl").read_text().splitlines()]
+        timed = [r for r in timed if "first" not in r["flags"] and r["step"] in own]  # the same steps, both clocks
+        ours, theirs = sorted(r["dt"] for r in timed), sorted(own[r["step"]] for r in timed)
+        assert len(timed) >= 15 and ours[len(ours) // 2] == pytest.approx(theirs[len(theirs) // 2], rel=0.1), (ours, theirs)
+        assert frozen["step_seconds"]["p50"] == pytest.approx(theirs[len(theirs) // 2], rel=0.1)
+        losses = re.findall(r"\{'loss': '?([\d.]+)'?", text)
+        assert frozen["metrics"]["loss"]["value"] == pytest.approx(float(losses[-1]), abs=1e-4)
+        assert [a["kind"] for a in frozen["alerts"]] == ["stall"] and f"after step {step}" in frozen["alerts"][0]["message"]
+        metrics_line, step_line, header = asyncio.run(_tui_step_panel(run_dir, header=True))
+        assert f"step {step}/150" in header, header
+        assert f"loss {float(losses[-1]):.4g}" in metrics_line and "log read as tqdm, " in step_line, (metrics_line, step_line)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    seen = []  # the training step as every view says it, while the map, training and eval bars share the log
+    while read_json(run_dir / "exit.json") is None and len(seen) < 400:
+        seen.append(_status(run_dir)["step"]["global_step"])
+    ex = wait_until(lambda: read_json(run_dir / "exit.json"), 120, what="the Trainer to end")
+    assert ex["returncode"] == 0
+    end = _status(run_dir)
+    text = (run_dir / "train.log").read_text()
+    assert "Map: 100%" in text and "/40 [" in text and "eval_loss" in text, text[-3000:]  # the look-alike bars ran
+    assert all(a <= b <= 150 for a, b in zip(seen, seen[1:])) and seen[-1] > step, seen  # never moved by them
+    assert end["metrics"]["eval_loss"]["step"] in (120, 150) and end["metrics"]["eval_loss"]["value"] == pytest.approx(
+        float(re.findall(r"'eval_loss': '?([\d.]+)'?", text)[-1]), abs=1e-4)
+    assert "'train_loss'" in text  # the end-of-run summary was printed after the last training dict
+    last = float(re.findall(r"\{'loss': '?([\d.]+)'?", text)[-1])
+    assert end["step"]["global_step"] == 150 and end["metrics"]["loss"]["value"] == pytest.approx(last, abs=1e-4)
+    assert end["metrics"]["loss"]["step"] in (145, 150) and "train_loss" not in end["metrics"], end["metrics"]

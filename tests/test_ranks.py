@@ -295,9 +295,11 @@ def test_a_relaunch_rotates_every_ranks_events_file(tmp_path: Path):
     _two_rank_run(run_dir)
     (run_dir / "events.rank12.jsonl").write_text("{}\n")
     (run_dir / "events.rankx.jsonl").write_text("{}\n")  # not a rank's file: left alone
+    (run_dir / "logsteps.rank3.jsonl").write_text("{}\n")  # rank 3's log-derived steps
     renamed = {src.name: dst.name for src, dst in rotate(run_dir)}
     stamp = renamed["run.json"][len("run."):-len(".json")]
     assert renamed["events.rank1.jsonl"] == f"events.{stamp}.rank1.jsonl"
+    assert renamed["logsteps.rank3.jsonl"] == f"logsteps.{stamp}.rank3.jsonl"
     assert renamed["events.rank12.jsonl"] == f"events.{stamp}.rank12.jsonl"
     assert not (run_dir / "events.rank1.jsonl").exists() and (run_dir / "events.rankx.jsonl").exists()
 
@@ -353,10 +355,52 @@ def test_a_rank_that_stops_stepping_while_the_other_goes_on_is_named_with_its_st
         assert rec["pid"] == victim and "train_step (indep.py:" in rec["stack"], rec["stack"][-1500:]
         text = stepwatch("status", str(run_dir)).stdout
         assert "stack (py-spy):" in text and "train_step (indep.py:" in text, text
+        details = _tui_alert_details(run_dir)  # the operator's `d` on the run screen shows it too
+        assert f"rank 1 (pid {victim}) stopped stepping" in details, details
+        assert "its Python stack (py-spy" in details and "train_step (indep.py:" in details, details
+        assert details.index("train_step (indep.py:") > details.index(f"rank 1 (pid {victim}) stopped"), details
+        # then rank 0 stops too: a whole-run stall, naming the ranks by their last step, rank 1 first
+        os.kill(ranks[0]["pid"], signal.SIGSTOP)
+        stall = wait_until(lambda: next((a for a in json.loads(stepwatch("status", str(run_dir), "--json").stdout)
+                                         ["alerts"] if a["kind"] == "stall"), None), 40, interval_s=0.5,
+                           what="the whole-run stall")
+        words = stall["message"][stall["message"].index("; ranks by last step: "):]
+        first, second = words[len("; ranks by last step: "):].split(", ")[:2]
+        assert first.startswith("1 at step ") and first.endswith(f"(pid {victim})"), words
+        assert second.startswith("0 at step ") and f"(pid {ranks[0]['pid']})" in second, words
+        assert int(first.split()[3]) < int(second.split()[3]), words  # rank 1 stopped steps earlier
     finally:
-        if freeze and psutil.pid_exists(victim):
-            os.kill(victim, signal.SIGCONT)
+        for pid in (victim, ranks[0]["pid"]) if freeze else ():
+            if psutil.pid_exists(pid):
+                os.kill(pid, signal.SIGCONT)
         stepwatch("stop", str(run_dir), "--grace", "2", timeout=60)
+
+
+def _tui_alert_details(run_dir: Path) -> str:
+    """The text of the run screen's alert details (the ``d`` key), from the real app on ``run_dir``."""
+    import asyncio
+
+    from textual.widgets import Static
+
+    from stepwatch.tui.app import StepwatchApp
+    from stepwatch.tui.screens.modals import AlertDetails
+
+    async def shown() -> str:
+        app = StepwatchApp(run_dir, run_dir.parent)
+        async with app.run_test(size=(120, 50)) as pilot:
+            for _ in range(200):
+                if (getattr(app.screen, "snap", None) or {}).get("alerts"):
+                    break
+                await pilot.pause(0.05)
+            await pilot.press("d")
+            for _ in range(100):
+                if isinstance(app.screen, AlertDetails):
+                    break
+                await pilot.pause(0.05)
+            await pilot.pause(0.1)
+            return str(app.screen.query_one("#alert-details").query_one(Static).render())
+
+    return asyncio.run(shown())
 
 
 BARS_PY = '''\
@@ -388,3 +432,36 @@ def test_an_uninstrumented_run_with_rank_prefixed_bars_takes_rank_0s_step(tmp_pa
     assert (snap["step"]["global_step"], snap["step"]["max_steps"]) == (60, 60), snap["step"]
     assert all(g is None or (g <= 60 and m in (None, 60)) for g, m in seen), seen
     assert any(g is not None and g < 60 for g, _ in seen), seen  # it was read while running, too
+    # each rank's own log-derived steps: the supervisor timed rank 1's prefixed bar apart from rank 0's
+    by_rank = {r["rank"]: r for r in snap["ranks"]}
+    assert sorted(by_rank) == [0, 1], snap["ranks"]
+    st0, st1 = by_rank[0]["steps"], by_rank[1]["steps"]
+    assert (st0["last_step"], st0["source"]) == (60, "log") and (st1["last_step"], st1["source"]) == (200, "log"), (st0, st1)
+    assert st0["n"] > 20 and st1["n"] > 50 and st1["p50"] < st0["p50"], (st0, st1)  # rank 1 steps 5x faster
+    assert (run_dir / "logsteps.rank1.jsonl").exists() and not (run_dir / "events.rank1.jsonl").exists()
+    assert all(json.loads(ln)["rank"] == 1 for ln in (run_dir / "logsteps.rank1.jsonl").read_text().splitlines())
+
+
+def test_each_prefixed_rank_gets_its_own_log_step_timer_and_rank_0_none():
+    """The supervisor's per-rank timers take only lines behind a rank N > 0 prefix; an unprefixed
+    line, rank 0's and an absurd rank number never start one."""
+    from stepwatch.monitors.readers.textlog import Segment
+    from stepwatch.monitors.watch.logsteps import RankLogTimers
+
+    timers = RankLogTimers()
+    out: dict[int, list] = {}
+    for i in range(1, 6):
+        at = 100.0 + i
+        bar = "|" + "█" * i + " " * (5 - i) + "|"
+        segs = [Segment(f"[default3]:{20 * i:3d}%{bar} {i}/5 [00:0{i}<00:00,  1.00it/s]", "\r", at_s=at, poll_seq=i),
+                Segment(f"[rank2]: step {i} loss 0.{i}", "\n", at_s=at, poll_seq=i),
+                Segment(f"{2 * i:3d}%{bar} {i}/50 [00:0{i}<00:00,  1.00it/s]", "\r", at_s=at, poll_seq=i),  # rank 0's
+                Segment(f"[rank0]: step {i} loss 1.0", "\n", at_s=at, poll_seq=i),
+                Segment(f"[rank123456]: step {i}", "\n", at_s=at, poll_seq=i)]
+        for rank, recs in timers.feed_poll(segs, None).items():
+            out.setdefault(rank, []).extend(recs)
+    assert sorted(timers.timers) == [2, 3] and sorted(out) == [2, 3], (timers.timers, out)
+    for rank in (2, 3):
+        assert [r["step"] for r in out[rank]] == [2, 3, 4, 5] and {r["rank"] for r in out[rank]} == {rank}
+        assert all(abs(r["dt"] - 1.0) < 1e-9 for r in out[rank]), out[rank]
+    assert timers.timers[3].tracker.total == 5 and timers.timers[2].tracker.format == "step_line"

@@ -83,8 +83,15 @@ TIMING_WORDS = {
 
 
 def timing_words(snap: dict[str, Any]) -> str | None:
-    """The words for the snapshot's ``step.timing``, None when the times are exact or absent."""
-    return TIMING_WORDS.get((snap.get("step") or {}).get("timing"))
+    """The words for the snapshot's ``step.timing``, None when the times are exact or absent; for
+    the program's own times, what the arrival of its lines says beside them."""
+    step = snap.get("step") or {}
+    words = TIMING_WORDS.get(step.get("timing"))
+    arr = step.get("arrival") or {}
+    if words and arr.get("agrees") is not None:
+        verdict = "agrees" if arr["agrees"] else "DISAGREES: the program times only part of its step?"
+        words += f" (their lines' arrival: p50 {secs(arr.get('p50'))} s, {verdict})"
+    return words
 
 
 def state_word(snap: dict[str, Any]) -> str:
@@ -198,3 +205,10 @@ def energy_words(energy: dict[str, Any] | None) -> str | None:
         parts.append(f"{e['tokens_per_joule']:.4g} tokens/J")
     parts.append(f"{e['joules'] / 1000:.4g} kJ this attempt ({', '.join(f'GPU{i}' for i in e.get('devices') or [])})")
     return "energy " + ", ".join(parts)
+
+
+def stack_frames(stack: Any, most: int = 12) -> list[str]:
+    """The supervisor's py-spy dump of a rank (``stack`` of an alert) as its thread and frame lines,
+    innermost frame first, at most ``most`` of them; py-spy's own header lines are left out."""
+    lines = [ln.rstrip() for ln in str(stack).splitlines() if ln.startswith(("Thread", " "))]
+    return lines[:most]

@@ -17,7 +17,7 @@ from typing import Any, Callable, TextIO
 from stepwatch.monitors.runfiles import utc_iso
 from stepwatch.monitors.snapshot.alerts import end_words
 from stepwatch.monitors.snapshot.disk import full_words
-from stepwatch.tui.format import (NO_DYNAMO_WORDS, attention_words, energy_words, eta_words, health_words, no_dynamo_output,
+from stepwatch.tui.format import (NO_DYNAMO_WORDS, stack_frames, attention_words, energy_words, eta_words, health_words, no_dynamo_output,
                                   padding_words, scaling_words, scheduler_words, timing_words, tree_words,
                                   versions_words)
 from stepwatch.monitors.snapshot.model import json_safe, run_ended
@@ -114,8 +114,7 @@ def status_lines(snap: dict[str, Any]) -> list[str]:
         lines.append(f"  ALERT [{al['kind']}] {al['message']}" + (f" ({', '.join(notes)})" if notes else "")
                      + (f" [delivery {delivered}]" if delivered else ""))
         if al.get("stack"):  # the supervisor's py-spy dump of the rank: each thread, innermost frame first
-            stack = [ln for ln in str(al["stack"]).splitlines() if ln.startswith(("Thread", " "))]
-            lines.append("    stack (py-spy): " + " | ".join(ln.strip() for ln in (stack or ["-"])[:12]))
+            lines.append("    stack (py-spy): " + " | ".join(ln.strip() for ln in (stack_frames(al["stack"]) or ["-"])))
     if snap.get("survivors"):
         lines.append(f"  {len(snap['survivors'])} process(es) of the ended run survive (they may hold GPU memory): "
                      + ", ".join(f"{p['pid']} ({p['name']})" for p in snap["survivors"][:10])

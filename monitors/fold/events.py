@@ -86,6 +86,8 @@ class EventsFold:
         self.shared_steps = 0
         #: step records whose dt the program printed itself (logsteps.jsonl ``timing: reported``)
         self.reported_steps = 0
+        #: those records' arrival-time figures (``arrival_dt_s``, seconds): the check on the program's own
+        self.arrival_stats = StepStats()
 
     def fold(self, reader: EventReader) -> None:
         """Fold what ``reader`` gained, a read (:meth:`EventReader.iter_new`, ~7,000 events) at a
@@ -150,6 +152,9 @@ class EventsFold:
                     self.shared_steps += 1
                 elif ev.get("timing") == "reported":
                     self.reported_steps += 1
+                    arrival = ev.get("arrival_dt_s")  # the supervisor's own figure beside the program's
+                    if type(arrival) is float and 0.0 <= arrival < _INF:
+                        self.arrival_stats.add(step, arrival, flags)
                 ends.append(step_end)
                 last_step = ev
                 if flags and FLAG_RECOMPILE in flags and type(step) is int:

@@ -6,7 +6,8 @@ epoch-relative, made global with the bar's total) and the line shapes of
 :mod:`~stepwatch.monitors.parsers.logformats` (nanoGPT, Lightning's Rich bar, JSON lines, ``step N``
 lines). The first shape that reports a training step locks the ``format``; from then on only that
 shape moves the step, so a data-loading bar, an evaluation bar or a tokenizer's ``Map`` bar in the
-same log never does. Lines of another rank than 0 never move it either (rank 0 speaks for the run).
+same log never does. Lines of another rank than the tracker's (0 by default: rank 0 speaks for the
+run) never move it either; the supervisor keeps one tracker per other rank that prints prefixed lines.
 
 Every numeric metric a recogniser captures is kept as a series per name over the whole run
 (:class:`~stepwatch.monitors.stats.minmax.MinMaxSeries`: bins of steps with their min and max, so a
@@ -40,6 +41,14 @@ LIGHTNING_BANNER = "GPU available: "
 MAX_SERIES = 64
 #: Keys of the HF Trainer's end-of-run summary dict: never training metrics.
 _SUMMARY_KEYS = ("train_runtime", "train_loss", "train_samples_per_second", "train_steps_per_second")
+
+
+def is_summary(d: dict) -> bool:
+    """The HF Trainer's end-of-run summary (``train_loss``, ``train_runtime`` …), not a training log
+    dict. A training dict carries ``loss`` and, with ``include_num_input_tokens_seen``, the
+    ``train_runtime`` so far too (transformers 4.5x): the summary is the one with ``train_loss``, or
+    with summary keys and no ``loss``."""
+    return "train_loss" in d or ("loss" not in d and any(k in d for k in _SUMMARY_KEYS))
 
 
 class LogTracker(ProgressTracker):
@@ -76,7 +85,7 @@ class LogTracker(ProgressTracker):
             return []
         rank, body = rank_prefix(text)
         body = strip_escapes(body)
-        if rank not in (None, 0):
+        if rank not in (None, self.rank):
             return super().feed_text(text, at_s, poll_seq=poll_seq, live=live) if self.format == FORMAT_TQDM else []
         if self.patterns and (self.format is None or self.format.startswith("pattern ")) and len(body) <= MAX_LINE_CHARS:
             for i, rx in enumerate(self.patterns, 1):  # the user's own patterns first, on any line
@@ -111,13 +120,14 @@ class LogTracker(ProgressTracker):
             return []
 
         n_logs = len(self.logs)
-        advs = super().feed_text(text, at_s, poll_seq=poll_seq, live=live)
+        # tqdm's cursor moves ride on the next line: the Trainer's eval dict comes as "\x1b[A{'eval_loss': ..."
+        advs = super().feed_text(strip_escapes(text), at_s, poll_seq=poll_seq, live=live)
         if advs:
             self.format = FORMAT_TQDM
             self.matched_lines += 1
         if len(self.logs) != n_logs:  # a printed Trainer log dict
             d = self.logs[-1][1]
-            if not any(k in d for k in _SUMMARY_KEYS):
+            if not is_summary(d):
                 self._record(d)
         return advs
 

@@ -63,12 +63,34 @@ def metric_alerts(snap: dict[str, Any], make: Any, first_seen: MutableMapping[st
     return out
 
 
-#: Metric series in the snapshot's ``metrics_series`` at most (the loss-like ones first).
-SERIES_NAMES = 4
+#: Metric series in the snapshot's ``metrics_series`` at most: SHOWN_FIRST's (loss, learning rate,
+#: grad norm, eval loss) first, then any other number the log printed, in the order it first came.
+SERIES_NAMES = 8
 
 
 def series_part(series: Mapping[str, Any]) -> dict[str, list[list[Any]]]:
     """``metrics_series``: ``{name: [[first_step, last_step, min, max], ...]}`` over the whole run
     (:class:`~stepwatch.monitors.stats.minmax.MinMaxSeries` bins, oldest first; a bin of NaN/inf
-    values only has null min and max) for the first SERIES_NAMES of SHOWN_FIRST the log has."""
-    return {n: series[n].as_json() for n in [n for n in SHOWN_FIRST if n in series][:SERIES_NAMES]}
+    values only has null min and max) for the first SERIES_NAMES names: SHOWN_FIRST's, then the rest."""
+    names = [n for n in SHOWN_FIRST if n in series] + [n for n in series if n not in SHOWN_FIRST]
+    return {n: series[n].as_json() for n in names[:SERIES_NAMES]}
+
+
+#: The arrival figure agrees with the program's own step times when their medians are within this
+#: share of each other; judged from ARRIVAL_MIN_STEPS printed steps on.
+ARRIVAL_AGREE_SHARE = 0.25
+ARRIVAL_MIN_STEPS = 10
+
+
+def arrival_check(reported: Any, arrival: Any) -> dict[str, Any]:
+    """``step.arrival`` for a run whose log prints its own step times (``timing: reported``): the
+    supervisor's arrival-time figure (``n``, ``p50``, ``p99`` in seconds, nearest-rank, first step
+    out) beside the program's, and ``agrees``: True / False, or None while fewer than
+    ARRIVAL_MIN_STEPS steps were timed both ways (a program that times only part of its step, or a
+    log line printed late, disagrees). ``reported`` and ``arrival`` are StepStats."""
+    n, p50, p99 = arrival.n, arrival.p50, arrival.percentile(99)
+    own = reported.p50
+    agrees = None
+    if n >= ARRIVAL_MIN_STEPS and p50 is not None and own is not None and own > 0:
+        agrees = abs(p50 - own) <= ARRIVAL_AGREE_SHARE * own
+    return {"n": n, "p50": p50, "p99": p99, "agrees": agrees}

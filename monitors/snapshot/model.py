@@ -30,7 +30,7 @@ def null_snapshot() -> dict[str, Any]:
         "straggler": {"state": NOT_JUDGED, "rank": None, "lag_s": None, "trip_s": None, "steps": 0, "lags_s": {},
                       "reason": "no ranks", "stuck": []},
         "versions": {"python": None, "torch": None, "transformers": None},
-        "step": {"global_step": None, "max_steps": None, "source": None, "timing": None},
+        "step": {"global_step": None, "max_steps": None, "source": None, "timing": None, "arrival": None},
         "step_seconds": {"n": 0, "min": None, "p50": None, "p90": None, "p99": None, "max": None, "last": None},
         "step_line": "n=0 seconds_per_optimizer_step",
         "throughput": {"tokens_per_s": None, "real_tokens_per_s": None, "padding_share": None},

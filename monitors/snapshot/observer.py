@@ -33,7 +33,7 @@ from stepwatch.monitors.fold.events import EventsFold, step_no, unix_time
 from stepwatch.monitors.fold.savedstate import load as load_saved_state, refused
 from stepwatch.monitors.parsers.dynamolog import DynamoLogScanner, RecompileLimit, Recompile
 from stepwatch.monitors.parsers.logtracker import LogTracker, log_hint, run_patterns
-from stepwatch.monitors.snapshot.metrics import log_metrics, series_part
+from stepwatch.monitors.snapshot.metrics import arrival_check, log_metrics, series_part
 from stepwatch.monitors.snapshot.eta import ETA_RECENT_STEPS, eta_part
 from stepwatch.monitors.gpu.energy import RECENT_STEPS as ENERGY_STEPS
 from stepwatch.monitors.snapshot.gpuview import GpuView
@@ -323,7 +323,8 @@ class RunObserver:
         gs = self._global_step(a)
         max_steps = step_no(rs.get("max_steps")) or a.progress.total
         snap["step"] = {"global_step": gs, "max_steps": max_steps,
-                        "source": "events" if use_events else ("log" if gs is not None else None), "timing": timing}
+                        "source": "events" if use_events else ("log" if gs is not None else None), "timing": timing,
+                        "arrival": arrival_check(stats, a.log_ev.arrival_stats) if timing == "reported" else None}
         summ = stats.summary()
         snap["step_seconds"] = {k: summ.get(k) for k in ("n", "min", "p50", "p90", "p99", "max", "last")}
         snap["step_line"] = stats.canonical_line()

@@ -22,7 +22,8 @@ from stepwatch.monitors.detectors.straggler import straggler_state, stuck_ranks
 from stepwatch.monitors.fold.events import step_no, unix_time
 from stepwatch.monitors.parsers.torchrun import FailureTable
 from stepwatch.monitors.readers.jsonl import EventReader
-from stepwatch.monitors.runfiles import EVENTS_JSONL, PROCS_JSON, RANK_EVENTS, STOP_JSON, read_json, utc_iso
+from stepwatch.monitors.runfiles import (EVENTS_JSONL, LOG_STEPS_JSONL, PROCS_JSON, RANK_EVENTS, RANK_LOG_STEPS, STOP_JSON,
+                                        read_json, utc_iso)
 from stepwatch.monitors.stats.stepstats import StepStats
 from stepwatch.monitors.watchdog import PID_MAX, ProcessRef, probe
 
@@ -47,6 +48,9 @@ class RankSteps:
     excluded) and the end time of each recent global_step."""
 
     def __init__(self, path: Path):
+        #: "events": the rank's emitter wrote them; "log": the supervisor timed them from the rank's
+        #: prefixed lines of train.log (an un-instrumented run)
+        self.source = "log" if path.name.startswith("logsteps") else "events"
         self.reader = EventReader(path)
         self.ends: OrderedDict[int, float] = OrderedDict()
         self.pid: int | None = None
@@ -83,7 +87,7 @@ class RankSteps:
     def summary(self) -> dict[str, Any]:
         st = self.stats
         return {"n": st.n, "p50": st.p50, "p99": st.percentile(99), "last_step": self.last_step,
-                "last_step_end_unix": self.last_end}
+                "last_step_end_unix": self.last_end, "source": self.source}
 
 
 class RankWatch:
@@ -108,9 +112,14 @@ class RankWatch:
         except OSError:
             return
         ranks = {int(m.group(1)): n for n in names if (m := RANK_EVENTS.match(n))}
+        if ranks:
+            ranks[0] = EVENTS_JSONL  # every rank writes its own events (STEPWATCH_ALL_RANKS)
+        else:  # an un-instrumented run whose ranks print prefixed lines: the supervisor's per-rank log steps
+            ranks = {int(m.group(1)): n for n in names if (m := RANK_LOG_STEPS.match(n))}
+            if ranks:
+                ranks[0] = LOG_STEPS_JSONL
         if not ranks and not self.steps:
             return
-        ranks[0] = EVENTS_JSONL
         for rank, name in sorted(ranks.items())[:1024]:
             if rank not in self.steps:
                 self.steps[rank] = RankSteps(self.run_dir / name)

@@ -22,6 +22,10 @@ is left out of the percentiles. A counter that goes back (a second ``train()``, 
 starts over without a record. Records have the ``step`` event's keys (DESIGN.md section 4) plus
 ``timing`` and ``steps_in_update``; they go to ``logsteps.jsonl``, which every view folds like
 ``events.jsonl``.
+
+Lines behind another rank's prefix (``[rank1]:``, torchrun's ``--tee`` ``[default1]:``) never move
+rank 0's step; :class:`RankLogTimers` gives each such rank a timer of its own, whose records (``rank``
+N) go to ``logsteps.rank<N>.jsonl``: the per-rank steps of an un-instrumented run.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from typing import Any, Iterable
 from stepwatch.monitors.parsers.hf_progress import ProgressTracker, StepAdvance
 from stepwatch.monitors.parsers.logtracker import LogTracker
 from stepwatch.monitors.protocol import FLAG_FIRST, KIND_STEP, SCHEMA_VERSION
+from stepwatch.monitors.readers.rankprefix import rank_prefix
 from stepwatch.monitors.readers.textlog import Segment
 
 TIMING_PER_UPDATE = "per_update"
@@ -43,8 +48,9 @@ class LogStepTimer:
     """Turns each poll's segments into step records (see the module docstring). Pure: time comes
     from the segments' ``at_s`` (the arrival of the poll that read them)."""
 
-    def __init__(self, tracker: ProgressTracker | None = None):
-        self.tracker = tracker or LogTracker()
+    def __init__(self, tracker: ProgressTracker | None = None, rank: int = 0):
+        self.tracker = tracker or LogTracker(rank=rank)
+        self.rank = rank
         self._last_step: int | None = None
         self._last_at: float | None = None
         self._timed_any = False
@@ -92,7 +98,7 @@ class LogStepTimer:
         """One ``step`` record; the first one this timer makes is flagged ``first``."""
         flags = [FLAG_FIRST] if not self._timed_any else []
         self._timed_any = True
-        return {"v": SCHEMA_VERSION, "kind": KIND_STEP, "t": end, "step": step, "rank": 0, "dt": dt,
+        return {"v": SCHEMA_VERSION, "kind": KIND_STEP, "t": end, "step": step, "rank": self.rank, "dt": dt,
                 "step_begin": begin, "step_end": end, "tokens": None, "padded_tokens": None, "flags": flags,
                 "timing": timing, "steps_in_update": k, **extra}
 
@@ -112,6 +118,49 @@ class LogStepTimer:
             out.append(self._record(adv.step, dt, at - dt, at, TIMING_REPORTED, k, arrival_dt_s=arrival))
             self._last_step, self._last_at = adv.step, at
         return out
+
+
+class RankLogTimers:
+    """A :class:`LogStepTimer` per rank other than 0 whose lines carry a rank prefix, fed only that
+    rank's segments (at most ``MAX_RANKS`` ranks, numbered below ``MAX_RANK``: a log can print any
+    prefix)."""
+
+    MAX_RANKS = 256
+    MAX_RANK = 10**5
+
+    def __init__(self, patterns=()):
+        self.patterns = list(patterns)
+        self.timers: dict[int, LogStepTimer] = {}
+
+    def feed_poll(self, segments: Iterable[Segment], partial: Segment | None) -> dict[int, list[dict[str, Any]]]:
+        """One poll's segments: {rank: its step records} for the ranks whose lines moved."""
+        by_rank: dict[int, list[Segment]] = {}
+        tail: dict[int, Segment] = {}
+        for seg in segments:
+            rank = self._rank(seg)
+            if rank is not None:
+                by_rank.setdefault(rank, []).append(seg)
+        if partial is not None and (rank := self._rank(partial)) is not None:
+            tail[rank] = partial
+            by_rank.setdefault(rank, [])
+        out: dict[int, list[dict[str, Any]]] = {}
+        for rank, segs in by_rank.items():
+            timer = self.timers.get(rank)
+            if timer is None:
+                if len(self.timers) >= self.MAX_RANKS:
+                    continue
+                timer = self.timers[rank] = LogStepTimer(LogTracker(self.patterns, rank=rank), rank=rank)
+            recs = timer.feed_poll(segs, tail.get(rank))
+            if recs:
+                out[rank] = recs
+        return out
+
+    def _rank(self, seg: Segment) -> int | None:
+        text = seg.text
+        if not text.startswith("[") or getattr(seg, "is_note", False):
+            return None
+        rank = rank_prefix(text)[0]
+        return rank if rank is not None and 0 < rank < self.MAX_RANK else None
 
 
 def encode_records(records: list[dict[str, Any]]) -> bytes:

@@ -27,13 +27,13 @@ from typing import Any, Callable
 
 from stepwatch.monitors.readers.changes import ChangeNotifier
 from stepwatch.monitors.readers.textlog import LogFollower
-from stepwatch.monitors.runfiles import ALERTS_JSONL, LOG_STEPS_JSONL, TRAIN_LOG, open_append, read_push_urls, write_all
+from stepwatch.monitors.runfiles import ALERTS_JSONL, LOG_STEPS_JSONL, TRAIN_LOG, open_append, rank_log_steps_name, read_push_urls, write_all
 from stepwatch.monitors.snapshot.model import json_safe
 from stepwatch.monitors.snapshot.observer import RunObserver
 from stepwatch.monitors.watch.stacks import STACK_KINDS, record_stack_later, stack_target
 from stepwatch.monitors.watch.delivery import Deliverer, level_of
 from stepwatch.monitors.parsers.logtracker import LogTracker, run_patterns
-from stepwatch.monitors.watch.logsteps import LogStepTimer, encode_records
+from stepwatch.monitors.watch.logsteps import LogStepTimer, RankLogTimers, encode_records
 
 #: The detector loop's period, seconds (alerts reach alerts.jsonl within about this, plus a refresh).
 DETECT_EVERY_S = 1.0
@@ -97,21 +97,33 @@ class LogTimerThread(threading.Thread):
         self.run_dir, self.stop, self.log = run_dir, stop, log
         self.out = AttemptFile(run_dir / LOG_STEPS_JSONL, log)
         self.follower = LogFollower(run_dir / TRAIN_LOG, keep_lines=1, from_start=True)
-        self.timer = LogStepTimer(LogTracker(run_patterns(run_dir)))
+        patterns = run_patterns(run_dir)
+        self.timer = LogStepTimer(LogTracker(patterns))
+        self.rank_timers = RankLogTimers(patterns)  # each other rank's prefixed lines: logsteps.rank<N>.jsonl
+        self.rank_out: dict[int, AttemptFile] = {}
         self.records = 0
 
     def _poll(self) -> None:
         while True:
             segs = self.follower.poll()
-            recs = self.timer.feed_poll(segs, self.follower.partial_segment)
-            if recs:
-                try:
-                    self.out.append(encode_records(recs))
-                    self.records += len(recs)
-                except OSError as e:
-                    self.log(f"log steps not recorded: {e}")
+            partial = self.follower.partial_segment
+            recs = self.timer.feed_poll(segs, partial)
+            self._append(self.out, recs)
+            for rank, rank_recs in self.rank_timers.feed_poll(segs, partial).items():
+                if rank not in self.rank_out:
+                    self.rank_out[rank] = AttemptFile(self.run_dir / rank_log_steps_name(rank), self.log)
+                self._append(self.rank_out[rank], rank_recs)
             if not self.follower.behind:
                 return
+
+    def _append(self, out: AttemptFile, recs: list[dict[str, Any]]) -> None:
+        if not recs:
+            return
+        try:
+            out.append(encode_records(recs))
+            self.records += len(recs)
+        except OSError as e:
+            self.log(f"log steps not recorded: {e}")
 
     def run(self) -> None:
         try:
@@ -127,7 +139,8 @@ class LogTimerThread(threading.Thread):
             self.log(f"log step timer stopped: {type(e).__name__}: {e}")
         finally:
             self.follower.close()
-            self.out.close()
+            for out in (self.out, *self.rank_out.values()):
+                out.close()
 
 
 class AlertRecorder:

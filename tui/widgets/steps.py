@@ -113,7 +113,10 @@ class StepPanel(Panel):
         if ss.get("last") is not None:
             line += f"  p90={secs(ss.get('p90'))} last={secs(ss['last'])}"
         words = timing_words(snap)
-        fmt = (snap.get("log") or {}).get("format") if (snap.get("step") or {}).get("source") == "log" else None
+        log = snap.get("log") or {}
+        fmt = log.get("format") if (snap.get("step") or {}).get("source") == "log" else None
+        if fmt:  # the recogniser in force and how many of the log's lines it read
+            fmt = f"{fmt}, {log.get('matched_lines') or 0} lines"
         if words or fmt:
             line += f"  ({', '.join(w for w in (words, f'log read as {fmt}' if fmt else None) if w)})"
         self._set("#step-line", Text(line))  # never markup

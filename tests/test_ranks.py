@@ -146,6 +146,9 @@ def test_a_rank_death_torchrun_restarts_from_is_named_with_the_restart_count(tmp
     text = stepwatch("status", str(run_dir)).stdout
     assert "torchrun restarted the workers 1 time (at most 2)" in text, text
     assert f"rank 1 pid {ones[1]['pid']} " in text and f"pid {ones[0]['pid']}" not in text.split("ranks:")[1].split("\n")[0]
+    shown = _tui_ranks(run_dir)  # the screen's ranks line: the restarted rank's latest process and the count
+    assert "torchrun restarted the workers 1 time (at most 2)" in " ".join(shown.split()), shown
+    assert f"1 pid {ones[1]['pid']}" in shown and f"pid {ones[0]['pid']}" not in shown, shown
 
 
 @pytest.mark.slow
@@ -223,15 +226,19 @@ def test_each_rank_has_its_own_steps_and_a_slowed_rank_is_a_straggler(tmp_path: 
         assert msg.startswith(f"straggler: rank 1 (pid {by_rank[1]['pid']}) ends its steps a median"), msg
         text = stepwatch("status", str(run_dir)).stdout
         assert "straggler flagged (rank 1 ends its steps" in text and "rank 1 pid" in text and "n=29" in text, text
+        rec = wait_until(lambda: next((json.loads(ln) for ln in (run_dir / "alerts.jsonl").read_text().splitlines()
+                                       if '"kind":"stack"' in ln), None), 30, interval_s=0.2, what="the straggler's stack")
+        assert rec["pid"] == by_rank[1]["pid"] and "ddp_tel.py" in rec["stack"], rec  # py-spy's dump of rank 1
     else:
         assert sg["state"] == "ok" and sg["lag_s"] < 0.05, sg
         assert "straggler" not in kinds, kinds
     wait_until(lambda: read_json(run_dir / "exit.json"), 60, what="the end")
 
 
-def _two_rank_run(run_dir: Path) -> None:
+def _two_rank_run(run_dir: Path, rank1_steps: int = 20) -> None:
     """An ended 2-rank run as its supervisor and emitter leave it: procs.json with both ranks (the
-    pids long gone), each rank's events file, rank 1 ending each step 0.2 s after rank 0."""
+    pids long gone), each rank's events file (rank 0: 20 steps, rank 1: ``rank1_steps``), rank 1
+    ending each step 0.2 s after rank 0."""
     import subprocess
 
     from stepwatch.monitors.runfiles import write_json_atomic
@@ -243,7 +250,7 @@ def _two_rank_run(run_dir: Path) -> None:
     t0 = 1_780_000_000.0
     for rank, name in ((0, "events.jsonl"), (1, "events.rank1.jsonl")):
         lines = [{"v": 1, "kind": "run_start", "t": t0, "step": None, "rank": rank, "world_size": 2, "pid": dead[rank + 1].pid}]
-        for s in range(1, 21):
+        for s in range(1, (21 if rank == 0 else rank1_steps + 1)):
             end = t0 + s * 0.3 + 0.2 * rank
             lines.append({"v": 1, "kind": "step", "t": end, "step": s, "rank": rank, "dt": 0.3, "step_begin": end - 0.3,
                           "step_end": end, "flags": ["first"] if s == 1 else []})
@@ -260,17 +267,15 @@ def _two_rank_run(run_dir: Path) -> None:
     write_json_atomic(run_dir / "exit.json", {"returncode": 0, "ended_at_unix": t0 + 8, "duration_s": 8.0})
 
 
-def test_the_tui_shows_every_rank_and_the_straggler(tmp_path: Path):
+def _tui_ranks(run_dir: Path) -> str:
+    """The run screen's ranks line, from the real app on ``run_dir``."""
     import asyncio
 
     from stepwatch.tui.app import StepwatchApp
 
-    run_dir = tmp_path / "runs" / "two"
-    _two_rank_run(run_dir)
-
     async def shown() -> str:
         app = StepwatchApp(run_dir, run_dir.parent)
-        async with app.run_test(size=(100, 40)) as pilot:
+        async with app.run_test(size=(160, 45)) as pilot:
             await pilot.pause(0.1)
             wait = 0
             while not getattr(app.screen, "snap", None) and wait < 100:
@@ -279,11 +284,19 @@ def test_the_tui_shows_every_rank_and_the_straggler(tmp_path: Path):
             await pilot.pause(0.2)
             return str(app.screen.query_one("#ranks").render())
 
-    text = asyncio.run(shown())
-    assert "ranks 0 pid" in text and "| 1 pid" in text and "step 20" in text, text
+    return asyncio.run(shown())
+
+
+def test_the_tui_shows_every_rank_and_the_straggler(tmp_path: Path):
+    run_dir = tmp_path / "runs" / "two"
+    _two_rank_run(run_dir, rank1_steps=18)
+    text = _tui_ranks(run_dir)
+    assert "ranks 0 pid" in text and "| 1 pid" in text, text
+    zero, one = text.split("| 1 pid")[0], text.split("| 1 pid")[1]
+    assert "step 20" in zero and "step 18" in one and "step 20" not in one, text  # each rank its own numbers
     assert text.count("STRAGGLER") == 1 and text.index("STRAGGLER") > text.index("| 1 pid"), text
     snap = json.loads(stepwatch("status", str(run_dir), "--json").stdout)
-    assert [(r["rank"], r["steps"]["n"]) for r in snap["ranks"]] == [(0, 19), (1, 19)]
+    assert [(r["rank"], r["steps"]["n"]) for r in snap["ranks"]] == [(0, 19), (1, 17)]
 
 
 def test_a_relaunch_rotates_every_ranks_events_file(tmp_path: Path):

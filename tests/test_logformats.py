@@ -128,13 +128,15 @@ for step in range(1, steps + 1):
         print(f"iter {step}: loss {loss:.4f}, time {took*1000:.2f}ms, mfu {0.5:.2f}%", flush=True)
     elif shape == "step_line":
         print(f"step {step} loss {loss:.4f} lr 0.0003", flush=True)
+    elif shape == "step_of":
+        print(f"Step {step}/{steps} | loss={loss:.4f} | lr=3e-4", flush=True)
     elif shape == "titan":    # torchtitan's metrics line, colours included
         print(f"[titan] 2026-12-01 12:00:00,000 - root - INFO - \x1b[31mstep: {step:2}  \x1b[32mloss: {loss:7.4f}  "
               f"\x1b[33mmemory:  1.20GiB(3.10%)  \x1b[34mtps: 1,234  \x1b[35mtflops: 0.01  mfu: 0.10%\x1b[39m", flush=True)
     elif shape == "json":
         print(json.dumps({"step": step, "max_steps": steps, "loss": loss, "dt_s": took}), flush=True)
 '''
-SHAPES = {"nanogpt": "nanogpt", "step_line": "step_line", "titan": "step_line", "json": "json"}
+SHAPES = {"nanogpt": "nanogpt", "step_line": "step_line", "step_of": "step_line", "titan": "step_line", "json": "json"}
 
 
 def _launch(tmp_path: Path, name: str, files: dict[str, str], argv: list[str]) -> Path:
@@ -160,6 +162,7 @@ def _last_printed(run_dir: Path, pattern: str) -> tuple[int, float, float | None
 
 
 PRINTED = {"nanogpt": r"iter (\d+): loss ([\d.]+), time ([\d.]+)ms", "step_line": r"step (\d+) loss ([\d.]+)",
+           "step_of": r"Step (\d+)/600 \| loss=([\d.]+)",
            "titan": r"step: +(\d+)  \x1b\[32mloss: +([\d.]+)", "json": r'"step": (\d+), "max_steps": \d+, "loss": ([\d.]+)'}
 
 
@@ -208,7 +211,7 @@ def test_an_uninstrumented_run_of_each_shape_gives_step_times_loss_and_a_stall(t
         else:
             assert frozen["step"]["timing"] in ("per_update", "shared") and frozen["step"]["arrival"] is None
             assert p50 == pytest.approx(0.1, rel=0.1), frozen["step_seconds"]
-        if shape == "json":
+        if shape in ("json", "step_of"):  # the log says the total
             assert frozen["step"]["max_steps"] == 600
         text = stepwatch_text(run_dir)
         assert f"loss {loss:.4g}" in text and f"format {SHAPES[shape]}" in text, text
@@ -345,6 +348,34 @@ def test_a_user_pattern_matching_none_of_its_examples_fails_the_checklist_before
     assert "[WARN] training log will be read: pattern 1 not tried" in r.stdout, r.stdout
 
 
+def test_the_checklist_tries_the_last_attempts_log_and_says_what_reads_it(tmp_path: Path):
+    """No examples, but the run's last attempt left its train.log: the checklist tries every pattern
+    and every built-in shape on it, before this launch."""
+    from conftest import make_repo, stepwatch
+
+    repo = make_repo(tmp_path / "repo", {"user.py": USER_PY})
+    run_dir = repo / "runs" / "user"
+    run_dir.mkdir(parents=True)
+    (run_dir / "train.log").write_text("".join(f"ep 0 | batch {b:>4} of 500 | xent={3.0 / b:.5f} | took 0.100s\n"
+                                               for b in range(1, 31)))
+    wrong = _user_cfg(repo, f"[log]\npatterns = [{_toml_str(PATTERN.replace('xent', 'loss'))}]\n")
+    r = stepwatch("launch", "--no-tui", str(wrong), cwd=repo)
+    assert r.returncode == 1 and ("[FAIL] training log will be read: pattern 1 matched none of the 30 line(s) of "
+                                  "the last attempt's train.log") in r.stderr, (r.stdout, r.stderr)
+    assert not (run_dir / "run.json").exists()  # refused before anything started
+    right = _user_cfg(repo, f"[log]\npatterns = [{_toml_str(PATTERN)}]\n")
+    r = stepwatch("preflight", str(right), cwd=repo)
+    assert ("[PASS] training log will be read: 1 [log] pattern(s) match their examples or the last log; the last "
+            "attempt's train.log reads as pattern 1 (30 lines)") in r.stdout, r.stdout
+    bare = _user_cfg(repo, "")  # no pattern, and no known shape in that log: what to add
+    r = stepwatch("preflight", str(bare), cwd=repo)
+    assert ("[WARN] training log will be read: no recogniser matched the 30 line(s) of the last attempt's "
+            "train.log: add [log] patterns") in r.stdout, r.stdout
+    (run_dir / "train.log").write_text("".join(f"iter {i}: loss 2.1, time 16.12ms, mfu 3.21%\n" for i in range(12)))
+    r = stepwatch("preflight", str(bare), cwd=repo)  # a known shape: named, with the lines it read
+    assert "[PASS] training log will be read: the last attempt's train.log reads as nanogpt (12 lines)" in r.stdout, r.stdout
+
+
 @pytest.mark.slow
 def test_a_run_read_by_a_user_pattern_gives_step_max_steps_loss_and_its_own_times(tmp_path: Path):
     from conftest import make_repo, stepwatch, wait_until
@@ -464,18 +495,24 @@ def test_a_silent_rich_bar_and_an_unknown_log_say_on_screen_what_to_do(tmp_path:
 
 
 @pytest.mark.slow
-def test_a_frozen_lightning_run_is_a_stall_at_the_last_step_its_bar_shows(tmp_path: Path):
+@pytest.mark.parametrize("bar", ["tqdm", "rich"])
+def test_a_frozen_lightning_run_is_a_stall_at_the_last_step_its_bar_shows(tmp_path: Path, bar: str):
     from conftest import wait_until
 
-    run_dir = _launch(tmp_path, "lt-stop", {"lt.py": LIGHTNING_PY}, ["lt.py", "--sleep", "0.1", "--samples", "4000"])
+    run_dir = _launch(tmp_path, "lt-stop", {"lt.py": LIGHTNING_PY}, ["lt.py", "--sleep", "0.1", "--samples", "4000",
+                                                                     *(["--rich"] if bar == "rich" else [])])
     wait_until(lambda: _status(run_dir)["stall"]["state"] == "ok", 90, what="the stall detector to judge")
     pid = read_pid(run_dir)
     os.kill(pid, signal.SIGSTOP)
     try:
         snap = wait_until(lambda: (s := _status(run_dir))["stall"]["state"] == "stalled" and s, 60, what="the stall")
-        bars = re.findall(r"Epoch (\d+): +\d+%\|[^|]*\| (\d+)/500 ", (run_dir / "train.log").read_text())
+        text = (run_dir / "train.log").read_text()
+        if bar == "tqdm":
+            bars = re.findall(r"Epoch (\d+): +\d+%\|[^|]*\| (\d+)/500 ", text)
+        else:  # Rich's bar, colours and all: "Epoch 0/2  ━━━━╸ 44/500 0:00:05 • ..."
+            bars = re.findall(r"Epoch (\d+)/\d+ [^\r\n]*? (\d+)/500 ", text)
         epoch, n = map(int, bars[-1])
-        assert snap["log"]["format"] == "lightning_tqdm"
+        assert snap["log"]["format"] == f"lightning_{bar}"
         assert snap["step"]["global_step"] == epoch * 500 + n, (snap["step"], bars[-2:])
         assert [a["kind"] for a in snap["alerts"]] == ["stall"]
     finally:

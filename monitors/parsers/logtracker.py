@@ -24,7 +24,7 @@ from pathlib import Path
 
 from stepwatch.monitors.parsers.hf_progress import ProgressTracker, StepAdvance, parse_progress
 from stepwatch.monitors.parsers.logformats import (MAX_LINE_CHARS, RECOGNISERS, compile_patterns, eval_metrics,
-                                                   pairs, recognise, strip_escapes, user_pattern)
+                                                   lightning_rich, pairs, recognise, strip_escapes, user_pattern)
 from stepwatch.monitors.readers.rankprefix import rank_prefix
 from stepwatch.monitors.runfiles import RUN_JSON, read_json
 from stepwatch.monitors.stats.minmax import MinMaxSeries
@@ -105,8 +105,14 @@ class LogTracker(ProgressTracker):
                 return []  # the bar's reset at an epoch's start, drawn before its new "Epoch N" desc
             postfix = body[body.rfind("it/s") + 4:] if "it/s" in body else ""
             return self._advance(step, None, None, pairs(postfix), at_s, poll_seq, live)
-        if u is None and self._tail:
-            return []
+        if u is None and self._tail:  # a line is whole only at its newline, but for a bar drawn in place:
+            # Rich writes the newline *before* its next frame, so the newest frame is the tail (a hung run's
+            # last step); its step and total are whole once it matched through "it/s", its metrics may not be
+            ls = lightning_rich(body) if self.format in (None, "lightning_rich") else None
+            if ls is None or ls.step == self.global_step:
+                return []
+            self.format = "lightning_rich"
+            return self._advance(ls.step, ls.max_steps, None, {}, at_s, poll_seq, live)
         if u is None and self.format in (None, *RECOGNISERS):
             got = recognise(body, self.format)
             if got is not None:

@@ -68,6 +68,11 @@ def test_hf_trainer_keeps_its_last_training_loss_after_the_summary_dict():
     assert t.summary["train_loss"] == 5.559 and "loss" in t.last_log
     assert "train_loss" not in t.last_metrics and t.last_metrics["loss"][1] == 5.56  # the last training dict's
     assert t.last_metrics["grad_norm"][1] == 0.5335 and t.last_metrics["learning_rate"][1] == 1.818e-05
+    # each dict at the step it was printed for (logging_steps=10), though the bar on file lagged behind it:
+    # tqdm.write redraws the bar right after the dict, and that redraw shows the dict's step
+    assert [b[0] for b in t.series["loss"].as_json()] == [10, 20, 30, 40, 50, 60] and t.last_metrics["loss"][0] == 60
+    compiled, _ = replay("hf_trainer_compile.log")
+    assert [b[0] for b in compiled.series["loss"].as_json()] == [10, 20, 30, 40], compiled.series["loss"].as_json()
     # a run with include_num_input_tokens_seen: every training dict carries train_runtime so far;
     # they are training metrics all the same, only the dict with train_loss is the summary
     t, _ = replay("hf_trainer_printer_callback.log")

@@ -66,6 +66,7 @@ class LogTracker(ProgressTracker):
         self._tail = False
         self.lines_seen = 0  #: complete lines fed
         self.lightning_seen = False  #: Lightning's Trainer announced itself ("GPU available: ...")
+        self._relabel: list[str] | None = None  # the last log dict's names, until the bar's redraw after it
 
     def feed(self, seg) -> list[StepAdvance]:
         """One segment; an unterminated one (the follower's tail) only as a bar: a line a
@@ -125,16 +126,25 @@ class LogTracker(ProgressTracker):
         if self.format not in (None, FORMAT_TQDM):
             return []
 
-        n_logs = len(self.logs)
+        n_logs, bar_before = len(self.logs), self.last
         # tqdm's cursor moves ride on the next line: the Trainer's eval dict comes as "\x1b[A{'eval_loss': ..."
         advs = super().feed_text(strip_escapes(text), at_s, poll_seq=poll_seq, live=live)
         if advs:
             self.format = FORMAT_TQDM
             self.matched_lines += 1
+        relabel, self._relabel = self._relabel, None
         if len(self.logs) != n_logs:  # a printed Trainer log dict
             d = self.logs[-1][1]
             if not is_summary(d):
                 self._record(d)
+                self._relabel = [k for k in d if k in self.series]
+        elif relabel and self.last is not bar_before and self.global_step is not None:
+            # tqdm.write redraws the bar right after the dict: its step is the dict's (the bar on file lagged
+            # by up to tqdm's mininterval when the Trainer printed it)
+            for k in relabel:
+                if self.last_metrics[k][0] is not None and self.last_metrics[k][0] < self.global_step:
+                    self.last_metrics[k] = (self.global_step, self.last_metrics[k][1])
+                    self.series[k].restep_last(self.global_step)
         return advs
 
     def _record(self, metrics: dict[str, float]) -> None:

@@ -51,6 +51,15 @@ class MinMaxSeries:
         if len(self.bins) > self.max_bins:
             self._merge()
 
+    def restep_last(self, step: int | None) -> None:
+        """The newest point was printed at ``step``, not where it was added (the HF Trainer prints its
+        log dict before the bar's redraw shows the step it belongs to)."""
+        if self.bins:
+            b = self.bins[-1]
+            if b.n == 1:
+                b.first_step = step
+            b.last_step = step
+
     def _merge(self) -> None:
         merged = []
         for i in range(0, len(self.bins), 2):

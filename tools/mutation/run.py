@@ -90,6 +90,8 @@ def retest_survivors(name: str, spec: dict, timeout_s: float) -> None:
     con = sqlite3.connect(db)
     rows = con.execute("SELECT m.job_id, m.module_path, m.operator_name, m.occurrence FROM mutation_specs m JOIN "
                        "work_results r ON m.job_id = r.job_id WHERE lower(r.test_outcome) = 'survived'").fetchall()
+    left_out = re.compile("|".join(EXCLUDED_OPERATORS))
+    rows = [r for r in rows if not left_out.match(r[2])]  # a session from before the sampling: only what counts
     purge_bytecode()
     path = ROOT / spec["file"]
     original = path.read_bytes()

@@ -1,0 +1,219 @@
+"""The supervisor's alert delivery, one Deliverer at a time (issue 21: the mutants a cosmic-ray run
+of monitors/watch/delivery.py left): its settings and their bounds, levels and min_level, the rate
+limit per channel and kind, the [alerts] command's environment, exit code, stderr and timeout (real
+processes), a push to a real local HTTP endpoint with its retries and back-off, the outcome records."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import wait_until
+from stepwatch.monitors.watch.delivery import (COMMAND_TIMEOUT_S, DEFAULT_MIN_LEVEL, DEFAULT_RATE_LIMIT_S,
+                                               DEFAULT_RETRIES, Deliverer, level_of)
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.records: list[dict] = []
+        self.logged: list[str] = []
+        self.slept: list[float] = []
+
+    def deliverer(self, run_dir: Path, **config) -> Deliverer:
+        return Deliverer(run_dir, self.records.append, config, "myrun", log=self.logged.append, sleep=self.slept.append)
+
+    def outcomes(self) -> list[tuple[str, str]]:
+        return [(r["channel"], r["outcome"]) for r in self.records]
+
+
+def alert(kind: str = "stall", n: int = 1, message: str = "no optimizer step for 60 s") -> dict:
+    return {"id": f"{kind}-{n}", "kind": kind, "message": message}
+
+
+def test_the_settings_and_their_bounds(tmp_path: Path):
+    r = Recorder()
+    d = r.deliverer(tmp_path)
+    assert (d.min_level, d.rate_limit_s, d.retries, d.command_timeout_s, d.command, d.urls) == (
+        "warning", 60.0, 3, 30.0, None, []) == (DEFAULT_MIN_LEVEL, DEFAULT_RATE_LIMIT_S, DEFAULT_RETRIES,
+                                                COMMAND_TIMEOUT_S, None, [])
+    d = r.deliverer(tmp_path, min_level="error", rate_limit_s=0, retries=0, command_timeout_s=600, command=["true"],
+                    urls=["json://h", "", 5, None])
+    assert (d.min_level, d.rate_limit_s, d.retries, d.command_timeout_s, d.command, d.urls) == (
+        "error", 0.0, 0, 600.0, ["true"], ["json://h"])
+    d = r.deliverer(tmp_path, retries=10, command_timeout_s=0.5, rate_limit_s=2.5, min_level="info")
+    assert (d.retries, d.command_timeout_s, d.rate_limit_s, d.min_level) == (10, 0.5, 2.5, "info")
+    for bad in ({"min_level": "loud"}, {"rate_limit_s": -1}, {"rate_limit_s": "9"}, {"retries": 11}, {"retries": -1},
+                {"retries": 2.0}, {"command_timeout_s": 0}, {"command_timeout_s": 601}, {"command_timeout_s": "5"},
+                {"command": []}, {"command": "echo hi"}, {"urls": "json://h"}):
+        d = r.deliverer(tmp_path, **bad)
+        assert (d.min_level, d.rate_limit_s, d.retries, d.command_timeout_s, d.command, d.urls) == (
+            "warning", 60.0, 3, 30.0, None, []), bad
+
+
+def test_levels_and_min_level(tmp_path: Path):
+    assert (level_of("stall"), level_of("recompile_limit"), level_of("something new")) == ("error", "warning", "warning")
+    for min_level, kind, outcome in (("error", "recompile_limit", "below_min_level"), ("error", "stall", "delivered"),
+                                     ("warning", "recompile_limit", "delivered"), ("info", "gpu", "delivered")):
+        r = Recorder()
+        d = r.deliverer(tmp_path, command=["true"], min_level=min_level)
+        d.submit(alert(kind))
+        assert d.wait(10) and r.outcomes() == [("command", outcome)], (min_level, kind, r.records)
+    r = Recorder()
+    d = r.deliverer(tmp_path, command=["true"], min_level="error")
+    d.submit(alert("gpu"))
+    assert r.records[0]["detail"] == "warning < min_level error" and r.records[0]["attempts"] == 0
+
+
+def test_the_rate_limit_is_per_channel_and_kind(tmp_path: Path):
+    r = Recorder()
+    d = r.deliverer(tmp_path, command=["true"], rate_limit_s=30)
+    d.submit(alert("stall", 1))
+    d.submit(alert("stall", 2))  # the same kind at once: rate limited
+    d.submit(alert("fallback", 3))  # another kind: its own limit
+    assert d.wait(10)
+    got = sorted((x["alert_id"], x["outcome"]) for x in r.records)
+    assert got == [("fallback-3", "delivered"), ("stall-1", "delivered"), ("stall-2", "rate_limited")]
+    limited = next(x for x in r.records if x["outcome"] == "rate_limited")
+    assert limited["detail"].startswith("a stall alert went to command 0 s ago (rate_limit_s 30)"), limited
+    r = Recorder()
+    d = r.deliverer(tmp_path, command=["true"], rate_limit_s=0)  # 0: every alert goes
+    for n in range(3):
+        d.submit(alert("stall", n))
+    assert d.wait(10) and [o for _, o in r.outcomes()] == ["delivered"] * 3
+
+
+def test_the_command_gets_the_alert_in_its_environment(tmp_path: Path):
+    out = tmp_path / "env.json"
+    script = ("import json, os, sys; json.dump({k: v for k, v in os.environ.items() if k.startswith('STEPWATCH_')},"
+              f" open({str(out)!r}, 'w'))")
+    r = Recorder()
+    d = r.deliverer(tmp_path, command=[sys.executable, "-c", script])
+    d.submit(alert("stall", 7, "alive but stuck"))
+    assert d.wait(20)
+    env = json.loads(out.read_text())
+    assert {k: env[k] for k in ("STEPWATCH_ALERT_ID", "STEPWATCH_ALERT_KIND", "STEPWATCH_ALERT_LEVEL",
+                                "STEPWATCH_ALERT_MESSAGE", "STEPWATCH_RUN", "STEPWATCH_RUN_DIR")} == {
+        "STEPWATCH_ALERT_ID": "stall-7", "STEPWATCH_ALERT_KIND": "stall", "STEPWATCH_ALERT_LEVEL": "error",
+        "STEPWATCH_ALERT_MESSAGE": "alive but stuck", "STEPWATCH_RUN": "myrun", "STEPWATCH_RUN_DIR": str(tmp_path)}
+    rec = r.records[0]
+    assert (rec["v"], rec["kind"], rec["alert_id"], rec["channel"], rec["outcome"], rec["detail"], rec["attempts"]) == (
+        1, "delivery", "stall-7", "command", "delivered", "exit code 0", 1) and abs(rec["t"] - time.time()) < 30
+
+
+def test_a_failing_missing_or_hung_command_is_a_recorded_failure(tmp_path: Path):
+    r = Recorder()
+    d = r.deliverer(tmp_path, command=[sys.executable, "-c", "import sys; print('first'); sys.stderr.write('a\\nboom\\n'); sys.exit(3)"])
+    d.submit(alert())
+    assert d.wait(20) and r.records[0]["outcome"] == "failed" and r.records[0]["detail"] == "exit code 3: boom"
+    assert r.logged == ["alert stall-1 not delivered to command: exit code 3: boom"]
+    r = Recorder()
+    d = r.deliverer(tmp_path, command=[sys.executable, "-c", "import sys; sys.exit(4)"])
+    d.submit(alert())
+    assert d.wait(20) and r.records[0]["detail"] == "exit code 4"
+    r = Recorder()
+    d = r.deliverer(tmp_path, command=[str(tmp_path / "no-such-notifier")])
+    d.submit(alert())
+    assert d.wait(20) and r.records[0]["outcome"] == "failed"
+    assert r.records[0]["detail"].startswith(f"could not run {str(tmp_path / 'no-such-notifier')!r}: ")
+    pidfile = tmp_path / "child.pid"
+    hang = f"import os, subprocess, time; p = subprocess.Popen(['sleep', '60']); open({str(pidfile)!r}, 'w').write(str(p.pid)); time.sleep(60)"
+    r = Recorder()
+    d = r.deliverer(tmp_path, command=[sys.executable, "-c", hang], command_timeout_s=1.5)
+    t0 = time.monotonic()
+    d.submit(alert())
+    assert d.wait(20) and time.monotonic() - t0 < 10
+    assert r.records[0]["detail"] == "the command ran over 1.5 s: its session was killed" and r.records[0]["attempts"] == 1
+    child = int(pidfile.read_text())
+    wait_until(lambda: not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE, 10,
+               what="the notifier's own child killed with its session")
+
+
+def test_waiting_is_bounded(tmp_path: Path):
+    r = Recorder()
+    d = r.deliverer(tmp_path, command=[sys.executable, "-c", "import time; time.sleep(3)"])
+    d.submit(alert())
+    t0 = time.monotonic()
+    assert d.wait(0.3) is False and time.monotonic() - t0 < 1.5  # still in flight: said so, not waited for
+    assert d.wait(20) is True and r.outcomes() == [("command", "delivered")]
+    assert Recorder().deliverer(tmp_path).wait(0) is True  # nothing in flight
+
+
+def test_a_record_that_cannot_be_written_is_logged_and_delivery_goes_on(tmp_path: Path):
+    logged: list[str] = []
+
+    def full(rec):
+        raise OSError(28, "No space left on device")
+
+    d = Deliverer(tmp_path, full, {"command": ["true"]}, "myrun", log=logged.append)
+    d.submit(alert())
+    assert d.wait(10)
+    assert logged == ["could not record the delivery of stall-1 to command: [Errno 28] No space left on device"]
+
+
+class _Endpoint(http.server.BaseHTTPRequestHandler):
+    received: list[dict] = []
+    status = 200
+
+    def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        type(self).received.append(json.loads(body))
+        self.send_response(type(self).status)
+        self.end_headers()
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def endpoint():
+    _Endpoint.received, _Endpoint.status = [], 200
+    server = http.server.HTTPServer(("127.0.0.1", 0), _Endpoint)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1]
+    server.shutdown()
+
+
+def test_a_push_arrives_with_the_alerts_title_text_and_type(tmp_path: Path, endpoint: int):
+    r = Recorder()
+    d = r.deliverer(tmp_path, urls=[f"json://127.0.0.1:{endpoint}/hook"], min_level="info")
+    d.submit(alert("stall", 1, "alive but stuck"))
+    d.submit(alert("gpu", 2, "idle tensor cores"))
+    assert d.wait(30)
+    got = {x["title"]: (x["message"], x["type"]) for x in _Endpoint.received}
+    assert got == {"stepwatch myrun: stall": ("alive but stuck", "failure"),
+                   "stepwatch myrun: gpu": ("idle tensor cores", "warning")}, _Endpoint.received
+    assert sorted(r.outcomes()) == [("json://127.0.0.1", "delivered")] * 2
+    assert {x["attempts"] for x in r.records} == {1} and {x["detail"] for x in r.records} == {"accepted by the endpoint"}
+    assert r.slept == []
+
+
+def test_a_refused_push_is_retried_with_back_off_then_failed(tmp_path: Path, endpoint: int):
+    _Endpoint.status = 500
+    r = Recorder()
+    d = r.deliverer(tmp_path, urls=[f"json://127.0.0.1:{endpoint}/hook"], retries=3)
+    d.submit(alert())
+    assert d.wait(60)
+    assert len(_Endpoint.received) == 4 and r.slept == [1.0, 2.0, 4.0]  # 1 s, 2 s, 4 s between the 4 attempts
+    rec = r.records[0]
+    assert (rec["outcome"], rec["attempts"], rec["detail"]) == ("failed", 4, "the endpoint refused or did not answer, 4 attempts")
+    _Endpoint.received = []
+    r = Recorder()
+    d = r.deliverer(tmp_path, urls=[f"json://127.0.0.1:{endpoint}/hook"], retries=0)
+    d.submit(alert())
+    assert d.wait(60) and len(_Endpoint.received) == 1 and r.slept == [] and r.records[0]["attempts"] == 1
+
+
+def test_a_url_apprise_does_not_know_is_a_failure_without_an_attempt(tmp_path: Path):
+    r = Recorder()
+    d = r.deliverer(tmp_path, urls=["nosuchscheme://example.invalid/x"])
+    d.submit(alert())
+    assert d.wait(30)
+    rec = r.records[0]
+    assert (rec["outcome"], rec["attempts"]) == ("failed", 0) and rec["detail"].startswith("apprise does not understand the URL")

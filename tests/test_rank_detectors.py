@@ -1,0 +1,94 @@
+"""The straggler, stuck-rank and recompile-storm rules by their numbers (issue 21: only real
+torchrun and Trainer runs exercised them; a mutation run needs each trip point, window and floor
+pinned by a case on either side of it). Pure functions, exact inputs (binary fractions of a second)."""
+
+from __future__ import annotations
+
+from stepwatch.monitors.detectors.storm import recompile_storm
+from stepwatch.monitors.detectors.straggler import stuck_ranks, straggler_state
+
+
+def ends(lag_by_rank: dict[int, float], steps: range = range(1, 61), base: float = 1000.0) -> dict[int, dict[int, float]]:
+    return {r: {s: base + s + lag for s in steps} for r, lag in lag_by_rank.items()}
+
+
+def test_a_straggler_needs_two_ranks_and_ten_common_steps():
+    one = straggler_state(ends({0: 0.0}))
+    assert one["state"] == "not judged" and one["reason"] == "fewer than 2 ranks record their steps (STEPWATCH_ALL_RANKS=1)"
+    assert straggler_state({0: ends({0: 0.0})[0], 1: {}})["state"] == "not judged"  # a rank with no step yet
+    nine = straggler_state(ends({0: 0.0, 1: 0.5}, range(1, 10)))
+    assert nine["state"] == "not judged" and nine["reason"] == "9 step(s) recorded by every rank (judged from 10)"
+    assert nine["steps"] == 9
+    ten = straggler_state(ends({0: 0.0, 1: 0.5}, range(1, 11)))
+    assert ten["state"] == "flagged" and ten["steps"] == 10
+    apart = {0: ends({0: 0.0}, range(1, 31))[0], 1: ends({1: 0.5}, range(25, 61))[1]}  # 6 steps in common
+    assert straggler_state(apart)["steps"] == 6 and straggler_state(apart)["state"] == "not judged"
+
+
+def test_a_straggler_is_judged_over_the_last_50_common_steps_by_the_median():
+    e = ends({0: 0.0, 1: 0.0}, range(1, 101))
+    for s in range(1, 51):
+        e[1][s] += 1.0  # rank 1 lagged a second in the first 50 steps, never since
+    got = straggler_state(e)
+    assert got["steps"] == 50 and got["state"] == "ok" and got["lag_s"] == 0.0
+    e = ends({0: 0.0, 1: 0.0})
+    for s in (3, 9, 27):
+        e[1][s] += 5.0  # three spikes: the median lag is 0
+    assert straggler_state(e)["state"] == "ok"
+
+
+def test_the_lag_is_behind_the_earliest_rank_of_each_step_and_the_trip_sits_outside_the_others_jitter():
+    e = ends({0: 0.0, 1: 0.0, 2: 0.25})
+    for s in range(1, 61, 2):
+        e[0][s] += 0.5  # rank 0 is late on odd steps: the earliest rank changes from step to step
+    got = straggler_state(e)
+    assert got["lags_s"] == {"0": 0.25, "1": 0.0, "2": 0.25}, got  # rank 0: the median of 0 and 0.5 s lags
+    assert (got["rank"], got["trip_s"], got["state"]) == (0, 0.75, "ok")  # the first of the slowest; jitter 0.25 s
+    flagged = straggler_state(ends({0: 0.0, 1: 0.0, 2: 0.125}))
+    assert (flagged["state"], flagged["rank"], flagged["lag_s"], flagged["trip_s"]) == ("flagged", 2, 0.125, 0.05)
+    assert flagged["reason"] == "rank 2 ends its steps a median 0.125 s after the earliest rank over the last 50 steps (trip 0.050 s)"
+    assert flagged["lags_s"] == {"0": 0.0, "1": 0.0, "2": 0.125}
+    at_trip = straggler_state(ends({0: 0.0, 1: 0.25, 2: 0.75}))  # 3 x the other ranks' 0.25 s: at the trip, not over
+    assert (at_trip["state"], at_trip["trip_s"], at_trip["rank"]) == ("ok", 0.75, 2)
+    assert at_trip["reason"] == "the slowest rank (2) lags 0.750 s (trip 0.750 s)"
+    over = straggler_state(ends({0: 0.0, 1: 0.25, 2: 0.875}))
+    assert over["state"] == "flagged" and over["trip_s"] == 0.75
+    under_floor = straggler_state(ends({0: 0.0, 1: 0.0, 2: 0.03125}))  # 31 ms of jitter: under the 50 ms floor
+    assert under_floor["state"] == "ok" and under_floor["trip_s"] == 0.05
+    assert straggler_state(ends({0: 0.0, 1: 0.0625}))["state"] == "flagged"  # 62.5 ms: over it
+
+
+def test_a_stuck_rank_stopped_while_another_went_on_by_more_than_the_stall_threshold():
+    last = {0: (120, 1110.0, 0.125), 1: (100, 1100.0, 0.125)}
+    assert stuck_ranks(last, now=1111.0) == [{"rank": 1, "last_step": 100, "behind_s": 10.0, "ahead_rank": 0,
+                                               "ahead_step": 120, "threshold_s": 3.0}]  # max(10 x 0.125, 3 s)
+    slow = {0: (120, 1110.0, 0.5), 1: (100, 1104.0, 0.5)}  # p99 0.5 s: threshold 5 s, 6 s behind
+    assert [(s["rank"], s["threshold_s"]) for s in stuck_ranks(slow, now=1111.0)] == [(1, 5.0)]
+    assert stuck_ranks({0: (120, 1110.0, 0.5), 1: (100, 1105.0, 0.5)}, now=1111.0) == []  # exactly 5 s: not more
+    assert stuck_ranks({0: (120, 1110.0, None), 1: (100, 1106.5, None)}, now=1111.0)[0]["threshold_s"] == 3.0
+    assert stuck_ranks({0: (120, 1110.0, None), 1: (100, 1107.0, None)}, now=1111.0) == []  # 3 s: the floor, not more
+    assert stuck_ranks({0: (120, 1110.0, 0.1), 1: (100, 1100.0, 0.1)}, now=1102.0) == []  # now: only 2 s since its step
+    assert stuck_ranks({1: (100, 1100.0, 0.1)}, now=2000.0) == []  # alone: the whole-run stall's business
+    assert stuck_ranks({0: (None, None, None), 1: (100, 1100.0, 0.1)}, now=2000.0) == []  # the other never stepped
+    three = {0: (130, 1120.0, 0.1), 1: (100, 1100.0, 0.1), 2: (125, 1115.0, 0.1)}
+    got = stuck_ranks(three, now=1121.0)  # behind the newest of the others, and 2 is behind 0 too
+    assert [(s["rank"], s["ahead_rank"], s["behind_s"]) for s in got] == [(1, 0, 20.0), (2, 0, 5.0)]
+    assert stuck_ranks({0: (5, 1110.0, 0.1), 1: (4, 1100.0, 0.1)}, now=1111.0, factor=1.0, floor_s=20.0) == []
+
+
+def test_a_recompile_storm_is_five_recompiles_within_100_steps_after_warm_up():
+    steady = {"state": "steady", "until_step": 100}
+    got = recompile_storm([[101, 120, 140, 160, 201]], steady, "tensor 'x' size mismatch")
+    assert got == (101, "recompile storm after warm-up: 5 recompiles since step 101; most frequent reason: "
+                        "tensor 'x' size mismatch")
+    assert recompile_storm([[101, 120, 140, 160, 202]], steady, None) is None  # 101 steps apart: no storm
+    assert recompile_storm([[101, 120, 140, 160]], steady, None) is None  # four
+    assert recompile_storm([[90, 101, 120, 140, 160]], steady, None) is None  # one was in the warm-up
+    assert recompile_storm([[100, 101, 120, 140, 160]], steady, None) is None  # at the warm-up's last step
+    late = recompile_storm([[101, 300, 310, 320, 330, 340]], steady, None)
+    assert late == (300, "recompile storm after warm-up: 6 recompiles since step 101; most frequent reason: "
+                         "unknown (enable TORCH_LOGS=recompiles)")
+    assert recompile_storm([[1, 2, 3, 4, 5]], {"state": "warming up", "until_step": None}, None) is None
+    assert recompile_storm([[1, 2, 3, 4, 5]], {"state": "steady", "until_step": None}, None)[0] == 1
+    assert recompile_storm([[101, 400], [150, 151, 152, 153, 154]], steady, None)[0] == 150  # each source alone
+    assert recompile_storm([[101, 102], [103, 104, 105]], steady, None) is None  # never counted together

@@ -1,0 +1,171 @@
+"""The run dir's file guards on real files (issue 21: the hostile-input guards, one file at a time):
+what open_regular and read_json refuse (a symlink, a FIFO, a directory, another uid's file, an
+oversized, empty, broken, too deep or non-object JSON), what the atomic and append writers leave
+(modes, no temp file, never through a symlink or into a FIFO), the names and stamps, and what a
+view shows of hostile text (tui/safe.py: every control character a visible stand-in)."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from stepwatch.monitors import runfiles as rf
+
+
+def _owned_by_nobody(path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.fail("this test needs root: it gives a file to uid 65534")
+    os.chown(path, 65534, 65534)
+
+
+def test_open_regular_opens_only_a_regular_file_of_the_owner_asked(tmp_path: Path):
+    f = tmp_path / "run.json"
+    f.write_text("{}")
+    fd = rf.open_regular(f)
+    assert fd is not None and os.read(fd, 10) == b"{}"
+    os.close(fd)
+    fd = rf.open_regular(f, os.geteuid())
+    assert fd is not None
+    os.close(fd)
+    (tmp_path / "link.json").symlink_to(f)
+    assert rf.open_regular(tmp_path / "link.json") is None  # a symlink is never followed
+    os.mkfifo(tmp_path / "fifo.json")
+    assert rf.open_regular(tmp_path / "fifo.json") is None  # opened without blocking, then refused
+    (tmp_path / "dir.json").mkdir()
+    assert rf.open_regular(tmp_path / "dir.json") is None
+    _owned_by_nobody(f)
+    assert rf.open_regular(f, os.geteuid()) is None and rf.read_json(f, os.geteuid()) is None
+    fd = rf.open_regular(f, 65534)
+    assert fd is not None
+    os.close(fd)
+    with pytest.raises(FileNotFoundError):
+        rf.open_regular(tmp_path / "missing.json")
+
+
+@pytest.mark.parametrize("content, expected", [
+    (b'{"a": 1}', {"a": 1}), (b"", None), (b"  \n\t", None), (b"{", None), (b"[1, 2]", None), (b'"x"', None),
+    (b"\xff\xfe{}", None), (b"[" * 100_000 + b"]" * 100_000, None), (b'{"a": "\xc3\xa9"}', {"a": "é"}),
+])
+def test_read_json_takes_one_object_and_nothing_else(tmp_path: Path, content: bytes, expected):
+    f = tmp_path / "x.json"
+    f.write_bytes(content)
+    assert rf.read_json(f) == expected
+
+
+def test_read_json_refuses_a_file_over_16_mib_and_takes_one_at_it(tmp_path: Path):
+    assert rf.MAX_JSON_BYTES == 16 * 1024 * 1024
+    body = b'{"a": "' + b"x" * (rf.MAX_JSON_BYTES - 10) + b'"}'
+    at = tmp_path / "at.json"
+    at.write_bytes(body + b" " * (rf.MAX_JSON_BYTES - len(body)))
+    assert at.stat().st_size == rf.MAX_JSON_BYTES and rf.read_json(at) is not None
+    over = tmp_path / "over.json"
+    over.write_bytes(body + b" " * (rf.MAX_JSON_BYTES - len(body) + 1))
+    assert rf.read_json(over) is None
+    assert rf.read_json(tmp_path / "missing.json") is None and rf.read_json(tmp_path / "nodir" / "x.json") is None
+    (tmp_path / "plain").write_text("x")
+    assert rf.read_json(tmp_path / "plain" / "x.json") is None  # a path through a file: NotADirectoryError
+
+
+def test_atomic_writes_leave_the_umasks_mode_or_the_one_asked_and_no_temp_file(tmp_path: Path):
+    old = os.umask(0o027)
+    try:
+        rf.write_json_atomic(tmp_path / "a.json", {"b": [1, 2], "a": 1})
+        assert stat.S_IMODE((tmp_path / "a.json").stat().st_mode) == 0o640
+        assert rf._umask() == 0o027 and os.umask(0o027) == 0o027  # read, and restored
+    finally:
+        os.umask(old)
+    assert (tmp_path / "a.json").read_text() == '{\n  "b": [\n    1,\n    2\n  ],\n  "a": 1\n}\n'  # keys in order
+    rf.write_json_atomic(tmp_path / "c.json", {"b": [1, 2], "a": 1}, indent=None, mode=0o600)
+    assert (tmp_path / "c.json").read_text() == '{"b":[1,2],"a":1}\n'
+    assert stat.S_IMODE((tmp_path / "c.json").stat().st_mode) == 0o600
+    rf.write_bytes_atomic(tmp_path / "d.bin", b"\x00\x01")
+    assert (tmp_path / "d.bin").read_bytes() == b"\x00\x01"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "c.json", "d.bin"]  # no .tmp left
+    with pytest.raises(TypeError):
+        rf.write_json_atomic(tmp_path / "e.json", {"x": object()})
+    with pytest.raises(OSError):
+        rf.write_bytes_atomic(tmp_path / "nodir" / "f.json", b"x")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "c.json", "d.bin"]  # a failed write leaves nothing
+
+
+def test_appends_never_go_through_a_symlink_or_into_a_fifo(tmp_path: Path):
+    f = tmp_path / "alerts.jsonl"
+    rf.append_jsonl(f, {"k": 1})
+    rf.append_jsonl(f, {"k": "é"})
+    assert f.read_text() == '{"k":1}\n{"k":"\\u00e9"}\n'
+    rf.append_bytes(f, b"x" * 200_000)
+    assert f.stat().st_size == len('{"k":1}\n{"k":"\\u00e9"}\n') + 200_000
+    target = tmp_path / "elsewhere"
+    target.write_text("")
+    (tmp_path / "l.jsonl").symlink_to(target)
+    with pytest.raises(OSError):
+        rf.append_jsonl(tmp_path / "l.jsonl", {"k": 1})
+    assert target.read_text() == ""
+    os.mkfifo(tmp_path / "p.jsonl")
+    with pytest.raises(OSError):
+        rf.append_jsonl(tmp_path / "p.jsonl", {"k": 1})
+    fd = rf.open_append(f)
+    try:
+        assert os.get_blocking(fd) and os.fstat(fd).st_size > 0
+    finally:
+        os.close(fd)
+
+
+def test_names_stamps_sizes_and_push_urls(tmp_path: Path):
+    assert rf.stamped_name("train.log", "S") == "train.S.log" and rf.stamped_name("events.rank1.jsonl", "S") == "events.S.rank1.jsonl"
+    assert rf.stamped_name("jobwatch", "S") == "jobwatch.S"
+    assert rf.utc_stamp(1_780_000_000.9) == "20260528T202640Z" and rf.utc_iso(None) is None
+    assert rf.utc_iso(1_780_000_000.25) == "2026-05-28T20:26:40.250Z"
+    assert rf.rank_events_name(0) == "events.jsonl" and rf.rank_events_name(3) == "events.rank3.jsonl"
+    assert rf.rank_log_steps_name(0) == "logsteps.jsonl" and rf.rank_log_steps_name(2) == "logsteps.rank2.jsonl"
+    for name in ("train.log", "events.rank2.jsonl", "logsteps.rank7.jsonl", "events.rank0.jsonl", "acks.jsonl",
+                 "events.rankx.jsonl", "run.json"):
+        (tmp_path / name).write_text("")
+    assert rf.attempt_files(tmp_path) == ["train.log", "run.json", "events.rank2.jsonl", "logsteps.rank7.jsonl"]
+    assert rf.attempt_files(tmp_path / "missing") == []
+    (tmp_path / "s").write_bytes(b"12345")
+    assert rf.size_at_most(tmp_path / "s", 5) and not rf.size_at_most(tmp_path / "s", 4)
+    assert rf.size_at_most(tmp_path / "missing", 0)
+    assert rf.read_push_urls(tmp_path) == []
+    (tmp_path / rf.PUSH_URLS_JSON).write_text(json.dumps({"urls": ["ntfy://t/x", 5, None, "json://h"]}))
+    assert rf.read_push_urls(tmp_path) == ["ntfy://t/x", "json://h"]
+    (tmp_path / rf.PUSH_URLS_JSON).write_text(json.dumps({"urls": "ntfy://t/x"}))
+    assert rf.read_push_urls(tmp_path) == []
+
+
+def test_a_views_text_shows_every_control_character_and_keeps_styles():
+    from rich.text import Text
+
+    from stepwatch.tui.safe import SafeWriter, safe_text, visible
+
+    assert visible("a\x1b[2Jb\x07\x00\x7f\x9b\u202e\tc") == "a\u241b[2Jb\u2407\u2400\u2421\ufffd\ufffd\tc"
+    assert visible("1\n2\r3") == "1\u240a2\u240d3" and visible("1\n2\r3", newlines=True) == "1\n2\u240d3"
+    assert visible(42) == "42" and visible("\x1f \x20 \x80 \u2069 \u2066") == "\u241f \x20 \ufffd \ufffd \ufffd"
+    t = safe_text("[red]x[/red]\x1b", "bold")
+    assert t.plain == "[red]x[/red]\u241b" and str(t.style) == "bold" and t.spans == []  # never markup
+    styled = Text.assemble(("ab\x1b", "red"), "cd")
+    out = safe_text(styled)
+    assert out.plain == "ab\u241bcd" and [(s.start, s.end, str(s.style)) for s in out.spans] == [(0, 3, "red")]
+    clean = Text("fine", style="dim")
+    assert safe_text(clean).plain == "fine" and safe_text(clean) is not clean and str(safe_text(clean).style) == "dim"
+    assert safe_text(Text("a\nb"), newlines=True).plain == "a\nb" and safe_text(Text("a\nb")).plain == "a\u240ab"
+
+    class Sink:
+        def __init__(self):
+            self.got = []
+
+        def write(self, s):
+            self.got.append(s)
+
+        def flush(self):
+            self.got.append("<flush>")
+
+    sink = Sink()
+    w = SafeWriter(sink)
+    assert w.write("a\x1b]52;c;x\x07\n") == len("a\x1b]52;c;x\x07\n") and sink.got == ["a\u241b]52;c;x\u2407\n"]
+    w.flush()
+    assert sink.got[-1] == "<flush>"

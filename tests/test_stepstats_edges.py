@@ -43,10 +43,10 @@ def test_which_token_counts_are_counts(tokens, kept):
 
 def test_the_default_sizes_are_4096_recent_steps_and_a_window_of_200():
     s = StepStats()
-    for i in range(5000):  # the window's steps carry 2 tokens, the older ones 1
-        s.add(i, 1.0, (), 2 if i >= 4800 else 1, None)
+    for i in range(5000):  # step i carries i tokens in 1 s
+        s.add(i, 1.0, (), i, None)
     assert len(s.recent()) == 4096 and s.recent()[0].step == 5000 - 4096
-    assert s.throughput()["real_tokens_per_s"] == 2.0  # only the last 200 counted steps
+    assert s.throughput()["real_tokens_per_s"] == 4899.5  # the mean of 4800..4999: the last 200 counted steps
     assert s.last == 1.0 and s.last_step == 4999  # properties, not methods
     with pytest.raises(ValueError):
         StepStats(recent_maxlen=0)
@@ -95,6 +95,9 @@ def test_throughput_sums_and_its_zero_cases():
     zero = StepStats()
     zero.add(1, 0.0, (), 100, 100)  # a 0 s step with tokens: no rate, never a 1/0
     assert zero.throughput() == {"tokens_per_s": None, "real_tokens_per_s": None, "padding_share": 0.0}
+    single = StepStats()
+    single.add(1, 1.0, (), 1, 1)  # one padded token, and it is real: no padding
+    assert single.throughput()["padding_share"] == 0.0
     empty = StepStats()
     empty.add(1, 1.0, (), 0, 0)  # no token at all: no padding share (0 / 0)
     assert empty.throughput()["padding_share"] is None and empty.throughput()["tokens_per_s"] == 0.0

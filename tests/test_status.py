@@ -400,7 +400,8 @@ def test_twenty_fast_steps_then_a_hang_reads_stalled(harness: Path):
     snap = wait_until(lambda: (s := status_json(run_dir, harness))["stall"]["state"] == "stalled" and s, 10,
                       interval_s=0.2, what="stall.state == stalled")
     assert (snap["state"], snap["alive"]) == ("running", True)
-    assert snap["step"] == {"global_step": 20, "max_steps": 100, "source": "events", "timing": "exact"}
+    assert snap["step"] == {"global_step": 20, "max_steps": 100, "source": "events", "timing": "exact",
+                           "arrival": None}
     assert snap["stall"]["current_step_elapsed_s"] >= 3.0  # the detector's floor (3 s)
     stalls = [a for a in snap["alerts"] if a["kind"] == "stall"]
     assert [a["id"] for a in stalls] == ["a1-stall-20"], snap["alerts"]

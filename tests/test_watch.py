@@ -263,7 +263,8 @@ def test_demo_crash_then_a_clean_second_attempt(tmp_path: Path):
     assert s.returncode == 0, s.stderr
     snap = json.loads(s.stdout)
     assert (snap["attempt"], snap["state"], snap["returncode"]) == (2, "exited", 0)
-    assert snap["step"] == {"global_step": 12, "max_steps": 12, "source": "events", "timing": "exact"}
+    assert snap["step"] == {"global_step": 12, "max_steps": 12, "source": "events", "timing": "exact",
+                           "arrival": None}
     assert snap["step_seconds"]["n"] == 11  # 12 steps, the first excluded
     assert all(snap["versions"][k] for k in ("python", "torch", "transformers")), snap["versions"]
     assert snap["attn_implementation"] == {"requested": "sdpa", "resolved": "sdpa"}

@@ -173,3 +173,21 @@ def test_graph_breaks_closed_with_or_without_their_reason_line():
     assert (s.graph_breaks, s.recompile_limit_hits) == (1, 0)
     s, out = scan(limit(0, 4, reason=None))  # a warning closed by flush: emitted then
     assert [type(e) for e in out] == [RecompileLimit] and (s.recompile_limit_hits, s.graph_breaks) == (1, 0)
+
+
+def test_a_plain_record_ends_at_a_line_that_is_none_of_its_own():
+    for other in ("   ", "(x) unrelated", "+1 more", "# note", "!!"):
+        s = DynamoLogScanner()
+        s.feed("Recompiling function forward in train.py:61")
+        s.feed("    - 0/0: tensor 'x' size mismatch")
+        got = s.feed(other)
+        assert [type(e) for e in got] == [Recompile] and got[0].reasons == ("0/0: tensor 'x' size mismatch",), other
+
+
+def test_a_second_warning_or_a_graph_break_is_never_absorbed_as_a_recompile():
+    s, out = scan(limit(0, 4, reason=None) + limit(0, 4, reason=None))  # the same warning twice, no last reason yet
+    assert s.recompile_limit_hits == 2 and [type(e) for e in out] == [RecompileLimit, RecompileLimit]
+    b = B.format(pid=8003, f=1, c=0)
+    s, out = scan([b + "Graph break in user code at train.py:183"] + limit(1, 0))
+    assert (s.graph_breaks, s.recompile_limit_hits, s.recompiles) == (1, 1, 0)
+    assert [type(e) for e in out] == [GraphBreak, RecompileLimit]

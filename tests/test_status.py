@@ -464,7 +464,7 @@ def test_a_log_without_the_warning_raises_no_alert(harness: Path, fixture: str):
     expected_steps = {"hf_trainer_plain.log": 60, "hf_trainer_compile.log": 40}[fixture]
     # the whole log arrived in one read (cat): the steps are known, their times are not
     assert snap["step"] == {"global_step": expected_steps, "max_steps": expected_steps, "source": "log",
-                            "timing": None}
+                            "timing": None, "arrival": None}
     assert snap["step_seconds"]["n"] == 0
     # a detector that had nothing to judge says so: a default is never a verdict
     assert snap["fallback"]["state"] == "not judged" and snap["stall"]["state"] == "not judged"

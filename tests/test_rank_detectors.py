@@ -92,3 +92,22 @@ def test_a_recompile_storm_is_five_recompiles_within_100_steps_after_warm_up():
     assert recompile_storm([[1, 2, 3, 4, 5]], {"state": "steady", "until_step": None}, None)[0] == 1
     assert recompile_storm([[101, 400], [150, 151, 152, 153, 154]], steady, None)[0] == 150  # each source alone
     assert recompile_storm([[101, 102], [103, 104, 105]], steady, None) is None  # never counted together
+
+
+def test_the_straggler_figures_are_rounded_to_4_decimals_and_start_at_zero_steps():
+    assert straggler_state({})["steps"] == 0 and straggler_state(ends({0: 0.0}))["steps"] == 0
+    odd = straggler_state(ends({0: 0.0, 1: 0.0, 2: 0.123456}, base=0.0))
+    assert (odd["lag_s"], odd["lags_s"]["2"], odd["trip_s"]) == (0.1235, 0.1235, 0.05)
+    jitter = straggler_state(ends({0: 0.0, 1: 0.0345678, 2: 0.5}, base=0.0))
+    assert jitter["trip_s"] == 0.1037 and jitter["lags_s"]["1"] == 0.0346  # 3 x 0.0345678 to 4 decimals
+
+
+def test_a_stuck_rank_is_judged_for_every_rank_against_the_newest_other_end():
+    low = {0: (100, 1100.0, 0.1), 1: (130, 1120.0, 0.1)}  # rank 0 is the one that stopped
+    assert [(s["rank"], s["ahead_rank"]) for s in stuck_ranks(low, now=1121.0)] == [(0, 1)]
+    three = {0: (130, 1120.0, 0.1), 1: (100, 1100.0, 0.1), 2: (200, 1115.0, 0.9)}  # 2 has the highest step and p99
+    assert [(s["rank"], s["ahead_rank"], s["behind_s"]) for s in stuck_ranks(three, now=1121.0)] == [(1, 0, 20.0)]
+    assert stuck_ranks({0: (120, 1101.0, 0.1), 1: (100, 1100.0, 0.1)}, now=1500.0) == []  # others 1 s ahead: a whole-run stall
+    assert stuck_ranks({0: (120, 1110.0, 0.1), 1: (100, 1100.0, 0.1)}, now=1103.0) == []  # now exactly the threshold after
+    odd = stuck_ranks({0: (120, 1110.12345, 0.33333), 1: (100, 1100.0, 0.33333)}, now=1111.0)
+    assert (odd[0]["behind_s"], odd[0]["threshold_s"]) == (10.123, 3.333)

@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from conftest import REPO_ROOT, stepwatch
@@ -61,7 +62,21 @@ class TmuxPane:
             time.sleep(0.1)
 
     def close(self) -> None:
+        """Kill the tmux server (its ptys close, as when tmux or sshd dies) and require the app to end
+        with it: an app that outlives its terminal is an orphan holding the run dir."""
+        r = subprocess.run([*self.base, "list-panes", "-t", "sw", "-F", "#{pane_pid}"], capture_output=True, text=True,
+                           timeout=10)
+        apps = []
+        for pid in r.stdout.split():
+            try:
+                apps += psutil.Process(int(pid)).children(recursive=True)
+            except psutil.NoSuchProcess:
+                pass
         subprocess.run([*self.base, "kill-server"], capture_output=True, timeout=10)
+        gone, alive = psutil.wait_procs(apps, timeout=8)
+        for p in alive:
+            p.kill()
+        assert not alive, f"the app outlived its tmux server: {[p.pid for p in alive]}"
 
 
 @pytest.fixture

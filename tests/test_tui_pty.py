@@ -231,3 +231,30 @@ def test_two_tuis_attached_and_the_alerts_command_runs_once_per_alert(tmp_path: 
     finally:
         for app in apps:
             app.close()
+
+
+@pytest.mark.parametrize("how", ["master closed", "unread then SIGHUP"])
+def test_a_terminal_that_goes_away_ends_the_app_within_seconds(static_run: Path, how: str):
+    """tmux's kill-server or an sshd that dies closes the pty's master (the kernel hangs up the
+    session; every write then fails); a stalled link stops reading first (the app's writes fill the
+    pty and block), then hangs up. Either way the app must end, not linger as an orphan."""
+    app = PtyApp(static_run)
+    try:
+        assert app.pump(lambda: b"ended-sigkill" in app.out), app.out[-500:]
+        if how == "master closed":
+            os.close(app.master)
+            app.master = os.open(os.devnull, os.O_RDONLY)  # for close()
+        else:
+            for _ in range(200):  # keys that redraw, never read back: the pty's buffer fills
+                try:
+                    os.write(app.master, b"\t")
+                except OSError:
+                    break
+            time.sleep(1.0)
+            os.killpg(app.proc.pid, signal.SIGHUP)
+        deadline = time.monotonic() + 8
+        while app.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert app.proc.poll() is not None, f"the app outlived its terminal ({how})"
+    finally:
+        app.close()

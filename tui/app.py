@@ -10,6 +10,7 @@ import asyncio
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -79,25 +80,41 @@ class StepwatchApp(App):
         else:
             self.push_screen(HomeScreen(self.runs_dir))
         self.set_interval(2.0, self._check_terminal)
-        # SIGHUP (the SSH link dropped), SIGTERM, SIGINT: leave cleanly, the terminal restored; the
-        # loop's wakeup fd delivers them at once, whatever a worker thread is doing
+        if self.is_headless:
+            return  # a test's app: pytest's own signals stay pytest's
+        # SIGHUP (the SSH link dropped), SIGTERM, SIGINT: leave cleanly, the terminal restored. A
+        # plain signal handler, not the loop's: when the terminal is gone or stops reading, Textual's
+        # writes block the loop itself (its output queue fills), so the handler also arms a timer
+        # that ends the process if the orderly exit has not within HANGUP_GRACE_S
+        loop = asyncio.get_running_loop()
         for sig, why in ((signal.SIGHUP, "terminal hung up"), (signal.SIGTERM, "terminated (SIGTERM)"),
                          (signal.SIGINT, "interrupted (SIGINT)")):
+            def handler(signum, frame, why=why) -> None:
+                self._leave(f"stepwatch: {why}; the run is untouched", loop)
             try:
-                asyncio.get_running_loop().add_signal_handler(
-                    sig, lambda why=why: self.exit(message=f"stepwatch: {why}; the run is untouched"))
-            except (NotImplementedError, RuntimeError, ValueError):
-                pass  # not the main thread (tests), or no signals on this platform
+                signal.signal(sig, handler)
+            except (ValueError, OSError):
+                pass  # not the main thread, or no such signal here
+
+    def _leave(self, message: str, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """Exit with ``message``; end the process anyway after HANGUP_GRACE_S (a dead terminal can
+        hold Textual's shutdown forever)."""
+        leave_later(HANGUP_GRACE_S, message)
+        if loop is None:
+            self.exit(message=message)
+        else:
+            loop.call_soon_threadsafe(lambda: self.exit(message=message))
 
     def _check_terminal(self) -> None:
         """Exit on our own when the terminal went away (SSH dropped) instead of polling as an orphan."""
         if self.is_headless:
             return
         try:
-            if not os.isatty(sys.__stdin__.fileno()) or os.getppid() == 1:
-                self.exit(message="terminal gone; the run is untouched")
+            gone = not os.isatty(sys.__stdin__.fileno()) or os.getppid() == 1
         except (ValueError, OSError):
-            self.exit(message="terminal gone; the run is untouched")
+            gone = True
+        if gone:
+            self._leave("terminal gone; the run is untouched")
 
     def _debounced(self, action: str) -> bool:
         now = time.monotonic()
@@ -268,6 +285,27 @@ def _size_from_the_terminal() -> None:
         return  # no terminal to ask: the variables are all there is
     for var in ("COLUMNS", "LINES"):
         os.environ.pop(var, None)
+
+
+#: Seconds an orderly exit may take once the terminal hung up (or a signal asked), before the
+#: process ends anyway: Textual's shutdown writes to the terminal, which may be gone.
+HANGUP_GRACE_S = 2.0
+
+
+def leave_later(grace_s: float, message: str) -> None:
+    """In ``grace_s`` seconds, end the process (exit code 0: the operator's terminal went, the app
+    did nothing wrong) with ``message`` on stderr if it can still be written; a daemon timer."""
+    def hard_exit() -> None:
+        try:  # never blocking: a terminal that stopped reading would hold this write, and the exit
+            os.set_blocking(2, False)
+            os.write(2, (visible(message) + "\n").encode("utf-8", "replace"))
+        except OSError:
+            pass  # the terminal is gone or full: nobody to tell
+        os._exit(0)
+
+    t = threading.Timer(grace_s, hard_exit)
+    t.daemon = True
+    t.start()
 
 
 def leave_now(code: int) -> None:

@@ -102,7 +102,13 @@ def test_per_rank_timers_take_prefixed_lines_only_and_are_bounded():
                  seg(" " + bar(step, pfx="[rank5555]:"), at, seq)]
         got = timers.feed_poll(segs, None)
     assert len(timers.timers) == 256 and RankLogTimers.MAX_RANKS == 256  # a log can print any number of prefixes
-    assert 100000 not in timers.timers and 7777 not in timers.timers and 5555 not in timers.timers
+    odd = RankLogTimers()  # each refusal on its own, far below the cap
+    for seq, at in enumerate((1.0, 1.5), 1):
+        step = seq - 1
+        odd.feed_poll([seg(bar(step, pfx="[rank99999]:"), at, seq), seg(bar(step, pfx="[rank100000]:"), at, seq),
+                       Segment(bar(step, pfx="[rank7777]:"), "\n", at_s=at, poll_seq=seq, is_note=True),
+                       seg(" " + bar(step, pfx="[rank5555]:"), at, seq)], None)
+    assert sorted(odd.timers) == [99999]  # not rank 100000, not a note of stepwatch's, not an indented line
     assert sorted(got)[:3] == [1, 2, 3] and all(got[r][0]["rank"] == r and got[r][0]["step"] == 1 for r in got)
     few = RankLogTimers()
     few.feed_poll([seg(bar(0, pfx="[rank99999]:"), 1.0, 1)], seg(bar(0, pfx="[rank3]:"), 1.0, 1))
@@ -117,3 +123,28 @@ def test_rank_0_and_unprefixed_lines_never_start_a_rank_timer(rank):
     for seq in (1, 2):
         timers.feed_poll([seg(bar(seq - 1, pfx=pfx), float(seq), seq)], None)
     assert timers.timers == {}
+
+
+def test_a_rank_over_the_cap_never_stops_the_known_ranks_of_the_same_read():
+    timers = RankLogTimers()
+    for r in range(1, 257):
+        timers.feed_poll([seg(bar(0, pfx=f"[rank{r}]:"), 1.0, 1)], None)
+    got = timers.feed_poll([seg(bar(1, pfx="[rank900]:"), 2.0, 2), seg(bar(1, pfx="[rank5]:"), 2.0, 2)], None)
+    assert list(got) == [5] and 900 not in timers.timers
+
+
+def test_a_clock_that_steps_back_times_nothing():
+    t = LogStepTimer()
+    polls(t, [([bar(0)], 100.0), ([bar(1)], 101.0)])
+    assert polls(t, [([bar(2)], 99.5)]) == [[]]  # the wall clock went back: no negative step time
+    lines = [("iter 0: loss 4.2, time 900.00ms, mfu 1.00%", 100.0), ("iter 1: loss 4.1, time 250.00ms, mfu 1.00%", 99.0)]
+    recs = [r for g in polls(LogStepTimer(), [([ln], at) for ln, at in lines]) for r in g]
+    assert [(r["step"], r["dt"], r["arrival_dt_s"]) for r in recs] == [(0, 0.9, None), (1, 0.25, None)]
+
+
+def test_reported_steps_that_go_back_start_over_without_a_record():
+    t = LogStepTimer()
+    lines = [("iter 10: loss 4.2, time 100.00ms, mfu 1.00%", 1.0), ("iter 11: loss 4.1, time 100.00ms, mfu 1.00%", 1.5),
+             ("iter 0: loss 9.9, time 500.00ms, mfu 1.00%", 2.0)]  # a relaunched loop printing from 0 again
+    got = polls(t, [([ln], at) for ln, at in lines])
+    assert [r["step"] for r in got[0] + got[1]] == [10, 11] and got[2] == []

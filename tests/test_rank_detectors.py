@@ -111,3 +111,11 @@ def test_a_stuck_rank_is_judged_for_every_rank_against_the_newest_other_end():
     assert stuck_ranks({0: (120, 1110.0, 0.1), 1: (100, 1100.0, 0.1)}, now=1103.0) == []  # now exactly the threshold after
     odd = stuck_ranks({0: (120, 1110.12345, 0.33333), 1: (100, 1100.0, 0.33333)}, now=1111.0)
     assert (odd[0]["behind_s"], odd[0]["threshold_s"]) == (10.123, 3.333)
+
+
+def test_a_storm_window_found_in_the_middle_of_a_long_run_and_an_unknown_warm_up_is_not_judged():
+    steady = {"state": "steady", "until_step": 100}
+    got = recompile_storm([[101, 200, 400, 410, 420, 430, 440, 900, 1000]], steady, None)
+    assert got is not None and got[0] == 400  # five within 100 steps: 400..440, not the first or the last
+    for warmup in ({"state": None, "until_step": None}, {}, {"state": "warming", "until_step": None}):
+        assert recompile_storm([[1, 2, 3, 4, 5]], warmup, None) is None  # not judged before the warm-up ends

@@ -217,6 +217,7 @@ def test_each_rank_has_its_own_steps_and_a_slowed_rank_is_a_straggler(tmp_path: 
     for rank in (0, 1):
         st = by_rank[rank]["steps"]
         assert st["last_step"] == 30 and st["n"] == 29 and st["p50"] > 0.04 and st["p99"] >= st["p50"], (rank, st)
+        assert 0 <= time.time() - st["last_step_end_unix"] < 60 and st["source"] == "events", st  # when it ended
         assert by_rank[rank]["alive"] is True and by_rank[rank]["pid"] > 0
     sg = snap["straggler"]
     kinds = [a["kind"] for a in snap["alerts"]]

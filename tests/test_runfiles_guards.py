@@ -150,6 +150,13 @@ def test_a_views_text_shows_every_control_character_and_keeps_styles():
     styled = Text.assemble(("ab\x1b", "red"), "cd")
     out = safe_text(styled)
     assert out.plain == "ab\u241bcd" and [(s.start, s.end, str(s.style)) for s in out.spans] == [(0, 3, "red")]
+    cut = safe_text(Text("a\x1bb", overflow="ellipsis", no_wrap=True, justify="right", tab_size=2, end=""))
+    assert (cut.plain, cut.overflow, cut.no_wrap, cut.justify, cut.tab_size, cut.end) == (
+        "a\u241bb", "ellipsis", True, "right", 2, "")  # made visible, every other attribute kept
+    with pytest.raises(TypeError):
+        visible("x", True)  # newlines is keyword-only
+    with pytest.raises(TypeError):
+        safe_text("x", "", True)
     clean = Text("fine", style="dim")
     assert safe_text(clean).plain == "fine" and safe_text(clean) is not clean and str(safe_text(clean).style) == "dim"
     assert safe_text(Text("a\nb"), newlines=True).plain == "a\nb" and safe_text(Text("a\nb")).plain == "a\u240ab"
@@ -169,3 +176,40 @@ def test_a_views_text_shows_every_control_character_and_keeps_styles():
     assert w.write("a\x1b]52;c;x\x07\n") == len("a\x1b]52;c;x\x07\n") and sink.got == ["a\u241b]52;c;x\u2407\n"]
     w.flush()
     assert sink.got[-1] == "<flush>"
+
+
+def test_the_headless_commands_start_without_rich():
+    import subprocess
+    import sys
+
+    code = "import sys, stepwatch.tui.safe as s; s.visible('x'); print('rich' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "False", r.stdout + r.stderr
+
+
+def test_modes_under_a_group_writable_umask_and_a_failed_replace_leaves_no_temp_file(tmp_path: Path):
+    old = os.umask(0o002)
+    try:
+        rf.write_json_atomic(tmp_path / "a.json", {"a": 1})
+        fd = rf.open_append(tmp_path / "b.jsonl")
+        os.close(fd)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "a.json").stat().st_mode) == 0o664
+    assert stat.S_IMODE((tmp_path / "b.jsonl").stat().st_mode) == 0o664
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "x").write_text("")  # a non-empty directory where the file should go
+    with pytest.raises(OSError):
+        rf.write_bytes_atomic(tmp_path / "taken", b"data")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "b.jsonl", "taken"]  # the temp file removed
+    small = tmp_path / "small"
+    small.write_bytes(b"12")
+    assert rf.size_at_most(small, 10) and rf.SCHEMA_VERSION == 1  # the files' "v"
+
+
+def test_a_root_file_read_for_another_owner_is_refused(tmp_path: Path):
+    if os.geteuid() != 0:
+        pytest.fail("this test needs root: it reads root's file on behalf of uid 65534")
+    f = tmp_path / "run.json"
+    f.write_text("{}")  # root's
+    assert rf.open_regular(f, 65534) is None and rf.read_json(f, 65534) is None

@@ -52,9 +52,8 @@ def safe_text(value: Any, style: str = "", *, newlines: bool = False) -> "Text":
         t = value.copy()
         plain = visible(t.plain, newlines=newlines)
         if plain != t.plain:
-            out = Text(plain, style=t.style, justify=t.justify, no_wrap=t.no_wrap, end=t.end)
-            out.spans = list(t.spans)
-            return out
+            return Text(plain, style=t.style, justify=t.justify, overflow=t.overflow, no_wrap=t.no_wrap, end=t.end,
+                        tab_size=t.tab_size, spans=list(t.spans))
         return t
     return Text(visible(value, newlines=newlines), style)
 

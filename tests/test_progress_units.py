@@ -17,7 +17,7 @@ def bar(step: int, total: int, rate: str = "2.00it/s", desc: str = "") -> str:
     return f"{d}{100 * step // total:3d}%|██        | {step}/{total} [00:05<00:10, {rate}]"
 
 
-@pytest.mark.parametrize("rate, per_s", [("2.00it/s", 2.0), ("1.50kit/s", 1500.0), ("2.00Mit/s", 2e6),
+@pytest.mark.parametrize("rate, per_s", [("2.00it/s", 2.0), ("0.50it/s", 0.5), ("1.50kit/s", 1500.0), ("2.00Mit/s", 2e6),
                                          ("3.00Git/s", 3e9), ("4.00Tit/s", 4e12), ("5.00Pit/s", 5e15),
                                          ("1.25s/it", 1.25)])
 def test_every_si_prefix_of_a_rate(rate, per_s):
@@ -90,3 +90,86 @@ def test_what_is_kept_is_bounded_at_10_000_and_the_tracker_takes_keywords_only()
     assert [d["loss"] for _, d in small.logs] == [2.0, 3.0, 4.0]
     with pytest.raises(TypeError):
         ProgressTracker("")  # desc is keyword-only
+
+
+def test_the_iteration_unit_and_which_bars_are_the_training_bar():
+    u = parse_progress("Map:  30%|███       | 300/1000 [00:01<00:02, 250.00examples/s]")
+    assert (u.iter_unit, u.desc, u.total) == ("examples", "Map", 1000)
+    assert parse_progress(bar(5, 10, "4.00s/it")).iter_unit == "it"
+    t = ProgressTracker()
+    for line in ("Map:  30%|███       | 300/1000 [00:01<00:02, 250.00examples/s]",
+                 " 30%|███       | 300/1000 [00:01<00:02, 250.00tok/s]",
+                 " 30%|███       | 300/1000 [00:01<00:02, 250.00batch/s]",
+                 "[rank1]:" + bar(7, 10)):
+        t.feed_text(line)
+    assert (t.global_step, t.other_bars) == (None, 4)  # another unit, another rank: never the training bar
+    t.feed_text("[rank0]:" + bar(3, 10))
+    assert t.global_step == 3  # rank 0's own prefix: the default tracker's
+    named = ProgressTracker(desc="train")
+    named.feed_text(bar(4, 10, desc="eval"))
+    named.feed_text(bar(2, 10, desc="train"))
+    assert named.global_step == 2 and named.other_bars == 1
+    two = ProgressTracker(rank=2)
+    two.feed_text("[rank1]:" + bar(5, 10))
+    two.feed_text("[rank2]:" + bar(6, 10))
+    assert two.global_step == 6
+
+
+def test_which_larger_or_smaller_bar_takes_over():
+    t = ProgressTracker()
+    for n in range(0, 11):
+        t.feed_text(bar(n, 10))  # a short bar to its end
+    t.feed_text(bar(12, 200))  # a larger one, beyond the short one's counter: the training bar, not finished
+    assert (t.total, t.global_step, t.finished) == (200, 12, False)
+    t = ProgressTracker()
+    t.feed_text(bar(3, 200))
+    t.feed_text(bar(40, 50))  # a smaller bar (an evaluation): never the training bar, whatever its counter
+    assert (t.total, t.global_step) == (200, 3)
+    t = ProgressTracker()
+    t.feed_text(bar(5, 10))  # under way
+    t.feed_text(bar(5, 100))  # a larger bar at the locked counter, not beyond it: an evaluation mid-training
+    assert (t.total, t.global_step) == (10, 5)
+    t.feed_text(bar(6, 10))
+    assert t.global_step == 6
+
+
+def test_a_bar_beyond_its_total_is_finished_and_a_finished_run_stays_finished_on_a_redraw():
+    t = ProgressTracker()
+    t.feed_text(bar(99, 100))
+    t.feed_text("100%|██████████| 105/100 [00:10<00:00, 10.00it/s]")  # a loop that ran past its total
+    assert t.finished and t.global_step == 105
+    free = ProgressTracker()
+    free.feed_text("5it [00:05, 1.00it/s]")
+    free.feed_text("TrainOutput(global_step=5, training_loss=1.0, metrics={})")
+    free.feed_text("5it [00:05, 1.00it/s]")  # the same counter drawn again
+    assert free.finished
+    free.feed_text("6it [00:06, 1.00it/s]")
+    assert free.finished and free.global_step == 6
+
+
+def test_step_times_never_from_a_counter_going_back_or_a_clock_going_back():
+    t = ProgressTracker()
+    t.feed_text(bar(5, 100), at_s=10.0, poll_seq=1)
+    t.feed_text(bar(6, 100), at_s=11.0, poll_seq=2)
+    advs = t.feed_text(bar(1, 100), at_s=12.0, poll_seq=3)  # back to 1: a new bar, no time
+    assert [(a.step, a.dt_s) for a in advs] == [(1, None)]
+    advs = t.feed_text(bar(2, 100), at_s=11.5, poll_seq=4)  # the clock went back: no negative time
+    assert [(a.step, a.dt_s) for a in advs] == [(2, None)]
+    assert list(t.step_times) == [(6, 1.0)]
+
+
+def test_a_log_dict_up_to_65536_characters_and_keyword_only():
+    from stepwatch.monitors.parsers.hf_progress import StepAdvance, parse_log_dict
+
+    pad = "{'loss': '1.5', 'note': '" + "x" * 65000
+    exact = pad + "x" * (65536 - len(pad) - 2) + "'}"
+    assert len(exact) == 65536 and parse_log_dict(exact) == {"loss": 1.5}
+    assert parse_log_dict(exact[:-2] + "x'}") is None  # 65537 characters: not read
+    assert parse_log_dict("") is None and parse_log_dict("{") is None and parse_log_dict("{}") is None
+    assert parse_log_dict("{'a': 1}", max_chars=8) == {"a": 1.0} and parse_log_dict("{'a': 1}", max_chars=7) is None
+    with pytest.raises(TypeError):
+        parse_log_dict("{'a': 1}", 100)  # max_chars is keyword-only
+    adv = StepAdvance(3, 2, 0.5, 10.0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        adv.step = 4
+    assert not hasattr(adv, "__dict__")

@@ -110,7 +110,8 @@ def test_the_iteration_unit_and_which_bars_are_the_training_bar():
     named.feed_text(bar(2, 10, desc="train"))
     assert named.global_step == 2 and named.other_bars == 1
     two = ProgressTracker(rank=2)
-    two.feed_text("[rank1]:" + bar(5, 10))
+    two.feed_text("[rank1]:" + bar(5, 10))  # a lower rank's bar: not rank 2's
+    assert two.global_step is None and two.other_bars == 1
     two.feed_text("[rank2]:" + bar(6, 10))
     assert two.global_step == 6
 

@@ -217,3 +217,17 @@ def test_a_url_apprise_does_not_know_is_a_failure_without_an_attempt(tmp_path: P
     assert d.wait(30)
     rec = r.records[0]
     assert (rec["outcome"], rec["attempts"]) == ("failed", 0) and rec["detail"].startswith("apprise does not understand the URL")
+
+
+def test_every_channel_gets_its_own_outcome_when_one_is_refused(tmp_path: Path):
+    r = Recorder()
+    d = r.deliverer(tmp_path, command=["true"], urls=["nosuchscheme://a/x"], min_level="error")
+    d.submit(alert("gpu"))  # a warning under min_level error: refused on each channel, each recorded
+    assert sorted(r.outcomes()) == [("command", "below_min_level"), ("nosuchscheme://a", "below_min_level")]
+    r = Recorder()
+    d = r.deliverer(tmp_path, command=["true"], urls=["nosuchscheme://a/x"], rate_limit_s=60)
+    d.submit(alert("stall", 1))
+    d.submit(alert("stall", 2))
+    assert d.wait(30)
+    second = sorted(o for x, o in zip(r.records, r.outcomes()) if x["alert_id"] == "stall-2")
+    assert second == [("command", "rate_limited"), ("nosuchscheme://a", "rate_limited")]

@@ -148,3 +148,13 @@ def test_reported_steps_that_go_back_start_over_without_a_record():
              ("iter 0: loss 9.9, time 500.00ms, mfu 1.00%", 2.0)]  # a relaunched loop printing from 0 again
     got = polls(t, [([ln], at) for ln, at in lines])
     assert [r["step"] for r in got[0] + got[1]] == [10, 11] and got[2] == []
+
+
+def test_printed_steps_going_forward_then_back_in_one_read_start_over_without_a_record():
+    t = LogStepTimer()
+    polls(t, [(["iter 10: loss 4.2, time 100.00ms, mfu 1.00%"], 1.0)])
+    both = t.feed_poll([seg("iter 11: loss 4.1, time 100.00ms, mfu 1.00%", 2.0, 2, "\n"),
+                        seg("iter 0: loss 9.9, time 500.00ms, mfu 1.00%", 2.0, 2, "\n")], None)
+    assert both == []  # the counter went back within the read: a new run, nothing timed across it
+    after = t.feed_poll([seg("iter 1: loss 9.8, time 250.00ms, mfu 1.00%", 3.0, 3, "\n")], None)
+    assert [(r["step"], r["dt"]) for r in after] == [(1, 0.25)]

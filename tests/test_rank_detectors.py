@@ -119,3 +119,13 @@ def test_a_storm_window_found_in_the_middle_of_a_long_run_and_an_unknown_warm_up
     assert got is not None and got[0] == 400  # five within 100 steps: 400..440, not the first or the last
     for warmup in ({"state": None, "until_step": None}, {}, {"state": "warming", "until_step": None}):
         assert recompile_storm([[1, 2, 3, 4, 5]], warmup, None) is None  # not judged before the warm-up ends
+
+
+def test_the_ahead_rank_is_the_newest_whatever_its_place_and_figures_keep_4_decimals():
+    order = {0: (120, 1112.0, 0.1), 1: (100, 1100.0, 0.1), 2: (130, 1118.0, 0.1)}  # the newest is the last
+    assert [(s["rank"], s["ahead_rank"], s["behind_s"]) for s in stuck_ranks(order, now=1119.0)] == [
+        (0, 2, 6.0), (1, 2, 18.0)]
+    fine = straggler_state(ends({0: 0.0, 1: 0.0, 2: 0.1234567}, base=0.0))
+    assert fine["lag_s"] == 0.1235 and fine["lags_s"]["2"] == 0.1235
+    jit = straggler_state(ends({0: 0.0, 1: 0.0411111, 2: 0.5}, base=0.0))
+    assert jit["trip_s"] == 0.1233  # 3 x 0.0411111 = 0.1233333: 4 decimals, not 3 or 5

@@ -479,3 +479,26 @@ def test_each_prefixed_rank_gets_its_own_log_step_timer_and_rank_0_none():
         assert [r["step"] for r in out[rank]] == [2, 3, 4, 5] and {r["rank"] for r in out[rank]} == {rank}
         assert all(abs(r["dt"] - 1.0) < 1e-9 for r in out[rank]), out[rank]
     assert timers.timers[3].tracker.total == 5 and timers.timers[2].tracker.format == "step_line"
+
+
+def test_a_cascade_noticed_in_the_wrong_order_still_starts_with_the_rank_that_was_not_torn_down():
+    """On a busy machine the supervisor can read the torn-down rank's exit (torchrun's SIGTERM) before
+    the one that caused it (CI saw it): the alert still starts with the SIGKILLed rank."""
+    from stepwatch.monitors.snapshot.ranks import rank_alerts, root_cause_words
+
+    def rank(n, pid, ended, sig):
+        return {"rank": n, "local_rank": n, "pid": pid, "alive": False, "ended_at_unix": ended, "returncode": None,
+                "signal": sig, "exit_source": "kernel", "root_cause": False, "after_stop": False,
+                "restart_count": 0, "max_restarts": 0}
+
+    snap = {"attempt": 1, "state": "exited", "straggler": {},
+            "ranks": [rank(0, 100, 1_780_000_000.10, "SIGTERM"), rank(1, 101, 1_780_000_000.15, "SIGKILL")]}
+    made = []
+    rank_alerts(snap, lambda *a: made.append(a) or a, {})
+    msg = made[0][4]
+    assert msg.startswith("rank 1 (local_rank 1, pid 101) killed by SIGKILL") and "then rank 0 (pid 100) killed by SIGTERM" in msg
+    assert root_cause_words(snap) == "; root cause: rank 1 (pid 101) killed by SIGKILL"
+    snap["ranks"][1]["signal"] = "SIGTERM"  # all torn down alike: the earliest
+    made.clear()
+    rank_alerts(snap, lambda *a: made.append(a) or a, {})
+    assert made[0][4].startswith("rank 0 (local_rank 0, pid 100) killed by SIGTERM")

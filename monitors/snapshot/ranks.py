@@ -261,7 +261,7 @@ def root_cause_words(snap: dict[str, Any]) -> str:
     deaths = [r for r in snap.get("ranks") or [] if died(r) and not r["after_stop"]]
     if not deaths:
         return ""
-    first = next((r for r in deaths if r["root_cause"]), min(deaths, key=lambda r: r["ended_at_unix"] or 0))
+    first = first_of(sorted(deaths, key=lambda r: r["ended_at_unix"] or 0))
     return f"; root cause: rank {first['rank']} (pid {first['pid']}) {_how(first)}"
 
 
@@ -287,6 +287,15 @@ def cascades(deaths: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     return groups
 
 
+def first_of(group: list[dict[str, Any]]) -> dict[str, Any]:
+    """The death a cascade starts with: torchrun's root cause where its table says; else the earliest
+    that is not a SIGTERM (torchrun tears the other workers down with SIGTERM, and on a busy machine
+    the supervisor can notice the torn-down rank's exit before the one that caused it); else the
+    earliest."""
+    return (next((r for r in group if r["root_cause"]), None)
+            or next((r for r in group if r.get("signal") != "SIGTERM"), None) or group[0])
+
+
 def rank_alerts(snap: dict[str, Any], make: Any, first_seen: MutableMapping[str, float]) -> list[dict[str, Any]]:
     """One alert per cascade of rank deaths, naming its first (torchrun's root cause where the table
     says, else the earliest) and listing the rest; and a straggler, by rank and pid (``make`` is
@@ -304,7 +313,7 @@ def rank_alerts(snap: dict[str, Any], make: Any, first_seen: MutableMapping[str,
         out.append(make(first_seen, snap["attempt"], "straggler", str(sg["rank"]),
                         f"straggler: rank {sg['rank']} (pid {pid}) {sg['reason'].split(' ', 2)[2]}", None))
     for group in cascades([r for r in snap.get("ranks") or [] if died(r) and not r["after_stop"]]):
-        first = next((r for r in group if r["root_cause"]), group[0])
+        first = first_of(group)
         others = [r for r in group if r is not first]
         lr = f"local_rank {first['local_rank']}, " if first.get("local_rank") is not None else ""
         src = {"kernel": "its exit status", "torchrun": "torchrun's failure table"}.get(first["exit_source"], "?")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import http.server
 import json
 import sys
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -231,3 +232,164 @@ def test_every_channel_gets_its_own_outcome_when_one_is_refused(tmp_path: Path):
     assert d.wait(30)
     second = sorted(o for x, o in zip(r.records, r.outcomes()) if x["alert_id"] == "stall-2")
     assert second == [("command", "rate_limited"), ("nosuchscheme://a", "rate_limited")]
+
+
+# ------------------------------------------------- the edges a mutation run of delivery.py left (issue 21)
+
+
+def _py(code: str) -> list[str]:
+    return [sys.executable, "-c", code]
+
+
+def test_a_negative_command_timeout_is_refused_for_the_default(tmp_path: Path):
+    for bad in (-5, -0.5, float("nan")):
+        assert Recorder().deliverer(tmp_path, command_timeout_s=bad).command_timeout_s == COMMAND_TIMEOUT_S, bad
+
+
+def test_a_rate_limited_alert_is_recorded_without_an_attempt_and_not_logged_as_lost(tmp_path: Path):
+    r = Recorder()
+    d = r.deliverer(tmp_path, command=["true"], rate_limit_s=30)
+    d.submit(alert("stall", 1))
+    d.submit(alert("stall", 2))
+    assert d.wait(10)
+    limited = [x for x in r.records if x["outcome"] == "rate_limited"]
+    assert len(limited) == 1 and limited[0]["attempts"] == 0
+    assert r.logged == []  # only a failed delivery is logged as "not delivered"
+
+
+def test_the_same_kind_rings_again_once_its_rate_limit_has_passed(tmp_path: Path):
+    """A stall that comes back after rate_limit_s rings again; one within it does not."""
+    r = Recorder()
+    d = r.deliverer(tmp_path, command=["true"], rate_limit_s=1.5)
+    t0 = time.monotonic()
+    d.submit(alert("stall", 1))
+    d.submit(alert("stall", 2))
+    wait_until(lambda: time.monotonic() - t0 > 1.6, 5, interval_s=0.05, what="the rate limit to pass")
+    d.submit(alert("stall", 3))
+    assert d.wait(10)
+    assert sorted((x["alert_id"], x["outcome"]) for x in r.records) == [
+        ("stall-1", "delivered"), ("stall-2", "rate_limited"), ("stall-3", "delivered")]
+
+
+def test_a_channel_that_raises_is_a_recorded_failure(tmp_path: Path):
+    """A command Popen refuses with something other than OSError (a NUL byte in an argument: ValueError)
+    is a failed delivery with the error's words, never a dead worker that records nothing."""
+    r = Recorder()
+    d = r.deliverer(tmp_path, command=["echo", "a\x00b"])
+    d.submit(alert())
+    assert d.wait(10)
+    assert [(x["outcome"], x["detail"], x["attempts"]) for x in r.records] == [
+        ("failed", "ValueError: embedded null byte", 1)]
+    assert r.logged == ["alert stall-1 not delivered to command: ValueError: embedded null byte"]
+
+
+def test_a_missing_command_is_named_by_its_program_and_a_long_detail_is_cut_at_500(tmp_path: Path):
+    r = Recorder()
+    missing = str(tmp_path / "no-such-notifier")
+    d = r.deliverer(tmp_path, command=[missing, "--to", "phone"])
+    d.submit(alert())
+    assert d.wait(10)
+    rec = r.records[0]
+    assert rec["detail"].startswith(f"could not run {missing!r}: ") and rec["attempts"] == 1
+    r = Recorder()
+    long_name = str(tmp_path / ("n" * 400))  # a name over NAME_MAX: the error repeats it, well past 500
+    d = r.deliverer(tmp_path, command=[long_name])
+    d.submit(alert())
+    assert d.wait(10)
+    detail = r.records[0]["detail"]
+    assert len(detail) == 500 and detail.startswith(f"could not run {long_name!r}: ")
+
+
+def test_a_command_killed_by_a_signal_failed_and_the_last_stderr_line_is_named(tmp_path: Path):
+    r = Recorder()
+    d = r.deliverer(tmp_path, command=_py("import os, signal; os.kill(os.getpid(), signal.SIGTERM)"))
+    d.submit(alert())
+    assert d.wait(10)
+    assert [(x["outcome"], x["detail"], x["attempts"]) for x in r.records] == [("failed", "exit code -15", 1)]
+    r = Recorder()
+    last = "".join(f"{i:04d}" for i in range(75))  # 300 characters, each position tells where it was cut
+    d = r.deliverer(tmp_path, command=_py(f"import sys; sys.stderr.write('first\\nsecond\\n{last}\\n'); sys.exit(2)"))
+    d.submit(alert())
+    assert d.wait(10)
+    assert [(x["outcome"], x["detail"], x["attempts"]) for x in r.records] == [
+        ("failed", f"exit code 2: {last[:200]}", 1)]
+
+
+def test_only_the_last_4_kib_of_a_chatty_notifiers_stderr_are_kept(tmp_path: Path):
+    """A last line longer than the tail (STDERR_TAIL_BYTES, 4096) is read from exactly 4096 bytes
+    before the end: the detail starts where the tail starts."""
+    from stepwatch.monitors.watch.delivery import STDERR_TAIL_BYTES
+
+    text = "".join(f"{i:05d}" for i in range(2000))  # 10,000 characters on one line, no newline
+    r = Recorder()
+    d = r.deliverer(tmp_path, command=_py(f"import sys; sys.stderr.write({text!r}); sys.exit(1)"))
+    d.submit(alert())
+    assert d.wait(10)
+    assert STDERR_TAIL_BYTES == 4096
+    assert r.records[0]["detail"] == f"exit code 1: {text[-4096:][:200]}"
+
+
+def test_a_timed_out_command_is_a_failure_whatever_it_printed(tmp_path: Path):
+    r = Recorder()
+    d = r.deliverer(tmp_path, command=_py("import time; time.sleep(30)"), command_timeout_s=0.5)
+    d.submit(alert())
+    assert d.wait(20)
+    assert [(x["outcome"], x["attempts"]) for x in r.records] == [("failed", 1)]
+    assert r.records[0]["detail"] == "the command ran over 0.5 s: its session was killed"
+
+
+def test_a_short_timeout_still_reads_what_the_command_wrote(tmp_path: Path):
+    """Under a timeout of 0.8 s, a command that fails at once is read to its end: its stderr named."""
+    r = Recorder()
+    d = r.deliverer(tmp_path, command=["sh", "-c", "echo boom >&2; exit 3"], command_timeout_s=0.8)
+    d.submit(alert())
+    assert d.wait(10)
+    assert [(x["outcome"], x["detail"]) for x in r.records] == [("failed", "exit code 3: boom")]
+
+
+def test_a_command_that_closes_its_stderr_is_waited_for_up_to_its_timeout_and_no_longer(tmp_path: Path):
+    """Once stderr is closed, the wait for the exit is bounded by what is left of command_timeout_s:
+    an exit 1.5 s later under 5 s is delivered; an exit 0.8 s later under 0.4 s is a timeout."""
+    quiet_then_exit = "import os, time; os.close(2); time.sleep({}); os._exit(0)"
+    r = Recorder()
+    d = r.deliverer(tmp_path, command=_py(quiet_then_exit.format(1.5)), command_timeout_s=5)
+    d.submit(alert())
+    assert d.wait(20)
+    assert [(x["outcome"], x["detail"]) for x in r.records] == [("delivered", "exit code 0")]
+    r = Recorder()
+    d = r.deliverer(tmp_path, command=_py(quiet_then_exit.format(0.8)), command_timeout_s=0.4)
+    d.submit(alert())
+    assert d.wait(20)
+    assert [(x["outcome"], x["detail"]) for x in r.records] == [
+        ("failed", "the command ran over 0.4 s: its session was killed")]
+
+
+def test_waiting_on_hung_deliveries_takes_the_timeout_given_in_all(tmp_path: Path):
+    """wait(t) is bounded by t over every delivery in flight (not t each, not until they end)."""
+    # two channels, both in flight for each of two alerts: the command sleeps, the refused push backs off
+    d = Deliverer(tmp_path, lambda rec: None, {"command": _py("import time; time.sleep(30)"), "command_timeout_s": 600,
+                                               "urls": ["json://127.0.0.1:9/x"], "retries": 10},
+                  "myrun", sleep=lambda s: time.sleep(30))
+    d.submit(alert("stall", 1))
+    d.submit(alert("fallback", 2))
+    t0 = time.monotonic()
+    assert d.wait(0.3) is False
+    assert time.monotonic() - t0 < 1.5
+    t0 = time.monotonic()
+    assert d.wait(1.2) is False
+    assert 1.1 < time.monotonic() - t0 < 4
+
+
+def test_a_hung_delivery_never_keeps_the_supervisor_alive(tmp_path: Path):
+    """The process that delivers (the supervisor) ends when its work ends, a hung notifier or not:
+    the deliveries are daemon threads, the notifier's session its own."""
+    script = tmp_path / "owner.py"
+    script.write_text(
+        "from pathlib import Path\n"
+        "from stepwatch.monitors.watch.delivery import Deliverer\n"
+        f"d = Deliverer(Path({str(tmp_path)!r}), lambda r: None, {{'command': ['sleep', '20'], 'command_timeout_s': 600}}, 'r')\n"
+        "d.submit({'id': 'stall-1', 'kind': 'stall', 'message': 'm'})\n"
+        "print(d.wait(0.2), flush=True)\n")
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=30)
+    assert (p.returncode, p.stdout.strip()) == (0, "False") and time.monotonic() - t0 < 15, p.stderr

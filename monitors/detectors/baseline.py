@@ -38,10 +38,9 @@ def _width(tokens: Any, padded_tokens: Any) -> float | None:
     return None
 
 
-def _ratio(dt: float, expected: float | None) -> float:
-    """dt / expected; a 0 s expectation makes any positive dt infinitely slow and 0 s a 1."""
-    if expected is None:
-        return 1.0
+def _ratio(dt: float, expected: float) -> float:
+    """dt / expected; a 0 s expectation makes any positive dt infinitely slow and 0 s a 1. (Every
+    caller passes a non-empty baseline's expectation: never None.)"""
     if expected > 0:
         return dt / expected
     return math.inf if dt > 0 else 1.0
@@ -183,12 +182,9 @@ class _Baseline:
         return self._dts
 
     def _sorted_pt(self) -> list[float]:
+        # read only while every step has a width (level()): every entry has its time per token
         if not self._pt_sync:
-            q = self._q
-            if self._n_width == len(q):
-                self._pt = sorted(map(_PT_OF, q))
-            else:
-                self._pt = sorted(e[2] for e in q if e[2] is not None)
+            self._pt = sorted(map(_PT_OF, self._q))
             self._pt_sync = True
         self._pt_idle = 0
         return self._pt
@@ -208,7 +204,8 @@ class _Baseline:
 
     def level_bound(self) -> float | None:
         """An upper bound of the per-token median (``level()`` when every step has a width), or
-        None; does not count as a read of the view.
+        None; does not count as a read of the view. While the view is kept in step the bound is the
+        median itself.
 
         The current multiset T is the view's S less at most r = ``_pt_evicted`` of its values, plus
         new ones. Removing r values moves an order statistic at most r ranks up in S, adding values

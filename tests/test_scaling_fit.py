@@ -1,0 +1,175 @@
+"""ScalingFit's figures to their printed digits (issue 21: the mutants a cosmic-ray run of
+monitors/detectors/scaling.py left): the fit's parameters, standard errors, R², residual and shares
+against numpy's least squares on the same points; which steps are taken; the spread and count gates
+at their edges; the width moments; the padding figures and their cut."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from stepwatch.monitors.detectors.scaling import MIN_POINTS, MIN_SPREAD, SKIP_STEPS, ScalingFit
+
+SEQS = 4
+
+
+def _fit(rows, skip: bool = True) -> ScalingFit:
+    """``rows``: (seconds, width) at SEQS sequences, every step padded (real tokens 3/4 of the padded)."""
+    f = ScalingFit()
+    if skip:
+        for _ in range(SKIP_STEPS):
+            f.add(9.0, SEQS * 100, 100, SEQS, None, False)  # warm-up steps: left out
+    for dt, w in rows:
+        f.add(dt, SEQS * w, w, SEQS, None, False)
+    return f
+
+
+def _reference(rows):
+    """numpy's least squares of the same points: (a, b, c), R², residual RMS, standard errors."""
+    x = np.array([[SEQS * w, SEQS * w * w, 1.0] for _, w in rows], dtype=float)
+    y = np.array([dt for dt, _ in rows], dtype=float)
+    beta, *_ = np.linalg.lstsq(x, y, rcond=None)
+    resid = y - x @ beta
+    rss = float(resid @ resid)
+    tss = float(((y - y.mean()) ** 2).sum())
+    n = len(rows)
+    cov = rss / (n - 3) * np.linalg.inv(x.T @ x)
+    return beta, 1.0 - rss / tss, math.sqrt(rss / n), np.sqrt(np.diag(cov)), float(y.mean()), x.mean(axis=0)
+
+
+def _noisy_rows(a, b, c, n=40, widths=(64, 96, 128, 192, 256)):
+    wobble = [0.03, -0.02, 0.01, -0.04, 0.02, 0.0, -0.01, 0.035]
+    rows = []
+    for i in range(n):
+        w = widths[i % len(widths)]
+        rows.append(((a * SEQS * w + b * SEQS * w * w + c) * (1 + wobble[i % len(wobble)]), w))
+    return rows
+
+
+def _digits_safe(x: float, nd: int) -> bool:
+    """x is not within 1e-9 of a rounding boundary at nd decimals (a reference computed another way
+    rounds the same)."""
+    scaled = abs(x) * 10**nd
+    return abs(scaled - math.floor(scaled) - 0.5) > 1e-9 * max(1.0, scaled)
+
+
+def test_the_fit_matches_numpys_least_squares_to_the_printed_digits():
+    rows = _noisy_rows(2e-5, 1e-7, 0.004)
+    s = _fit(rows).scaling()
+    beta, r2, resid, se, mean_y, mean_x = _reference(rows)
+    assert s["steps"] == len(rows) and s["distinct_widths"] == 5
+    for got, want in zip((s["a_s_per_token"], s["b_s_per_token_width"], s["c_s"]), beta):
+        assert got == pytest.approx(want, rel=1e-6)
+    for got, want in zip((s["a_se"], s["b_se"], s["c_se"]), se):
+        assert got == pytest.approx(want, rel=1e-6)
+    assert _digits_safe(r2, 5) and s["r2"] == round(r2, 5)
+    assert _digits_safe(resid, 6) and s["residual_s"] == round(resid, 6)
+    assert s["residual_share"] == round(resid / mean_y, 4)
+    parts = {"linear": beta[0] * mean_x[0], "quadratic": beta[1] * mean_x[1], "constant": beta[2]}
+    total = sum(max(0.0, v) for v in parts.values())
+    want_shares = {k: round(max(0.0, v) / total, 4) for k, v in parts.items()}
+    assert all(_digits_safe(max(0.0, v) / total, 4) for v in parts.values())
+    assert s["shares"] == want_shares and s["verdict"] in ("linear", "quadratic", "launch-bound")
+
+
+def test_a_negative_term_counts_as_zero_in_the_shares():
+    """A fit whose constant comes out negative (a per-token cost that grows with the width): the
+    shares are of the positive terms only, and still sum to 1."""
+    rows = _noisy_rows(3e-5, 2e-7, -0.01, widths=(128, 192, 256, 384))
+    s = _fit(rows).scaling()
+    beta, *_rest, mean_y, mean_x = _reference(rows)
+    assert beta[2] < 0 and s["c_s"] == pytest.approx(beta[2], rel=1e-6)
+    lin, quad = beta[0] * mean_x[0], beta[1] * mean_x[1]
+    assert s["shares"] == {"linear": round(lin / (lin + quad), 4), "quadratic": round(quad / (lin + quad), 4),
+                           "constant": 0.0}
+
+
+def test_constant_step_times_have_r2_1_and_a_launch_bound_verdict():
+    """Every step the same 0.25 s whatever its width: nothing to explain (total sum of squares 0),
+    R² 1.0, the constant all of the step."""
+    s = _fit([(0.25, w) for w in (64, 96, 128, 192, 256) * 4]).scaling()
+    assert (s["verdict"], s["r2"], s["residual_s"], s["shares"]["constant"]) == ("launch-bound", 1.0, 0.0, 1.0)
+
+
+def test_steps_of_zero_seconds_are_undetermined_not_a_crash():
+    s = _fit([(0.0, w) for w in (64, 96, 128, 192, 256) * 4]).scaling()
+    assert s["verdict"] == "undetermined" and s["residual_share"] is None
+    assert s["reason"].startswith("the residuals do not close")
+
+
+def test_residuals_that_do_not_close_give_their_share_in_words():
+    rows = [(0.01 * (1 + (3.0 if i % 2 else -0.6)), w) for i, w in enumerate((64, 96, 128, 192, 256) * 4)]
+    s = _fit(rows).scaling()
+    rel = s["residual_share"]
+    assert s["verdict"] == "undetermined" and rel > 0.1
+    assert s["reason"] == (f"the residuals do not close: their RMS is {100 * rel:.0f}% of the mean step (at most 10%; "
+                           f"R² {s['r2']:.2f}): the step time depends on more than the batch shape")
+
+
+@pytest.mark.parametrize("widths, spread_ok", [((100, 125, 150), True), ((100, 125, 149), False)])
+def test_the_width_spread_gate_is_at_exactly_1_5x(widths, spread_ok):
+    assert MIN_SPREAD == 1.5
+    s = _fit([(1e-5 * SEQS * w + 0.01, w) for w in widths * 5]).scaling()
+    assert (s["reason"] is None or not s["reason"].startswith("widths")) == spread_ok, s["reason"]
+    if not spread_ok:
+        assert s["reason"] == "widths 100..149 spread less than 1.5x: the terms cannot be told apart"
+
+
+@pytest.mark.parametrize("accepted, args", [
+    (True, (0.1, 4 * 100, 100, 4, None)),
+    (True, (0.1, 999_999_999_999_999, 100, 4, None)),  # just below 1e15 padded tokens
+    (True, (0.0, 400, 999_999_999, 4, None)),  # a width just below 1e9; a 0 s step
+    (False, (0.1, 10**15, 100, 4, None)),
+    (False, (0.1, -400, 100, 4, None)),
+    (False, (0.1, 0, 100, 4, None)),
+    (False, (0.1, 400, 0, 4, None)),
+    (False, (0.1, 400, 10**9, 4, None)),
+    (False, (0.1, 400, "100", 4, None)),
+    (False, (-0.1, 400, 100, 4, None)),
+    (False, (1e7, 400, 100, 4, None)),
+])
+def test_which_steps_are_taken(accepted, args):
+    f = ScalingFit()
+    for _ in range(SKIP_STEPS + 1):
+        f.add(*args, False)
+    f.add(*args[:4], 300, False)  # with real tokens too: counted in the padding figures when taken
+    assert f.scaling()["steps"] == (2 if accepted else 0)
+    assert f.padding()["steps"] == (1 if accepted and args[1] >= 300 else 0)
+
+
+def test_too_few_points_say_how_many():
+    s = _fit([(1e-5 * SEQS * w + 0.01, w) for w in (64, 128, 256) * 3 + (64, 128)]).scaling()
+    assert s["reason"] == f"11 steps fitted: at least {MIN_POINTS} needed"
+
+
+def test_the_width_moments_of_one_sequence_and_of_many():
+    """E[w], E[w²] per sequence and their ratio, from the fitted steps' batch sizes (the warm-up's
+    left out); a single fitted sequence already gives them."""
+    f = ScalingFit()
+    for _ in range(SKIP_STEPS):
+        f.add(1.0, 999, 999, 1, None, False)
+    f.add(0.1, 64, 64, 1, None, False)  # one sequence of width 64
+    s = f.scaling()
+    assert (s["e_w"], s["e_w2"], s["e_w2_over_e_w_sq"]) == (64.0, 4096.0, 1.0)
+    f.add(0.3, 3 * 128, 128, 3, None, False)  # three of width 128
+    s = f.scaling()
+    e_w, e_w2 = (64 + 3 * 128) / 4, (64**2 + 3 * 128**2) / 4
+    assert (s["e_w"], s["e_w2"], s["e_w2_over_e_w_sq"]) == (round(e_w, 3), round(e_w2, 3), round(e_w2 / e_w**2, 4))
+    assert s["e_w2_over_e_w_sq"] == 1.0612  # 13312 / 112**2
+
+
+def test_the_padding_figures_from_the_first_step_and_their_cut_at_16_widths():
+    f = ScalingFit()
+    f.add(0.5, 400, 100, 4, 300, True)  # a flagged step still counts for the padding
+    p = f.padding()
+    assert (p["steps"], p["share"], p["unpadded_steps"], p["unpadded_share"]) == (1, 0.25, 0, 0.0)
+    f = ScalingFit()
+    for w in range(100, 117):  # 17 widths, each padded and unpadded once
+        f.add(0.1234567, 4 * w, w, 4, 4 * w - 1, False)
+        f.add(0.1, 4 * w, w, 4, 4 * w, False)
+    rows = f.padding()["same_width"]
+    assert [r["width"] for r in rows] == list(range(100, 116))
+    assert rows[0] == {"width": 100, "padded_s": 0.123457, "unpadded_s": 0.1, "padded_steps": 1,
+                       "unpadded_steps": 1, "padded_excess": 0.2346}

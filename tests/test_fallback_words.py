@@ -1,0 +1,147 @@
+"""What the fallback detector says, word for word and number for number (issue 21: the mutants a
+cosmic-ray run of monitors/detectors/fallback.py left). Every stream here is exact: steady steps of
+2.0 s (scores exactly 1.0, jitter sigma 0, so the trip is its minimum 6.0x = 12.0 s), slow steps of
+40.0 s (20x), valley steps of 8.0 s (4x, between trip / 2 and the trip). Each expected figure is
+derived from the stream in the comment beside it, not read back from the code."""
+
+from __future__ import annotations
+
+import pytest
+
+from stepwatch.monitors.detectors.fallback import FallbackDetector
+
+STEADY, SLOW, VALLEY = 2.0, 40.0, 8.0
+HOW = ("baseline p50 2.00 s/step over the last {n} steady steps; trip 6.0x expected (= max(6x, 1 + 10 x "
+       "jitter sigma 0.000); at the baseline 12.0 s)")
+
+
+def _steady(d: FallbackDetector | None = None, n: int = 30) -> FallbackDetector:
+    """``n`` steps of 2.0 s from step 0: steady after the 20th (step 19), its baseline those 20 steps
+    plus every accepted one after."""
+    d = d or FallbackDetector()
+    for i in range(n):
+        d.add(i, STEADY)
+    return d
+
+
+def _feed(d: FallbackDetector, first: int, times: list[float]) -> int:
+    for k, t in enumerate(times):
+        d.add(first + k, t)
+    return first + len(times)
+
+
+def test_the_warm_up_in_words_counts_its_steps():
+    d = FallbackDetector()
+    words = "warming up: {} counted step{}, no steady state yet (20 consecutive steps within 3x of the preceding ones needed; the longest current run is {}); warm-up alone never flags"
+    assert d.reason() == words.format(0, "s", 0)
+    d.add(0, STEADY)
+    assert d.reason() == words.format(1, "", 1)
+    d.add(1, STEADY)
+    assert d.reason() == words.format(2, "s", 2)
+    d.add(2, SLOW)  # 20x the steps before it: the run of in-band steps starts again
+    assert d.reason() == words.format(3, "s", 0)
+    assert d.warmup() == {"state": "warming", "until_step": None}
+
+
+def test_ok_with_isolated_slow_steps_names_them_as_not_a_second_mode():
+    d = _steady()  # baseline: 20 + steps 20..29 = 30 steps
+    assert d.reason() == f"ok: {HOW.format(n=30)}; slowest steady step 1.00x expected"
+    nxt = _feed(d, 30, [SLOW] + [STEADY] * 40)  # the slow step leaves the 40-step window: ok again
+    assert d.state == "ok" and d.slow_steps == [30]
+    assert d.reason() == (f"ok: {HOW.format(n=70)}; slowest steady step 1.00x expected; 1 isolated slow step earlier "
+                          "(last: step 30, 40.00 s = 20.0x) — not a second mode")
+    _feed(d, nxt, [SLOW] + [STEADY] * 40)
+    assert d.reason().endswith("; 2 isolated slow steps earlier (last: step 71, 40.00 s = 20.0x) — not a second mode")
+
+
+def test_suspected_names_its_slow_steps_one_or_more():
+    d = _steady()
+    d.add(30, SLOW)
+    assert d.state == "suspected" and d.onset_step == 30
+    assert d.reason() == (f"suspected: unexplained slow step 30: 40.00 s (20.0x); {HOW.format(n=30)}; "
+                          "flags at 3 slow steps within 40 judged steps")
+    d.add(31, STEADY)
+    d.add(32, SLOW)
+    assert d.state == "suspected"
+    assert d.reason().startswith("suspected: unexplained slow steps 30: 40.00 s (20.0x), 32: 40.00 s (20.0x); ")
+
+
+def test_slow_steps_that_continue_the_runs_own_tail_stay_suspected_and_say_so():
+    """3 valley steps (4x, between 3.0x and 6.0x) then 3 slow steps: the slow ones are not a separate
+    mode (a mode is separated by a valley with fewer steps than its own)."""
+    d = _steady()
+    _feed(d, 30, [VALLEY] * 3 + [SLOW] * 3)
+    assert d.state == "suspected" and d.details()["valley"] == 3
+    assert d.reason().endswith("flags at 3 slow steps within 40 judged steps with fewer steps between 3.0x and 6.0x "
+                               "(now 3): these slow steps continue the run's own tail, not a separate mode yet")
+    d2 = _steady()
+    _feed(d2, 30, [VALLEY, SLOW])
+    assert d2.details()["valley"] == 1  # counted once, at the slow step
+
+
+def test_flagged_in_words_with_its_counts_and_share():
+    d = _steady()
+    # 3 slow steps in a row flag at the third (judged 2 steps after the onset); 9 more slow, 6 steady after
+    _feed(d, 30, [SLOW] * 12 + [STEADY] * 6)
+    assert d.state == "flagged" and d.onset_step == 30
+    det = d.details()
+    assert (det["flagged_at_step"], det["judged_to_flag"], det["slow_after_onset_to_flag"], det["n_slow"]) == (32, 2, 2, 12)
+    assert (det["judged"], det["seen"]) == (28, 48)  # judged from step 20; every step seen
+    times = ", ".join(f"{s}: 40.00 s (20.0x)" for s in (30, 31, 32))
+    # since the onset: 12 slow of 18 judged steps = 66.67% -> 67%; the 6 steady steps after joined the
+    # baseline (30 + 6: slow steps never do)
+    assert d.reason() == (
+        f"flagged: 3 slow steps within 3 judged steps from step 30 ({times}) — a second mode; since the onset 12 of "
+        f"18 judged steps were slow (67%); {HOW.format(n=36)}. A compiled graph that falls back to eager runs about "
+        "20x slower: look for dynamo's recompile-limit warning in the log and the recompile counts")
+
+
+@pytest.mark.parametrize("n_slow, more", [(8, ""), (10, " and 2 more")])
+def test_a_long_cluster_lists_8_steps_and_counts_the_rest(n_slow, more):
+    d = _steady(FallbackDetector(flag_min_slow=n_slow))
+    _feed(d, 30, [SLOW] * n_slow)
+    assert d.state == "flagged"
+    times = ", ".join(f"{s}: 40.00 s (20.0x)" for s in range(30, 38))
+    assert d.reason().startswith(f"flagged: {n_slow} slow steps within {n_slow} judged steps from step 30 ({times}{more}) — ")
+
+
+def test_the_slow_steps_kept_are_the_last_1000():
+    d = _steady()
+    _feed(d, 30, [SLOW] * 1001)
+    assert d.state == "flagged" and d.details()["n_slow"] == 1001
+    assert d.slow_steps == list(range(31, 1031))
+
+
+def test_the_default_windows_and_counts_in_the_words():
+    d = _steady(n=19)
+    assert d.warmup()["state"] == "warming"  # 19 in-band steps: one short of the 20 needed
+    d.add(19, STEADY)
+    assert d.warmup()["state"] == "steady"
+    d.add(20, SLOW)
+    assert "flags at 3 slow steps within 40 judged steps" in d.reason()
+    assert "1 + 10 x jitter sigma" in d.reason()
+
+
+@pytest.mark.parametrize("kwargs", [dict(trip_ratio_min=1.0), dict(steady_band=1.0), dict(drop_factor=1.0),
+                                    dict(trip_ratio_min=0.5), dict(baseline_window=0), dict(steady_run=0),
+                                    dict(flag_window=0), dict(flag_min_slow=0)])
+def test_settings_out_of_range_are_refused(kwargs):
+    with pytest.raises(ValueError):
+        FallbackDetector(**kwargs)
+
+
+def test_settings_at_their_edges_are_taken():
+    d = FallbackDetector(trip_ratio_min=1.01, steady_band=1.01, drop_factor=1.01, baseline_window=1, steady_run=1,
+                         flag_window=1, flag_min_slow=1)
+    assert d.trip_ratio == 1.01 and d.reason().startswith("warming up: 0 counted steps, no steady state yet (1 consecutive")
+
+
+def test_update_takes_step_records_only():
+    d = FallbackDetector()
+    for kind in ("summary", "alert", "eval", "compile"):  # sorting before and after "step"
+        assert d.update({"kind": kind, "dt": 1.0}) is None
+    assert d.update({"kind": "step", "step": 1}) is None  # no dt
+    assert d.details()["seen"] == 0
+    v = d.update({"kind": "step", "step": 1, "dt": 1.0})
+    assert v is not None and v.step == 1 and d.details()["seen"] == 1
+    assert d.update({"step": 2, "dt": 1.0}).step == 2  # a record without a kind is a step

@@ -145,3 +145,58 @@ def test_update_takes_step_records_only():
     v = d.update({"kind": "step", "step": 1, "dt": 1.0})
     assert v is not None and v.step == 1 and d.details()["seen"] == 1
     assert d.update({"step": 2, "dt": 1.0}).step == 2  # a record without a kind is a step
+
+
+def _tokens(kind: str, i: int) -> int | None:
+    return {"width": 1000, "none": None, "mixed": 1000 if i % 2 else None}[kind]
+
+
+@pytest.mark.parametrize("kind", ["width", "none", "mixed"])
+def test_a_run_that_gets_4x_faster_relearns_its_level(kind):
+    """40 steps of 2.0 s, then 0.5 s steps: once the last 20 steps (STEADY_RUN) all ran under half the
+    level (DROP_FACTOR 2), the baseline restarts from them and the warm-up is said to have lasted to
+    the last slow-level step; a 4.0 s step is then 8x, slow. One step back at the level within those
+    20 holds the restart until it has left them. Per padded token, per step, or mixed."""
+    d = FallbackDetector()
+    for i in range(40):
+        d.add(i, 2.0, (), None, _tokens(kind, i))
+    for i in range(40, 59):
+        d.add(i, 0.5, (), None, _tokens(kind, i))
+    assert d.details()["baseline_s"] == 2.0  # 19 fast steps: not yet
+    d.add(59, 0.5, (), None, _tokens(kind, 59))
+    assert d.details()["baseline_s"] == 0.5 and d.warmup() == {"state": "steady", "until_step": 39}
+    v = d.add(60, 4.0, (), None, _tokens(kind, 60))
+    assert (v.score, v.slow, d.state) == (8.0, True, "suspected")
+
+    d = FallbackDetector()
+    for i in range(40):
+        d.add(i, 2.0, (), None, _tokens(kind, i))
+    for i in range(40, 59):
+        d.add(i, 0.5, (), None, _tokens(kind, i))
+    d.add(59, 2.0, (), None, _tokens(kind, 59))  # back at the level once
+    for i in range(60, 79):
+        d.add(i, 0.5, (), None, _tokens(kind, i))
+    assert d.details()["baseline_s"] == 2.0 and d.warmup()["until_step"] is None  # step 59 still in the last 20
+    d.add(79, 0.5, (), None, _tokens(kind, 79))
+    assert d.details()["baseline_s"] == 0.5 and d.warmup()["until_step"] == 59
+
+
+@pytest.mark.parametrize("kind", ["width", "none"])
+def test_a_run_exactly_2x_faster_keeps_its_baseline(kind):
+    """At exactly half the level (the limit itself), a step keeps the baseline: the drop must be more
+    than DROP_FACTOR. (25 such steps: the baseline's own median, over 40 steps at 2.0 s and 25 at
+    1.0 s, is still 2.0 s; a restart from the last 20 would make it 1.0 s.)"""
+    d = FallbackDetector()
+    for i in range(40):
+        d.add(i, 2.0, (), None, _tokens(kind, i))
+    for i in range(40, 65):
+        d.add(i, 1.0, (), None, _tokens(kind, i))
+    assert d.details()["baseline_s"] == 2.0 and d.warmup()["until_step"] is None
+
+
+def test_a_flagged_run_that_gets_faster_keeps_its_baseline_and_its_flag():
+    """20 steps 4x faster after a flag (unflagged, a restart: see above): the baseline, 30 steps at
+    2.0 s and 20 at 0.5 s, stays at its median 2.0 s."""
+    d = _steady()
+    _feed(d, 30, [SLOW] * 3 + [0.5] * 20)
+    assert d.state == "flagged" and d.details()["baseline_s"] == 2.0

@@ -5,6 +5,7 @@
     python tools/mutation/run.py --timeout 120   # seconds per mutant's test run
     python tools/mutation/run.py energy --survivors  # after new tests: the survivors again
     python tools/mutation/run.py --report        # the sessions already run
+    python tools/mutation/run.py fallback --continue  # a run cut short: only the mutants left
 
 For each target: ``cosmic-ray init`` (a session in .mutation/<name>.sqlite), ``cosmic-ray baseline``
 (the tests pass on the unmutated code, else the target is not measured), ``cosmic-ray exec`` (each
@@ -117,7 +118,7 @@ def retest_survivors(name: str, spec: dict, timeout_s: float) -> None:
 def run_target(name: str, spec: dict, timeout_s: float, resume: str = "no") -> dict:
     if resume == "survivors":
         retest_survivors(name, spec, timeout_s)
-    if resume != "no":
+    if resume in ("survivors", "report"):
         return report(name, spec)
     work = ROOT / ".mutation"
     work.mkdir(exist_ok=True)
@@ -132,10 +133,11 @@ def run_target(name: str, spec: dict, timeout_s: float, resume: str = "no") -> d
         f"test-command = {json.dumps(f'env {NO_PYC} {sys.executable} -m pytest -x -q -p no:cacheprovider {tests}')}\n"
         "[cosmic-ray.distributor]\nname = \"local\"\n"
         f"[cosmic-ray.filters.operators-filter]\nexclude-operators = {json.dumps(EXCLUDED_OPERATORS)}\n")
-    db.unlink(missing_ok=True)
     cr = [str(Path(sys.executable).parent / "cosmic-ray")]
-    subprocess.run([*cr, "init", str(cfg), str(db)], cwd=ROOT, check=True)
-    subprocess.run([str(Path(sys.executable).parent / "cr-filter-operators"), str(db), str(cfg)], cwd=ROOT, check=True)
+    if resume != "continue" or not db.exists():
+        db.unlink(missing_ok=True)
+        subprocess.run([*cr, "init", str(cfg), str(db)], cwd=ROOT, check=True)
+        subprocess.run([str(Path(sys.executable).parent / "cr-filter-operators"), str(db), str(cfg)], cwd=ROOT, check=True)
     base = subprocess.run([*cr, "baseline", str(cfg)], cwd=ROOT, capture_output=True, text=True)
     if base.returncode != 0:
         return {"name": name, "file": spec["file"], "error": f"the tests fail on the unmutated code: {base.stdout[-500:]}"}
@@ -173,12 +175,15 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=180.0)
     ap.add_argument("--min", type=float, default=0.9)
     ap.add_argument("--report", action="store_true", help="only report the sessions already run")
+    ap.add_argument("--continue", dest="resume", action="store_true",
+                    help="run only the mutants the session has no result for yet (a run cut short), with the "
+                         "target's tests as they are now")
     ap.add_argument("--survivors", action="store_true",
                     help="test only the last session's survivors again (after adding tests), then report")
     a = ap.parse_args()
     targets = tomllib.loads((HERE / "targets.toml").read_text())
     names = a.names or list(targets)
-    resume = "survivors" if a.survivors else "report" if a.report else "no"
+    resume = "survivors" if a.survivors else "report" if a.report else "continue" if a.resume else "no"
     results = [run_target(n, targets[n], a.timeout, resume) for n in names]
     print(f"\n{'target':12} {'file':36} {'mutants':>7} {'killed':>6} {'equiv':>5} {'kill rate':>9} {'not sampled':>11}")
     low = False

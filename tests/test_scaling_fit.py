@@ -121,6 +121,8 @@ def test_the_width_spread_gate_is_at_exactly_1_5x(widths, spread_ok):
     (True, (0.1, 4 * 100, 100, 4, None)),
     (True, (0.1, 999_999_999_999_999, 100, 4, None)),  # just below 1e15 padded tokens
     (True, (0.0, 400, 999_999_999, 4, None)),  # a width just below 1e9; a 0 s step
+    (True, (0.1, 1, 1, 1, None)),  # one sequence of one token
+    (False, (0.1, 400, -100, 4, None)),
     (False, (0.1, 10**15, 100, 4, None)),
     (False, (0.1, -400, 100, 4, None)),
     (False, (0.1, 0, 100, 4, None)),
@@ -142,6 +144,28 @@ def test_which_steps_are_taken(accepted, args):
 def test_too_few_points_say_how_many():
     s = _fit([(1e-5 * SEQS * w + 0.01, w) for w in (64, 128, 256) * 3 + (64, 128)]).scaling()
     assert s["reason"] == f"11 steps fitted: at least {MIN_POINTS} needed"
+    s = _fit([(1e-5 * SEQS * w + 0.01, w) for w in (64, 128, 256) * 4]).scaling()
+    assert MIN_POINTS == 12 and s["steps"] == 12 and s["reason"] is None and s["verdict"] != "undetermined"
+
+
+@pytest.mark.parametrize("tokens, counted", [(0, True), (400, True), (401, False), (-5, False), (None, False)])
+def test_which_real_token_counts_go_into_the_padding(tokens, counted):
+    f = ScalingFit()
+    f.add(0.1, 400, 100, 4, tokens, False)
+    p = f.padding()
+    assert p["steps"] == (1 if counted else 0)
+    if counted:
+        assert p["share"] == round(1 - tokens / 400, 4)
+
+
+def test_a_step_without_sequences_is_fitted_but_not_in_the_width_moments():
+    f = ScalingFit()
+    for _ in range(SKIP_STEPS):
+        f.add(1.0, 999, 999, 1, None, False)
+    f.add(0.1, 400, 100, 0, None, False)  # batch size 0: no sequences to weigh
+    f.add(0.1, 64, 64, 1, None, False)
+    s = f.scaling()
+    assert s["steps"] == 2 and (s["e_w"], s["e_w2"]) == (64.0, 4096.0)
 
 
 def test_the_width_moments_of_one_sequence_and_of_many():

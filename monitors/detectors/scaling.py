@@ -156,7 +156,7 @@ class ScalingFit:
                   + sum(beta[i] * beta[j] * self.xtx[i][j] for i in range(3) for j in range(3)))
         tss = self.yty - self.sum_y * self.sum_y / self.n
         r2 = 1.0 - rss / tss if tss > 0 else 1.0
-        sigma2 = rss / (self.n - 3) if self.n > 3 else 0.0
+        sigma2 = rss / (self.n - 3)  # n >= MIN_POINTS > 3
         se = [math.sqrt(max(0.0, sigma2 * inv[i][i])) for i in range(3)]
         mean_x1, mean_x2 = self.xtx[0][2] / self.n, self.xtx[1][2] / self.n
         parts = {"linear": a * mean_x1, "quadratic": b * mean_x2, "constant": c}

@@ -1,0 +1,73 @@
+"""The log-line recognisers' edges, line by line (issue 21: the mutants a cosmic-ray run of
+monitors/parsers/logformats.py left): nanoGPT's mfu before its estimate exists, each JSON step-time
+key and its unit, a unit in a printed pair, the line-length and pattern-length limits at their
+edges, a user pattern's max_steps. Every line goes through ``recognise`` (what the supervisor
+calls per line) or the public function the supervisor calls."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from stepwatch.monitors.parsers.logformats import (MAX_LINE_CHARS, MAX_PATTERN_CHARS, compile_patterns,
+                                                  eval_metrics, recognise, user_pattern)
+
+
+def test_nanogpts_mfu_is_kept_from_zero_up_and_its_placeholder_dropped():
+    name, got = recognise("iter 10: loss 4.2130, time 95.12ms, mfu -100.00%")
+    assert name == "nanogpt" and got.metrics == {"loss": 4.213} and got.reported_dt_s == pytest.approx(0.09512)
+    assert recognise("iter 11: loss 4.2, time 95.00ms, mfu 0.00%")[1].metrics == {"loss": 4.2, "mfu_pct": 0.0}
+    assert recognise("iter 12: loss 4.2, time 95.00ms, mfu 31.50%")[1].metrics == {"loss": 4.2, "mfu_pct": 31.5}
+
+
+@pytest.mark.parametrize("key, value, dt_s", [
+    ("dt_s", 0.5, 0.5), ("step_time_s", 0.5, 0.5), ("iter_time_s", 0.5, 0.5), ("time_s", 0.5, 0.5),
+    ("step_time_ms", 500, 0.5), ("time_ms", 250, 0.25),
+])
+def test_each_json_step_time_key_in_its_unit(key, value, dt_s):
+    name, got = recognise(json.dumps({"step": 7, key: value, "loss": 1.5}))
+    assert name == "json" and got.step == 7 and got.reported_dt_s == dt_s
+
+
+def test_a_json_line_with_two_step_times_takes_the_first_key_in_order():
+    got = recognise(json.dumps({"step": 7, "time_ms": 900, "time_s": 9.0, "dt_s": 0.5}))[1]
+    assert got.reported_dt_s == 0.5  # dt_s before step_time_s, iter_time_s, time_s, then the ms keys
+
+
+@pytest.mark.parametrize("text, metrics, dt_s", [
+    ("step 5 | loss 2.0 | time 0.5s", {"loss": 2.0, "time_s": 0.5}, 0.5),
+    ("step 5 | loss 2.0 | time 250ms", {"loss": 2.0, "time_s": 0.25}, 0.25),
+    ("step 5 | loss 2.0 | mem 512MiB", {"loss": 2.0, "mem_gib": 0.5}, None),
+    ("step 5 | loss 2.0 | util 93%", {"loss": 2.0, "util_pct": 93.0}, None),
+])
+def test_a_printed_unit_goes_into_the_name_and_scales_the_value(text, metrics, dt_s):
+    name, got = recognise(text)
+    assert (name, got.step, got.metrics, got.reported_dt_s) == ("step_line", 5, metrics, dt_s)
+
+
+def test_an_eval_loss_is_read_from_a_line_up_to_the_line_limit():
+    line = "step 2000: train loss 2.1, val loss 2.3"
+    assert eval_metrics(line) == {"eval_loss": 2.3}
+    at_limit = line + " " * (MAX_LINE_CHARS - len(line))
+    assert len(at_limit) == MAX_LINE_CHARS and eval_metrics(at_limit) == {"eval_loss": 2.3}
+    assert eval_metrics(at_limit + " ") == {}  # one past it: a dumped tensor, not an eval line
+    assert eval_metrics("step 5: loss 2.0") == {}
+
+
+def test_a_pattern_may_be_500_characters_and_no_more():
+    base = r"it (?P<step>\d+)"
+    ok = base + "x?" * ((MAX_PATTERN_CHARS - len(base)) // 2)
+    assert len(ok) == MAX_PATTERN_CHARS and len(compile_patterns([ok])) == 1
+    with pytest.raises(ValueError, match="pattern 1 is longer than 500 characters"):
+        compile_patterns([ok + "?"])
+
+
+@pytest.mark.parametrize("printed, max_steps", [
+    ("100", 100), ("1", 1), ("0", None), ("999999999999", 999_999_999_999), ("1000000000000", None),
+    ("-5", None), ("12.5", None),
+])
+def test_a_user_patterns_max_steps(printed, max_steps):
+    [rx] = compile_patterns([r"it (?P<step>\d+)/(?P<max_steps>[-\d.]+) loss (?P<loss>[\d.]+)"])
+    got = user_pattern(rx, f"it 3/{printed} loss 1.25")
+    assert (got.step, got.max_steps, got.metrics) == (3, max_steps, {"loss": 1.25})

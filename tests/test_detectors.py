@@ -699,6 +699,26 @@ def test_add_many_is_add_one_by_one(chunks):
     assert slow_seen > 1000  # the positives' slow steps were compared too
 
 
+def test_the_inlined_steady_step_gives_the_general_methods_verdicts():
+    """The judged steady step runs with the general methods' work inlined (FallbackDetector._inline).
+    On every control, real capture and odd stream, a detector running the general methods instead
+    (_inline False) returns the same verdict at every step and reads the same state, words and
+    numbers along the way and at the end."""
+    cases = _add_many_cases() + [({}, sc.real_csv(name, tokens).records) for name, tokens in _REAL_CSVS]
+    judged = 0
+    for params, records in cases:
+        fast, general = FallbackDetector(**params), FallbackDetector(**params)
+        general._inline = False
+        for k, row in enumerate(_rows(records)):
+            a, b = fast.add(*row[:5]), general.add(*row[:5])
+            assert a == b or (a.score != a.score and b.score != b.score), (params, k, a, b)
+            if k % 97 == 0:
+                assert _state(fast) == _state(general), (params, k)
+        assert _state(fast) == _state(general)
+        judged += fast.details()["judged"]
+    assert judged > 40_000  # 41,722 judged steps
+
+
 def test_add_many_raises_like_add_and_keeps_the_rows_before():
     d, ref = FallbackDetector(), FallbackDetector()
     rows = [(i, 20.0 + (i % 3) * 0.1, (), None, None, None) for i in range(100)]

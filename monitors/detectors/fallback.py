@@ -191,6 +191,12 @@ class FallbackDetector:
     override the module constants (tests and the bench use them; callers should not need to).
     """
 
+    #: The judged steady step (nearly every step of a long run) runs with the general methods' work
+    #: inlined in :meth:`_feed` (the expectation, the trip bound, the score, the baseline and score
+    #: pushes, the drop check's first test). False runs the general methods instead: the same verdicts,
+    #: which tests/test_detectors.py (the inlined steady step) holds the inlined code to, step by step.
+    _inline = True
+
     def __init__(
         self,
         *,
@@ -308,6 +314,7 @@ class FallbackDetector:
         trip_min, spread_mult, valley_div = self.trip_ratio_min, self.spread_mult, self.valley_div
         baseline_window = self.baseline_window
         history, window = self._history, self._window
+        inline = self._inline
         for i, (step, dt_s, flags, tokens, padded_tokens, _t) in enumerate(rows):
             # the common cases first, each the same value (or the same error) as the general helper
             dt = dt_s if type(dt_s) is float and 0.0 <= dt_s < _INF else check_step_seconds(dt_s)
@@ -339,7 +346,7 @@ class FallbackDetector:
             base = self._base  # may be replaced by _check_drop: read per step
             # base.expected(w)[0]; its fast path inlined (a run of repeated widths: see expected())
             g = base._groups.get(w) if w is not None else None
-            if g is not None and len(g) >= NEIGHBORS and not base._shared:
+            if inline and g is not None and len(g) >= NEIGHBORS and not base._shared:
                 exp = sorted(islice(g, NEIGHBORS))[(NEIGHBORS - 1) >> 1]
             else:
                 exp = base.expected(w)[0]
@@ -347,23 +354,25 @@ class FallbackDetector:
             sc = self._scores
             n = len(self._scores_q)
             trip = trip_min
-            if n >= 4 and not self._scores_sync:
+            if not inline:
+                trip = self._trip()
+            elif n >= 4 and not self._scores_sync:
                 hi = -(-75 * n // 100) - 1 + self._scores_evicted
                 lo = -(-25 * n // 100) - 1 - self._scores_added
                 if lo < 0 or hi >= len(sc) or 1.0 + spread_mult * ((sc[hi] - sc[lo]) / 1.349) > trip:
                     trip = self._trip()
             elif n >= 4:
                 trip = self._trip()
-            # _ratio(dt, exp), inlined
-            if exp is None:
-                score = 1.0
+            # _ratio(dt, exp), inlined (exp is never None here: a steady baseline is never empty)
+            if not inline:
+                score = _ratio(dt, exp)
             elif exp > 0:
                 score = dt / exp
             else:
                 score = _INF if dt > 0 else 1.0
             self._judged += 1
             if score > trip:
-                rec = _Slow(step, dt, exp or 0.0, score)
+                rec = _Slow(step, dt, exp, score)
                 history.append((step, dt, w, "s"))
                 window.append((rec, self._judged, False))
                 self._on_slow(rec)
@@ -374,7 +383,7 @@ class FallbackDetector:
             # accepted: into the baseline, the score window and the short window. base.add(dt, w)
             # and self._push_score(score), inlined for the common case: a width seen before (g),
             # every sorted view stale (see _Baseline and _trip); else the methods.
-            if g is not None and not base._pt_sync and not base._dts_sync:
+            if inline and g is not None and not base._pt_sync and not base._dts_sync:
                 q = base._q
                 q.append((dt, w, dt / w))  # type: ignore[operator]
                 g.append(dt)
@@ -390,7 +399,7 @@ class FallbackDetector:
                         base._pt_evicted += 1
             else:
                 base.add(dt, w)
-            if self._scores_sync:
+            if self._scores_sync or not inline:
                 self._push_score(score)
             else:
                 sq = self._scores_q
@@ -414,7 +423,7 @@ class FallbackDetector:
             if self._state != FLAGGED and len(short) >= self.steady_run:
                 # _check_drop(); its first test inlined: the newest step at or above a bound of the limit
                 nw = base._n_width
-                if w is None or self._short_no_width or nw != len(base._q):
+                if not inline or w is None or self._short_no_width or nw != len(base._q):
                     self._check_drop()
                 else:
                     # base.level_bound(), inlined

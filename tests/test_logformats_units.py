@@ -71,3 +71,67 @@ def test_a_user_patterns_max_steps(printed, max_steps):
     [rx] = compile_patterns([r"it (?P<step>\d+)/(?P<max_steps>[-\d.]+) loss (?P<loss>[\d.]+)"])
     got = user_pattern(rx, f"it 3/{printed} loss 1.25")
     assert (got.step, got.max_steps, got.metrics) == (3, max_steps, {"loss": 1.25})
+
+
+def test_at_most_32_metrics_from_one_line():
+    obj = {"step": 3, **{f"m{i:02d}": float(i) for i in range(40)}}
+    got = recognise(json.dumps(obj))[1]
+    assert list(got.metrics) == [f"m{i:02d}" for i in range(32)]
+    line = "step 3 | " + " | ".join(f"m{i:02d} {i}" for i in range(40))
+    got = recognise(line)[1]
+    assert list(got.metrics) == [f"m{i:02d}" for i in range(32)]
+
+
+@pytest.mark.parametrize("dt_s, reported", [(0, 0.0), (1e6, 1e6), (1000000.5, None), (-0.5, None)])
+def test_a_reported_step_time_is_believed_from_0_to_1e6_seconds(dt_s, reported):
+    assert recognise(json.dumps({"step": 3, "dt_s": dt_s}))[1].reported_dt_s == reported
+
+
+@pytest.mark.parametrize("step, ok", [(0, True), (999_999_999_999, True), (10**12, False), (-1, False)])
+def test_a_json_lines_step_from_0_below_1e12(step, ok):
+    got = recognise(json.dumps({"step": step, "loss": 1.0}))
+    assert (got is not None and got[1].step == step) == ok
+
+
+@pytest.mark.parametrize("max_steps, read", [(1, 1), (999_999_999_999, 999_999_999_999), (0, None), (-1, None),
+                                             (10**12, None), (5.0, None)])
+def test_a_json_lines_max_steps(max_steps, read):
+    assert recognise(json.dumps({"step": 3, "max_steps": max_steps}))[1].max_steps == read
+
+
+def test_a_json_line_too_deep_or_with_a_huge_int_is_read_without_them():
+    assert recognise('{"step": 1, "x": ' + "[" * 3000 + "]" * 3000 + "}") is None  # RecursionError: no step read
+    got = recognise('{"step": 1, "loss": 2.5, "seed": ' + "9" * 400 + "}")[1]
+    assert got.metrics == {"loss": 2.5}  # an int beyond a float's range is no metric
+
+
+def test_gigabytes_and_megabytes_as_printed():
+    got = recognise("step 5 | loss 2.0 | mem 12GB | buf 250MB")[1]
+    assert got.metrics == {"loss": 2.0, "mem_gb": 12.0, "buf_gb": 0.25}
+
+
+def test_a_user_pattern_group_that_holds_no_number_is_no_metric():
+    [rx] = compile_patterns([r"it (?P<step>\d+) (?P<phase>\w+) (?P<loss>[\d.]+)"])
+    got = user_pattern(rx, "it 3 warmup 1.5")
+    assert (got.step, got.metrics) == (3, {"loss": 1.5})
+
+
+@pytest.mark.parametrize("printed, step", [("0", 0), ("999999999999", 999_999_999_999), ("1000000000000", None)])
+def test_a_user_patterns_step_from_0_below_1e12(printed, step):
+    [rx] = compile_patterns([r"it (?P<step>\d+) loss (?P<loss>[\d.]+)"])
+    got = user_pattern(rx, f"it {printed} loss 1.5")
+    assert (got.step if got else None) == step
+
+
+def test_at_most_16_patterns():
+    pats = [rf"p{i} (?P<step>\d+)" for i in range(16)]
+    assert len(compile_patterns(pats)) == 16
+    with pytest.raises(ValueError, match="at most 16 patterns; got 17"):
+        compile_patterns(pats + [r"x (?P<step>\d+)"])
+
+
+def test_a_line_is_read_up_to_4096_characters():
+    line = "step 5 | loss 2.0"
+    at_limit = line + " " * (MAX_LINE_CHARS - len(line))
+    assert recognise(at_limit)[1].metrics == {"loss": 2.0}
+    assert recognise(at_limit + " ") is None

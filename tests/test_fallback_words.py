@@ -148,10 +148,11 @@ def test_update_takes_step_records_only():
 
 
 def _tokens(kind: str, i: int) -> int | None:
-    return {"width": 1000, "none": None, "mixed": 1000 if i % 2 else None}[kind]
+    return {"width": 1000, "none": None, "mixed": 1000 if i % 2 else None, "sparse": None if i % 3 == 0 else 1000,
+            "late": 1000 if i >= 30 else None}[kind]
 
 
-@pytest.mark.parametrize("kind", ["width", "none", "mixed"])
+@pytest.mark.parametrize("kind", ["width", "none", "mixed", "sparse", "late"])
 def test_a_run_that_gets_4x_faster_relearns_its_level(kind):
     """40 steps of 2.0 s, then 0.5 s steps: once the last 20 steps (STEADY_RUN) all ran under half the
     level (DROP_FACTOR 2), the baseline restarts from them and the warm-up is said to have lasted to
@@ -200,3 +201,68 @@ def test_a_flagged_run_that_gets_faster_keeps_its_baseline_and_its_flag():
     d = _steady()
     _feed(d, 30, [SLOW] * 3 + [0.5] * 20)
     assert d.state == "flagged" and d.details()["baseline_s"] == 2.0
+
+
+def test_a_wide_warm_up_says_how_many_steps_broke_it():
+    """100 counted steps, every 20th one > 3x the steps before it (5 of 100): the words say a run
+    this wide needs token counts; with 4 breaks in 100 they do not."""
+    for breaks, said in ((5, True), (4, False)):
+        d = FallbackDetector()
+        for i in range(100):
+            d.add(i, 10.0 if i % 20 == 19 and i // 20 < breaks else 1.0)
+        assert d.warmup()["state"] == "warming"
+        text = d.reason()
+        if said:
+            assert text.endswith(". 5 of 100 steps ran > 3x the steps before them: a run this wide cannot be judged "
+                                 "per step without token counts (tokens / padded_tokens in the step events)"), text
+        else:
+            assert "steps ran >" not in text
+
+
+def test_a_long_warm_up_needs_an_in_band_run_half_its_length():
+    """40 steps alternating 1.0 s and 5.0 s (each 5.0 s one breaks the run), then 1.0 s steps: the
+    warm-up ends once the run of in-band steps is half the counted steps so far, at 40 of 80 (step
+    79), not at STEADY_RUN's 20; the words ask for that many."""
+    d = FallbackDetector()
+    for i in range(40):
+        d.add(i, 5.0 if i % 2 else 1.0)
+    for i in range(40, 79):
+        d.add(i, 1.0)
+    assert d.warmup()["state"] == "warming"
+    assert "(40 consecutive steps within 3x of the preceding ones needed; the longest current run is 39)" in d.reason()
+    d.add(79, 1.0)
+    assert d.warmup()["state"] == "steady"
+
+
+def test_the_warm_up_ends_at_the_last_slow_warm_up_step_even_4096_steps_back():
+    """The history the warm-up's end is looked for in holds 4096 steps. Step 0 ran 20 s; then 1,095
+    steps of 0.5 s with a 2.0 s one (4x: a break) in every 5; then 3,000 in-band steps of 1.0 s
+    (steady_run 3000): at the steady state (level 1.0 s) step 0 is the only one > 3x, the oldest of
+    exactly 4096."""
+    d = FallbackDetector(steady_run=3000)
+    d.add(0, 20.0)
+    k = 1
+    for _ in range(219):
+        for t in (0.5, 0.5, 0.5, 0.5, 2.0):
+            d.add(k, t)
+            k += 1
+    for _ in range(3000):
+        d.add(k, 1.0)
+        k += 1
+    assert k == 4096 and d.warmup() == {"state": "steady", "until_step": 0}
+
+
+def test_a_step_time_that_is_no_finite_number_is_refused_and_changes_nothing():
+    d = _steady()
+    before = d.details()
+    for bad in (float("inf"), float("nan"), -1.0):
+        with pytest.raises(ValueError):
+            d.add(99, bad)
+    assert d.details() == before
+
+
+def test_a_flag_at_the_onset_itself_counts_one_judged_step():
+    d = _steady(FallbackDetector(flag_min_slow=1))
+    d.add(30, SLOW)
+    assert d.state == "flagged" and d.details()["judged_to_flag"] == 0
+    assert d.reason().startswith("flagged: 1 slow steps within 1 judged steps from step 30 (30: 40.00 s (20.0x)) — ")

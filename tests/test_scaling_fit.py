@@ -123,6 +123,7 @@ def test_the_width_spread_gate_is_at_exactly_1_5x(widths, spread_ok):
     (True, (0.0, 400, 999_999_999, 4, None)),  # a width just below 1e9; a 0 s step
     (True, (0.1, 1, 1, 1, None)),  # one sequence of one token
     (False, (0.1, 400, -100, 4, None)),
+    (False, (0.1, 400, 2e9, 4, None)),
     (False, (0.1, 10**15, 100, 4, None)),
     (False, (0.1, -400, 100, 4, None)),
     (False, (0.1, 0, 100, 4, None)),
@@ -197,3 +198,11 @@ def test_the_padding_figures_from_the_first_step_and_their_cut_at_16_widths():
     assert [r["width"] for r in rows] == list(range(100, 116))
     assert rows[0] == {"width": 100, "padded_s": 0.123457, "unpadded_s": 0.1, "padded_steps": 1,
                        "unpadded_steps": 1, "padded_excess": 0.2346}
+
+
+def test_unpadded_steps_of_zero_seconds_give_no_excess():
+    f = ScalingFit()
+    f.add(0.2, 400, 100, 4, 300, False)
+    f.add(0.0, 400, 100, 4, 400, False)
+    [row] = f.padding()["same_width"]
+    assert (row["padded_s"], row["unpadded_s"], row["padded_excess"]) == (0.2, 0.0, None)

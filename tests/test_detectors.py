@@ -587,24 +587,29 @@ def test_trip_and_spread_match_the_formula_at_every_step():
         assert above == 0 if not params else above > 500
 
 
-def test_the_trip_of_a_very_noisy_run_with_a_high_minimum_matches_the_formula_where_it_leaves_the_minimum():
-    """A run noisy enough to be accepted only under a high trip minimum (20x, step times lognormal
-    sigma 1.3, no band to warm up in): the sorted scores sit stale at the minimum for hundreds of
-    steps, and the trip leaves it a few times. The stale bound must send each of those steps to the
-    exact formula."""
-    d = FallbackDetector(steady_band=1000.0, trip_ratio_min=20.0)
-    rng = random.Random(3)
+@pytest.mark.parametrize("params, sigma, seed", [
+    (dict(steady_band=1000.0, trip_ratio_min=20.0), 1.3, 3),  # a high minimum: stale at it for hundreds of steps
+    (dict(steady_band=1000.0, baseline_window=8), 0.3, 5),  # 8 scores: stale views far behind (p25's bound below 0)
+    (dict(steady_band=1000.0, baseline_window=12), 0.25, 5),
+    (dict(steady_band=1000.0, baseline_window=8, trip_ratio_min=3.0), 0.2, 5),
+])
+def test_the_trip_of_noisy_runs_matches_the_formula_where_it_leaves_the_minimum(params, sigma, seed):
+    """Runs noisy enough to be accepted only under their settings (no band to warm up in): the sorted
+    scores sit stale at the minimum, many scores behind, and the trip leaves the minimum again and
+    again. The stale bound must send each of those steps to the exact formula."""
+    d = FallbackDetector(**params)
+    rng = random.Random(seed)
     above = crossings = 0
     was_above = False
     for i in range(3000):
         sc = sorted(d._scores_q)
-        v = d.add(i, 20.0 * rng.lognormvariate(0, 1.3), ["first"] if i == 0 else ())
+        v = d.add(i, 20.0 * rng.lognormvariate(0, sigma), ["first"] if i == 0 else ())
         if v.trip_ratio is None or len(sc) < 4:
             continue
-        trip = max(20.0, 1.0 + d.spread_mult * ((nearest_rank(sc, 75) - nearest_rank(sc, 25)) / 1.349))
+        trip = max(d.trip_ratio_min, 1.0 + d.spread_mult * ((nearest_rank(sc, 75) - nearest_rank(sc, 25)) / 1.349))
         assert v.trip_ratio == trip, i
-        crossings += trip > 20.0 and not was_above
-        was_above = trip > 20.0
+        crossings += trip > d.trip_ratio_min and not was_above
+        was_above = trip > d.trip_ratio_min
         above += was_above
     assert above > 20 and crossings >= 3
 

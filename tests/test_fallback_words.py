@@ -74,7 +74,10 @@ def test_slow_steps_that_continue_the_runs_own_tail_stay_suspected_and_say_so():
     assert d.state == "suspected" and d.details()["valley"] == 3
     assert d.reason().endswith("flags at 3 slow steps within 40 judged steps with fewer steps between 3.0x and 6.0x "
                                "(now 3): these slow steps continue the run's own tail, not a separate mode yet")
+    d.add(36, SLOW)  # a 4th slow step: more slow steps than valley ones now, a mode of its own
+    assert d.state == "flagged" and d.details()["flagged_at_step"] == 36
     d2 = _steady()
+    assert d2.details()["valley"] == 0
     _feed(d2, 30, [VALLEY, SLOW])
     assert d2.details()["valley"] == 1  # counted once, at the slow step
 
@@ -123,7 +126,7 @@ def test_the_default_windows_and_counts_in_the_words():
 
 
 @pytest.mark.parametrize("kwargs", [dict(trip_ratio_min=1.0), dict(steady_band=1.0), dict(drop_factor=1.0),
-                                    dict(trip_ratio_min=0.5), dict(baseline_window=0), dict(steady_run=0),
+                                    dict(trip_ratio_min=0.5), dict(steady_band=0.5), dict(drop_factor=0.5), dict(baseline_window=0), dict(steady_run=0),
                                     dict(flag_window=0), dict(flag_min_slow=0)])
 def test_settings_out_of_range_are_refused(kwargs):
     with pytest.raises(ValueError):
@@ -266,3 +269,67 @@ def test_a_flag_at_the_onset_itself_counts_one_judged_step():
     d.add(30, SLOW)
     assert d.state == "flagged" and d.details()["judged_to_flag"] == 0
     assert d.reason().startswith("flagged: 1 slow steps within 1 judged steps from step 30 (30: 40.00 s (20.0x)) — ")
+
+
+def test_an_excused_step_is_scored_against_the_baseline_but_never_counted():
+    d = _steady()
+    v = d.add(30, 6.0, ["save"])
+    assert (v.excused, v.score, v.slow) == ("save", 3.0, False)
+    assert d.details()["excused_steps"] == [(30, "save", 3.0)] and d.state == "ok"
+
+
+def test_a_step_time_given_as_an_int_is_a_float_second():
+    v = FallbackDetector().add(0, 2)
+    assert v.dt_s == 2.0 and type(v.dt_s) is float
+
+
+def test_the_steady_baseline_starts_from_the_run_of_in_band_steps_only():
+    """5 steps of 0.5 s, then 2.0 s steps: the first six 2.0 s steps are 4x the warm median (0.5 s),
+    each a break; from step 11 the median is 2.0 s and the run of in-band steps begins. At step 30 it
+    is 20 long: the baseline is those 20 steps, not the break before them nor the 0.5 s ones."""
+    d = FallbackDetector()
+    for i in range(5):
+        d.add(i, 0.5)
+    for i in range(5, 31):
+        d.add(i, 2.0)
+    assert d.warmup()["state"] == "steady"
+    assert "over the last 20 steady steps" in d.reason()
+
+
+@pytest.mark.parametrize("slow_first, kept", [(5, 15), (10, 10)])
+def test_a_run_that_starts_on_slow_compile_steps_leaves_them_out_of_the_baseline(slow_first, kept):
+    """A run of in-band steps that starts on slower compile steps (9.0 s, 4.5x the level it passes
+    into): the baseline is the run less those, when at least half the run is left; the warm-up is
+    said to last to the last of them."""
+    d = FallbackDetector()
+    for i in range(slow_first):
+        d.add(i, 9.0)
+    for i in range(slow_first, 20):
+        d.add(i, 2.0)
+    assert d.warmup() == {"state": "steady", "until_step": slow_first - 1}
+    assert f"over the last {kept} steady steps" in d.reason() and d.details()["baseline_s"] == 2.0
+
+
+def test_with_few_scores_the_spread_waits_for_4_and_the_trip_follows_it_from_4():
+    """steady_run 3: the baseline and score window start from 3 steps (no spread: fewer than 4 scores),
+    and the 4th gives the trip its formula, here above the minimum."""
+    d = FallbackDetector(steady_run=3)
+    for i, t in enumerate((2.0, 2.0, 2.0)):
+        d.add(i, t)
+    assert d.warmup()["state"] == "steady" and d.details()["spread_sigma"] is None
+    d.add(3, 0.5)  # score 0.25: the scores 0.25, 1, 1, 1; p25 0.25, p75 1 (nearest rank)
+    det = d.details()
+    assert det["spread_sigma"] == pytest.approx(0.75 / 1.349) and det["trip_ratio"] == pytest.approx(1 + 7.5 / 1.349)
+
+
+def test_a_baseline_shorter_than_the_short_window_still_relearns_with_widths_coming_late():
+    """baseline_window 8 < STEADY_RUN 20: the baseline can be all steps with a width while the last 20
+    steps still hold some without (so the level is read per step, not per token)."""
+    d = FallbackDetector(baseline_window=8)
+    for i in range(40):
+        d.add(i, 2.0)
+    for i in range(40, 50):
+        d.add(i, 2.0, (), None, 1000)
+    for i in range(50, 70):
+        d.add(i, 0.5, (), None, 1000)
+    assert d.details()["baseline_s"] == 0.5

@@ -124,6 +124,8 @@ def test_the_width_spread_gate_is_at_exactly_1_5x(widths, spread_ok):
     (True, (0.1, 1, 1, 1, None)),  # one sequence of one token
     (False, (0.1, 400, -100, 4, None)),
     (False, (0.1, 400, 2e9, 4, None)),
+    (True, (9_999_999.5, 400, 100, 4, None)),  # just below 1e7 s
+    (False, (1e7 + 1, 400, 100, 4, None)),
     (False, (0.1, 10**15, 100, 4, None)),
     (False, (0.1, -400, 100, 4, None)),
     (False, (0.1, 0, 100, 4, None)),
@@ -206,3 +208,56 @@ def test_unpadded_steps_of_zero_seconds_give_no_excess():
     f.add(0.0, 400, 100, 4, 400, False)
     [row] = f.padding()["same_width"]
     assert (row["padded_s"], row["unpadded_s"], row["padded_excess"]) == (0.2, 0.0, None)
+
+
+def test_the_width_moments_to_their_printed_digits():
+    """One sequence of width 63 and two of 65: E[w] = 193/3, E[w²] = 12419/3, neither a short decimal."""
+    f = ScalingFit()
+    for _ in range(SKIP_STEPS):
+        f.add(1.0, 999, 999, 1, None, False)
+    f.add(0.1, 63, 63, 1, None, False)
+    f.add(0.2, 130, 65, 2, None, False)
+    s = f.scaling()
+    assert (s["e_w"], s["e_w2"], s["e_w2_over_e_w_sq"]) == (64.333, 4139.667, round((12419 / 3) / (193 / 3) ** 2, 4))
+
+
+def _exact(a: float, b: float, c: float, widths=(64, 128, 256), n: int = 24):
+    return [(a * SEQS * w + b * SEQS * w * w + c, w) for w in widths * (n // len(widths))]
+
+
+def test_a_constant_term_of_exactly_half_the_step_is_launch_bound():
+    mean_x1 = SEQS * (64 + 128 + 256) / 3
+    s = _fit(_exact(1e-5, 0.0, 1e-5 * mean_x1)).scaling()
+    assert s["shares"]["constant"] == 0.5 and s["verdict"] == "launch-bound"
+
+
+def test_a_quadratic_term_of_exactly_a_quarter_of_the_step_is_quadratic():
+    widths = (64, 128, 256)
+    mean_x1, mean_x2 = SEQS * sum(widths) / 3, SEQS * sum(w * w for w in widths) / 3
+    a = 1e-5
+    lin = a * mean_x1  # linear 1/2, quadratic 1/4, constant 1/4 of the mean step
+    s = _fit(_exact(a, lin / 2 / mean_x2, lin / 2, widths)).scaling()
+    assert (s["shares"]["linear"], s["shares"]["quadratic"], s["shares"]["constant"]) == (0.5, 0.25, 0.25)
+    assert s["verdict"] == "quadratic"
+
+
+def test_the_padding_shares_to_their_printed_digits_and_a_negative_excess():
+    f = ScalingFit()
+    f.add(0.05, 300, 100, 3, 100, False)  # a third of the tokens real, and faster than the unpadded step
+    f.add(0.1, 300, 100, 3, 300, False)
+    f.add(0.1, 300, 100, 3, 300, False)
+    p = f.padding()
+    assert (p["share"], p["unpadded_share"]) == (round(1 - 700 / 900, 4), round(2 / 3, 4)) == (0.2222, 0.6667)
+    assert p["same_width"][0]["padded_excess"] == -0.5
+
+
+def test_token_budget_batches_are_collinear_with_the_constant_and_say_so():
+    """The same padded tokens every step (a token-budget sampler: fewer sequences when they are wider):
+    Σb·w is the constant column again, the normal equations are singular."""
+    f = ScalingFit()
+    for i in range(40):
+        w = (64, 128, 256)[i % 3]
+        f.add(0.1 + 0.001 * (i % 3), 4096, w, 4096 // w, None, False)
+    s = f.scaling()
+    assert (s["verdict"], s["a_s_per_token"], s["r2"]) == ("undetermined", None, None)
+    assert s["reason"] == "the shapes are collinear (every step has the same width mix): the fit is singular"

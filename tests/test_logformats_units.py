@@ -135,3 +135,34 @@ def test_a_line_is_read_up_to_4096_characters():
     at_limit = line + " " * (MAX_LINE_CHARS - len(line))
     assert recognise(at_limit)[1].metrics == {"loss": 2.0}
     assert recognise(at_limit + " ") is None
+
+
+def test_nanogpt_lines_without_mfu_and_with_a_negative_estimate():
+    assert recognise("iter 3: loss 2.0000, time 95.00ms")[1].metrics == {"loss": 2.0}
+    assert recognise("iter 4: loss 2.0, time 95.00ms, mfu -0.50%")[1].metrics == {"loss": 2.0}
+
+
+BAR = "━" * 40
+
+
+@pytest.mark.parametrize("epoch, n, per_epoch, step, max_steps", [
+    (0, 10, 50, 10, 250), (2, 50, 50, 150, 250), (0, 0, 0, None, None), (0, 60, 50, None, None), (1, 3, 0, None, None),
+])
+def test_lightnings_rich_bar_is_made_global_with_its_epochs(epoch, n, per_epoch, step, max_steps):
+    line = f"Epoch {epoch}/4 {BAR} {n}/{per_epoch} 0:00:01 • 0:00:04 10.53it/s v_num: 0 train_loss: 2.310"
+    got = recognise(line, "lightning_rich")
+    if step is None:
+        assert got is None  # an empty epoch, or a counter past the epoch's length
+    else:
+        assert (got[1].step, got[1].max_steps) == (step, max_steps)
+
+
+def test_a_word_of_prose_before_a_number_is_skipped_not_the_end_of_the_line():
+    assert recognise("Step 3 of 5: loss 2.0")[1].metrics == {"loss": 2.0}
+
+
+def test_a_shape_locked_in_reads_only_that_shape():
+    nano = "iter 10: loss 4.2, time 95.00ms"
+    assert recognise(nano)[0] == "nanogpt" and recognise(nano, "step_line") is None
+    js = json.dumps({"step": 3, "loss": 1.0})
+    assert recognise(js)[0] == "json" and recognise(js, "lightning_rich") is None

@@ -42,6 +42,8 @@ def _expected(tokens, padded) -> float | None:
     (1000, None, 1.0),  # no padded count: the real one
     (None, 1, 1.0),  # width 1 (the smallest count): nearest are the 1000s
     (None, 1000.0, 1.0),  # a float count
+    (None, 1.0, 1.0),  # a float count of 1 (ints take a faster path)
+    (None, 0.5, 1.0),  # any positive width, even under one token
     (None, "1000", 1.0),  # a count as text (a JSON line's string)
     (1000, 2000, 4.0),  # both: the padded count wins
     (1000, 0, 1.0),  # a padded count of 0 is no width: the real count is next

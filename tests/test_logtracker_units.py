@@ -1,0 +1,126 @@
+"""LogTracker's rules, segment by segment (issue 21: the mutants a cosmic-ray run of
+monitors/parsers/logtracker.py left): a line is whole only at its newline, step times from arrival
+only between consecutive steps of different polls, a user pattern first but not alone, the hint's
+line counts at their edges, the series cap, the run config's patterns. Segments are the log
+reader's own (stepwatch.monitors.readers.textlog.Segment)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from stepwatch.monitors.parsers.logformats import compile_patterns
+from stepwatch.monitors.parsers.logtracker import (HINT_AFTER_LINES, LIGHTNING_BANNER, MAX_SERIES, LogTracker,
+                                                   is_summary, log_hint, run_patterns)
+from stepwatch.monitors.readers.textlog import Segment
+
+
+def seg(text: str, at_s: float, poll_seq: int, end: str = "\n", **kw) -> Segment:
+    return Segment(text, end, at_s=at_s, poll_seq=poll_seq, **kw)
+
+
+def test_a_step_line_is_read_at_its_newline_never_from_the_unterminated_tail():
+    t = LogTracker()
+    assert t.feed(seg("step 5 | loss 2.0", 100.0, 1, end="")) == [] and t.global_step is None
+    assert t.lines_seen == 0  # a tail is not a line yet
+    [adv] = t.feed(seg("step 5 | loss 2.0", 100.5, 2))
+    assert (adv.step, t.global_step, t.format, t.lines_seen) == (5, 5, "step_line", 1)
+    assert t.feed(seg("loading shards 3/7", 101.0, 3, end="")) == []  # a tail no bar and no shape reads
+
+
+def test_step_times_from_arrival_between_consecutive_steps_of_different_polls():
+    t = LogTracker()
+    for k, (step, at_s, poll) in enumerate([(1, 10.0, 1), (2, 10.5, 2), (3, 11.25, 3), (4, 11.25, 3), (6, 12.0, 4),
+                                            (7, 12.0, 5), (8, 11.5, 6)]):
+        t.feed(seg(f"step {step} | loss 2.0", at_s, poll))
+    # 2 and 3: 0.5 s and 0.75 s after the step before; 4 came in the same poll as 3 (its spacing is
+    # unknown); 6 follows 4, not 5; 7 arrived at the same second as 6 (no time passed); 8 before 7
+    assert list(t.step_times) == [(2, 0.5), (3, 0.75)]
+
+
+def test_arrival_times_only_from_live_segments():
+    t = LogTracker()
+    t.feed(seg("step 1 | loss 2.0", 10.0, 1, backfill=True))  # history read at attach: not when it was written
+    t.feed(seg("step 2 | loss 2.0", 10.5, 2))
+    t.feed(seg("step 3 | loss 2.0", 11.0, 3))
+    assert list(t.step_times) == [(3, 0.5)]
+    t = LogTracker()
+    t.feed_text("step 1 | loss 2.0", 10.0, poll_seq=1)  # feed_text is live unless told
+    t.feed_text("step 2 | loss 2.0", 10.5, poll_seq=2)
+    assert list(t.step_times) == [(2, 0.5)]
+
+
+def test_a_user_pattern_is_tried_first_and_other_shapes_still_read_when_it_matches_nothing():
+    [rx] = compile_patterns([r"^it (?P<step>\d+) loss (?P<loss>[\d.]+)$"])
+    t = LogTracker([rx])
+    t.feed_text("step 3 | loss 2.0", 1.0, poll_seq=1)
+    assert (t.format, t.global_step) == ("step_line", 3)
+    t = LogTracker([rx])
+    t.feed_text("it 4 loss 1.5", 1.0, poll_seq=1)
+    assert (t.format, t.global_step) == ("pattern 1", 4)
+    t.feed_text("step 9 | loss 2.0", 2.0, poll_seq=2)  # locked to the pattern: another shape never moves it
+    assert t.global_step == 4
+
+
+@pytest.mark.parametrize("lines, hinted", [(HINT_AFTER_LINES - 1, False), (HINT_AFTER_LINES, True)])
+def test_the_hint_comes_after_50_unread_lines(lines, hinted):
+    t = LogTracker()
+    for i in range(lines):
+        t.feed(seg(f"loading thing {i}", 1.0, 1))
+    hint = log_hint(t, steps_from_events=False)
+    assert HINT_AFTER_LINES == 50
+    if hinted:
+        assert hint == (f"no known shape matched {lines} lines of the log: add [log] patterns to the run config "
+                        "(README: Reading any training log), or use stepwatch.telemetry")
+    else:
+        assert hint is None
+    assert log_hint(t, steps_from_events=True) is None
+
+
+@pytest.mark.parametrize("lines, rich_hint", [(4, False), (5, True)])
+def test_the_rich_hint_comes_after_lightnings_banner_and_5_lines(lines, rich_hint):
+    t = LogTracker()
+    t.feed(seg(LIGHTNING_BANNER + "True (cuda), used: True", 1.0, 1))
+    for i in range(lines - 1):
+        t.feed(seg(f"line {i}", 1.0, 1))
+    hint = log_hint(t, steps_from_events=False)
+    assert (hint is not None and hint.startswith("Lightning's progress bar is not in the log")) == rich_hint
+    assert t.lightning_seen
+
+
+def test_at_most_64_metric_series():
+    t = LogTracker()
+    names = [f"m{i:02d}" for i in range(70)]
+    for k in range(0, 70, 10):
+        t.feed_text(json.dumps({"step": k + 1, **{n: 1.0 for n in names[k:k + 10]}}), 1.0 + k, poll_seq=k + 1)
+    assert len(t.series) == MAX_SERIES == 64 and list(t.series) == names[:64]
+    assert "m64" not in t.last_metrics and t.last_metrics["m63"] == (61, 1.0)
+
+
+def test_the_summary_dict_is_told_from_a_training_dict():
+    assert is_summary({"train_runtime": 10.0, "train_loss": 2.0})
+    assert is_summary({"train_runtime": 10.0, "train_samples_per_second": 3.0})
+    assert not is_summary({"loss": 2.0, "train_runtime": 10.0})  # with include_num_input_tokens_seen
+    assert not is_summary({"loss": 2.0, "learning_rate": 1e-4})
+
+
+def test_the_run_configs_patterns_only_from_this_users_run_json(tmp_path: Path):
+    assert run_patterns(tmp_path) == []  # no run.json at all
+    (tmp_path / "run.json").write_text(json.dumps({"config": {"log": {"patterns": [r"it (?P<step>\d+)"]}}}))
+    [rx] = run_patterns(tmp_path)
+    assert rx.pattern == r"it (?P<step>\d+)"
+    (tmp_path / "run.json").write_text(json.dumps({"config": {"log": {"patterns": [r"it (\d+)"]}}}))
+    assert run_patterns(tmp_path) == []  # no step group: not compiled, nothing read by it
+    (tmp_path / "run.json").write_text(json.dumps({"config": {"log": "it (?P<step>\\d+)"}}))
+    assert run_patterns(tmp_path) == []
+
+
+def test_the_run_configs_patterns_are_not_taken_from_another_users_run_json(tmp_path: Path):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to hand the file to another user")
+    (tmp_path / "run.json").write_text(json.dumps({"config": {"log": {"patterns": [r"it (?P<step>\d+)"]}}}))
+    os.chown(tmp_path / "run.json", 65534, 65534)
+    assert run_patterns(tmp_path) == []

@@ -261,3 +261,14 @@ def test_token_budget_batches_are_collinear_with_the_constant_and_say_so():
     s = f.scaling()
     assert (s["verdict"], s["a_s_per_token"], s["r2"]) == ("undetermined", None, None)
     assert s["reason"] == "the shapes are collinear (every step has the same width mix): the fit is singular"
+
+
+def test_constant_step_times_whose_float_sums_dip_below_zero_still_have_r2_1():
+    """24 fitted steps of 0.1 s: yᵀy - (Σy)²/n comes out at -2.8e-17 in floats, not 0; R² is 1.0, not
+    1 - rss / (a negative hair)."""
+    f = ScalingFit()
+    for i in range(SKIP_STEPS + 24):
+        w = (64, 128, 256)[i % 3]
+        f.add(0.1, SEQS * w, w, SEQS, None, False)
+    s = f.scaling()
+    assert (s["r2"], s["verdict"]) == (1.0, "launch-bound")

@@ -124,3 +124,12 @@ def test_the_run_configs_patterns_are_not_taken_from_another_users_run_json(tmp_
     (tmp_path / "run.json").write_text(json.dumps({"config": {"log": {"patterns": [r"it (?P<step>\d+)"]}}}))
     os.chown(tmp_path / "run.json", 65534, 65534)
     assert run_patterns(tmp_path) == []
+
+
+def test_a_reported_step_time_is_kept_only_for_a_step_forward():
+    """nanoGPT's own times: kept for each step after the first; a step going back (a restart from a
+    checkpoint, a second loop) moves the step but its time is no step time of this run's sequence."""
+    t = LogTracker()
+    for k, (it, ms) in enumerate([(1, 100), (2, 110), (3, 120), (1, 130)]):
+        t.feed_text(f"iter {it}: loss 2.0, time {ms}.00ms", 1.0 + k, poll_seq=k + 1)
+    assert t.global_step == 1 and list(t.step_times) == [(2, 0.11), (3, 0.12)]

@@ -273,9 +273,9 @@ def test_a_flag_at_the_onset_itself_counts_one_judged_step():
 
 def test_an_excused_step_is_scored_against_the_baseline_but_never_counted():
     d = _steady()
-    v = d.add(30, 6.0, ["save"])
-    assert (v.excused, v.score, v.slow) == ("save", 3.0, False)
-    assert d.details()["excused_steps"] == [(30, "save", 3.0)] and d.state == "ok"
+    v = d.add(30, 5.0, ["save"])
+    assert (v.excused, v.score, v.slow) == ("save", 2.5, False)
+    assert d.details()["excused_steps"] == [(30, "save", 2.5)] and d.state == "ok"
 
 
 def test_a_step_time_given_as_an_int_is_a_float_second():
@@ -333,3 +333,33 @@ def test_a_baseline_shorter_than_the_short_window_still_relearns_with_widths_com
     for i in range(50, 70):
         d.add(i, 0.5, (), None, 1000)
     assert d.details()["baseline_s"] == 0.5
+
+
+def test_the_slowest_steady_step_is_the_first_of_the_slowest():
+    d = _steady()
+    _feed(d, 30, [STEADY, 3.0, STEADY, 2.5, 3.0, STEADY])  # 1.5x at steps 31 and 34, 1.25x at 33
+    det = d.details()
+    assert (det["max_ok_score"], det["max_ok_step"]) == (1.5, 31)
+    assert d.reason() == f"ok: {HOW.format(n=36)}; slowest steady step 1.50x expected"
+
+
+def test_a_cluster_after_an_isolated_slow_step_counts_only_its_own_since_the_onset():
+    """An isolated slow step at 30, 40 steady steps, then 3 slow in a row: flagged from step 71, and
+    since that onset 3 of the 3 judged steps were slow (the earlier one is not the cluster's)."""
+    d = _steady()
+    nxt = _feed(d, 30, [SLOW] + [STEADY] * 40)
+    _feed(d, nxt, [SLOW] * 3)
+    assert d.state == "flagged" and d.onset_step == 71 and d.details()["n_slow"] == 4
+    assert "— a second mode; since the onset 3 of 3 judged steps were slow (100%); " in d.reason()
+
+
+def test_a_run_of_two_widths_that_gets_4x_faster_relearns_per_padded_token():
+    """Steps of 1000 padded tokens at 2.0 s and 2000 at 4.0 s (the same time per token), then the same
+    widths at 0.5 s and 1.0 s: every step is 4x faster per token, so the baseline restarts (per step,
+    the 1.0 s steps would sit exactly at half the median 2.0 s and keep it)."""
+    d = FallbackDetector()
+    for i in range(40):
+        d.add(i, 2.0 if i % 2 else 4.0, (), None, 1000 if i % 2 else 2000)
+    for i in range(40, 60):
+        d.add(i, 0.5 if i % 2 else 1.0, (), None, 1000 if i % 2 else 2000)
+    assert d.details()["baseline_s"] == 0.5 and d.warmup() == {"state": "steady", "until_step": 39}

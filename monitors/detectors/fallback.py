@@ -692,7 +692,7 @@ class FallbackDetector:
         if self._state == FLAGGED:
             cluster = self._flag_cluster
         else:
-            cluster = [x for x, _, _ in self._window if x is not None] or list(self._slow)[-1:]
+            cluster = [x for x, _, _ in self._window if x is not None]  # never empty: the step evicting the last is ok
         times = ", ".join(f"{x.step}: {x.dt_s:.2f} s ({x.score:.1f}x)" for x in cluster[:8])
         more = f" and {len(cluster) - 8} more" if len(cluster) > 8 else ""
         if self._state == SUSPECTED:

@@ -89,8 +89,9 @@ def retest_survivors(name: str, spec: dict, timeout_s: float) -> None:
     new tests, only the survivors need another look."""
     db = ROOT / ".mutation" / f"{name}.sqlite"
     con = sqlite3.connect(db)
-    rows = con.execute("SELECT m.job_id, m.module_path, m.operator_name, m.occurrence FROM mutation_specs m JOIN "
-                       "work_results r ON m.job_id = r.job_id WHERE lower(r.test_outcome) = 'survived'").fetchall()
+    rows = con.execute("SELECT m.job_id, m.module_path, m.operator_name, m.occurrence, m.start_pos_row FROM "
+                       "mutation_specs m JOIN work_results r ON m.job_id = r.job_id "
+                       "WHERE lower(r.test_outcome) = 'survived'").fetchall()
     left_out = re.compile("|".join(EXCLUDED_OPERATORS))
     rows = [r for r in rows if not left_out.match(r[2])]  # a session from before the sampling: only what counts
     purge_bytecode()
@@ -98,8 +99,15 @@ def retest_survivors(name: str, spec: dict, timeout_s: float) -> None:
     original = path.read_bytes()
     cr = str(Path(sys.executable).parent / "cosmic-ray")
     try:
-        for job, module, op, occ in rows:
-            subprocess.run([cr, "apply", module, op, str(occ)], cwd=ROOT, check=True, capture_output=True)
+        lines = original.decode().splitlines()
+        for job, module, op, occ, row in rows:
+            applied = subprocess.run([cr, "apply", module, op, str(occ)], cwd=ROOT, capture_output=True)
+            now = path.read_bytes().decode().splitlines()
+            changed = next((i + 1 for i, (a, b) in enumerate(zip(lines, now)) if a != b), None)
+            if applied.returncode != 0 or changed != row:  # the code changed since: not the mutant the session holds
+                path.write_bytes(original)
+                print(f"{name}: {op} #{occ} no longer applies to {spec['file']} (the code changed): run the target afresh")
+                continue
             try:
                 env = dict(os.environ, **dict(kv.split("=", 1) for kv in NO_PYC.split()))
                 t = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",

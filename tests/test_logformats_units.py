@@ -65,7 +65,7 @@ def test_a_pattern_may_be_500_characters_and_no_more():
 
 @pytest.mark.parametrize("printed, max_steps", [
     ("100", 100), ("1", 1), ("0", None), ("999999999999", 999_999_999_999), ("1000000000000", None),
-    ("-5", None), ("12.5", None),
+    ("-5", None), ("12.5", None), ("2000000000000", None),
 ])
 def test_a_user_patterns_max_steps(printed, max_steps):
     [rx] = compile_patterns([r"it (?P<step>\d+)/(?P<max_steps>[-\d.]+) loss (?P<loss>[\d.]+)"])
@@ -87,22 +87,26 @@ def test_a_reported_step_time_is_believed_from_0_to_1e6_seconds(dt_s, reported):
     assert recognise(json.dumps({"step": 3, "dt_s": dt_s}))[1].reported_dt_s == reported
 
 
-@pytest.mark.parametrize("step, ok", [(0, True), (999_999_999_999, True), (10**12, False), (-1, False)])
+@pytest.mark.parametrize("step, ok", [(0, True), (999_999_999_999, True), (10**12, False), (10**13, False), (-1, False)])
 def test_a_json_lines_step_from_0_below_1e12(step, ok):
     got = recognise(json.dumps({"step": step, "loss": 1.0}))
     assert (got is not None and got[1].step == step) == ok
 
 
 @pytest.mark.parametrize("max_steps, read", [(1, 1), (999_999_999_999, 999_999_999_999), (0, None), (-1, None),
-                                             (10**12, None), (5.0, None)])
+                                             (10**12, None), (10**13, None), (5.0, None)])
 def test_a_json_lines_max_steps(max_steps, read):
     assert recognise(json.dumps({"step": 3, "max_steps": max_steps}))[1].max_steps == read
 
 
 def test_a_json_line_too_deep_or_with_a_huge_int_is_read_without_them():
-    assert recognise('{"step": 1, "x": ' + "[" * 3000 + "]" * 3000 + "}") is None  # RecursionError: no step read
-    got = recognise('{"step": 1, "loss": 2.5, "seed": ' + "9" * 400 + "}")[1]
-    assert got.metrics == {"loss": 2.5}  # an int beyond a float's range is no metric
+    deep = '{"step": 1, "x": ' + "[" * 2000 + "]" * 2000 + "}"
+    assert len(deep) <= MAX_LINE_CHARS and recognise(deep) is None  # RecursionError in json: no step read
+    got = recognise('{"step": 1, "seed": ' + "9" * 400 + ', "loss": 2.5}')[1]
+    assert got.metrics == {"loss": 2.5}  # an int beyond a float's range is no metric; the ones after it are
+    assert recognise('{"step": 5, "loss": 2.0,}') is None  # braces but no JSON (a trailing comma)
+    key = "k" * 70
+    assert list(recognise(json.dumps({"step": 1, key: 1.0}))[1].metrics) == ["k" * 64]  # a name cut at 64
 
 
 def test_gigabytes_and_megabytes_as_printed():
@@ -116,9 +120,11 @@ def test_a_user_pattern_group_that_holds_no_number_is_no_metric():
     assert (got.step, got.metrics) == (3, {"loss": 1.5})
 
 
-@pytest.mark.parametrize("printed, step", [("0", 0), ("999999999999", 999_999_999_999), ("1000000000000", None)])
+@pytest.mark.parametrize("printed, step", [("0", 0), ("999999999999", 999_999_999_999), ("1000000000000", None),
+                                           ("2000000000000", None), ("0000000000012", None), ("-1", None),
+                                           ("abc", None), ("\u00b2", None)])
 def test_a_user_patterns_step_from_0_below_1e12(printed, step):
-    [rx] = compile_patterns([r"it (?P<step>\d+) loss (?P<loss>[\d.]+)"])
+    [rx] = compile_patterns([r"it (?P<step>\S+) loss (?P<loss>[\d.]+)"])
     got = user_pattern(rx, f"it {printed} loss 1.5")
     assert (got.step if got else None) == step
 
@@ -131,6 +137,7 @@ def test_at_most_16_patterns():
 
 
 def test_a_line_is_read_up_to_4096_characters():
+    assert MAX_LINE_CHARS == 4096
     line = "step 5 | loss 2.0"
     at_limit = line + " " * (MAX_LINE_CHARS - len(line))
     assert recognise(at_limit)[1].metrics == {"loss": 2.0}
@@ -166,3 +173,14 @@ def test_a_shape_locked_in_reads_only_that_shape():
     assert recognise(nano)[0] == "nanogpt" and recognise(nano, "step_line") is None
     js = json.dumps({"step": 3, "loss": 1.0})
     assert recognise(js)[0] == "json" and recognise(js, "lightning_rich") is None
+
+
+def test_a_user_pattern_whose_step_group_did_not_take_part_reads_no_step():
+    [rx] = compile_patterns([r"(?:it (?P<step>\d+) )?loss (?P<loss>[\d.]+)"])
+    assert user_pattern(rx, "loss 1.5") is None
+    assert user_pattern(rx, "it 7 loss 1.5").step == 7
+
+
+def test_a_rich_bar_of_one_step_per_epoch():
+    got = recognise(f"Epoch 2/4 {BAR} 1/1 0:00:01 • 0:00:04 10.53it/s v_num: 0", "lightning_rich")[1]
+    assert (got.step, got.max_steps) == (3, 5)

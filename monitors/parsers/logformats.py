@@ -230,12 +230,10 @@ def user_pattern(rx: re.Pattern[str], body: str) -> LineStep | None:
     m = rx.search(body)
     if not m:
         return None
-    try:
-        step = int(m.group("step")[:13])
-    except (TypeError, ValueError):
-        return None
-    if not 0 <= step < 10**12:
-        return None
+    printed = m.group("step")  # None when the group did not take part in the match
+    if printed is None or not (printed.isascii() and printed.isdigit()) or len(printed) > 12:
+        return None  # a global_step is a plain count below 10**12: 12 ASCII digits at most
+    step = int(printed)
     got = {k: to_number(v) for k, v in m.groupdict().items() if v is not None}
     ms, dt = got.pop("max_steps", None), got.pop("dt_s", None)
     got.pop("step", None)

@@ -133,3 +133,20 @@ def test_a_reported_step_time_is_kept_only_for_a_step_forward():
     for k, (it, ms) in enumerate([(1, 100), (2, 110), (3, 120), (1, 130)]):
         t.feed_text(f"iter {it}: loss 2.0, time {ms}.00ms", 1.0 + k, poll_seq=k + 1)
     assert t.global_step == 1 and list(t.step_times) == [(2, 0.11), (3, 0.12)]
+
+
+def test_another_ranks_log_dict_or_train_output_is_never_the_runs():
+    """A tqdm run under torchrun --tee: rank 1's prefixed log dict and TrainOutput line pass by; the
+    last log, the summary and the step stay rank 0's (found by the mutation run of logtracker.py: rank
+    1's dict used to become the run's last log, its TrainOutput its final step)."""
+    t = LogTracker()
+    t.feed_text("[rank0]: 50%|█████     | 5/10 [00:01<00:01,  4.00it/s]", 1.0, poll_seq=1)
+    t.feed_text("[rank0]: {'loss': 2.0, 'learning_rate': 0.1, 'epoch': 0.5}", 1.1, poll_seq=2)
+    assert t.format == "tqdm" and t.last_log == {"loss": 2.0, "learning_rate": 0.1, "epoch": 0.5}
+    t.feed_text("[rank1]: {'loss': 9.0, 'learning_rate': 0.1, 'epoch': 0.5}", 1.2, poll_seq=3)
+    t.feed_text("[rank1]: {'train_runtime': 3.0, 'train_loss': 9.0}", 1.3, poll_seq=4)
+    t.feed_text("[rank1]: TrainOutput(global_step=77, training_loss=9.0, metrics={})", 1.4, poll_seq=5)
+    assert (t.last_log["loss"], t.summary, t.global_step, t.finished) == (2.0, None, 5, False)
+    assert t.last_metrics["loss"] == (5, 2.0)
+    t.feed_text("[rank0]: TrainOutput(global_step=10, training_loss=2.0, metrics={})", 1.5, poll_seq=6)
+    assert (t.global_step, t.finished) == (10, True)

@@ -384,6 +384,9 @@ class ProgressTracker:
         return [StepAdvance(u.step, prev, adv_dt, at_s)]
 
     def _other_text(self, text: str) -> None:
+        rank, _ = rank_prefix(text)
+        if self.rank is not None and rank is not None and rank != self.rank:
+            return  # another rank's log dict or TrainOutput is never this tracker's (rank 0 speaks for the run)
         if "{" in text:
             d = parse_log_dict(text)
             if d:  # a dict without a number (the model card's) is no training log

@@ -189,8 +189,7 @@ for step in range(1, steps + 1):
         time.sleep(0.2)  # this rank alone: its steps end later than the other's
     tel.step_end()
 print(f"rank {rank} done", flush=True)
-if rank == 0:
-    time.sleep(3)  # the run is still running while the views judge it
+time.sleep(4)  # every rank still running while the views judge it (each reads alive; py-spy dumps rank 1)
 tel.close()
 dist.destroy_process_group()
 '''

@@ -126,6 +126,7 @@ def test_the_width_spread_gate_is_at_exactly_1_5x(widths, spread_ok):
     (False, (0.1, 400, 2e9, 4, None)),
     (True, (9_999_999.5, 400, 100, 4, None)),  # just below 1e7 s
     (False, (1e7 + 1, 400, 100, 4, None)),
+    (False, (0.1, 2 * 10**15, 100, 4, None)),
     (False, (0.1, 10**15, 100, 4, None)),
     (False, (0.1, -400, 100, 4, None)),
     (False, (0.1, 0, 100, 4, None)),
@@ -151,7 +152,7 @@ def test_too_few_points_say_how_many():
     assert MIN_POINTS == 12 and s["steps"] == 12 and s["reason"] is None and s["verdict"] != "undetermined"
 
 
-@pytest.mark.parametrize("tokens, counted", [(0, True), (400, True), (401, False), (-5, False), (None, False)])
+@pytest.mark.parametrize("tokens, counted", [(0, True), (400, True), (401, False), (-1, False), (-5, False), (None, False)])
 def test_which_real_token_counts_go_into_the_padding(tokens, counted):
     f = ScalingFit()
     f.add(0.1, 400, 100, 4, tokens, False)
@@ -195,11 +196,15 @@ def test_the_padding_figures_from_the_first_step_and_their_cut_at_16_widths():
     f = ScalingFit()
     for w in range(100, 117):  # 17 widths, each padded and unpadded once
         f.add(0.1234567, 4 * w, w, 4, 4 * w - 1, False)
-        f.add(0.1, 4 * w, w, 4, 4 * w, False)
+        f.add(0.1000004, 4 * w, w, 4, 4 * w, False)
     rows = f.padding()["same_width"]
     assert [r["width"] for r in rows] == list(range(100, 116))
     assert rows[0] == {"width": 100, "padded_s": 0.123457, "unpadded_s": 0.1, "padded_steps": 1,
                        "unpadded_steps": 1, "padded_excess": 0.2346}
+    f = ScalingFit()
+    f.add(0.1, 400, 100, 4, 399, False)
+    f.add(0.0765432, 400, 100, 4, 400, False)  # 7 decimals: printed to 6
+    assert f.padding()["same_width"][0]["unpadded_s"] == 0.076543
 
 
 def test_unpadded_steps_of_zero_seconds_give_no_excess():
@@ -272,3 +277,41 @@ def test_constant_step_times_whose_float_sums_dip_below_zero_still_have_r2_1():
         f.add(0.1, SEQS * w, w, SEQS, None, False)
     s = f.scaling()
     assert (s["r2"], s["verdict"]) == (1.0, "launch-bound")
+
+
+def test_the_batch_sizes_counted_in_the_width_moments():
+    """Only a batch of 1 to 999,999,999 sequences weighs the moments; 0, negative or 1e9 do not."""
+    f = ScalingFit()
+    for _ in range(SKIP_STEPS):
+        f.add(1.0, 999, 999, 1, None, False)
+    for bad in (0, -3, 10**9, 2 * 10**9):
+        f.add(0.1, 400, 100, bad, None, False)
+    f.add(0.1, 64, 64, 1, None, False)
+    f.add(0.1, 999_999_999 * 2, 2, 999_999_999, None, False)
+    s = f.scaling()
+    seqs = 1 + 999_999_999
+    assert s["steps"] == 6 and s["e_w"] == round((64 + 999_999_999 * 2) / seqs, 3)
+
+
+def test_the_widths_remembered_stop_at_4096():
+    """4,100 distinct widths: 4,096 are counted and compared padded against unpadded; a width seen after
+    the table is full is not, one seen before still is."""
+    f = ScalingFit()
+    for w in range(1, 4101):
+        f.add(0.1, 4 * w, w, 4, 4 * w - 1, False)  # padded steps of 4,100 widths
+    for w in (1, 4097):
+        f.add(0.1, 4 * w, w, 4, 4 * w, False)  # an unpadded step of a width in the table, and of one past it
+    assert f.scaling()["distinct_widths"] == 4096
+    assert [r["width"] for r in f.padding()["same_width"]] == [1]
+
+
+def test_a_fit_over_narrow_widths_matches_numpys_shares():
+    """Widths 1, 2, 3 over 13 steps: the mean of Σb·w² (228 / 13) is no integer."""
+    widths = (1, 2, 3)
+    rows = [(2e-3 * SEQS * w + 1e-3 * SEQS * w * w + 0.01, widths[i % 3]) for i, w in
+            enumerate([widths[i % 3] for i in range(13)])]
+    s = _fit(rows).scaling()
+    beta, *_rest, mean_y, mean_x = _reference(rows)
+    parts = {"linear": beta[0] * mean_x[0], "quadratic": beta[1] * mean_x[1], "constant": beta[2]}
+    total = sum(max(0.0, v) for v in parts.values())
+    assert s["shares"] == {k: round(max(0.0, v) / total, 4) for k, v in parts.items()}

@@ -94,6 +94,8 @@ def retest_survivors(name: str, spec: dict, timeout_s: float) -> None:
                        "WHERE lower(r.test_outcome) = 'survived'").fetchall()
     left_out = re.compile("|".join(EXCLUDED_OPERATORS))
     rows = [r for r in rows if not left_out.match(r[2])]  # a session from before the sampling: only what counts
+    equiv = equivalents()
+    rows = [r for r in rows if (spec["file"], r[4], r[2]) not in equiv]  # no test can kill those: not run again
     purge_bytecode()
     path = ROOT / spec["file"]
     original = path.read_bytes()

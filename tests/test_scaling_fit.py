@@ -294,10 +294,10 @@ def test_the_batch_sizes_counted_in_the_width_moments():
 
 
 def test_the_widths_remembered_stop_at_4096():
-    """4,100 distinct widths: 4,096 are counted and compared padded against unpadded; a width seen after
-    the table is full is not, one seen before still is."""
+    """4,200 distinct widths (4,195 fitted after the warm-up): 4,096 are counted and compared padded
+    against unpadded; a width seen after the table is full is not, one seen before still is."""
     f = ScalingFit()
-    for w in range(1, 4101):
+    for w in range(1, 4201):
         f.add(0.1, 4 * w, w, 4, 4 * w - 1, False)  # padded steps of 4,100 widths
     for w in (1, 4097):
         f.add(0.1, 4 * w, w, 4, 4 * w, False)  # an unpadded step of a width in the table, and of one past it

@@ -150,3 +150,130 @@ def test_another_ranks_log_dict_or_train_output_is_never_the_runs():
     assert t.last_metrics["loss"] == (5, 2.0)
     t.feed_text("[rank0]: TrainOutput(global_step=10, training_loss=2.0, metrics={})", 1.5, poll_seq=6)
     assert (t.global_step, t.finished) == (10, True)
+
+
+BAR = "{}%|█████     | {}/100 [00:01<00:01,  4.00it/s]"
+
+
+def test_log_dicts_are_still_read_after_the_kept_ones_are_full():
+    """``logs`` keeps the last ``keep`` dicts; every later dict still becomes the latest metrics (a run
+    logging every step for longer than keep steps kept showing the loss of the dict that filled it)."""
+    t = LogTracker(keep=3)
+    for k in range(1, 7):
+        t.feed_text(BAR.format(k, k), float(k), poll_seq=2 * k)
+        t.feed_text(f"{{'loss': {k}.5, 'learning_rate': 0.1, 'epoch': 0.1}}", k + 0.5, poll_seq=2 * k + 1)
+    assert len(t.logs) == 3 and t.n_logs == 6 and t.last_metrics["loss"] == (6, 6.5)
+
+
+def test_a_log_dict_takes_the_step_of_the_bar_redrawn_after_it():
+    t = LogTracker()
+    t.feed_text("{'loss': 9.0, 'learning_rate': 0.1, 'epoch': 0.0}", 0.5, poll_seq=1)  # before any bar: no step
+    t.feed_text(BAR.format(5, 5), 1.0, poll_seq=2)
+    assert t.last_metrics["loss"] == (None, 9.0)  # a dict without a step is never relabelled
+    t.feed_text("{'loss': 2.0, 'learning_rate': 0.1, 'epoch': 0.1}", 1.5, poll_seq=3)
+    assert t.last_metrics["loss"] == (5, 2.0)
+    t.feed_text(BAR.format(10, 10), 2.0, poll_seq=4)  # tqdm.write redraws the bar: the dict was step 10's
+    assert t.last_metrics["loss"] == (10, 2.0) and t.matched_lines == 2
+    t.feed_text(BAR.format(11, 11), 2.5, poll_seq=5)  # the next redraw is another step's: no relabel
+    assert t.last_metrics["loss"] == (10, 2.0) and t.matched_lines == 3
+
+
+def test_a_step_restated_is_no_advance_and_the_bar_finishes_at_its_total():
+    t = LogTracker()
+    assert len(t.feed_text(json.dumps({"step": 5, "max_steps": 10, "loss": 1.0}), 1.0, poll_seq=1)) == 1
+    assert t.feed_text(json.dumps({"step": 5, "loss": 0.9}), 1.5, poll_seq=2) == []  # restated: its metrics kept
+    assert t.last_metrics["loss"] == (5, 0.9) and t.finished is False
+    t.feed_text(json.dumps({"step": 10, "loss": 0.8}), 2.0, poll_seq=3)
+    assert t.finished is True
+    t.feed_text(json.dumps({"step": 12, "loss": 0.8}), 2.5, poll_seq=4)
+    assert t.finished is True
+    [adv] = t.feed_text(json.dumps({"step": 3, "loss": 0.8}), 3.0, poll_seq=5)  # back: a new loop
+    assert (adv.step, adv.dt_s, t.finished) == (3, None, False)
+
+
+def test_arrival_times_without_poll_numbers():
+    t = LogTracker()
+    t.feed_text("step 1 | loss 2.0", 10.0)
+    [adv] = t.feed_text("step 2 | loss 2.0", 10.5)
+    assert adv.dt_s == 0.5
+
+
+def test_lightnings_tqdm_bar_made_global_its_resets_and_what_it_is_not():
+    t = LogTracker()
+    t.feed_text("Epoch 0:   0%|          | 0/10 [00:00<?, ?it/s]", 1.0, poll_seq=1)
+    assert (t.format, t.global_step) == ("lightning_tqdm", 0)
+    t.feed_text("Epoch 0:  90%|█████████ | 9/10 [00:01<00:00,  4.00it/s, v_num=0, train_loss=2.31]", 2.0, poll_seq=2)
+    assert t.global_step == 9 and t.last_metrics["train_loss"] == (9, 2.31) and "Epoch" not in t.last_metrics
+    assert set(t.last_metrics) == {"v_num", "train_loss"}
+    t.feed_text("Epoch 0:   0%|          | 0/10 [00:00<?, ?it/s]", 2.5, poll_seq=3)  # the reset before "Epoch 1"
+    assert t.global_step == 9
+    t.feed_text("Epoch 1:   0%|          | 0/10 [00:00<?, ?it/s]", 3.0, poll_seq=4)
+    assert t.global_step == 10
+    t.feed_text("Epoch 1: 120%|██████████| 12/10 [00:01<00:00,  4.00it/s]", 3.5, poll_seq=5)  # past its total
+    assert t.global_step == 10
+    for unit in ("batch", "tokens"):
+        u = LogTracker()
+        u.feed_text(f"Epoch 1:  50%|█████     | 5/10 [00:01<00:01,  4.00{unit}/s]", 1.0, poll_seq=1)
+        assert u.format != "lightning_tqdm", unit
+    s = LogTracker()
+    s.feed_text("step 3 | loss 2.0", 1.0, poll_seq=1)
+    s.feed_text("Epoch 1:  50%|█████     | 5/10 [00:01<00:01,  4.00it/s]", 2.0, poll_seq=2)
+    assert (s.format, s.global_step) == ("step_line", 3)
+    s.feed_text("step 4 | loss 2.0", 3.0, poll_seq=3)
+    assert s.global_step == 4
+
+
+RICH = "Epoch 0/4 " + "━" * 40 + " {}/50 0:00:01 • 0:00:04 10.53it/s v_num: 0 train_loss: 2.310"
+
+
+def test_a_rich_bar_drawn_in_place_is_read_from_the_tail_and_only_forward_by_its_frames():
+    t = LogTracker()
+    [adv] = t.feed(seg(RICH.format(10), 1.0, 1, end=""))
+    assert (adv.step, t.format, t.total) == (10, "lightning_rich", 250)
+    assert t.feed(seg(RICH.format(10), 1.5, 2, end="")) == []  # the same frame again
+    assert t.feed(seg(RICH.format(11), 2.0, 3, end=""))[0].step == 11
+    t.feed_text("step 3 | loss 2.0", 2.5, poll_seq=4)  # feed_text after a tail: a whole line, not a tail
+    s = LogTracker()
+    s.feed(seg("step 3 | loss 2.0", 1.0, 1))
+    assert s.feed(seg(RICH.format(20), 1.5, 2, end="")) == [] and s.format == "step_line"
+    assert s.feed_text("step 4 | loss 2.0", 2.0, poll_seq=3)[0].step == 4  # a feed_text after a tail is a line
+
+
+def test_a_user_pattern_reads_lines_up_to_4096_characters_and_a_locked_shape_keeps_reading():
+    from stepwatch.monitors.parsers.logformats import MAX_LINE_CHARS
+
+    [rx] = compile_patterns([r"it (?P<step>\d+) loss (?P<loss>[\d.]+)"])
+    t = LogTracker([rx])
+    line = "it 3 loss 1.5"
+    t.feed_text(line + " " * (MAX_LINE_CHARS - len(line)), 1.0, poll_seq=1)
+    assert t.global_step == 3
+    t.feed_text("it 4 loss 1.5" + " " * MAX_LINE_CHARS, 2.0, poll_seq=2)  # past the limit: not tried
+    assert t.global_step == 3
+    s = LogTracker([rx])
+    for k in (3, 4):
+        s.feed_text(f"step {k} | loss 2.0", float(k), poll_seq=k)
+    assert (s.format, s.global_step) == ("step_line", 4)
+
+
+def test_the_hints_keep_coming_past_their_line_counts(tmp_path: Path):
+    t = LogTracker()
+    for i in range(HINT_AFTER_LINES + 1):
+        t.feed(seg(f"loading thing {i}", 1.0, 1))
+    assert log_hint(t, False).startswith(f"no known shape matched {HINT_AFTER_LINES + 1} lines")
+    r = LogTracker()
+    r.feed(seg(LIGHTNING_BANNER + "True (cuda), used: True", 1.0, 1))
+    for i in range(6):
+        r.feed(seg(f"line {i}", 1.0, 1))
+    assert log_hint(r, False).startswith("Lightning's progress bar is not in the log")
+    (tmp_path / "run.json").mkdir()  # not a regular file: no patterns, no error
+    assert run_patterns(tmp_path) == []
+
+
+def test_at_the_series_cap_known_metrics_still_update():
+    t = LogTracker()
+    for k in range(2):  # 32 metrics a line at most
+        t.feed_text(json.dumps({"step": k + 1, **{f"m{i:02d}": 1.0 for i in range(32 * k, 32 * k + 32)}}), 1.0 + k,
+                    poll_seq=k + 1)
+    assert len(t.series) == 64
+    t.feed_text(json.dumps({"step": 3, "new": 5.0, "m00": 7.0}), 3.0, poll_seq=3)
+    assert "new" not in t.series and t.last_metrics["m00"] == (3, 7.0)

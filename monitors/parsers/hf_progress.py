@@ -287,6 +287,7 @@ class ProgressTracker:
         self.last: ProgressUpdate | None = None
         self.step_times: deque[tuple[int, float]] = deque(maxlen=keep)
         self.logs: deque[tuple[int | None, dict[str, float]]] = deque(maxlen=keep)
+        self.n_logs = 0  # log dicts seen in all (``logs`` keeps the last ``keep``)
         self.last_log: dict[str, float] | None = None
         self.summary: dict[str, float] | None = None
         self.finished = False
@@ -395,6 +396,7 @@ class ProgressTracker:
                 else:
                     self.last_log = d
                 self.logs.append((self.global_step, d))
+                self.n_logs += 1
                 return
         if "TrainOutput(" in text:
             gs = parse_train_output(text)

@@ -126,14 +126,14 @@ class LogTracker(ProgressTracker):
         if self.format not in (None, FORMAT_TQDM):
             return []
 
-        n_logs, bar_before = len(self.logs), self.last
+        n_logs, bar_before = self.n_logs, self.last  # a count, not len(logs): that stops growing at keep
         # tqdm's cursor moves ride on the next line: the Trainer's eval dict comes as "\x1b[A{'eval_loss': ..."
         advs = super().feed_text(strip_escapes(text), at_s, poll_seq=poll_seq, live=live)
         if advs:
             self.format = FORMAT_TQDM
             self.matched_lines += 1
         relabel, self._relabel = self._relabel, None
-        if len(self.logs) != n_logs:  # a printed Trainer log dict
+        if self.n_logs != n_logs:  # a printed Trainer log dict
             d = self.logs[-1][1]
             if not is_summary(d):
                 self._record(d)

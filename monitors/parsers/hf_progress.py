@@ -15,7 +15,7 @@ tqdm 4.70):
   rank prefix (``[rank3]:`` / ``[default3]:``) and trailing text glued on (a dynamo record).
 * printed log dicts: transformers 5 prints values formatted ``.4g`` as STRINGS, ints unquoted:
   ``{'loss': '5.558', 'grad_norm': '0.6336', 'learning_rate': '0.0009273', 'epoch': '0.1667'}``;
-  parsed with :func:`ast.literal_eval`, values turned into floats.
+  parsed with :func:`ast.literal_eval` (:mod:`.hf_logdict`), values turned into floats.
 * the final ``TrainOutput(global_step=60, ...)`` line.
 
 Step times here are APPROXIMATE: they are arrival times of bar updates seen by a tailer (the poll
@@ -25,12 +25,12 @@ one by one). Where the emitter's ``events.jsonl`` has ``step`` events, events wi
 
 from __future__ import annotations
 
-import ast
 import re
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
+from stepwatch.monitors.parsers.hf_logdict import parse_log_dict, parse_train_output
 from stepwatch.monitors.readers.rankprefix import rank_prefix
 
 __all__ = [
@@ -61,7 +61,6 @@ _BAR_NO_TOTAL = re.compile(
     r"(?P<rate>\?|\d+(?:\.\d+)?)(?P<si>[kMGTP]?)(?P<unit>[A-Za-z_]+/s|s/[A-Za-z_]+)"
     r"(?P<postfix>[^\]]*)\]"
 )
-_TRAIN_OUTPUT = re.compile(r"TrainOutput\(global_step=(\d+)")
 
 
 def parse_interval_s(text: str | None) -> float | None:
@@ -159,52 +158,6 @@ def parse_progress(text: str) -> ProgressUpdate | None:
         percent=percent,
         rank=rank,
     )
-
-
-def _to_float(v: Any) -> float | None:
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, (int, float)):
-        return float(v)
-    if isinstance(v, str):
-        try:
-            return float(v)
-        except ValueError:
-            return None
-    return None
-
-
-def parse_log_dict(text: str, *, max_chars: int = 65536) -> dict[str, float] | None:
-    """Parse a printed Trainer log dict into ``{key: float}``; None when ``text`` is not one.
-
-    transformers 5 prints values as ``.4g`` strings (``'loss': '5.558'``) and ints unquoted
-    (``'num_input_tokens_seen': 2560``); both become floats. Values that are not numbers are
-    dropped. Uses :func:`ast.literal_eval` (no code runs). A rank prefix is allowed. Never raises.
-    """
-    _rank, rest = rank_prefix(text)
-    s = rest.strip()
-    if len(s) < 2 or len(s) > max_chars or s[0] != "{" or s[-1] != "}":
-        return None
-    try:
-        obj = ast.literal_eval(s)
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-        return None
-    if not isinstance(obj, dict) or not obj:
-        return None
-    out: dict[str, float] = {}
-    for k, v in obj.items():
-        if not isinstance(k, str):
-            return None
-        f = _to_float(v)
-        if f is not None:
-            out[k] = f
-    return out
-
-
-def parse_train_output(text: str) -> int | None:
-    """The ``global_step`` of a printed ``TrainOutput(global_step=60, ...)`` line, else None."""
-    m = _TRAIN_OUTPUT.search(text)
-    return int(m.group(1)) if m else None
 
 
 class _SegmentLike(Protocol):

@@ -157,6 +157,8 @@ def run_target(name: str, spec: dict, timeout_s: float, resume: str = "no") -> d
 
 def report(name: str, spec: dict) -> dict:
     """The target's kill rate and survivors from its session (.mutation/<name>.sqlite)."""
+    if not (ROOT / ".mutation" / f"{name}.sqlite").exists():
+        return {"name": name, "file": spec["file"], "error": f"not run yet: python tools/mutation/run.py {name}"}
     con = sqlite3.connect(ROOT / ".mutation" / f"{name}.sqlite")
     rows = con.execute("SELECT m.module_path, m.operator_name, m.occurrence, m.start_pos_row, m.start_pos_col, "
                        "r.test_outcome, r.worker_outcome FROM mutation_specs m JOIN work_results r "

@@ -122,6 +122,31 @@ def test_parse_log_dict_rejects(text: str) -> None:
     assert parse_log_dict(text) is None
 
 
+
+def test_a_line_that_only_holds_a_brace_is_never_evaluated(monkeypatch) -> None:
+    """Every log line with a ``{`` anywhere reaches parse_log_dict (a JSON log, a Python logging dict,
+    a format string): only text that starts with ``{`` and ends with ``}`` (a rank prefix aside) goes
+    to ast.literal_eval, the rest is refused before it. The positive control: a log dict is evaluated."""
+    import ast
+
+    evaluated: list[str] = []
+    real = ast.literal_eval
+    monkeypatch.setattr(ast, "literal_eval", lambda s: evaluated.append(s) or real(s))
+    refused = [
+        "step 3 {'loss': 1.0}",  # starts with a character below '{'
+        "| {'loss': 1.0}",  # ... and one above it
+        "{'loss': 1.0",  # ends with a character below '}'
+        "{'loss': 1.0} ~",  # ... and one above it
+        "{'loss': 1.0} é",
+        "x}",
+        "[rank1]:{'loss': 1.0",
+    ]
+    for text in refused:
+        assert parse_log_dict(text) is None, text
+    assert evaluated == []
+    assert parse_log_dict("[rank0]: {'loss': 1.0} ") == {"loss": 1.0}
+    assert evaluated == ["{'loss': 1.0}"]
+
 def test_parse_train_output() -> None:
     assert parse_train_output("TrainOutput: TrainOutput(global_step=60, training_loss=5.55)") == 60
     assert parse_train_output("nothing") is None

@@ -359,7 +359,7 @@ class FallbackDetector:
             elif n >= 4 and not self._scores_sync:
                 hi = -(-75 * n // 100) - 1 + self._scores_evicted
                 lo = -(-25 * n // 100) - 1 - self._scores_added
-                if lo < 0 or hi >= len(sc) or 1.0 + spread_mult * ((sc[hi] - sc[lo]) / 1.349) > trip:
+                if lo < 0 or 1.0 + spread_mult * ((sc[hi] - sc[lo]) / 1.349) > trip:  # lo >= 0: hi < len(sc)
                     trip = self._trip()
             elif n >= 4:
                 trip = self._trip()
@@ -503,9 +503,7 @@ class FallbackDetector:
         (per padded token when every step has a width, else seconds): what came before was still
         warm-up (a slow plateau can pass for steady). Restart the baseline from those steps and move
         until_step to the last earlier step that ran > steady_band x the new level."""
-        short = self._short
-        if self._state == FLAGGED or len(short) < self.steady_run:
-            return
+        short = self._short  # full (steady_run steps), and not flagged: the one caller, _feed, says so
         base = self._base
         per_token = base._n_width == len(base._q) and not self._short_no_width
         if per_token:
@@ -591,7 +589,9 @@ class FallbackDetector:
         if not self._scores_sync:
             sc = self._scores
             hi, lo = i75 + self._scores_evicted, i25 - self._scores_added
-            if lo >= 0 and hi < len(sc) and not 1.0 + self.spread_mult * ((sc[hi] - sc[lo]) / 1.349) > tmin:
+            # lo >= 0 puts hi inside the view: the a scores added (r <= a evicted) leave n = len(S) + a - r
+            # with ceil(n / 4) - 1 >= a, so i75 + r = ceil(3n / 4) - 1 + r <= len(S) - 1
+            if lo >= 0 and not 1.0 + self.spread_mult * ((sc[hi] - sc[lo]) / 1.349) > tmin:
                 return tmin
             # a fresh snapshot; it stays a stale view (no add kept in step) unless the trip is needed
             self._scores = sc = sorted(self._scores_q)

@@ -6,6 +6,7 @@
     python tools/mutation/run.py energy --survivors  # after new tests: the survivors again
     python tools/mutation/run.py --report        # the sessions already run
     python tools/mutation/run.py fallback --continue  # a run cut short: only the mutants left
+    python tools/mutation/run.py fallback --carry     # after a small change of the file (see carry())
 
 For each target: ``cosmic-ray init`` (a session in .mutation/<name>.sqlite), ``cosmic-ray baseline``
 (the tests pass on the unmutated code, else the target is not measured), ``cosmic-ray exec`` (each
@@ -125,6 +126,49 @@ def retest_survivors(name: str, spec: dict, timeout_s: float) -> None:
         path.write_bytes(original)
 
 
+def _single_line_key(op: str, line: str, spec_row: tuple[int, int, int, int]) -> tuple | None:
+    """What identifies a one-line mutant across edits of other lines: the operator, the text of the
+    line it changes, and where on that line (a mutant spanning lines has no key: it is run again)."""
+    start_row, start_col, end_row, end_col = spec_row
+    return (op, line, start_col, end_col) if start_row == end_row else None
+
+
+def carry(name: str, spec: dict, prev: Path, db: Path) -> tuple[int, int]:
+    """After an edit of some lines of the target's file: the fresh session ``db`` takes the outcome
+    the previous session ``prev`` recorded for each one-line mutant whose line reads exactly as it
+    did then (same operator, same place on the line; mutants alike on one line pair up in order).
+    Carried survivors are tested again (``retest_survivors``); every other mutant, a changed line's
+    or one spanning lines, runs afresh. The kills carried were made by the tests of that session on
+    code that differed elsewhere in the file: a change that made a mutant live again through another
+    line is not seen (run the target afresh, without --carry, for the figure of record)."""
+    lines = (ROOT / spec["file"]).read_text().splitlines()
+    old = sqlite3.connect(prev)
+    pool: dict[tuple, list[tuple]] = {}
+    for op, occ, r0, c0, r1, c1, outcome, worker, diff, output in old.execute(
+            "SELECT m.operator_name, m.occurrence, m.start_pos_row, m.start_pos_col, m.end_pos_row, m.end_pos_col, "
+            "r.test_outcome, r.worker_outcome, r.diff, r.output FROM mutation_specs m JOIN work_results r "
+            "ON m.job_id = r.job_id ORDER BY m.occurrence"):
+        minus = [x[1:] for x in (diff or "").splitlines() if x.startswith("-") and not x.startswith("---")]
+        key = _single_line_key(op, minus[0], (r0, c0, r1, c1)) if len(minus) == 1 else None
+        if key is not None:
+            pool.setdefault(key, []).append((outcome, worker, diff, output))
+    new = sqlite3.connect(db)
+    carried = survivors = 0
+    for job, op, r0, c0, r1, c1 in new.execute(
+            "SELECT job_id, operator_name, start_pos_row, start_pos_col, end_pos_row, end_pos_col "
+            "FROM mutation_specs ORDER BY occurrence").fetchall():
+        key = _single_line_key(op, lines[r0 - 1], (r0, c0, r1, c1)) if 0 < r0 <= len(lines) else None
+        if key is None or not pool.get(key):
+            continue
+        outcome, worker, diff, output = pool[key].pop(0)
+        new.execute("INSERT INTO work_results (job_id, worker_outcome, output, test_outcome, diff) VALUES (?, ?, ?, ?, ?)",
+                    (job, worker, f"carried from {prev.name}\n{output or ''}", outcome, diff))
+        carried += 1
+        survivors += str(outcome).lower() == "survived"
+    new.commit()
+    return carried, survivors
+
+
 def run_target(name: str, spec: dict, timeout_s: float, resume: str = "no") -> dict:
     if resume == "survivors":
         retest_survivors(name, spec, timeout_s)
@@ -144,10 +188,17 @@ def run_target(name: str, spec: dict, timeout_s: float, resume: str = "no") -> d
         "[cosmic-ray.distributor]\nname = \"local\"\n"
         f"[cosmic-ray.filters.operators-filter]\nexclude-operators = {json.dumps(EXCLUDED_OPERATORS)}\n")
     cr = [str(Path(sys.executable).parent / "cosmic-ray")]
+    prev = work / f"{name}.prev.sqlite"
+    if resume == "carry" and db.exists():
+        db.replace(prev)
     if resume != "continue" or not db.exists():
         db.unlink(missing_ok=True)
         subprocess.run([*cr, "init", str(cfg), str(db)], cwd=ROOT, check=True)
         subprocess.run([str(Path(sys.executable).parent / "cr-filter-operators"), str(db), str(cfg)], cwd=ROOT, check=True)
+    if resume == "carry" and prev.exists():
+        carried, survived = carry(name, spec, prev, db)
+        print(f"{name}: {carried} outcomes carried from {prev.name} ({survived} survivors among them, tested again)")
+        retest_survivors(name, spec, timeout_s)
     base = subprocess.run([*cr, "baseline", str(cfg)], cwd=ROOT, capture_output=True, text=True)
     if base.returncode != 0:
         return {"name": name, "file": spec["file"], "error": f"the tests fail on the unmutated code: {base.stdout[-500:]}"}
@@ -190,12 +241,16 @@ def main() -> int:
     ap.add_argument("--continue", dest="resume", action="store_true",
                     help="run only the mutants the session has no result for yet (a run cut short), with the "
                          "target's tests as they are now")
+    ap.add_argument("--carry", action="store_true",
+                    help="after a small change of the file: a fresh session that keeps the last one's outcome for "
+                         "each mutant of an unchanged line, tests its survivors again and runs the rest")
     ap.add_argument("--survivors", action="store_true",
                     help="test only the last session's survivors again (after adding tests), then report")
     a = ap.parse_args()
     targets = tomllib.loads((HERE / "targets.toml").read_text())
     names = a.names or list(targets)
-    resume = "survivors" if a.survivors else "report" if a.report else "continue" if a.resume else "no"
+    resume = ("survivors" if a.survivors else "report" if a.report else "continue" if a.resume
+              else "carry" if a.carry else "no")
     results = [run_target(n, targets[n], a.timeout, resume) for n in names]
     print(f"\n{'target':12} {'file':36} {'mutants':>7} {'killed':>6} {'equiv':>5} {'kill rate':>9} {'not sampled':>11}")
     low = False

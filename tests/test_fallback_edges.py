@@ -171,3 +171,39 @@ def test_the_trip_ratio_read_is_the_one_the_last_step_was_judged_by():
             above += 1
             assert d.trip_ratio == d.add(10_000 + i, v.expected_s, ["save"]).trip_ratio  # an excused step: judged by it, never counted
     assert above > 50
+
+
+def test_only_a_first_flag_marks_the_first_step():
+    """A run without slow warm-up steps ends its warm-up at the last step flagged first; a step
+    flagged eval later in the warm-up is no first step."""
+    d = FallbackDetector()
+    d.add(0, 20.0, ["first"])
+    _feed(d, 1, [STEADY] * 5)
+    d.add(6, STEADY, ["eval"])
+    _feed(d, 7, [STEADY] * 20)
+    assert d.warmup() == {"state": "steady", "until_step": 0}
+
+
+@pytest.mark.parametrize("dt_s, steady_at", [(3.0, 19), (3.000001, 22)])
+def test_a_warm_up_step_exactly_3x_keeps_the_in_band_run(dt_s, steady_at):
+    """STEADY_BAND 3: a warm-up step at exactly 3x the steps before it is in band (the run of 20
+    in-band steps ends at step 19); above it the run restarts after it (step 2), 20 steps later."""
+    d = FallbackDetector()
+    _feed(d, 0, [1.0, 1.0, dt_s])
+    k = 3
+    while d.warmup()["state"] != "steady":
+        d.add(k, 1.0)
+        k += 1
+    assert k - 1 == steady_at
+
+
+@pytest.mark.parametrize("first_s, n_base, until", [(3.0, 20, None), (3.000001, 19, 0), (4.0, 19, 0)])
+def test_the_steady_baseline_keeps_a_leading_step_up_to_3x_its_level(first_s, n_base, until):
+    """The warm-up's run of 20 in-band steps starts with a step of ``first_s`` (it has nothing before
+    it to be out of band with), then 1.0 s steps. The baseline starts from the run less the steps
+    above 3x its level (1.0 s): exactly 3x is kept (20 steady steps), above it is left out (19); the
+    warm-up is said to last to the last step above 3x the level (step 0), none at exactly 3x."""
+    d = FallbackDetector()
+    _feed(d, 0, [first_s] + [1.0] * 19)
+    assert d.warmup() == {"state": "steady", "until_step": until}
+    assert f"over the last {n_base} steady steps" in d.reason()

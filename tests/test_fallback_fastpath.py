@@ -159,20 +159,25 @@ def _count_drop_checks(d: FallbackDetector) -> Counter:
 @pytest.mark.parametrize("dt_s, checks", [
     (10.0, 0),  # 0.010 s/token: at or above 0.016 / 2, the median's limit: nothing to check
     (8.0, 0),  # 0.008: exactly the limit, which keeps the baseline (a drop is *under* half the level)
-    (7.9, 1),  # under the limit: the exact check runs (and keeps the baseline: 19 steps are above)
+    (7.9, 1),  # under the limit: the check runs, and its own bound is enough (19 steps are above it)
 ])
 def test_the_drop_check_reads_the_median_rank_of_the_per_token_view(dt_s, checks):
     """After the step, the view holds 0.010 (or 0.008, 0.0079), 99 x 0.016 and 100 x 0.024 s per
     token: its median (rank 99 of 200) is 0.016, the rank above it 0.024. The drop check is needed
     only when the newest step ran under half the median: a bound read at rank 100 (half is 0.012)
-    or above would send the 10 s step to the exact check."""
+    or above would send the 10 s step to the check. The check itself starts from the same bound: a
+    step of the last 20 at or above it keeps the baseline without sorting the level."""
     d = _per_token_steady()
     calls = _count_drop_checks(d)
+    levels = []
+    exact_level = d._base.level
+    d._base.level = lambda: levels.append(1) or exact_level()  # type: ignore[method-assign]
     v = d.add(300, dt_s, (), None, 1000)
     pt = d._base._pt
     assert d._base._pt_sync and (pt[98], pt[99], pt[100]) == (0.016, 0.016, 0.024)
     assert not v.slow and v.state == "ok"
     assert calls["_check_drop"] == checks
+    assert levels == []  # the bound (0.016 / 2) kept the baseline: the level was never sorted for
     assert d.details()["baseline_s"] == 16.0 and d.warmup() == {"state": "steady", "until_step": None}  # kept
 
 

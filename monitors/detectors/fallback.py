@@ -460,8 +460,9 @@ class FallbackDetector:
         self._warm_count += 1
         # A run of in-band steps must be at least half as long as the warm-up so far: 20 lucky
         # narrow steps in a run that is inherently 20x wide (no token counts) are not a steady state.
+        # (the warm baseline is then full: _run <= _warm_count, and it keeps the last steady_run steps)
         need = max(self.steady_run, math.ceil(self._warm_count / 2))
-        if self._run >= need and len(self._warm) >= self.steady_run:
+        if self._run >= need:
             self._declare_steady()
         return _verdict(step, dt, exp, score, None, False, WARMING, self._state)
 

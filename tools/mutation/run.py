@@ -7,6 +7,7 @@
     python tools/mutation/run.py --report        # the sessions already run
     python tools/mutation/run.py fallback --continue  # a run cut short: only the mutants left
     python tools/mutation/run.py fallback --carry     # after a small change of the file (see carry())
+    python tools/mutation/run.py fallback --equivalents  # is a row of equivalent.md killed by a test now?
 
 For each target: ``cosmic-ray init`` (a session in .mutation/<name>.sqlite), ``cosmic-ray baseline``
 (the tests pass on the unmutated code, else the target is not measured), ``cosmic-ray exec`` (each
@@ -84,7 +85,7 @@ def annotation_spans(path: Path) -> list[tuple[tuple[int, int], tuple[int, int]]
     return spans
 
 
-def retest_survivors(name: str, spec: dict, timeout_s: float) -> None:
+def retest_survivors(name: str, spec: dict, timeout_s: float, listed: bool = False) -> None:
     """Run the target's (now larger) tests again on each mutant that survived in the session, one at
     a time (``cosmic-ray apply``, the file restored after each), and record the new outcomes: after
     new tests, only the survivors need another look."""
@@ -96,7 +97,9 @@ def retest_survivors(name: str, spec: dict, timeout_s: float) -> None:
     left_out = re.compile("|".join(EXCLUDED_OPERATORS))
     rows = [r for r in rows if not left_out.match(r[2])]  # a session from before the sampling: only what counts
     equiv = equivalents()
-    rows = [r for r in rows if (spec["file"], r[4], r[2]) not in equiv]  # no test can kill those: not run again
+    # equivalent.md's rows are not run again (no test can kill them), unless ``listed``: then only
+    # those are, to find a row a new test made wrong (the row goes; the mutant counts as killed)
+    rows = [r for r in rows if ((spec["file"], r[4], r[2]) in equiv) == listed]
     purge_bytecode()
     path = ROOT / spec["file"]
     original = path.read_bytes()
@@ -120,6 +123,8 @@ def retest_survivors(name: str, spec: dict, timeout_s: float) -> None:
             except subprocess.TimeoutExpired:
                 outcome = "KILLED"
             path.write_bytes(original)
+            if listed and outcome == "KILLED":
+                print(f"{name}: equivalent.md lists line {row} {op}, which a test kills now: remove the row")
             con.execute("UPDATE work_results SET test_outcome = ? WHERE job_id = ?", (outcome, job))
             con.commit()
     finally:
@@ -172,6 +177,9 @@ def carry(name: str, spec: dict, prev: Path, db: Path) -> tuple[int, int]:
 def run_target(name: str, spec: dict, timeout_s: float, resume: str = "no") -> dict:
     if resume == "survivors":
         retest_survivors(name, spec, timeout_s)
+    if resume == "equivalents":
+        retest_survivors(name, spec, timeout_s, listed=True)
+        resume = "report"
     if resume in ("survivors", "report"):
         return report(name, spec)
     work = ROOT / ".mutation"
@@ -244,13 +252,15 @@ def main() -> int:
     ap.add_argument("--carry", action="store_true",
                     help="after a small change of the file: a fresh session that keeps the last one's outcome for "
                          "each mutant of an unchanged line, tests its survivors again and runs the rest")
+    ap.add_argument("--equivalents", action="store_true",
+                    help="test the survivors equivalent.md lists again: a row a test now kills is printed (remove it)")
     ap.add_argument("--survivors", action="store_true",
                     help="test only the last session's survivors again (after adding tests), then report")
     a = ap.parse_args()
     targets = tomllib.loads((HERE / "targets.toml").read_text())
     names = a.names or list(targets)
     resume = ("survivors" if a.survivors else "report" if a.report else "continue" if a.resume
-              else "carry" if a.carry else "no")
+              else "carry" if a.carry else "equivalents" if a.equivalents else "no")
     results = [run_target(n, targets[n], a.timeout, resume) for n in names]
     print(f"\n{'target':12} {'file':36} {'mutants':>7} {'killed':>6} {'equiv':>5} {'kill rate':>9} {'not sampled':>11}")
     low = False

@@ -704,11 +704,19 @@ def test_add_many_is_add_one_by_one(chunks):
     assert slow_seen > 1000  # the positives' slow steps were compared too
 
 
+def _books(d):
+    """The counts the inlined step keeps by hand: what the next steps' bounds read (the views'
+    staleness, the steps added and evicted since, the windows' lengths)."""
+    b = d._base
+    return (b._n_width, b._pt_sync, b._pt_evicted, b._dts_sync, len(b._q), d._scores_sync, d._scores_added,
+            d._scores_evicted, len(d._scores_q), len(d._short), d._judged, d._seen)
+
+
 def test_the_inlined_steady_step_gives_the_general_methods_verdicts():
     """The judged steady step runs with the general methods' work inlined (FallbackDetector._inline).
     On every control, real capture and odd stream, a detector running the general methods instead
     (_inline False) returns the same verdict at every step and reads the same state, words and
-    numbers along the way and at the end."""
+    numbers along the way and at the end, and keeps the same books at every step (_books)."""
     cases = _add_many_cases() + [({}, sc.real_csv(name, tokens).records) for name, tokens in _REAL_CSVS]
     judged = 0
     for params, records in cases:
@@ -719,6 +727,7 @@ def test_the_inlined_steady_step_gives_the_general_methods_verdicts():
             assert a == b or (a.score != a.score and b.score != b.score), (params, k, a, b)
             if k % 97 == 0:
                 assert _state(fast) == _state(general), (params, k)
+            assert _books(fast) == _books(general), (params, k)
         assert _state(fast) == _state(general)
         judged += fast.details()["judged"]
     assert judged > 40_000  # 41,722 judged steps

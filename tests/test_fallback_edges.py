@@ -207,3 +207,14 @@ def test_the_steady_baseline_keeps_a_leading_step_up_to_3x_its_level(first_s, n_
     _feed(d, 0, [first_s] + [1.0] * 19)
     assert d.warmup() == {"state": "steady", "until_step": until}
     assert f"over the last {n_base} steady steps" in d.reason()
+
+
+@pytest.mark.parametrize("window, until", [(41, 39), (40, None), (19, None)])
+def test_a_drop_reopens_the_warm_up_only_against_a_baseline_that_still_holds_the_old_level(window, until):
+    """40 steps of 2.0 s, then 20 of 0.5 s. A baseline of 41 steps still has its median at 2.0 s
+    (21 old, 20 fast): the 20 fast ones ran under half of it, and the warm-up is said to have lasted to
+    step 39. With 40 (20 and 20) its median is already a fast step, and with 19 (inside the last 20
+    steps) every step kept is fast: the baseline follows, no warm-up is re-opened."""
+    d = _steady(FallbackDetector(baseline_window=window), n=40)
+    _feed(d, 40, [0.5] * 20)
+    assert d.details()["baseline_s"] == 0.5 and d.warmup() == {"state": "steady", "until_step": until}

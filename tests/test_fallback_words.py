@@ -322,9 +322,9 @@ def test_with_few_scores_the_spread_waits_for_4_and_the_trip_follows_it_from_4()
     assert det["spread_sigma"] == pytest.approx(0.75 / 1.349) and det["trip_ratio"] == pytest.approx(1 + 7.5 / 1.349)
 
 
-def test_a_baseline_shorter_than_the_short_window_still_relearns_with_widths_coming_late():
+def test_a_baseline_shorter_than_the_short_window_follows_with_widths_coming_late():
     """baseline_window 8 < STEADY_RUN 20: the baseline can be all steps with a width while the last 20
-    steps still hold some without (so the level is read per step, not per token)."""
+    steps still hold some without; it follows a faster level by its own window alone."""
     d = FallbackDetector(baseline_window=8)
     for i in range(40):
         d.add(i, 2.0)
@@ -332,7 +332,9 @@ def test_a_baseline_shorter_than_the_short_window_still_relearns_with_widths_com
         d.add(i, 2.0, (), None, 1000)
     for i in range(50, 70):
         d.add(i, 0.5, (), None, 1000)
-    assert d.details()["baseline_s"] == 0.5
+    # the baseline follows in its own 8 steps; no warm-up is re-opened: a baseline inside the short
+    # window has its median step among the last 20, never under half of itself
+    assert d.details()["baseline_s"] == 0.5 and d.warmup() == {"state": "steady", "until_step": None}
 
 
 def test_the_slowest_steady_step_is_the_first_of_the_slowest():

@@ -246,9 +246,12 @@ class FallbackDetector:
         self._scores_idle = 0
         self._scores_added = 0  # scores pushed / evicted since the view went stale
         self._scores_evicted = 0
-        self._short_max = self.steady_run  # self._short.maxlen
         self._short: deque[tuple[float, float | None]] = deque(maxlen=self.steady_run)
-        self._short_no_width = 0  # steps in _short without a width
+        # With steady_run <= baseline_window (the defaults) the short window is the newest steps of
+        # the baseline: a baseline of steps that all have a width says the short window's do too.
+        # With a shorter baseline the drop check never runs: the baseline is then the newest steps of
+        # the full short window, so its median step is one of them, never under half of itself.
+        self._short_in_base = self.steady_run <= self.baseline_window
         # the last flag_window judged steps: (the slow record or None, judged index, in the valley)
         self._window: deque[tuple[_Slow | None, int, bool]] = deque(maxlen=self.flag_window)
         # results
@@ -409,21 +412,17 @@ class FallbackDetector:
                     sq.popleft()
                     self._scores_evicted += 1
             short = self._short
-            if len(short) == self._short_max and short[0][1] is None:
-                self._short_no_width -= 1  # about to fall out of the window
             short.append((dt, w))
-            if w is None:
-                self._short_no_width += 1
             if self._max_ok_score is None or score > self._max_ok_score:
                 self._max_ok_score, self._max_ok_step = score, step
             if self._state == SUSPECTED and not any(x for x, _, _ in window):
                 self._state = OK
                 self._onset = None
                 self._onset_judged = None
-            if self._state != FLAGGED and len(short) >= self.steady_run:
+            if self._state != FLAGGED and len(short) >= self.steady_run and self._short_in_base:
                 # _check_drop(); its first test inlined: the newest step at or above a bound of the limit
                 nw = base._n_width
-                if not inline or w is None or self._short_no_width or nw != len(base._q):
+                if not inline or w is None or nw != len(base._q):
                     self._check_drop()
                 else:
                     # base.level_bound(), inlined
@@ -488,7 +487,6 @@ class FallbackDetector:
         self._scores_sync = True
         self._scores_idle = 0
         self._short.clear()
-        self._short_no_width = 0
         for dt, w in recent:
             self._push_score(_ratio(dt, self._base.expected(w)[0]))
 
@@ -504,9 +502,9 @@ class FallbackDetector:
         (per padded token when every step has a width, else seconds): what came before was still
         warm-up (a slow plateau can pass for steady). Restart the baseline from those steps and move
         until_step to the last earlier step that ran > steady_band x the new level."""
-        short = self._short  # full (steady_run steps), and not flagged: the one caller, _feed, says so
+        short = self._short  # full (steady_run steps), within the baseline, not flagged: _feed, the caller, says so
         base = self._base
-        per_token = base._n_width == len(base._q) and not self._short_no_width
+        per_token = base._n_width == len(base._q)  # and so every step of the short window (see _short_in_base)
         if per_token:
             # Most steps: a bound of the level without sorting. level <= bound, so a step at or
             # above bound / drop_factor is at or above the limit, and the exact test would stop too.

@@ -174,3 +174,25 @@ def test_a_log_dict_up_to_65536_characters_and_keyword_only():
     with pytest.raises(dataclasses.FrozenInstanceError):
         adv.step = 4
     assert not hasattr(adv, "__dict__")
+
+
+def test_a_rate_of_zero_or_below_has_no_seconds_per_step():
+    """tqdm prints no sign, but a ProgressUpdate can be built by a caller: a rate at or below 0 is
+    no time per step; the smallest positive one is."""
+    u = parse_progress(bar(3, 10, rate="2.00it/s"))
+    assert u is not None and u.seconds_per_step == 0.5
+    for rate in (0.0, -2.0):
+        assert dataclasses.replace(u, rate=rate).seconds_per_step is None
+    assert dataclasses.replace(u, rate=0.001).seconds_per_step == 1000.0
+
+
+def test_a_segment_with_only_its_text_is_live_and_no_note():
+    """feed() takes anything with a ``text`` (the attributes a Segment has beyond it default to: not
+    a note, not backfill): two bars a second apart give one step time."""
+    from types import SimpleNamespace
+
+    t = ProgressTracker()
+    t.feed(SimpleNamespace(text=bar(1, 10), at_s=100.0))
+    advs = t.feed(SimpleNamespace(text=bar(2, 10), at_s=101.0))
+    assert [(a.step, a.dt_s) for a in advs] == [(2, 1.0)] and list(t.step_times) == [(2, 1.0)]
+    assert t.feed(SimpleNamespace(text=bar(3, 10), at_s=102.0, is_note=True)) == [] and t.global_step == 2

@@ -146,7 +146,7 @@ def test_a_wide_warm_up_hint_needs_a_break_in_every_20_steps():
         assert "steps ran >" not in d.reason(), n
 
 
-@pytest.mark.parametrize("window, said", [(9, True), (8, False)])
+@pytest.mark.parametrize("window, said", [(9, True), (10, True), (8, False)])
 def test_the_per_token_judgement_is_named_from_9_steps_with_a_width(window, said):
     """A baseline of 9 steps with a width (NEIGHBORS) is judged per padded token and says so; 8 are
     too few."""
@@ -175,13 +175,14 @@ def test_the_trip_ratio_read_is_the_one_the_last_step_was_judged_by():
 
 def test_only_a_first_flag_marks_the_first_step():
     """A run without slow warm-up steps ends its warm-up at the last step flagged first; a step
-    flagged eval later in the warm-up is no first step."""
-    d = FallbackDetector()
-    d.add(0, 20.0, ["first"])
-    _feed(d, 1, [STEADY] * 5)
-    d.add(6, STEADY, ["eval"])
-    _feed(d, 7, [STEADY] * 20)
-    assert d.warmup() == {"state": "steady", "until_step": 0}
+    flagged eval, save or recompile later in the warm-up is no first step."""
+    for other in ("eval", "save", "recompile"):
+        d = FallbackDetector()
+        d.add(0, 20.0, ["first"])
+        _feed(d, 1, [STEADY] * 5)
+        d.add(6, STEADY, [other])
+        _feed(d, 7, [STEADY] * 20)
+        assert d.warmup() == {"state": "steady", "until_step": 0}, other
 
 
 @pytest.mark.parametrize("dt_s, steady_at", [(3.0, 19), (3.000001, 22)])
@@ -218,3 +219,29 @@ def test_a_drop_reopens_the_warm_up_only_against_a_baseline_that_still_holds_the
     d = _steady(FallbackDetector(baseline_window=window), n=40)
     _feed(d, 40, [0.5] * 20)
     assert d.details()["baseline_s"] == 0.5 and d.warmup() == {"state": "steady", "until_step": until}
+
+
+def test_suspected_stays_while_its_slow_step_is_in_the_window():
+    """One slow step, then steady ones: suspected (onset at the slow step) for as long as it is among
+    the last 40 judged steps (FLAG_WINDOW); the steady step that evicts it returns to ok."""
+    d = _steady()
+    d.add(30, SLOW)
+    for k in range(31, 70):
+        d.add(k, STEADY)
+        assert (d.state, d.onset_step) == ("suspected", 30), k
+    d.add(70, STEADY)
+    assert (d.state, d.onset_step) == ("ok", None)
+
+
+def test_the_share_since_a_later_onset_counts_only_its_own_slow_steps():
+    """flag_min_slow 1: a first slow step after a valley step stays suspected (the valley is as long
+    as the cluster), leaves the window after 40 steady steps; a second one flags at once. Since that
+    onset, 1 of 1 judged steps was slow: the earlier slow step is not counted."""
+    d = _steady(FallbackDetector(flag_min_slow=1))
+    _feed(d, 30, [VALLEY, SLOW])
+    assert d.state == "suspected"
+    _feed(d, 32, [STEADY] * 40)
+    assert d.state == "ok"
+    d.add(72, SLOW)
+    assert d.state == "flagged" and d.details()["n_slow"] == 2
+    assert "since the onset 1 of 1 judged steps were slow (100%)" in d.reason()

@@ -24,6 +24,7 @@ from collections import Counter
 import pytest
 
 from stepwatch.monitors.detectors import baseline as baseline_mod
+from stepwatch.monitors.detectors import fallback as fallback_mod
 from stepwatch.monitors.detectors.fallback import TRIP_RATIO_MIN, FallbackDetector
 from stepwatch.monitors.stats.stepstats import nearest_rank
 
@@ -119,6 +120,65 @@ def test_a_view_whose_ranks_all_moved_gives_the_exact_trip(case, through_add):
     assert (d.add(300, 20.0).trip_ratio if through_add else d._trip()) == exact
 
 
+def _nearest_rank_index(p: int, n: int) -> int:
+    return -(-p * n // 100) - 1
+
+
+def _far_values(n: int, a: int, lead: int | None = None) -> list[float]:
+    """n scores, oldest first: ``lead`` (default ``a``) of 1.0 (the next pushes evict them), then 0.0
+    up to rank i25 - a - 1 of the sorted view, 1.0 from i25 - a to i75 + a, and 3.0 above: after
+    ``lead`` more scores of 1.0 the exact p25 and p75 are 1.0, and a bound read with ``a`` added and
+    evicted lies one rank inside each far value."""
+    lead = a if lead is None else lead
+    i25, i75 = _nearest_rank_index(25, n), _nearest_rank_index(75, n)
+    ones = (i75 + a) - (i25 - a) + 1
+    return [1.0] * lead + [0.0] * (i25 - a) + [1.0] * (ones - lead) + [3.0] * (n - (i75 + a) - 1)
+
+
+@pytest.mark.parametrize("through_add", [False, True])
+@pytest.mark.parametrize("n", [200, 101, 64])
+def test_the_bound_s_ranks_at_other_window_lengths(n, through_add):
+    """The same tight case with baseline windows of 101 and 64 scores (nearest-rank p25 of 101 is
+    rank 25, of 64 rank 15): ceil(25 n / 100) exactly, no rank lower."""
+    d = FallbackDetector(baseline_window=n)
+    for i in range(n + 100):
+        d.add(i, 20.0)
+    window = _far_values(n, 5)
+    assert len(window) == n == len(d._scores_q)
+    for s in window:
+        d._push_score(s)
+    assert d._trip() == TRIP_RATIO_MIN and not d._scores_sync
+    view = d._scores
+    for _ in range(5):
+        d._push_score(1.0)
+    assert _exact_trip(d) == TRIP_RATIO_MIN
+    if through_add:
+        calls = _count_trip_calls(d)
+        assert d.add(10_000, 20.0).trip_ratio == TRIP_RATIO_MIN and calls["_trip"] == 0
+    else:
+        assert d._trip() == TRIP_RATIO_MIN
+    assert d._scores is view
+
+
+def test_a_view_that_goes_stale_counts_the_push_that_made_it_stale_once():
+    """A view read exactly (spread()) is kept in step by insertion for 8 pushes; the 9th leaves it
+    stale with 1 score added and 1 evicted since: the bound reads ranks i25 - 1 and i75 + 1, one
+    inside the far values, and the step is judged without a sort."""
+    d = _steady()
+    for s in _far_values(N, 1, lead=9):
+        d._push_score(s)
+    d.spread()  # an exact read: the view is sorted and kept in step
+    for _ in range(8):
+        d._push_score(1.0)
+    assert d._scores_sync
+    d._push_score(1.0)
+    assert not d._scores_sync and (d._scores_added, d._scores_evicted) == (1, 1)
+    view = list(d._scores)
+    assert (view[I25 - 2], view[I25 - 1], view[I75 + 1], view[I75 + 2]) == (0.0, 1.0, 1.0, 3.0)
+    calls = _count_trip_calls(d)
+    assert d.add(300, 20.0).trip_ratio == TRIP_RATIO_MIN and calls["_trip"] == 0
+
+
 def test_the_bound_s_far_values_are_one_rank_outside():
     """The controls of the tight cases: each far value is the next rank out, so a bound read one
     rank wider (or a view not stale) would see it and sort."""
@@ -199,6 +259,8 @@ def test_a_steady_step_calls_none_of_the_general_methods(monkeypatch, widths):
     for cls, name in _GENERAL:
         general = getattr(cls, name)
         monkeypatch.setattr(cls, name, lambda self, *a, _g=general, _n=name: calls.update([_n]) or _g(self, *a))
+    ratio = fallback_mod._ratio  # the score of a step, dt / expected (a module function)
+    monkeypatch.setattr(fallback_mod, "_ratio", lambda *a: calls.update(["_ratio"]) or ratio(*a))
     runs = {}
     for inline in (True, False):
         calls.clear()
@@ -215,6 +277,6 @@ def test_a_steady_step_calls_none_of_the_general_methods(monkeypatch, widths):
         runs[inline] = (dict(calls), verdicts, judged)
     fast, general = runs[True][0], runs[False][0]
     assert runs[True][1] == runs[False][1]
-    for _, name in _GENERAL:
+    for name in [n for _, n in _GENERAL] + ["_ratio"]:
         assert fast.get(name, 0) < runs[True][2] * (0.15 if name == "add" else 0.05), (name, fast)
         assert general[name] >= runs[False][2] - 40, (name, general)  # the warm-up's steps aside

@@ -196,3 +196,16 @@ def test_a_segment_with_only_its_text_is_live_and_no_note():
     advs = t.feed(SimpleNamespace(text=bar(2, 10), at_s=101.0))
     assert [(a.step, a.dt_s) for a in advs] == [(2, 1.0)] and list(t.step_times) == [(2, 1.0)]
     assert t.feed(SimpleNamespace(text=bar(3, 10), at_s=102.0, is_note=True)) == [] and t.global_step == 2
+
+
+@pytest.mark.parametrize("own, other", [(2, 1), (0, 1), (1, 2)])
+def test_a_rank_tracker_reads_only_its_own_ranks_log_dicts(own, other):
+    """A tracker of rank ``own``: a lower or higher rank's log dict and TrainOutput pass by; its own
+    rank's (and an unprefixed line, as torchrun without --tee prints) are read."""
+    t = ProgressTracker(rank=own)
+    t.feed_text(f"[rank{other}]:{{'loss': 9.0}}")
+    t.feed_text(f"[rank{other}]:TrainOutput(global_step=77, training_loss=9.0, metrics={{}})")
+    assert (t.last_log, t.n_logs, t.global_step, t.finished) == (None, 0, None, False)
+    t.feed_text(f"[rank{own}]:{{'loss': 2.0}}")
+    t.feed_text("{'loss': 1.5}")
+    assert (t.last_log, t.n_logs) == ({"loss": 1.5}, 2)

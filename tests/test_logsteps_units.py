@@ -158,3 +158,20 @@ def test_printed_steps_going_forward_then_back_in_one_read_start_over_without_a_
     assert both == []  # the counter went back within the read: a new run, nothing timed across it
     after = t.feed_poll([seg("iter 1: loss 9.8, time 250.00ms, mfu 1.00%", 3.0, 3, "\n")], None)
     assert [(r["step"], r["dt"]) for r in after] == [(1, 0.25)]
+
+
+def test_a_new_bar_that_reaches_the_last_timed_step_within_one_poll_times_nothing_then_goes_on():
+    """Step 5 timed; then one poll holds a new bar (1/100) drawn up to 5/100 again: the counter is
+    where the last timed step was, no interval to share (no record, no division by zero steps). The
+    next advance is timed from that poll."""
+    got = polls(LogStepTimer(), [([bar(4)], 10.0), ([bar(5)], 11.0),
+                                 ([bar(1), bar(2), bar(3), bar(4), bar(5)], 12.0), ([bar(6)], 12.5)])
+    assert [r["step"] for r in got[1]] == [5] and got[2] == []
+    assert [(r["step"], r["dt"], r["step_begin"]) for r in got[3]] == [(6, 0.5, 12.0)]
+
+
+def test_a_new_bar_below_the_last_timed_step_times_from_its_own_first_poll():
+    """Step 50 timed; a second train() starts a bar at 1/100: nothing is timed across the restart;
+    2/100 is timed from 1/100's poll."""
+    got = polls(LogStepTimer(), [([bar(49)], 10.0), ([bar(50)], 11.0), ([bar(1)], 30.0), ([bar(2)], 30.25)])
+    assert got[2] == [] and [(r["step"], r["dt"]) for r in got[3]] == [(2, 0.25)]

@@ -73,10 +73,9 @@ class LogStepTimer:
         step = self.tracker.global_step
         if at is None or step is None:
             return []
-        if restarted and (self._last_step is None or step < self._last_step):
-            self._last_step, self._last_at = step, at  # a new bar: the next advance is timed from here
-            return []
         if self._last_step is None or self._last_at is None or step <= self._last_step:
+            # the first advance, or the counter back at or below the last timed step (a new bar: a
+            # second train(), a resume): the next advance is timed from here
             self._last_step, self._last_at = step, at
             return []
         k = step - self._last_step

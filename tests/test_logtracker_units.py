@@ -211,6 +211,11 @@ def test_lightnings_tqdm_bar_made_global_its_resets_and_what_it_is_not():
     assert t.global_step == 10
     t.feed_text("Epoch 1: 120%|██████████| 12/10 [00:01<00:00,  4.00it/s]", 3.5, poll_seq=5)  # past its total
     assert t.global_step == 10
+    slow = LogTracker()  # a step over 1 s: tqdm prints s/it, and the metrics follow it all the same
+    slow.feed_text("Epoch 0:   0%|          | 0/10 [00:00<?, ?it/s]", 1.0, poll_seq=1)
+    slow.feed_text("Epoch 0:  20%|██        | 2/10 [00:05<00:20,  2.50s/it, v_num=0, train_loss=2.31]", 6.0, poll_seq=2)
+    assert (slow.format, slow.global_step, slow.last_metrics["train_loss"]) == ("lightning_tqdm", 2, (2, 2.31))
+    assert set(slow.last_metrics) == {"v_num", "train_loss"}
     for unit in ("batch", "tokens"):
         u = LogTracker()
         u.feed_text(f"Epoch 1:  50%|█████     | 5/10 [00:01<00:01,  4.00{unit}/s]", 1.0, poll_seq=1)

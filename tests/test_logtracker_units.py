@@ -211,6 +211,10 @@ def test_lightnings_tqdm_bar_made_global_its_resets_and_what_it_is_not():
     assert t.global_step == 10
     t.feed_text("Epoch 1: 120%|██████████| 12/10 [00:01<00:00,  4.00it/s]", 3.5, poll_seq=5)  # past its total
     assert t.global_step == 10
+    again = LogTracker()  # a second fit() in the same log: its counter starts over, followed (not a reset)
+    again.feed_text("Epoch 2:  50%|█████     | 5/10 [00:01<00:01,  4.00it/s]", 1.0, poll_seq=1)
+    again.feed_text("Epoch 0:  30%|███       | 3/10 [00:01<00:01,  4.00it/s]", 2.0, poll_seq=2)
+    assert again.global_step == 3  # 25 before: only a bar at 0 behind the counter is an epoch's reset
     slow = LogTracker()  # a step over 1 s: tqdm prints s/it, and the metrics follow it all the same
     slow.feed_text("Epoch 0:   0%|          | 0/10 [00:00<?, ?it/s]", 1.0, poll_seq=1)
     slow.feed_text("Epoch 0:  20%|██        | 2/10 [00:05<00:20,  2.50s/it, v_num=0, train_loss=2.31]", 6.0, poll_seq=2)

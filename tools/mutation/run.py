@@ -12,8 +12,8 @@
 For each target: ``cosmic-ray init`` (a session in .mutation/<name>.sqlite), ``cosmic-ray baseline``
 (the tests pass on the unmutated code, else the target is not measured), ``cosmic-ray exec`` (each
 mutant applied in place, the target's tests run with ``pytest -x``, the file restored), then the
-kill rate and the survivors. Survivors named in equivalent.md (file, line, operator) are counted
-apart, with the reason there. Exit status 1 when a target is below --min (default 0.9).
+kill rate and the survivors. Survivors named in equivalent.md (file, line or line:column, operator)
+are counted apart, with the reason there; a row that matches no survivor of the session is printed. Exit status 1 when a target is below --min (default 0.9).
 """
 
 from __future__ import annotations
@@ -60,15 +60,24 @@ def purge_bytecode() -> None:
             shutil.rmtree(d, ignore_errors=True)
 
 
-def equivalents() -> set[tuple[str, int, str]]:
-    """(file, line, operator) of each mutant equivalent.md says no behaviour tells apart."""
+def equivalents() -> set[tuple[str, int, str, int | None]]:
+    """(file, line, operator, column) of each row of equivalent.md: the mutants no behaviour tells
+    apart. A row's line is ``LINE`` (every mutant of the operator on that line) or ``LINE:COL`` (only
+    the one at that 0-based column, as cosmic-ray records it: a line with several places for one
+    operator, where the reason holds for one of them)."""
     out = set()
     for line in (HERE / "equivalent.md").read_text().splitlines():
         if line.startswith("| `") and line.count("|") >= 5:
             f, ln, op = (c.strip().strip("`") for c in line.split("|")[1:4])
-            if ln.isdigit():
-                out.add((f, int(ln), op))
+            row, _, col = ln.partition(":")
+            if row.isdigit() and (not col or col.isdigit()):
+                out.add((f, int(row), op, int(col) if col else None))
     return out
+
+
+def listed(equiv: set, file: str, row: int, op: str, col: int) -> bool:
+    """Whether equivalent.md names the mutant of ``op`` at ``row``:``col`` of ``file``."""
+    return (file, row, op, None) in equiv or (file, row, op, col) in equiv
 
 
 def annotation_spans(path: Path) -> list[tuple[tuple[int, int], tuple[int, int]]]:
@@ -85,13 +94,24 @@ def annotation_spans(path: Path) -> list[tuple[tuple[int, int], tuple[int, int]]
     return spans
 
 
-def retest_survivors(name: str, spec: dict, timeout_s: float, listed: bool = False) -> None:
+def baseline_passes(spec: dict, timeout_s: float) -> bool:
+    """The target's tests pass on the unmutated code (else a re-test would call every mutant killed)."""
+    env = dict(os.environ, **dict(kv.split("=", 1) for kv in NO_PYC.split()))
+    try:
+        t = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *spec.get("args", []),
+                            *spec["tests"]], cwd=ROOT, capture_output=True, timeout=timeout_s, env=env)
+    except subprocess.TimeoutExpired:
+        return False
+    return t.returncode == 0
+
+
+def retest_survivors(name: str, spec: dict, timeout_s: float, only_listed: bool = False) -> None:
     """Run the target's (now larger) tests again on each mutant that survived in the session, one at
     a time (``cosmic-ray apply``, the file restored after each), and record the new outcomes: after
     new tests, only the survivors need another look."""
     db = ROOT / ".mutation" / f"{name}.sqlite"
     con = sqlite3.connect(db)
-    rows = con.execute("SELECT m.job_id, m.module_path, m.operator_name, m.occurrence, m.start_pos_row FROM "
+    rows = con.execute("SELECT m.job_id, m.module_path, m.operator_name, m.occurrence, m.start_pos_row, m.start_pos_col FROM "
                        "mutation_specs m JOIN work_results r ON m.job_id = r.job_id "
                        "WHERE lower(r.test_outcome) = 'survived'").fetchall()
     left_out = re.compile("|".join(EXCLUDED_OPERATORS))
@@ -99,14 +119,16 @@ def retest_survivors(name: str, spec: dict, timeout_s: float, listed: bool = Fal
     equiv = equivalents()
     # equivalent.md's rows are not run again (no test can kill them), unless ``listed``: then only
     # those are, to find a row a new test made wrong (the row goes; the mutant counts as killed)
-    rows = [r for r in rows if ((spec["file"], r[4], r[2]) in equiv) == listed]
+    rows = [r for r in rows if listed(equiv, spec["file"], r[4], r[2], r[5]) == only_listed]
+    if rows and not baseline_passes(spec, timeout_s):
+        raise SystemExit(f"{name}: the tests fail on the unmutated code: no survivor re-tested")
     purge_bytecode()
     path = ROOT / spec["file"]
     original = path.read_bytes()
     cr = str(Path(sys.executable).parent / "cosmic-ray")
     try:
         lines = original.decode().splitlines()
-        for job, module, op, occ, row in rows:
+        for job, module, op, occ, row, _col in rows:
             applied = subprocess.run([cr, "apply", module, op, str(occ)], cwd=ROOT, capture_output=True)
             now = path.read_bytes().decode().splitlines()
             changed = next((i + 1 for i, (a, b) in enumerate(zip(lines, now)) if a != b), None)
@@ -123,7 +145,7 @@ def retest_survivors(name: str, spec: dict, timeout_s: float, listed: bool = Fal
             except subprocess.TimeoutExpired:
                 outcome = "KILLED"
             path.write_bytes(original)
-            if listed and outcome == "KILLED":
+            if only_listed and outcome == "KILLED":
                 print(f"{name}: equivalent.md lists line {row} {op}, which a test kills now: remove the row")
             con.execute("UPDATE work_results SET test_outcome = ? WHERE job_id = ?", (outcome, job))
             con.commit()
@@ -131,21 +153,38 @@ def retest_survivors(name: str, spec: dict, timeout_s: float, listed: bool = Fal
         path.write_bytes(original)
 
 
-def _single_line_key(op: str, line: str, spec_row: tuple[int, int, int, int]) -> tuple | None:
+def _single_line_key(op: str, line: str, spec_row: tuple[int, int, int, int],
+                     around: tuple[str | None, str | None] = (None, None)) -> tuple | None:
     """What identifies a one-line mutant across edits of other lines: the operator, the text of the
-    line it changes, and where on that line (a mutant spanning lines has no key: it is run again)."""
+    line it changes and of the lines just before and after it, and where on the line (a mutant
+    spanning lines has no key: it is run again)."""
     start_row, start_col, end_row, end_col = spec_row
-    return (op, line, start_col, end_col) if start_row == end_row else None
+    return (op, around[0], line, around[1], start_col, end_col) if start_row == end_row else None
+
+
+def _diff_line_and_around(diff: str) -> tuple[str, tuple[str | None, str | None]] | None:
+    """The one line a recorded diff changes, with the context lines around it (None at a file's end)."""
+    body = [x for x in (diff or "").splitlines() if not x.startswith(("---", "+++", "@@")) and x != "--- mutation diff ---"]
+    minus = [i for i, x in enumerate(body) if x.startswith("-")]
+    plus = [i for i, x in enumerate(body) if x.startswith("+")]
+    if len(minus) != 1 or len(plus) != 1:
+        return None
+    i, j = minus[0], plus[0]
+    before = body[i - 1][1:] if i > 0 and body[i - 1].startswith(" ") else None
+    after = body[j + 1][1:] if j + 1 < len(body) and body[j + 1].startswith(" ") else None
+    return body[i][1:], (before, after)
 
 
 def carry(name: str, spec: dict, prev: Path, db: Path) -> tuple[int, int]:
     """After an edit of some lines of the target's file: the fresh session ``db`` takes the outcome
-    the previous session ``prev`` recorded for each one-line mutant whose line reads exactly as it
-    did then (same operator, same place on the line; mutants alike on one line pair up in order).
-    Carried survivors are tested again (``retest_survivors``); every other mutant, a changed line's
-    or one spanning lines, runs afresh. The kills carried were made by the tests of that session on
-    code that differed elsewhere in the file: a change that made a mutant live again through another
-    line is not seen (run the target afresh, without --carry, for the figure of record)."""
+    the previous session ``prev`` recorded for each one-line mutant whose line, and the lines just
+    before and after it, read exactly as they did then (same operator, same place on the line).
+    Mutants alike on one line pair up in order, and only when both sessions have as many of them:
+    a line that now appears more or fewer times (an edited or a new copy) runs afresh, as does every
+    mutant of a changed line or one spanning lines. Carried survivors are tested again
+    (``retest_survivors``). The kills carried were made by the tests of that session on code that
+    differed elsewhere in the file: a change that made a mutant live again through another line is
+    not seen (run the target afresh, without --carry, for the figure of record)."""
     lines = (ROOT / spec["file"]).read_text().splitlines()
     old = sqlite3.connect(prev)
     pool: dict[tuple, list[tuple]] = {}
@@ -153,23 +192,31 @@ def carry(name: str, spec: dict, prev: Path, db: Path) -> tuple[int, int]:
             "SELECT m.operator_name, m.occurrence, m.start_pos_row, m.start_pos_col, m.end_pos_row, m.end_pos_col, "
             "r.test_outcome, r.worker_outcome, r.diff, r.output FROM mutation_specs m JOIN work_results r "
             "ON m.job_id = r.job_id ORDER BY m.occurrence"):
-        minus = [x[1:] for x in (diff or "").splitlines() if x.startswith("-") and not x.startswith("---")]
-        key = _single_line_key(op, minus[0], (r0, c0, r1, c1)) if len(minus) == 1 else None
+        got = _diff_line_and_around(diff)
+        key = _single_line_key(op, got[0], (r0, c0, r1, c1), got[1]) if got else None
         if key is not None:
             pool.setdefault(key, []).append((outcome, worker, diff, output))
     new = sqlite3.connect(db)
-    carried = survivors = 0
+    done = {j for (j,) in new.execute("SELECT job_id FROM work_results")}  # the operator filter's skipped ones
+    wanted: dict[tuple, list[str]] = {}
     for job, op, r0, c0, r1, c1 in new.execute(
             "SELECT job_id, operator_name, start_pos_row, start_pos_col, end_pos_row, end_pos_col "
             "FROM mutation_specs ORDER BY occurrence").fetchall():
-        key = _single_line_key(op, lines[r0 - 1], (r0, c0, r1, c1)) if 0 < r0 <= len(lines) else None
-        if key is None or not pool.get(key):
+        if job in done or not 0 < r0 <= len(lines):
             continue
-        outcome, worker, diff, output = pool[key].pop(0)
-        new.execute("INSERT INTO work_results (job_id, worker_outcome, output, test_outcome, diff) VALUES (?, ?, ?, ?, ?)",
-                    (job, worker, f"carried from {prev.name}\n{output or ''}", outcome, diff))
-        carried += 1
-        survivors += str(outcome).lower() == "survived"
+        around = (lines[r0 - 2] if r0 > 1 else None, lines[r0] if r0 < len(lines) else None)
+        key = _single_line_key(op, lines[r0 - 1], (r0, c0, r1, c1), around)
+        if key is not None:
+            wanted.setdefault(key, []).append(job)
+    carried = survivors = 0
+    for key, jobs in wanted.items():
+        if len(pool.get(key, ())) != len(jobs):
+            continue  # as many alike mutants in both sessions, or none carried
+        for job, (outcome, worker, diff, output) in zip(jobs, pool[key]):
+            new.execute("INSERT INTO work_results (job_id, worker_outcome, output, test_outcome, diff) VALUES (?, ?, ?, ?, ?)",
+                        (job, worker, f"carried from {prev.name}\n{output or ''}", outcome, diff))
+            carried += 1
+            survivors += str(outcome).lower() == "survived"
     new.commit()
     return carried, survivors
 
@@ -178,7 +225,7 @@ def run_target(name: str, spec: dict, timeout_s: float, resume: str = "no") -> d
     if resume == "survivors":
         retest_survivors(name, spec, timeout_s)
     if resume == "equivalents":
-        retest_survivors(name, spec, timeout_s, listed=True)
+        retest_survivors(name, spec, timeout_s, only_listed=True)
         resume = "report"
     if resume in ("survivors", "report"):
         return report(name, spec)
@@ -231,12 +278,15 @@ def report(name: str, spec: dict) -> dict:
         outcome, worker = str(outcome or "").lower(), str(worker or "").lower()
         in_annotation = any(a <= (row, col) < b for a, b in spans)
         if outcome == "survived":
-            (equivalent if in_annotation or (spec["file"], row, op) in equiv else survivors).append((row, op, occ))
+            (equivalent if in_annotation or listed(equiv, spec["file"], row, op, col) else survivors).append((row, op, occ))
         elif outcome in ("killed", "incompetent") or worker == "timeout":  # the tests noticed (a hang counts)
             killed += 1
     counted = len(sampled) - len(equivalent)
+    surviving = {(row, op, col) for _p, op, _o, row, col, outcome, _w in sampled if str(outcome or "").lower() == "survived"}
+    stale = sorted((row, op, col) for f, row, op, col in equiv if f == spec["file"] and not any(
+        r == row and o == op and (col is None or c == col) for r, o, c in surviving))
     return {"name": name, "file": spec["file"], "mutants": len(sampled), "not_sampled": len(rows) - len(sampled),
-            "killed": killed, "equivalent": len(equivalent),
+            "killed": killed, "equivalent": len(equivalent), "stale_rows": stale,
             "kill_rate": killed / counted if counted else None, "survivors": sorted(survivors)}
 
 
@@ -275,6 +325,8 @@ def main() -> int:
               f"{'-' if rate is None else f'{100 * rate:.1f}%':>9} {r['not_sampled']:11}")
         for row, op, occ in r["survivors"]:
             print(f"    survived: line {row} {op} #{occ}")
+        for row, op, col in r["stale_rows"]:  # killed by a test now, or the code moved: the row is wrong
+            print(f"    equivalent.md row with no surviving mutant: line {row}{'' if col is None else f':{col}'} {op}")
     return 1 if low else 0
 
 

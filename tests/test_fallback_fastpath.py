@@ -80,9 +80,10 @@ TIGHT = {
     "p25's bound at rank 0": ([1.0] * N, [0.3] * 49),  # 49 added: S[49 - 49]
 }
 EDGE = {
-    # every rank of the view moved: the bound has no value to read and the trip is computed exactly
+    # every rank of the view moved (more scores added than p25's rank: lo < 0, and so, by the argument
+    # in _trip, hi would be past the view): the bound has no value to read, the trip is computed exactly
     "p25 moved below the view": ([1.0] * N, [0.3] * 50),  # S[49 - 50]: p25 is 0.3 now
-    "p75 moved past the view": ([1.0] * N, [1.7] * 51),  # S[149 + 51] = S[200]: p75 is 1.7 now
+    "every rank moved, p75 with them": ([1.0] * N, [1.7] * 51),  # 51 added and evicted: p75 is 1.7 now
 }
 
 

@@ -105,8 +105,7 @@ class LogTracker(ProgressTracker):
             if u.step == 0 and self.global_step is not None and step < self.global_step:
                 return []  # the bar's reset at an epoch's start, drawn before its new "Epoch N" desc
             # the postfix (Lightning's metrics) follows the rate's unit: it/s, or s/it for a step over 1 s
-            rate_at = body.find(u.unit, body.rfind("["))
-            postfix = body[rate_at + len(u.unit):] if rate_at >= 0 else ""
+            postfix = body.rpartition(u.unit)[2]
             return self._advance(step, None, None, pairs(postfix), at_s, poll_seq, live)
         if u is None and self._tail:  # a line is whole only at its newline, but for a bar drawn in place:
             # Rich writes the newline *before* its next frame, so the newest frame is the tail (a hung run's

@@ -9,21 +9,7 @@ import pytest
 
 from stepwatch.monitors.detectors.fallback import EXEMPT_FLAGS, FallbackDetector
 
-STEADY, SLOW, VALLEY = 2.0, 40.0, 8.0
-
-
-def _steady(d: FallbackDetector | None = None, n: int = 30) -> FallbackDetector:
-    """``n`` steps of 2.0 s from step 0: steady after the 20th (step 19)."""
-    d = d or FallbackDetector()
-    for i in range(n):
-        d.add(i, STEADY)
-    return d
-
-
-def _feed(d: FallbackDetector, first: int, times: list[float]) -> int:
-    for k, t in enumerate(times):
-        d.add(first + k, t)
-    return first + len(times)
+from test_fallback_words import SLOW, STEADY, VALLEY, _feed, _steady
 
 
 def test_the_settings_are_keyword_only():

@@ -26,6 +26,7 @@ import pytest
 from stepwatch.monitors.detectors import baseline as baseline_mod
 from stepwatch.monitors.detectors import fallback as fallback_mod
 from stepwatch.monitors.detectors.fallback import TRIP_RATIO_MIN, FallbackDetector
+from stepwatch.monitors.stats.nearest_rank import nearest_rank_index
 from stepwatch.monitors.stats.stepstats import nearest_rank
 
 N = 200  # BASELINE_WINDOW: the scores kept
@@ -56,15 +57,16 @@ def _exact_trip(d: FallbackDetector) -> float:
     return max(TRIP_RATIO_MIN, 1.0 + d.spread_mult * ((nearest_rank(sc, 75) - nearest_rank(sc, 25)) / 1.349))
 
 
-def _count_trip_calls(d: FallbackDetector) -> Counter:
+def _count_calls(obj: object, name: str) -> Counter:
+    """Replace ``obj``'s method ``name`` (on the instance alone) by one that counts its calls."""
     calls: Counter = Counter()
-    general = d._trip
+    general = getattr(obj, name)
 
-    def counted() -> float:
-        calls["_trip"] += 1
-        return general()
+    def counted(*args):
+        calls[name] += 1
+        return general(*args)
 
-    d._trip = counted  # type: ignore[method-assign]
+    setattr(obj, name, counted)
     return calls
 
 
@@ -99,7 +101,7 @@ def test_a_stale_view_within_the_bound_is_not_sorted(case, through_add):
         d._push_score(s)
     assert _exact_trip(d) == TRIP_RATIO_MIN
     if through_add:
-        calls = _count_trip_calls(d)
+        calls = _count_calls(d, "_trip")
         assert d.add(300, 20.0).trip_ratio == TRIP_RATIO_MIN
         assert calls["_trip"] == 0
     else:
@@ -121,17 +123,13 @@ def test_a_view_whose_ranks_all_moved_gives_the_exact_trip(case, through_add):
     assert (d.add(300, 20.0).trip_ratio if through_add else d._trip()) == exact
 
 
-def _nearest_rank_index(p: int, n: int) -> int:
-    return -(-p * n // 100) - 1
-
-
 def _far_values(n: int, a: int, lead: int | None = None) -> list[float]:
     """n scores, oldest first: ``lead`` (default ``a``) of 1.0 (the next pushes evict them), then 0.0
     up to rank i25 - a - 1 of the sorted view, 1.0 from i25 - a to i75 + a, and 3.0 above: after
     ``lead`` more scores of 1.0 the exact p25 and p75 are 1.0, and a bound read with ``a`` added and
     evicted lies one rank inside each far value."""
     lead = a if lead is None else lead
-    i25, i75 = _nearest_rank_index(25, n), _nearest_rank_index(75, n)
+    i25, i75 = nearest_rank_index(25, n), nearest_rank_index(75, n)
     ones = (i75 + a) - (i25 - a) + 1
     return [1.0] * lead + [0.0] * (i25 - a) + [1.0] * (ones - lead) + [3.0] * (n - (i75 + a) - 1)
 
@@ -154,7 +152,7 @@ def test_the_bound_s_ranks_at_other_window_lengths(n, through_add):
         d._push_score(1.0)
     assert _exact_trip(d) == TRIP_RATIO_MIN
     if through_add:
-        calls = _count_trip_calls(d)
+        calls = _count_calls(d, "_trip")
         assert d.add(10_000, 20.0).trip_ratio == TRIP_RATIO_MIN and calls["_trip"] == 0
     else:
         assert d._trip() == TRIP_RATIO_MIN
@@ -176,7 +174,7 @@ def test_a_view_that_goes_stale_counts_the_push_that_made_it_stale_once():
     assert not d._scores_sync and (d._scores_added, d._scores_evicted) == (1, 1)
     view = list(d._scores)
     assert (view[I25 - 2], view[I25 - 1], view[I75 + 1], view[I75 + 2]) == (0.0, 1.0, 1.0, 3.0)
-    calls = _count_trip_calls(d)
+    calls = _count_calls(d, "_trip")
     assert d.add(300, 20.0).trip_ratio == TRIP_RATIO_MIN and calls["_trip"] == 0
 
 
@@ -205,18 +203,6 @@ def _per_token_steady() -> FallbackDetector:
     return d
 
 
-def _count_drop_checks(d: FallbackDetector) -> Counter:
-    calls: Counter = Counter()
-    general = d._check_drop
-
-    def counted() -> None:
-        calls["_check_drop"] += 1
-        general()
-
-    d._check_drop = counted  # type: ignore[method-assign]
-    return calls
-
-
 @pytest.mark.parametrize("dt_s, checks", [
     (10.0, 0),  # 0.010 s/token: at or above 0.016 / 2, the median's limit: nothing to check
     (8.0, 0),  # 0.008: exactly the limit, which keeps the baseline (a drop is *under* half the level)
@@ -229,16 +215,14 @@ def test_the_drop_check_reads_the_median_rank_of_the_per_token_view(dt_s, checks
     or above would send the 10 s step to the check. The check itself starts from the same bound: a
     step of the last 20 at or above it keeps the baseline without sorting the level."""
     d = _per_token_steady()
-    calls = _count_drop_checks(d)
-    levels = []
-    exact_level = d._base.level
-    d._base.level = lambda: levels.append(1) or exact_level()  # type: ignore[method-assign]
+    calls = _count_calls(d, "_check_drop")
+    levels = _count_calls(d._base, "level")
     v = d.add(300, dt_s, (), None, 1000)
     pt = d._base._pt
     assert d._base._pt_sync and (pt[98], pt[99], pt[100]) == (0.016, 0.016, 0.024)
     assert not v.slow and v.state == "ok"
     assert calls["_check_drop"] == checks
-    assert levels == []  # the bound (0.016 / 2) kept the baseline: the level was never sorted for
+    assert levels["level"] == 0  # the bound (0.016 / 2) kept the baseline: the level was never sorted for
     assert d.details()["baseline_s"] == 16.0 and d.warmup() == {"state": "steady", "until_step": None}  # kept
 
 

@@ -40,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -49,20 +50,14 @@ from common import ROOT, new_result, spread, write_json  # noqa: E402
 TARGET_S, TARGET_RATIO = 1.0, 3.0
 
 
-def build_run(run_dir: Path, steps: int, seed: int = 0) -> dict:
-    """Write a finished run dir with ``steps`` step events; return counts."""
-    from stepwatch.monitors.runfiles import write_json_atomic
-
-    run_dir.mkdir(parents=True)
-    rng = random.Random(seed)
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    t0 = 1_780_000_000.0
+def event_lines(steps: int, rng: random.Random, pid: int, t0: float, end: dict | None = None) -> Iterator[str]:
+    """The lines of the events.jsonl of a finished run with ``steps`` step events, one at a time
+    (a ~1 GB file for bench/cold_status.py is never held whole); ``end["t"]``: the last step's end."""
     enc = json.JSONEncoder(separators=(",", ":"))
-    lines = [enc.encode({"v": 1, "kind": "run_start", "t": t0, "step": None, "rank": 0, "world_size": 1,
-                         "pid": dead.pid, "max_steps": steps,
-                         "versions": {"python": "3.11.7", "torch": "2.13.0", "transformers": "5.24.0"},
-                         "attn_implementation": {"requested": "flex_attention", "resolved": "flex_attention"}})]
+    yield enc.encode({"v": 1, "kind": "run_start", "t": t0, "step": None, "rank": 0, "world_size": 1,
+                      "pid": pid, "max_steps": steps,
+                      "versions": {"python": "3.11.7", "torch": "2.13.0", "transformers": "5.24.0"},
+                      "attn_implementation": {"requested": "flex_attention", "resolved": "flex_attention"}})
     t = t0
     dts = []
     pending_save = False
@@ -76,29 +71,54 @@ def build_run(run_dir: Path, steps: int, seed: int = 0) -> dict:
         begin, t = t, t + dt
         if s > 1:
             dts.append(dt)
-        lines.append(enc.encode({"v": 1, "kind": "step", "t": t, "step": s, "rank": 0, "dt": dt, "step_begin": begin,
-                                 "step_end": t, "tokens": 26048, "padded_tokens": 26112, "flags": flags}))
+        yield enc.encode({"v": 1, "kind": "step", "t": t, "step": s, "rank": 0, "dt": dt, "step_begin": begin,
+                          "step_end": t, "tokens": 26048, "padded_tokens": 26112, "flags": flags})
         if s % 10 == 0:
-            lines.append(enc.encode({"v": 1, "kind": "log", "t": t + 0.01, "step": s, "rank": 0,
-                                     "logs": {"loss": round(rng.uniform(1.5, 3.0), 4), "grad_norm": 0.63,
-                                              "learning_rate": 2e-05, "epoch": s / steps}}))
+            yield enc.encode({"v": 1, "kind": "log", "t": t + 0.01, "step": s, "rank": 0,
+                              "logs": {"loss": round(rng.uniform(1.5, 3.0), 4), "grad_norm": 0.63,
+                                       "learning_rate": 2e-05, "epoch": s / steps}})
         if s % 500 == 0:
-            lines.append(enc.encode({"v": 1, "kind": "phase", "t": t + 0.02, "step": s, "rank": 0, "name": "save",
-                                     "state": "begin"}))
-            lines.append(enc.encode({"v": 1, "kind": "phase", "t": t + 7.9, "step": s, "rank": 0, "name": "save",
-                                     "state": "end"}))
+            yield enc.encode({"v": 1, "kind": "phase", "t": t + 0.02, "step": s, "rank": 0, "name": "save",
+                              "state": "begin"})
+            yield enc.encode({"v": 1, "kind": "phase", "t": t + 7.9, "step": s, "rank": 0, "name": "save",
+                              "state": "end"})
             pending_save = True
         if s == 50:
-            lines.append(enc.encode({"v": 1, "kind": "dynamo", "t": t + 0.03, "step": s, "rank": 0,
-                                     "counters": {"stats": {"unique_graphs": 4}, "frames": {"total": 5, "ok": 4}},
-                                     "recompiles": 3, "recompile_limit_hits": 0}))
+            yield enc.encode({"v": 1, "kind": "dynamo", "t": t + 0.03, "step": s, "rank": 0,
+                              "counters": {"stats": {"unique_graphs": 4}, "frames": {"total": 5, "ok": 4}},
+                              "recompiles": 3, "recompile_limit_hits": 0})
     dts.sort()
     from stepwatch.telemetry import step_summary
 
-    lines.append(enc.encode({"v": 1, "kind": "run_end", "t": t + 1, "step": steps, "rank": 0,
-                             "step_seconds": step_summary(dts),
-                             "dynamo": {"recompiles": 3, "recompile_limit_hits": 0}, "dropped_events": 0}))
-    (run_dir / "events.jsonl").write_text("\n".join(lines) + "\n")
+    if end is not None:
+        end["t"] = t
+    yield enc.encode({"v": 1, "kind": "run_end", "t": t + 1, "step": steps, "rank": 0,
+                      "step_seconds": step_summary(dts),
+                      "dynamo": {"recompiles": 3, "recompile_limit_hits": 0}, "dropped_events": 0})
+
+
+def build_run(run_dir: Path, steps: int, seed: int = 0) -> dict:
+    """Write a finished run dir with ``steps`` step events; return counts."""
+    from stepwatch.monitors.runfiles import write_json_atomic
+
+    run_dir.mkdir(parents=True)
+    rng = random.Random(seed)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    t0 = 1_780_000_000.0
+    n_lines = 0
+    end: dict = {}
+    with open(run_dir / "events.jsonl", "w") as f:
+        buf: list[str] = []
+        for line in event_lines(steps, rng, dead.pid, t0, end):
+            buf.append(line)
+            if len(buf) >= 65536:
+                f.write("\n".join(buf) + "\n")
+                n_lines += len(buf)
+                buf = []
+        n_lines += len(buf)
+        f.write("\n".join(buf) + "\n")
+    t = end["t"]
     (run_dir / "train.log").write_text("".join(
         f"{{'loss': '{rng.uniform(1.5, 3.0):.4g}', 'grad_norm': '0.6336', 'learning_rate': '2e-05'}}\n"
         for _ in range(200)) + "done\n")
@@ -111,7 +131,7 @@ def build_run(run_dir: Path, steps: int, seed: int = 0) -> dict:
     write_json_atomic(run_dir / "exit.json", {"returncode": 0, "signal": None, "ended_at": None,
                                               "ended_at_unix": t + 1, "duration_s": t + 1 - t0,
                                               "stop_requested": False, "error": None})
-    return {"event_lines": len(lines), "step_events": steps,
+    return {"event_lines": n_lines, "step_events": steps,
             "events_bytes": os.path.getsize(run_dir / "events.jsonl")}
 
 
@@ -165,13 +185,14 @@ def _comparable(snap: dict) -> str:
     snap["log"]["last_byte_age_s"] = None
     if snap.get("disk"):
         snap["disk"]["free_bytes"] = None  # read at each refresh: it moves
+    snap["health"]["host_load_1m"] = None  # the machine's load average, read at each refresh: it moves
     for al in snap["alerts"]:
         al["at"] = al["at"] if al["kind"] in ("fallback", "watchdog") else None
     return json.dumps(snap, sort_keys=True)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="4 rounds instead of 10")
     ap.add_argument("--steps", type=int, default=100_000)
     ap.add_argument("--pairs", type=int, help="rounds of (A, B, C)")

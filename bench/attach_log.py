@@ -98,7 +98,7 @@ def time_tail(path: Path) -> tuple[float, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="500 MB instead of 2 GB")
     ap.add_argument("--repeat", type=int, default=7, help="runs of each (alternating); medians reported")
     ap.add_argument("--json", metavar="FILE", help="write the results as JSON")

@@ -173,7 +173,7 @@ def measure(pairs: int, block: int, hidden: int, seq_len: int, batch: int, run_d
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="60 pairs instead of 300")
     ap.add_argument("--pairs", type=int)
     ap.add_argument("--block", type=int, default=5, help="steps per block (default 5)")

@@ -40,6 +40,8 @@ def load_controls():
     name = "stepwatch_test_step_controls"
     if name not in sys.modules:
         spec = importlib.util.spec_from_file_location(name, ROOT / "tests" / "fixtures" / "step_controls.py")
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot load {spec}")
         mod = importlib.util.module_from_spec(spec)
         sys.modules[name] = mod
         spec.loader.exec_module(mod)
@@ -124,7 +126,7 @@ def print_table(rows: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--seed", type=int, default=0, help="seed of the table (the tests use 0)")
     ap.add_argument("--seeds", type=int, default=20, help="seeds for the worst-case summary (0: skip)")
     ap.add_argument("--mc-seeds", type=int, default=200, help="seeds for the partial-fallback Monte Carlo (0: skip)")

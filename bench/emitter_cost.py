@@ -113,13 +113,15 @@ def _common():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("bench_common", Path(__file__).with_name("common.py"))
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {spec}")
     common = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(common)
     return common
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer repeats (a few seconds)")
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     ap.add_argument("--dir", metavar="DIR", help="where the temporary run dir is made")

@@ -63,7 +63,7 @@ def _cost(kind: str, scrapes: int, run_dir: Path) -> tuple[float, int]:
     child = subprocess.Popen([sys.executable, "-c", CHILD, kind, str(port), str(run_dir)], stdout=subprocess.PIPE,
                              text=True, start_new_session=True)
     try:
-        assert child.stdout.readline().strip() == "ready"
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
         url = f"http://127.0.0.1:{port}/metrics"
         size = len(urllib.request.urlopen(url, timeout=5).read())  # warm: the first scrape imports and builds
         proc = psutil.Process(child.pid)
@@ -85,6 +85,7 @@ def main() -> int:
     res = common.new_result("exporter_cost", args.quick)
     run_dir = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "runs" / "ended-sigkill"
     ours, floor = [], []
+    size = fsize = 0  # set by the rounds below
     for _ in range(3):  # interleaved, so a busy moment of the machine falls on both
         c, size = _cost("exporter", scrapes, run_dir)
         ours.append(c)

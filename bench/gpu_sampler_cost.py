@@ -99,7 +99,7 @@ def measure(window_s: float, interval_s: float, devices: int, recording: str, re
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="5 s window instead of 60 s")
     ap.add_argument("--window", type=float, default=None, help="measurement window, seconds")
     ap.add_argument("--interval", type=float, default=1.0, help="sampler interval, seconds (1 Hz by default)")
@@ -148,6 +148,8 @@ def _new_result(quick: bool) -> dict:
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("bench_common", Path(__file__).with_name("common.py"))
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {spec}")
     common = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(common)
     return common.new_result("gpu_sampler_cost", quick)

@@ -68,13 +68,13 @@ def measure(warmup_s: float, window_s: float) -> dict:
         "cpu_s": None if c0 is None or c1 is None else c1 - c0, "wall_s": wall,
         "watch_alive_at_end": alive, "watch_output_lines": len(lines), "watch_output_tail": lines[-3:],
         "events_bytes_in_window": ev1 - ev0,
-        "others_cpu_share": {k: ((o1[k] - o0[k]) / wall if o0.get(k) is not None and o1.get(k) is not None else None)
-                             for k in others},
+        "others_cpu_share": {k: ((b - a) / wall if (a := o0.get(k)) is not None and (b := o1.get(k)) is not None
+                                 else None) for k in others},
     }
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="10 s window instead of 60 s")
     ap.add_argument("--warmup", type=float, default=3.0)
     ap.add_argument("--window", type=float)

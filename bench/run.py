@@ -64,6 +64,8 @@ EXTRA_TARGETS: dict[str, tuple[float, str, str]] = {
     "alert_latency_kill_s": (2.0, "s", "abs"),
     "supervisor_cpu_share": (0.02, "s/s", "abs"),
     "exporter_cpu_share_at_5s": (0.01, "s/s", "abs"),
+    "cold_status_ratio": (3.0, "x", "ratio"),
+    "cold_status_peak_rss_mb": (500.0, "MB", "abs"),
 }
 
 #: name -> (script, quick args, full args, quick timeout s, full timeout s, group). Benchmarks of one
@@ -81,6 +83,7 @@ BENCHES: list[tuple[str, str, list[str], list[str], float, float, str]] = [
     ("tui", "tui_pty.py", ["--quick", "--warmup", "3", "--window", "6", "--launches", "1"], [], 100, 400, "tui"),
     ("log_search", "log_search.py", ["--quick", "--repeat", "3"], [], 60, 120, "log_search"),
     ("exporter", "exporter_cost.py", ["--quick"], [], 60, 180, "exporter"),
+    ("cold_status", "cold_status.py", ["--quick"], [], 90, 900, "cold_status"),
 ]
 
 
@@ -97,6 +100,7 @@ KEY_BENCH = {
     "log_timing_p50_error_20ms": "supervisor_watch", "alert_latency_kill_s": "supervisor_watch",
     "supervisor_cpu_share": "supervisor_watch",
     "log_search_s": "log_search", "log_search_again_s": "log_search", "log_search_ratio": "log_search",
+    "cold_status_ratio": "cold_status", "cold_status_peak_rss_mb": "cold_status",
     "exporter_cpu_s_per_scrape": "exporter", "exporter_cpu_share_at_5s": "exporter", "exporter_vs_floor": "exporter",
 }
 
@@ -145,7 +149,7 @@ def run_all(quick: bool, only: set[str] | None, tmp: Path) -> tuple[dict[str, An
         if only and b[0] not in only:
             continue
         groups.setdefault(b[6], []).append(b)
-    for gname, members in groups.items():
+    for members in groups.values():
         started = []
         for name, script, qargs, fargs, qto, fto, _ in members:
             jp = tmp / f"{name}.json"
@@ -183,7 +187,7 @@ def run_all(quick: bool, only: set[str] | None, tmp: Path) -> tuple[dict[str, An
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="short windows and fewer pairs: under 2 minutes on 2 cores")
     ap.add_argument("--json", metavar="FILE", help="write every figure (null + a note when not taken) as one object")
     ap.add_argument("--only", help="comma-separated benchmark names: " + ", ".join(b[0] for b in BENCHES))
@@ -246,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{key:27} {fmt_num(val) + (u if val is not None else ''):>12} {base_s:>12} "
               f"{fmt_num(ratio) if ratio is not None else '-':>7} {spread_s:>15} {'<= ' + fmt_num(target) + u:>11}  {v}")
     if any((b or {}).get("quoted") for b in B.values()):
-        print("* quoted from ../shared/notes/measured-floors.md (2026-11-30), not measured in this run")
+        print("* quoted from the floors measured on the 2-core development VM (2026-11-30), not measured in this run")
     print()
     for key, lean in leans.items():
         sp = S.get(key) or {}

@@ -42,7 +42,7 @@ def rss_bytes() -> int | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--n", type=int, default=1_000_000)
     ap.add_argument("--adds", type=int, default=20_000)
     ap.add_argument("--repeats", type=int, default=5)

@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -98,7 +98,7 @@ def steady_run(max_s: float = 600.0, name: str = RUN_NAME) -> Iterator[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--seconds", type=float, default=5.0)
     a = ap.parse_args(argv)
     with steady_run() as rd:

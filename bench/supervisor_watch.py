@@ -112,7 +112,7 @@ def kill_latency(repo: Path, i: int) -> float | None:
                      alerts={"command": [sys.executable, str(repo / "ping.py"), str(out)]})
     if not wait_for(lambda: truth.exists(), 30):
         return None
-    pid = read_json(run_dir / "run.json")["process"]["pid"]
+    pid = (read_json(run_dir / "run.json") or {})["process"]["pid"]
     t0 = time.time()
     os.kill(pid, signal.SIGKILL)
     line = wait_for(lambda: out.exists() and out.read_text().strip(), 15)
@@ -125,6 +125,8 @@ def cpu_share(repo: Path, window_s: float) -> dict:
     truth = repo.parent / "cpu.truth.json"
     run_dir = launch(repo, "cpu", [sys.executable, "tq.py", str(int((window_s + 10) * 10)), "0.1", "10", str(truth)])
     run = wait_for(lambda: (r := read_json(run_dir / "run.json")) and r.get("process", {}).get("pid") and r, 30)
+    if run is None:
+        raise RuntimeError(f"{run_dir}: no training process recorded within 30 s")
     sup, job = psutil.Process(run["supervisor"]["pid"]), psutil.Process(run["process"]["pid"])
     time.sleep(3.0)  # warm-up: imports, the first folds
 
@@ -141,7 +143,7 @@ def cpu_share(repo: Path, window_s: float) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--kills", type=int, default=None)
     ap.add_argument("--window", type=float, default=None)

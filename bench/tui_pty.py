@@ -2,7 +2,7 @@
 
     python bench/tui_pty.py [--quick] [--json FILE] [--no-baseline-app]
 
-The harness is the one of ../shared/notes/measured-floors.md (Appendix B): a pty of 80x24, the app's
+The harness is the one the Textual floors were measured with (2-core development VM, 2026-11-30): a pty of 80x24, the app's
 stdin/stdout/stderr on the slave, ``setsid`` + ``TIOCSCTTY``, the environment exactly PATH, HOME,
 ``LANG=C.UTF-8``, ``TERM=xterm-256color`` (COLORTERM unset: 256 colours); the parent reads the master
 continuously. Nothing answers the terminal's queries (so frames carry no synchronized-update wrapper).
@@ -14,8 +14,8 @@ a gap over 4 ms between reads starting a new frame), and samples the app's CPU t
 psutil, children included) at both ends. First frame: from just before ``Popen()`` to the first
 read whose bytes (with the previous read's tail) contain the run's name, over both sessions and
 ``--launches`` extra short ones; its baseline is ``python -c "import textual"`` (wall time, the same
-number of times). Unless ``--no-baseline-app``, the minimal Textual screen of measured-floors.md
-Appendix A (``logbatch`` case, Log scrollbars off: header, numbers, two 60-point sparklines, a log
+number of times). Unless ``--no-baseline-app``, the minimal Textual screen those floors were measured
+on (``MINIMAL_APP``, ``logbatch`` case, Log scrollbars off: header, numbers, two 60-point sparklines, a log
 batched at 1 Hz; measured 5.9 KB/s there) runs in the same harness as the bytes baseline.
 """
 
@@ -43,7 +43,7 @@ ROWS, COLS = 24, 80
 TARGETS = {"tui_cpu_share": 0.05, "tui_bytes_per_s": 8000, "tui_bytes_per_s_low": 1000, "tui_first_frame_s": 1.0}
 FRAME_GAP_S = 0.004
 
-# measured-floors.md Appendix A, verbatim in behaviour ("logbatch" case; LOG_CSS from the environment)
+# The floors' minimal Textual app (2026-11-30), verbatim in behaviour ("logbatch" case; LOG_CSS from the environment)
 MINIMAL_APP = r'''
 import random, sys, time, os
 from textual.app import App, ComposeResult
@@ -241,7 +241,7 @@ def time_import_textual(n: int) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="short windows (8 s / 10 s) and 2 extra launches")
     ap.add_argument("--warmup", type=float, help="seconds from Popen() to the window (default 4, full 5)")
     ap.add_argument("--window", type=float, help="window seconds (default 8 quick / 60 full; low: a multiple of 5)")
@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
                 r = pty_session([sys.executable, str(app), "logbatch"], b"TRAINMON", warm, window,
                                 pty_env({"LOG_CSS": "scrollbar-size: 0 0;"}), cwd=d)
             D["minimal_app"] = r
-            B["tui_bytes_per_s"] = {"what": "minimal Textual screen, same harness (measured-floors.md App. A, "
+            B["tui_bytes_per_s"] = {"what": "minimal Textual screen, same harness (MINIMAL_APP, "
                                             "logbatch, scrollbars off)", "value": r["bytes_per_s"], "unit": "B/s",
                                     "cpu_share": r["cpu_share"]}
             B["tui_cpu_share"] = {"what": "the same minimal Textual screen's CPU share", "value": r["cpu_share"],
@@ -326,9 +326,9 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as e:
             N["tui_bytes_per_s_baseline"] = f"{type(e).__name__}: {e}"
     if "tui_bytes_per_s" not in B:
-        B["tui_bytes_per_s"] = {"what": "minimal Textual screen, quoted from measured-floors.md (2026-11-30), "
+        B["tui_bytes_per_s"] = {"what": "minimal Textual screen, quoted from the development VM's floors (2026-11-30), "
                                         "not measured in this run", "value": 5869, "unit": "B/s", "quoted": True}
-    B["tui_bytes_per_s_low"] = {"what": "numbers-only Textual screen, quoted from measured-floors.md", "value": 256,
+    B["tui_bytes_per_s_low"] = {"what": "numbers-only Textual screen, quoted from the development VM's floors (2026-11-30)", "value": 256,
                                 "unit": "B/s", "quoted": True}
     for k, v in F.items():
         print(f"{k}: {v if v is None else round(v, 4)} (target <= {TARGETS[k]})")

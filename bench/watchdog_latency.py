@@ -4,7 +4,7 @@ pidfd, and with the ``kill -0`` poll alone, beside a bare ``pidfd_open`` + poll 
 
     python bench/watchdog_latency.py [--trials 20] [--quick] [--json FILE]
 
-The harness of ../shared/notes/measured-floors.md section 2: this process plays the supervisor (it
+The harness the process-death floors were measured with (2-core development VM, 2026-11-30): this process plays the supervisor (it
 starts the victim ``sleep 3600`` with ``subprocess.Popen`` and a thread reaps it, as the real
 supervisor does); four watcher processes -- not the victim's parent -- each get the pid, set up and
 answer "ready". After a random U(0.2, 0.7) s (seeded; it covers a whole 0.5 s poll period, so the
@@ -81,10 +81,13 @@ METHODS = ("stepwatch_pidfd", "stepwatch_poll", "bare_pidfd", "bare_kill0_100ms"
 
 
 def _readline(proc: subprocess.Popen, timeout_s: float) -> str | None:
-    r, _, _ = select.select([proc.stdout], [], [], timeout_s)
+    out = proc.stdout
+    if out is None:  # (never: every watcher is started with stdout=PIPE)
+        return None
+    r, _, _ = select.select([out], [], [], timeout_s)
     if not r:
         return None
-    line = proc.stdout.readline()
+    line = out.readline()
     return line.decode().strip() if line else None
 
 
@@ -102,8 +105,9 @@ def measure(trials: int, seed: int = 0) -> dict:
             reaper.start()
             try:
                 for w in watchers.values():
-                    w.stdin.write(f"{victim.pid}\n".encode())
-                    w.stdin.flush()
+                    if w.stdin is not None:  # (always: started with stdin=PIPE)
+                        w.stdin.write(f"{victim.pid}\n".encode())
+                        w.stdin.flush()
                 for m, w in watchers.items():
                     if _readline(w, 10.0) != "ready":
                         raise RuntimeError(f"watcher {m} did not answer ready")
@@ -124,7 +128,8 @@ def measure(trials: int, seed: int = 0) -> dict:
     finally:
         for w in watchers.values():
             try:
-                w.stdin.close()
+                if w.stdin is not None:
+                    w.stdin.close()
             except OSError:
                 pass
             kill_group(w)
@@ -135,7 +140,7 @@ def measure(trials: int, seed: int = 0) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--trials", type=int, default=20)
     ap.add_argument("--quick", action="store_true", help="same as the default (20 trials, ~20 s)")
     ap.add_argument("--seed", type=int, default=0)

@@ -3,8 +3,8 @@
 A run config names the run, the command (an argv list, never a shell unless ``shell = true``), the
 working directory (the harness checkout, inside a git work tree), the runs directory and extra
 environment variables, plus the ``[preflight]`` and ``[alerts]`` tables that later checks read.
-Unknown keys are an error that names the key and the accepted ones (playbook 4.2: validate names,
-not only values). Relative paths in a file are relative to the file's directory.
+Unknown keys are an error that names the key and the accepted ones (ARCHITECTURE.md R13: validate
+names, not only values). Relative paths in a file are relative to the file's directory.
 """
 
 from __future__ import annotations

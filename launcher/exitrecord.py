@@ -11,7 +11,8 @@ import errno
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from stepwatch.monitors.runfiles import EXIT_JSON, write_all, write_json_atomic
 

@@ -1,4 +1,4 @@
-"""The clean-tree gate and the harness identity, sampled once at launch (playbook 4.4, 4.4.1).
+"""The clean-tree gate and the harness identity, sampled once at launch (ARCHITECTURE.md R6, R5).
 
 Read with GitPython on the repository that holds the run's ``cwd``. Nothing re-reads git after the
 child starts: a commit that lands during a seven-hour run must not change what run.json says.

@@ -1,6 +1,6 @@
 """Launch and relaunch: gate, identity, guard, rotate, run.json, supervisor.
 
-The order is the playbook's (4.4, 4.4.1, 4.5, 4.7.1): check the tree, sample identity once, refuse
+The order is ARCHITECTURE.md's rules R6, R5, R9, R7 in turn: check the tree, sample identity once, refuse
 a second launch into a live run, rotate the previous attempt's files, write run.json, start the
 supervisor in its own session, and return once run.json holds the child's pid.
 """
@@ -81,7 +81,7 @@ def launch(cfg: RunConfig, allow_dirty: str | None = None, override: str | None 
                 f"  [FAIL] {i.title}: {i.reason}" for i in others)
                 + "\nFix them, or launch with --override \"REASON\" (recorded in run.json beside the failed items).")
         # The checklist can take minutes (the test suite): sample the tree again, right before the
-        # child starts, so the identity recorded is the one that runs (playbook 4.4.1).
+        # child starts, so the identity recorded is the one that runs (ARCHITECTURE.md R5).
         tree = read_tree(cfg.cwd, cfg.runs_dir)
         if not tree.clean and allow_dirty is None:
             raise LaunchRefused("the tree changed while the checklist ran.\n" + gate_message(tree))
@@ -219,7 +219,7 @@ def _start(cfg: RunConfig, exe: str, tree, checklist: Checklist, allow_dirty: st
     if cfg.alerts.get("urls"):  # tokens: readable by the run's owner (its supervisor) alone
         write_json_atomic(run_dir / PUSH_URLS_JSON, {"v": 1, "urls": list(cfg.alerts["urls"])}, mode=0o600)
     if cfg.slurm is not None:
-        return _submit(cfg, run, rotated, warnings)
+        return _submit(cfg, cfg.slurm, run, rotated, warnings)
     write_json_atomic(run_dir / RUN_JSON, run)
     with open(open_append(run_dir / SUPERVISOR_LOG), "ab") as slog:  # never through a symlink
         sup = subprocess.Popen(
@@ -248,7 +248,8 @@ def _start(cfg: RunConfig, exe: str, tree, checklist: Checklist, allow_dirty: st
     raise LaunchRefused(f"the supervisor exited (status {sup.poll()}) without starting the run; its log:\n{tail}")
 
 
-def _submit(cfg: RunConfig, run: dict[str, Any], rotated: list, warnings: list[str]) -> LaunchResult:
+def _submit(cfg: RunConfig, slurm_cfg: dict[str, Any], run: dict[str, Any], rotated: list,
+            warnings: list[str]) -> LaunchResult:
     """A Slurm attempt: run.json, the batch script submitted held, its job id recorded, the login
     node's job watcher started, the job released (launcher/slurm.py). Returns at once: the job may
     wait in the queue; ``status`` says PENDING and Slurm's reason."""
@@ -258,11 +259,11 @@ def _submit(cfg: RunConfig, run: dict[str, Any], rotated: list, warnings: list[s
     run_dir = cfg.run_dir
     previous = [j for j in [slurm.slurm_job_id(read_json(run_dir / n) or {}) for _, n in
                             sorted((p.stat().st_mtime, p.name) for p in run_dir.glob("run.*.json"))] if j]
-    run["scheduler"] = {"kind": "slurm", "job_id": None, "poll_s": float(cfg.slurm.get("poll_s") or slurm.DEFAULT_POLL_S),
+    run["scheduler"] = {"kind": "slurm", "job_id": None, "poll_s": float(slurm_cfg.get("poll_s") or slurm.DEFAULT_POLL_S),
                         "sbatch_argv": None, "submitted_at": None, "previous_job_ids": previous[-20:]}
     write_json_atomic(run_dir / RUN_JSON, run)
     try:
-        job_id, argv = slurm.submit_held(cfg.slurm, run_dir, f"stepwatch-{cfg.name}")
+        job_id, argv = slurm.submit_held(slurm_cfg, run_dir, f"stepwatch-{cfg.name}")
     except (slurm.SlurmError, OSError) as e:
         run["start_error"] = f"sbatch: {e}"
         write_json_atomic(run_dir / RUN_JSON, run)

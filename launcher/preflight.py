@@ -1,4 +1,5 @@
-"""The pre-launch checklist (playbook 4.8): each item pass / fail / warn / skipped, with the reason.
+"""The pre-launch checklist (ARCHITECTURE.md, "Rules of the code"): each item pass / fail / warn /
+skipped, with the reason.
 
 Items, in order: working tree committed; test suite green (and the runner really ran tests);
 training arguments checked by NAME against the installed ``transformers.TrainingArguments`` in the
@@ -101,7 +102,7 @@ def check_test_suite(cfg: RunConfig) -> Item:
     """Item 2: run ``[preflight] test_command`` in cwd with a timeout.
 
     Exit code 0 with tests run passes. Exit 5 (pytest: no tests collected) or "no tests ran" in the
-    output is a FAIL: an instrument nobody runs is not an instrument (playbook 4.6).
+    output is a FAIL: an instrument nobody runs is not an instrument (ARCHITECTURE.md R10).
     """
     title = "test suite green"
     cmd = cfg.preflight.get("test_command")

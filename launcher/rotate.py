@@ -1,4 +1,4 @@
-"""Log rotation on relaunch: one file describes one attempt (playbook 4.7.1).
+"""Log rotation on relaunch: one file describes one attempt (ARCHITECTURE.md R7).
 
 Every per-attempt file of the previous attempt is renamed with the UTC stamp of that attempt's
 launch (``train.log`` -> ``train.20260826T101500Z.log``). Never appended to, never deleted, except

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from stepwatch.monitors.runfiles import JOB_SCRIPT, SUPERVISOR_LOG
-from stepwatch.monitors.slurm import DEFAULT_POLL_S  # noqa: F401 - the table's default, re-exported for launch
+from stepwatch.monitors.slurm import DEFAULT_POLL_S as DEFAULT_POLL_S  # the table's default, re-exported for launch
 
 #: ``[slurm]`` keys: sbatch's options by their own names (``ntasks_per_node`` is
 #: ``--ntasks-per-node``), ``extra`` (more sbatch options, a list of strings, passed as they are)

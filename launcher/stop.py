@@ -24,7 +24,8 @@ from stepwatch.launcher.supervisor import ESCALATION, Escalation
 from stepwatch.monitors.fold.events import unix_time
 from stepwatch.monitors.signalling import belongs_to, owner_uid, send_signal
 from stepwatch.monitors.runfiles import EXIT_JSON, RUN_JSON, STOP_JSON, read_json, utc_iso, write_json_atomic
-from stepwatch.monitors.rundirs import foreign_records, run_survivors
+from stepwatch.monitors.rundirs import foreign_records
+from stepwatch.monitors.rundirs import run_survivors as run_survivors  # re-exported for the CLI
 from stepwatch.monitors.watchdog import ProcessRef, is_alive, wait_for_exit
 
 
@@ -148,13 +149,13 @@ def request_stop(run_dir: Path, grace_s: float = 30.0, reason: str | None = None
     current = read_json(run_dir / STOP_JSON)
     in_progress = current is not None and current.get("ended_by") is None and (
         unix_time(current.get("requested_at_unix")) or 0.0) >= (unix_time(run.get("launched_at_unix")) or 0.0)
-    if in_progress and sup_alive:
+    if in_progress and current is not None and sup_alive:  # (in_progress implies a current stop.json)
         sent = ", ".join(str(x.get("signal")) for x in current.get("signals") or [] if isinstance(x, dict)) or "none yet"
         raise StopInProgress(f"a stop of {run_dir.name} is already in progress (requested {current.get('requested_at')}, "
                              f"grace {current.get('grace_s')} s; sent so far: {sent}); the supervisor escalates. "
                              f"Follow it with: stepwatch watch {run_dir} --plain")
     start_at = 0
-    if in_progress:  # the supervisor died mid-stop: this command takes the ladder over where it was
+    if in_progress and current is not None:  # the supervisor died mid-stop: this command takes the ladder over
         start_at = _ladder_sent(current)
         t = time.time()
         stop = {"v": 1, "requested_at": utc_iso(t), "requested_at_unix": t, "grace_s": grace_s, "reason": reason,
@@ -173,7 +174,7 @@ def request_stop(run_dir: Path, grace_s: float = 30.0, reason: str | None = None
         write_json_atomic(run_dir / STOP_JSON, stop)
     except OSError as e:
         raise StopError(f"cannot write {run_dir / STOP_JSON}: {e}") from None
-    if sup_alive:
+    if sup_alive and sup is not None:  # (sup_alive implies a recorded supervisor)
         pin.check()
         send_signal(sup, signal.SIGUSR1, uid)
     else:

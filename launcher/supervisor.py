@@ -24,7 +24,8 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import psutil
 
@@ -61,7 +62,9 @@ def child_env(run: dict[str, Any]) -> dict[str, str]:
     """The child's environment: the supervisor's own plus run.json's ``env`` additions, and
     RICH_PROGRESS_ENV where neither set those names."""
     env = dict(os.environ)
-    add = run.get("env") if isinstance(run.get("env"), dict) else {}
+    add = run.get("env")
+    if not isinstance(add, dict):
+        add = {}
     env.update({k: v for k, v in add.items() if isinstance(k, str) and isinstance(v, str)})
     for k, v in RICH_PROGRESS_ENV.items():
         env.setdefault(k, v)
@@ -158,7 +161,9 @@ class Escalation:
 
 def _grace_of(run_dir: Path) -> float:
     grace = (read_json(run_dir / STOP_JSON) or {}).get("grace_s")
-    return float(grace) if type(grace) in (int, float) and 0 <= grace < 1e7 else DEFAULT_GRACE_S
+    if isinstance(grace, bool) or not isinstance(grace, (int, float)):  # a JSON number only (true/false refused)
+        return DEFAULT_GRACE_S
+    return float(grace) if 0 <= grace < 1e7 else DEFAULT_GRACE_S
 
 
 def _new_stop_record(reason: str | None, grace_s: float | None = None) -> dict[str, Any]:

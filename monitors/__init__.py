@@ -8,7 +8,11 @@
 - ``snapshot/``: the observer that builds the status snapshot, its model, alerts, acknowledgements;
 - ``gpu/``: NVML sampler, backends, readings, history;
 - ``telemetry/``: the emitter, published as ``stepwatch.telemetry`` (runs inside the training process);
+- ``watch/``: the supervisor's monitoring (log steps timed at arrival, the detector loop, alert delivery);
+- ``export/``: the snapshot in Prometheus' text format;
 - beside them: ``protocol`` (events.jsonl kinds, keys, flags), ``runfiles``, ``rundirs``, ``watchdog``.
+
+What each owns, and what must never be done a second time elsewhere: ARCHITECTURE.md, "Folders".
 
 Keep this module free of imports: stepwatch.telemetry imports ``stepwatch.monitors.protocol`` inside
 the training process, which must load only the standard library.

@@ -27,7 +27,8 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import psutil
 
@@ -280,7 +281,7 @@ class TreeRecorder:
         except Exception as e:  # noqa: BLE001
             self.log(f"process tree sample failed: {type(e).__name__}: {e}")
 
-    def start(self, done: threading.Event) -> "TreeRecorder":
+    def start(self, done: threading.Event) -> TreeRecorder:
         """Run :meth:`run` in a daemon thread."""
         self.thread = threading.Thread(target=self.run, args=(done,), name="process-tree", daemon=True)
         self.thread.start()

@@ -1,9 +1,9 @@
-"""The ``events.jsonl`` protocol: event kinds, keys, step flags, schema version (DESIGN.md section 4;
-its example lines are the schema). The one declaration: the emitter (``stepwatch.telemetry``), the
+"""The ``events.jsonl`` protocol: event kinds, keys, step flags, schema version (the tables
+below are the schema). The one declaration: the emitter (``stepwatch.telemetry``), the
 readers and folds, and the tests import these names.
 
 One JSON object per line. Every key of an event's kind is always present, ``null`` when unknown
-(present-and-null, playbook 4.8). This module is data only; it imports nothing, so the tailer, the
+(present-and-null, ARCHITECTURE.md R8). This module is data only; it imports nothing, so the tailer, the
 status snapshot and the tests can share it with the emitter that runs inside the training process.
 """
 

@@ -1,6 +1,7 @@
 """The files of one run directory: names, reading, atomic writing, time stamps.
 
-A run is one directory, ``<runs_dir>/<name>/`` (DESIGN.md section 2). One file describes one
+A run is one directory, ``<runs_dir>/<name>/`` (ARCHITECTURE.md, "Files are the state, a view is
+disposable", says who writes each). One file describes one
 attempt: on relaunch the per-attempt files are renamed with the UTC stamp of that attempt's launch
 (``train.log`` -> ``train.20260826T101500Z.log``). This module is the single place that knows the
 names; it imports only the standard library.
@@ -15,7 +16,7 @@ import re
 import stat
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path
 from typing import Any
 
@@ -89,12 +90,12 @@ def utc_iso(t: float | None) -> str | None:
     """Unix seconds -> ISO-8601 UTC with a ``Z`` and millisecond precision; None stays None."""
     if t is None:
         return None
-    return datetime.fromtimestamp(t, tz=timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return datetime.fromtimestamp(t, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def utc_stamp(t: float) -> str:
     """Unix seconds -> the compact stamp used in rotated names, e.g. ``20260826T101500Z``."""
-    return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return datetime.fromtimestamp(t, tz=UTC).strftime("%Y%m%dT%H%M%SZ")
 
 
 def stamped_name(filename: str, stamp: str) -> str:
@@ -171,7 +172,8 @@ def write_json_atomic(path: str | os.PathLike[str], obj: dict[str, Any], indent:
     json.dump takes it; None: one compact line; ``mode``: the file's mode, else the umask's).
 
     A reader never sees half a file. The file gets the mode a plain ``open`` would give it
-    (0o666 less the umask), not mkstemp's 0o600: other users may read a run dir (DESIGN.md section 3).
+    (0o666 less the umask), not mkstemp's 0o600: other users may read a run dir (a view
+    works on a run dir it may only read).
     Raises OSError (e.g. PermissionError) when the directory is not writable.
     """
     # dumps + one write: json.dump streams through the pure-Python iterencode (~4x slower on the

@@ -14,12 +14,13 @@ from __future__ import annotations
 import errno
 import os
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import psutil
 
 from stepwatch.monitors.proctree import RecordedProcess, recorded_processes
 from stepwatch.monitors.watchdog import ProcessRef, probe
+from stepwatch.monitors.states import ALIVE
 
 
 def owner_uid(run_dir: Path) -> int | None:
@@ -32,7 +33,7 @@ def owner_uid(run_dir: Path) -> int | None:
 
 def belongs_to(ref: ProcessRef, uid: int | None) -> bool:
     """The captured process is alive (pid and create time match) and its real uid is ``uid``."""
-    return uid is not None and ref.create_time is not None and probe(ref) == "alive" and belongs_to_uid(ref.pid, uid)
+    return uid is not None and ref.create_time is not None and probe(ref) == ALIVE and belongs_to_uid(ref.pid, uid)
 
 
 def signal_targets(run_dir: Path, procs_file: Path, exclude: set[int] | None = None) -> list[RecordedProcess]:
@@ -73,7 +74,7 @@ def send_signal(ref: ProcessRef, sig: int, uid: int | None) -> bool:
                 return False  # gone (ESRCH), or out of descriptors: nothing is sent blind
             fd = None  # a kernel before 5.3: the checked kill below (a narrow reuse window)
     try:
-        if probe(ref) != "alive" or not belongs_to_uid(ref.pid, uid):
+        if probe(ref) != ALIVE or not belongs_to_uid(ref.pid, uid):
             return False
         try:
             if fd is not None:

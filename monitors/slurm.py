@@ -15,7 +15,8 @@ from __future__ import annotations
 import re
 import subprocess
 import time
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 #: Job states after which nothing more happens (Slurm's squeue/sacct names).
 ENDED_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",

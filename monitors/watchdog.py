@@ -1,4 +1,4 @@
-"""Liveness of a captured process: ``kill -0`` plus create_time, never a pattern (playbook 4.5).
+"""Liveness of a captured process: ``kill -0`` plus create_time, never a pattern (ARCHITECTURE.md R9).
 
 The thing watched is always a pid captured at launch together with its create_time (psutil, unix
 seconds). A pid is alive only when ``os.kill(pid, 0)`` succeeds (or fails with EPERM: the process
@@ -20,9 +20,11 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Literal
+from typing import TypeGuard
 
 import psutil
+
+from stepwatch.monitors.states import ALIVE, DEAD, REUSED, ZOMBIE, Verdict
 
 #: Two create_time readings of one process agree within this many seconds. psutil derives
 #: create_time from the boot time (whole seconds in /proc/stat) plus the start in clock ticks, so two
@@ -31,8 +33,6 @@ import psutil
 CREATE_TIME_TOLERANCE_S = 0.5
 #: The largest value a pid_t holds (Linux gives at most 2**22; a bigger one is simply dead).
 PID_MAX = 2**31 - 1
-
-Verdict = Literal["alive", "dead", "zombie", "reused"]
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ class ProcessRef:
     create_time: float | None
 
     @classmethod
-    def from_json(cls, obj: dict | None) -> "ProcessRef | None":
+    def from_json(cls, obj: dict | None) -> ProcessRef | None:
         """Build from run.json's ``{"pid": .., "create_time": ..}``; None when the pid is missing."""
         if not isinstance(obj, dict):
             return None
@@ -57,7 +57,7 @@ class ProcessRef:
         return cls(pid, ctime)
 
     @classmethod
-    def of_pid(cls, pid: int) -> "ProcessRef":
+    def of_pid(cls, pid: int) -> ProcessRef:
         """Capture ``pid`` now. Raises psutil.NoSuchProcess when it does not exist."""
         return cls(pid, psutil.Process(pid).create_time())
 
@@ -73,31 +73,31 @@ def probe(ref: ProcessRef) -> Verdict:
     try:
         os.kill(ref.pid, 0)
     except ProcessLookupError:
-        return "dead"
+        return DEAD
     except PermissionError:
         pass  # exists, belongs to another user
     except OSError as e:  # pragma: no cover - other errnos do not occur for signal 0
         if e.errno == errno.ESRCH:
-            return "dead"
+            return DEAD
         raise
     try:
         p = psutil.Process(ref.pid)
         ctime = p.create_time()
         status = p.status()
     except psutil.NoSuchProcess:
-        return "dead"
+        return DEAD
     except psutil.AccessDenied:
-        return "alive"
+        return ALIVE
     if ref.create_time is not None and abs(ctime - ref.create_time) > CREATE_TIME_TOLERANCE_S:
-        return "reused"
+        return REUSED
     if status == psutil.STATUS_ZOMBIE:
-        return "zombie"
-    return "alive"
+        return ZOMBIE
+    return ALIVE
 
 
-def is_alive(ref: ProcessRef | None) -> bool:
+def is_alive(ref: ProcessRef | None) -> TypeGuard[ProcessRef]:
     """True only for a captured process that still runs (see :func:`probe`); None is not alive."""
-    return ref is not None and probe(ref) == "alive"
+    return ref is not None and probe(ref) == ALIVE
 
 
 def wait_for_exit(ref: ProcessRef, timeout_s: float | None = None, poll_s: float = 0.5) -> bool:
@@ -115,7 +115,7 @@ def wait_for_exit(ref: ProcessRef, timeout_s: float | None = None, poll_s: float
         except OSError:
             fd = None
     try:
-        if probe(ref) != "alive":
+        if probe(ref) != ALIVE:
             return True
         poller = None
         if fd is not None:
@@ -126,12 +126,12 @@ def wait_for_exit(ref: ProcessRef, timeout_s: float | None = None, poll_s: float
             if deadline is not None:
                 wait = min(wait, deadline - time.monotonic())
                 if wait <= 0:
-                    return probe(ref) != "alive"
+                    return probe(ref) != ALIVE
             if poller is not None:
                 poller.poll(max(0, int(wait * 1000)))
             else:
                 time.sleep(max(0.0, wait))
-            if probe(ref) != "alive":
+            if probe(ref) != ALIVE:
                 return True
     finally:
         if fd is not None:
@@ -163,7 +163,7 @@ def self_test(limit_s: float = 2.0) -> SelfTestResult:
         return SelfTestResult(False, f"could not start a throwaway process: {e}", None)
     try:
         ref = ProcessRef.of_pid(proc.pid)
-        if probe(ref) != "alive":
+        if probe(ref) != ALIVE:
             return SelfTestResult(False, f"watchdog read a live process (pid {proc.pid}) as not alive", None)
         import threading
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 
@@ -35,7 +35,7 @@ def step_controls():
 
 
 def hostile_runs():
-    """tests/fixtures/hostile_runs.py: the builder of the hostile run-dir corpus (issue 15)."""
+    """tests/fixtures/hostile_runs.py: the builder of the hostile run-dir corpus."""
     return fixture_module("hostile_runs")
 
 
@@ -103,9 +103,11 @@ def _is_this_test_run(pid: int) -> bool:
 
 
 @pytest.fixture(autouse=True)
-def _reap_runs(tmp_path: Path):
-    """After each test, SIGKILL every process group a run in tmp_path recorded and that still lives."""
+def _reap_runs(tmp_path: Path, request: pytest.FixtureRequest):
+    """After each test, SIGKILL every process group a run in tmp_path recorded and that still lives,
+    and, after a system test, scancel the Slurm job a run recorded."""
     yield
+    may_hold_jobs = request.node.get_closest_marker("system") is not None
     from stepwatch.monitors.runfiles import read_json
     from stepwatch.monitors.watchdog import ProcessRef, is_alive
 
@@ -117,7 +119,9 @@ def _reap_runs(tmp_path: Path):
         if not isinstance(run, dict):
             continue
         job = (run.get("scheduler") or {}).get("job_id") if isinstance(run.get("scheduler"), dict) else None
-        if isinstance(job, str) and job.isdigit():  # a Slurm run's job: it would hold the test cluster
+        # a Slurm run's job: it would hold the test cluster. A unit test submits none (a run dir it
+        # made names a job id of its own invention, and scancel waits ~9 s for a missing controller)
+        if may_hold_jobs and isinstance(job, str) and job.isdigit():
             try:
                 subprocess.run(["scancel", job], capture_output=True, timeout=30)
             except (OSError, subprocess.SubprocessError):
@@ -131,3 +135,65 @@ def _reap_runs(tmp_path: Path):
                     os.killpg(ref.pid, signal.SIGKILL) if key == "process" else os.kill(ref.pid, signal.SIGKILL)
                 except OSError:
                     pass
+
+
+# ---------------------------------------------------------------- golden files (tests/golden/)
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--update-golden", action="store_true", default=False,
+                     help="rewrite tests/golden/ from what the code gives now (review the diff before committing)")
+
+
+@pytest.fixture
+def golden(request: pytest.FixtureRequest) -> Callable[[str, str], None]:
+    """``golden(relpath, text)``: compare ``text`` with tests/golden/<relpath> (a text diff on a
+    mismatch); with ``--update-golden`` write it there instead."""
+    update = request.config.getoption("--update-golden")
+
+    def check(relpath: str, text: str) -> None:
+        path = Path(__file__).resolve().parent / "golden" / relpath
+        if update:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            return
+        assert path.exists(), f"{path} is missing: run pytest with --update-golden and review the new file"
+        want = path.read_text()
+        if text != want:
+            import difflib
+
+            diff = "".join(difflib.unified_diff(want.splitlines(True), text.splitlines(True),
+                                                f"golden/{relpath}", "now", n=2))
+            lines = diff.splitlines(True)
+            more = f"... and {len(lines) - 80} more diff lines\n" if len(lines) > 80 else ""
+            raise AssertionError(f"{relpath} differs from its golden file (pytest --update-golden rewrites it):\n"
+                                 + "".join(lines[:80]) + more)
+
+    return check
+
+
+# ---------------------------------------------------------------- the two tiers (README: "Checks and the two tiers")
+#: Test files whose every test drives real processes (the CLI in a subprocess, a launched run, a
+#: supervisor), a pty, tmux, Slurm, Prometheus, real training or a wheel build, or waits on wall
+#: time: the system tier, ``python -m pytest -q -m system``. Everything else is the unit tier,
+#: ``python -m pytest -q -m "not system"``: in-process, no sleeps, under a minute on 2 cores (it may
+#: call git to make a repo, or fork a probe, but never starts stepwatch itself). A mixed file marks
+#: its own system tests with ``@pytest.mark.system``; a test marked ``slow`` is a system test too.
+#: ``python -m pytest -q`` runs both.
+SYSTEM_FILES = frozenset({
+    "test_e2e.py", "test_full_disk.py", "test_identity_gate.py", "test_launcher.py", "test_logpanel.py",
+    "test_prometheus.py", "test_ranks.py", "test_signals.py", "test_slurm.py", "test_supervisor_watch.py",
+    "test_tmux.py", "test_tui.py", "test_tui_pty.py", "test_watch.py", "test_watchdog_identity.py",
+})
+#: Single system tests, by file and name (every parameter), in files that keep no marks of their own.
+SYSTEM_TESTS = frozenset({
+    # the supervisor's saving loop in a thread, waited on by wall time
+    "test_eventstate.py::test_the_supervisors_loop_saves_as_the_file_grows_and_once_more_at_the_end",
+    "test_eventstate.py::test_a_record_json_cannot_write_back_skips_a_save_not_the_following_ones",
+})
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if (item.path.name in SYSTEM_FILES or item.get_closest_marker("slow")
+                or f"{item.path.name}::{item.originalname}" in SYSTEM_TESTS):
+            item.add_marker(pytest.mark.system)

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from conftest import REPO_ROOT
 from stepwatch.monitors.snapshot.observer import RunObserver
@@ -63,6 +64,7 @@ def test_a_few_recompiles_or_warmup_recompiles_are_no_storm(tmp_path: Path):
     assert "recompile_storm" not in kinds(spread)
 
 
+@pytest.mark.system
 def test_a_view_never_runs_the_alerts_command_it_reads(tmp_path: Path):
     """A run dir whose run.json names an [alerts] command, its supervisor gone: the TUI, status
     and watch show the alerts and execute nothing (delivery is the run owner's supervisor's; the
@@ -98,6 +100,7 @@ def test_a_view_never_runs_the_alerts_command_it_reads(tmp_path: Path):
     assert not running and not out.exists()
 
 
+@pytest.mark.system
 def test_demo_without_torch_names_the_extra_and_exits_2(tmp_path: Path):
     code = ("import sys; sys.modules['torch'] = None; from stepwatch.tui.cli import main; "
             f"sys.exit(main(['demo', '--no-tui', '--runs-dir', {str(tmp_path)!r}]))")

@@ -1,13 +1,16 @@
-"""What a newcomer reads at the command line (issue 18's smaller findings): every flag that works is
+"""What a newcomer reads at the command line: every flag that works is
 in --help, an empty runs dir says how to start a run."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from conftest import stepwatch
 
 
+@pytest.mark.system
 def test_attach_with_no_runs_says_how_to_start_one(tmp_path: Path):
     for cmd in ("attach", "status"):
         r = stepwatch(cmd, cwd=tmp_path)
@@ -16,6 +19,7 @@ def test_attach_with_no_runs_says_how_to_start_one(tmp_path: Path):
         assert "stepwatch status RUN" not in r.stderr
 
 
+@pytest.mark.system
 def test_demo_help_lists_every_flag_that_works():
     text = stepwatch("demo", "--help").stdout
     for flag in ("--steps", "--crash-at", "--hang-at", "--fallback-at", "--compile", "--gpu-recording", "--hidden",
@@ -23,6 +27,7 @@ def test_demo_help_lists_every_flag_that_works():
         assert flag in text, flag
 
 
+@pytest.mark.system
 def test_a_tui_that_launched_a_run_leaves_no_zombie_supervisor_behind(tmp_path: Path):
     """The TUI launches in its own process (launcher.launch.launch) and stays open after the run
     ends: its child, the supervisor, is reaped when it exits."""
@@ -90,6 +95,7 @@ def _health_run(tmp_path: Path, mode: str):
     return run_dir, snap
 
 
+@pytest.mark.system
 def test_the_runs_whole_tree_cpu_and_memory_and_the_hosts_load_in_one_line(tmp_path: Path):
     import json
 

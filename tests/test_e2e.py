@@ -1,4 +1,4 @@
-"""End to end on a real tiny transformers run (issue 7): launch from a config -> watch -> crash ->
+"""End to end on a real tiny transformers run: launch from a config -> watch -> crash ->
 edit the config -> relaunch (re-reads it, says what changed, rotates) -> a clean completed attempt."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO_ROOT, git, make_repo, stepwatch, wait_until
+from snapshot_types import assert_declared
 from stepwatch.monitors.runfiles import read_json, utc_stamp
 
 pytestmark = pytest.mark.slow  # a real tiny transformers run, twice
@@ -61,6 +62,7 @@ def test_crash_then_relaunch_without_the_flag(tmp_path: Path):
     assert (run_dir / "train.log").read_bytes().count(b"Traceback") == 0
     s = json.loads(stepwatch("status", str(run_dir), "--json").stdout)
     assert s["attempt"] == 2 and s["state"] == "exited" and s["returncode"] == 0
+    assert_declared(s)  # every key status --json printed for the demo run is declared in the snapshot's types
     assert s["step_seconds"]["n"] == 11  # 12 steps, the first excluded
     assert s["versions"]["torch"] and s["versions"]["transformers"]
     assert s["attn_implementation"] == {"requested": "sdpa", "resolved": "sdpa"}

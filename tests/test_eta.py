@@ -1,4 +1,4 @@
-"""The ETA an operator plans by (issue 18): the recent rate, the step in progress, STALLED when stuck.
+"""The ETA an operator plans by: the recent rate, the step in progress, STALLED when stuck.
 A real run launched by stepwatch that slows 20x: the ETA follows within 10 steps."""
 
 from __future__ import annotations

@@ -104,7 +104,7 @@ def test_a_resumed_attach_equals_folding_every_line_at_random_cut_points(tmp_pat
     cuts_tested = resumed = flagged = 0
     for name in CONTROLS:
         data = b"".join(event_lines(name))
-        for k in range(4):
+        for k in range(3):
             cut = rng.randrange(1, len(data)) if k else len(data)  # k == 0: saved at the very end
             run_dir = tmp_path / f"{name}-{k}"
             key = write_run(run_dir, data[:cut])
@@ -124,7 +124,7 @@ def test_a_resumed_attach_equals_folding_every_line_at_random_cut_points(tmp_pat
             with open(run_dir / "events.jsonl", "ab") as f:
                 f.write(b"".join(event_lines(name, seed=1)[1:200]))
             assert comparable(fast.refresh()) == comparable(full.refresh())
-    assert cuts_tested == 20 and resumed >= 18 and flagged >= 8
+    assert cuts_tested == 15 and resumed >= 13 and flagged >= 6
 
 
 def test_the_codec_keeps_shared_objects_shared_and_the_detector_goes_on_the_same(tmp_path: Path):

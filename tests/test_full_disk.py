@@ -1,4 +1,4 @@
-"""A full disk (issue 15): the runs dir on a real, tiny file system (tmpfs, mounted by the test as
+"""A full disk: the runs dir on a real, tiny file system (tmpfs, mounted by the test as
 root) that the run fills. The end is recorded (exit.json from the space the supervisor reserved at
 its start, the ENOSPC it hit written into it), no temp file is left, and no detector fires from the
 silence of files that could not be written: a full disk is an alert of its own, and the stall

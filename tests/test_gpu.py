@@ -1,4 +1,4 @@
-"""GPU monitoring (issue 5): the real NVML backend's error paths, the sampler, the reading, history.
+"""GPU monitoring: the real NVML backend's error paths, the sampler, the reading, history.
 
 The real backend is exercised by patching the real ``pynvml`` module's functions (``monkeypatch``) to
 answer like a GPU would or to raise pynvml's own exception classes; the code under test is
@@ -65,7 +65,7 @@ class FakeClock:
 
 
 class FakeMig:
-    def __init__(self, parent: "FakeGpu", i: int) -> None:
+    def __init__(self, parent: FakeGpu, i: int) -> None:
         self.parent, self.i = parent, i
 
     def call(self, name: str, *args: Any) -> Any:
@@ -376,6 +376,7 @@ def test_transient_error_is_null_for_one_tick_only(monkeypatch):
     b.close()
 
 
+@pytest.mark.system
 def test_power_from_energy_delta_over_the_interval(monkeypatch):
     gpu = FakeGpu(0, watts=450.0)
     FakeNvml(monkeypatch, [gpu])
@@ -670,6 +671,7 @@ def test_recording_chosen_by_environment_is_labelled(tmp_path, monkeypatch):
     s.backend.close()
 
 
+@pytest.mark.system
 def test_used_by_run_marks_devices_holding_the_run_tree(monkeypatch, tmp_path):
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
@@ -710,6 +712,7 @@ time.sleep(60)
 """
 
 
+@pytest.mark.system
 def test_the_gpu_rows_name_the_rank_holding_each_device_from_the_recorded_tree(monkeypatch, tmp_path):
     from stepwatch.tui.plain import status_lines
     from stepwatch.tui.widgets.gpu import device_line
@@ -748,6 +751,7 @@ def _snap_for_lines() -> dict[str, Any]:
     return null_snapshot()
 
 
+@pytest.mark.system
 def test_sidecar_exits_when_the_watched_pid_ends(tmp_path):
     victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.6)"])
     rec = bundled_recording("synthetic_h100_healthy_compute_bound.jsonl")
@@ -760,6 +764,7 @@ def test_sidecar_exits_when_the_watched_pid_ends(tmp_path):
     assert len(recs) >= 3 and all(r["backend"] == f"recorded:{rec.name}" for r in recs)
 
 
+@pytest.mark.system
 @pytest.mark.skipif(_nvml_loads(), reason="this machine has an NVML library")
 def test_sidecar_on_this_machine_records_nvml_unavailable_without_traceback(tmp_path):
     victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3)"])
@@ -946,6 +951,7 @@ def test_recorded_backend_labels_and_ends(tmp_path):
     assert missing.sample()["gpu_error"].startswith("recording unavailable: nope.jsonl")
 
 
+@pytest.mark.system
 def test_views_import_no_ui_and_no_nvml():
     code = ("import sys, stepwatch.monitors.gpu, stepwatch.monitors.gpu.reading, stepwatch.monitors.gpu.history, stepwatch.monitors.gpu.sampler;"
             "bad=[m for m in ('textual','launcher','tui','pynvml') if m in sys.modules]; print(bad)")

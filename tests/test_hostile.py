@@ -1,4 +1,4 @@
-"""Hostile run dirs (issue 15): every view opens each one of tests/fixtures/hostile_runs.py's corpus without
+"""Hostile run dirs: every view opens each one of tests/fixtures/hostile_runs.py's corpus without
 crashing, hanging, executing anything or letting a control byte reach the terminal; writes never
 follow a symlink."""
 
@@ -50,6 +50,7 @@ def test_safe_writer_passes_text_and_makes_control_visible(tmp_path: Path):
 HEADLESS = [("status",), ("status", "--json"), ("watch", "--plain"), ("watch", "--json"), ("export",)]
 
 
+@pytest.mark.system
 def test_every_headless_view_opens_every_hostile_run(corpus: dict[str, Path], tmp_path: Path):
     for name, run_dir in corpus.items():
         for args in HEADLESS:
@@ -65,6 +66,7 @@ def test_every_headless_view_opens_every_hostile_run(corpus: dict[str, Path], tm
     assert not Path("/tmp/stepwatch-pwned").exists()  # no view ran the run's [alerts] command
 
 
+@pytest.mark.system
 def test_the_escapes_run_shows_its_text_visibly_in_status(corpus: dict[str, Path]):
     r = stepwatch("status", str(corpus["escapes"]))
     assert "␛]52;c;" in r.stdout and "RuntimeError: boom [/x]" in r.stdout, r.stdout
@@ -86,6 +88,7 @@ async def _open_in_tui(run_dir: Path) -> tuple[str, str]:
         return banner, log
 
 
+@pytest.mark.system
 def test_the_tui_opens_every_hostile_run(corpus: dict[str, Path]):
     for name, run_dir in corpus.items():
         banner, log = asyncio.run(_open_in_tui(run_dir))
@@ -96,12 +99,13 @@ def test_the_tui_opens_every_hostile_run(corpus: dict[str, Path]):
             assert "␛" in log and "\x1b" not in log and "\x1b" not in banner
 
 
+@pytest.mark.system
 def test_no_payload_reaches_the_terminal_of_a_real_attach(corpus: dict[str, Path]):
     from test_tui_pty import PtyApp
 
     app = PtyApp(corpus["escapes"])
     try:
-        assert app.pump(lambda: "RuntimeError".encode() in app.out, 15), app.out[-2000:]
+        assert app.pump(lambda: b"RuntimeError" in app.out, 15), app.out[-2000:]
         app.pump(None, 1.5)
         for p in PAYLOADS:
             assert p not in app.out, p
@@ -153,6 +157,7 @@ def test_acknowledging_never_writes_through_a_symlink(corpus: dict[str, Path], t
     assert all(a["acknowledged"] for a in obs.refresh()["alerts"])
 
 
+@pytest.mark.system
 def test_a_fifo_never_hangs_a_view(corpus: dict[str, Path]):
     """A FIFO in place of run.json, exit.json, acks.jsonl or events.jsonl: a bounded answer."""
     for name in ("fifo-run-json", "fifo-exit-json", "fifo-acks", "fifo-events"):
@@ -188,6 +193,7 @@ def test_a_bare_attach_prefers_the_viewers_own_runs_over_another_users_bait(tmp_
     assert "none of the runs" in err and "uid 12345" in err, err
 
 
+@pytest.mark.system
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become a second user (CI runs as root)")
 def test_a_second_user_viewing_a_run_reads_it_writes_nothing_and_runs_nothing():
     """A real second user (uid 65534, nobody): a forked child drops to it and views root's run
@@ -266,6 +272,7 @@ def _harness(tmp_path: Path) -> Path:
     return make_repo(tmp_path / "harness", {"ok.py": "print('ok')\n"})
 
 
+@pytest.mark.system
 def test_a_launch_refuses_a_run_dir_that_is_a_symlink(tmp_path: Path):
     repo = _harness(tmp_path)
     (repo / "runs").mkdir()
@@ -276,6 +283,7 @@ def test_a_launch_refuses_a_run_dir_that_is_a_symlink(tmp_path: Path):
     assert list((tmp_path / "private").iterdir()) == []
 
 
+@pytest.mark.system
 def test_a_launch_refuses_a_runs_dir_anyone_may_write_without_the_sticky_bit(tmp_path: Path):
     repo = _harness(tmp_path)
     shared = tmp_path / "shared-runs"
@@ -288,6 +296,7 @@ def test_a_launch_refuses_a_runs_dir_anyone_may_write_without_the_sticky_bit(tmp
     assert r.returncode == 0, r.stderr
 
 
+@pytest.mark.system
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a run dir to another uid (CI runs as root)")
 def test_a_launch_refuses_another_users_run_dir(tmp_path: Path):
     repo = _harness(tmp_path)
@@ -299,6 +308,7 @@ def test_a_launch_refuses_another_users_run_dir(tmp_path: Path):
     assert list(theirs.iterdir()) == []
 
 
+@pytest.mark.system
 def test_a_launch_never_opens_its_lock_through_a_symlink(tmp_path: Path):
     """A symlink put where the launch lock goes: the launch refuses, saying so, and the file the link
     names is neither created nor touched."""

@@ -1,5 +1,5 @@
 """The clean-tree gate and the identity it samples, and the stall detector's minimum of steps, through
-``stepwatch launch`` on real git repos and real runs (issue 21: the mutants that survived): a modified
+``stepwatch launch`` on real git repos and real runs: a modified
 or a staged file refuses the launch and reads dirty; untracked files alone do not, and are named; the
 runs dir is left out of them by path, never by a name prefix (``runs-notes/`` beside ``runs/``)."""
 
@@ -55,7 +55,8 @@ HANG_PY = ("import sys, time\nfrom stepwatch.telemetry import StepTelemetry\ntel
 @pytest.mark.slow
 def test_a_stall_needs_exactly_the_minimum_of_counted_steps(tmp_path: Path):
     """STALL_MIN_STEPS counted steps (the first is never counted) then a hang: stalled; one fewer:
-    the detector says it cannot judge yet, however long the hang (issue 21: the off-by-one survived)."""
+    the detector says it cannot judge yet, however long the hang (one step short of
+    the minimum is not enough)."""
     from conftest import wait_until
     from stepwatch.monitors.detectors.stall import STALL_FLOOR_S, STALL_MIN_STEPS
 

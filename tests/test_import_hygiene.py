@@ -8,15 +8,20 @@
 - The old generic top-level names (``monitors``, ``launcher``, ``tui``, ``assets``) are never imported.
 - The layers point one way (tui -> launcher -> monitors), and no import cycle exists among the
   project's modules, lazy imports inside functions included.
+- No product file cites a file a clone does not have (design notes, the shared folder, an absolute
+  path of the machine it was written on); every citation of ARCHITECTURE.md names a rule or a
+  section that it has.
 
-Each module is imported in a fresh interpreter (``-P``: the checkout is not on sys.path, so what is
-checked is the installed code).
+Each module is imported in a fork of its own of one fresh interpreter (``-P``: the checkout is not on
+sys.path, so what is checked is the installed code).
 """
 
 from __future__ import annotations
 
 import ast
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -53,19 +58,45 @@ MODULES = module_files()
 SCRIPTS = {"stepwatch.assets.demo_train"}
 
 _PROBE = r"""
-import importlib, json, sys
-before = set(sys.modules)
-importlib.import_module(sys.argv[1])
-print(json.dumps(sorted(set(sys.modules) - before)))
+import importlib, json, os, sys
+for name in sys.argv[1:]:  # each in a fork of this fresh interpreter: as clean as a new one, ~100x cheaper
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        before = set(sys.modules)
+        try:
+            importlib.import_module(name)
+            out = {"loaded": sorted(set(sys.modules) - before)}
+        except BaseException as e:
+            out = {"error": f"{type(e).__name__}: {e}"}
+        with os.fdopen(w, "w") as f:
+            json.dump(out, f)
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        got = f.read()
+    os.waitpid(pid, 0)
+    print(json.dumps([name, json.loads(got) if got else {"error": "the probe died"}]))
 """
+_LOADED: dict[str, dict] = {}
 
 
 def loaded_by(module: str) -> list[str]:
-    """The modules a fresh interpreter loads to import ``module``."""
-    p = subprocess.run([sys.executable, "-P", "-c", _PROBE, module], capture_output=True, text=True,
-                       timeout=120, cwd="/")
-    assert p.returncode == 0, f"import {module} failed:\n{p.stderr}"
-    return json.loads(p.stdout)
+    """The modules a fresh interpreter loads to import ``module`` (every module the tests ask about
+    is probed in one interpreter, each in a fork of its own, the first time one is asked)."""
+    if module not in _LOADED:
+        names = [module, *(m for m in [*HEADLESS, "stepwatch.tui.app", "stepwatch.telemetry"] if m != module)]
+        n = max(1, min(4, os.cpu_count() or 1))  # one probe per core, each with its share of the names
+        probes = [subprocess.Popen([sys.executable, "-P", "-c", _PROBE, *names[i::n]], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True, cwd="/") for i in range(n)]
+        for p in probes:
+            out, err = p.communicate(timeout=300)
+            assert p.returncode == 0, f"the import probe failed:\n{err}"
+            _LOADED.update(json.loads(line) for line in out.splitlines())
+    got = _LOADED[module]
+    assert "error" not in got, f"import {module} failed: {got['error']}"
+    return got["loaded"]
 
 
 def test_the_walk_finds_the_layers():
@@ -207,3 +238,96 @@ def test_no_module_is_over_the_size_a_newcomer_reads():
                "stepwatch.tui.cli": 460}
     over = {m: n for m, f in MODULES.items() if (n := len(f.read_text().splitlines())) > allowed.get(m, 400)}
     assert not over, over
+
+
+# ----------------------------------------------------------------------------- citations stay in the repository
+
+#: The product's own words: code, docs and configuration under these folders, and the top-level files.
+PRODUCT_DIRS = ("launcher", "monitors", "tui", "assets", "tools", "bench")
+PRODUCT_SUFFIXES = (".py", ".toml", ".md")
+TOP_FILES = ("pyproject.toml", "README.md", "ARCHITECTURE.md")
+#: A citation of something a clone does not have: the design notes and the shared folder beside the
+#: checkout (its notes, its seeds, the playbook's excerpt), or an absolute path of the machine that wrote it.
+OUTSIDE = re.compile(r"DESIGN\.md|\.\./shared|shared/(?:notes|seeds|fixtures)|playbook-excerpt|measured-floors\.md"
+                     r"|STYLE\.md|(?<![\w.-])/work\b")
+
+
+def product_files(root: Path = REPO_ROOT) -> list[Path]:
+    files = [root / n for n in TOP_FILES if (root / n).is_file()]
+    for d in PRODUCT_DIRS:
+        files += sorted(p for p in (root / d).rglob("*")
+                        if p.suffix in PRODUCT_SUFFIXES and p.is_file() and "__pycache__" not in p.parts)
+    return files
+
+
+def outside_citations(files: list[Path], root: Path = REPO_ROOT) -> list[str]:
+    """``file:line: match`` for each citation of a file outside the repository."""
+    hits = []
+    for f in files:
+        for no, line in enumerate(f.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+            hits += [f"{f.relative_to(root)}:{no}: {m.group(0)}" for m in OUTSIDE.finditer(line)]
+    return hits
+
+
+def test_no_product_file_cites_a_file_outside_the_repository():
+    files = product_files()
+    names = {str(f.relative_to(REPO_ROOT)) for f in files}
+    # a control for the walk: an empty or partial walk would pass anything
+    assert {"ARCHITECTURE.md", "README.md", "pyproject.toml", "monitors/detectors/fallback.py", "bench/README.md",
+            "tools/mutation/targets.toml", "tui/cli.py"} <= names
+    assert len(files) > 100
+    assert outside_citations(files) == []
+
+
+def test_the_citation_check_catches_a_planted_citation(tmp_path: Path):
+    """Positive control: each kind of outside citation planted in a product file is found, with its
+    place; the same file without it passes (negative control)."""
+    (tmp_path / "monitors").mkdir()
+    planted = ["(DESIGN.md section 5)", "(playbook: ../shared/seeds/playbook-excerpt.md)",
+               "see shared/notes/measured-floors.md", "/work/shared/STYLE.md", "/work"]
+    mod = tmp_path / "monitors" / "planted.py"
+    mod.write_text('"""A module."""\n' + "".join(f"# {p}\n" for p in planted))
+    (tmp_path / "README.md").write_text("Clean: /workspace, network/work, ARCHITECTURE.md R1.\n")
+    hits = outside_citations(product_files(tmp_path), tmp_path)
+    assert sorted({int(h.split(":")[1]) for h in hits}) == [2, 3, 4, 5, 6], hits  # each planted line, once or more
+    assert all(h.startswith("monitors/planted.py:") for h in hits), hits  # nothing in the clean README
+    mod.write_text('"""A module."""\n# (ARCHITECTURE.md, "Rules of the code")\n')
+    assert outside_citations(product_files(tmp_path), tmp_path) == []
+
+
+ARCH_RULE = re.compile(r"ARCHITECTURE\.md(?:'s)?(?: rules?)?,? (R\d+(?:(?:-|, | and )R\d+)*)")
+ARCH_SECTION = re.compile(r'ARCHITECTURE\.md(?:\'s)?,? \\?"([^"\\]+)\\?"')
+
+
+def dangling_architecture_citations(files: list[Path], architecture: str, root: Path = REPO_ROOT) -> list[str]:
+    """Citations of a rule (``ARCHITECTURE.md R7``, ``R1-R3``) or a section (``ARCHITECTURE.md, "Heading"``)
+    that ARCHITECTURE.md does not have. Line breaks and comment markers inside a citation are read as spaces."""
+    rules = set(re.findall(r"^- \*\*(R\d+) ", architecture, re.M))
+    sections = {h.strip() for h in re.findall(r"^#+ (.+)$", architecture, re.M)}
+    bad = []
+    for f in files:
+        text = re.sub(r"\s*\n\s*(?:#:?\s*)?", " ", f.read_text(encoding="utf-8", errors="replace"))
+        for m in ARCH_RULE.finditer(text):
+            bad += [f"{f.relative_to(root)}: {r}" for r in re.findall(r"R\d+", m.group(1)) if r not in rules]
+        bad += [f"{f.relative_to(root)}: {m.group(1)!r}" for m in ARCH_SECTION.finditer(text)
+                if m.group(1) not in sections]
+    return bad
+
+
+def test_citations_of_architecture_name_rules_and_sections_it_has():
+    architecture = (REPO_ROOT / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    files = product_files()
+    cited = sum(len(ARCH_RULE.findall(f.read_text(encoding="utf-8"))) for f in files)
+    assert cited > 10  # the code does cite it: a pattern that finds nothing would pass anything
+    assert dangling_architecture_citations(files, architecture) == []
+
+
+def test_the_architecture_check_catches_a_dangling_citation(tmp_path: Path):
+    """Positive control: a rule number and a heading ARCHITECTURE.md lacks are found; real ones pass."""
+    architecture = "# Arch\n\n## Files are the state\n\n- **R1 Nearest-rank.** ...\n- **R2 First step.** ...\n"
+    (tmp_path / "tui").mkdir()
+    f = tmp_path / "tui" / "x.py"
+    f.write_text('"""Cites ARCHITECTURE.md R1-R2 and ARCHITECTURE.md, "Files are the state"."""\n')
+    assert dangling_architecture_citations([f], architecture, tmp_path) == []
+    f.write_text('"""Cites ARCHITECTURE.md R1, R9 and ARCHITECTURE.md, "Files are\n    the states"."""\n')
+    assert dangling_architecture_citations([f], architecture, tmp_path) == ["tui/x.py: R9", "tui/x.py: 'Files are the states'"]

@@ -1,4 +1,4 @@
-"""Launcher (issue 2): clean-tree gate, identity at launch, rotation, supervisor, exit records, stop.
+"""Launcher: clean-tree gate, identity at launch, rotation, supervisor, exit records, stop.
 
 Real git repos in temp dirs, the real CLI in subprocesses, real child processes.
 """

@@ -1,4 +1,4 @@
-"""The log panel as an operator uses it (issue 18): it follows the tail until scrolled up, and says
+"""The log panel as an operator uses it: it follows the tail until scrolled up, and says
 so; `/` search with n / N, `e` / `E` errors, `F` filter and `z` full screen work over the whole
 train.log (100,000 lines here), not only the lines on screen. Pilot at 80x24."""
 

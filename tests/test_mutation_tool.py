@@ -1,11 +1,12 @@
-"""The mutation tool's own bookkeeping (issue 21): tools/mutation/equivalent.md stays true to the code
-it names, and ``run.py --carry`` keeps only the outcomes of mutants whose line did not change. Runs
-without cosmic-ray (the tool imports only the standard library until it runs a target)."""
+"""The mutation tool's own logic, on files of its own (never the product's, so no edit elsewhere can
+fail it): equivalent.md's rows name a line by its text, ``--check-ledger`` reports a stale row, and
+``run.py --carry`` keeps only the outcomes of mutants whose line did not change. Runs without
+cosmic-ray (the tool imports only the standard library until it runs a target). Whether the real
+equivalent.md is true to the code is ``python tools/mutation/run.py --check-ledger`` (on demand)."""
 
 from __future__ import annotations
 
 import importlib.util
-import re
 import sqlite3
 from pathlib import Path
 
@@ -16,65 +17,68 @@ _spec = importlib.util.spec_from_file_location("mutation_run", ROOT / "tools" / 
 run = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(run)  # type: ignore[union-attr]
 
-#: What the line of a mutant of each operator must hold (cosmic-ray's core operators): a row naming a
-#: line without it names code that moved or went (the row then counts an unrelated mutant as equivalent).
-_COMPARE = {"Eq": r"==", "NotEq": r"!=", "Lt": r"(?<![<-])<(?![<=])", "LtE": r"<=", "Gt": r"(?<![>=-])>(?![>=])",
-            "GtE": r">=", "Is": r"\bis\b(?! not)", "IsNot": r"\bis not\b", "In": r"(?<!not )\bin\b", "NotIn": r"\bnot in\b"}
-_BINARY = {"Add": r"\+", "Sub": r"-(?!>)", "Mul": r"(?<!\*)\*(?!\*)", "Div": r"(?<!/)/(?!/)", "FloorDiv": r"//", "Mod": r"%"}
+LEDGER = """\
+| file | line | in | col | operator | why |
+|---|---|---|---|---|---|
+| `m.py` | `if a >= b:` |  |  | core/ReplaceComparisonOperator_GtE_Gt | a and b are never equal |
+| `m.py` | `x = a \\| b + c` |  | 18 | core/ReplaceBinaryOperator_Add_Sub | c is 0 |
+| `m.py` | `return 0` | `F.g` #2 |  | core/NumberReplacer | the second return only |
+| `m.py` | `y = 1` | (module) |  | core/NumberReplacer | the module's own |
+"""
+SOURCE = ("y = 1\nclass F:\n    y = 1\n    def g(self, a, b):\n        if a >= b:\n            return 0\n"
+          "        x = a | b + c\n        return 0\n")
 
 
-def _must_hold(op: str) -> re.Pattern[str]:
-    name = op.removeprefix("core/")
-    if m := re.fullmatch(r"ReplaceComparisonOperator_([A-Za-z]+?)_([A-Za-z]+)", name):
-        return re.compile(_COMPARE[m.group(1)])
-    if m := re.fullmatch(r"ReplaceBinaryOperator_([A-Za-z]+?)_([A-Za-z]+)", name):
-        return re.compile(_BINARY[m.group(1)])
-    return re.compile({
-        "NumberReplacer": r"\d", "ReplaceTrueWithFalse": r"\bTrue\b", "ReplaceFalseWithTrue": r"\bFalse\b",
-        "ReplaceAndWithOr": r"\band\b", "ReplaceOrWithAnd": r"\bor\b", "AddNot": r"\b(if|elif|while|and|or|return|assert)\b|=",
-        "ReplaceUnaryOperator_Delete_Not": r"\bnot\b", "ReplaceUnaryOperator_USub_Not": r"-",
-        "ReplaceUnaryOperator_USub_Invert": r"-", "ExceptionReplacer": r"\bexcept\b",
-        "ReplaceContinueWithBreak": r"\bcontinue\b", "ReplaceBreakWithContinue": r"\bbreak\b",
-        "ZeroIterationForLoop": r"\bfor\b",
-    }[name])
+def _ledger(tmp_path: Path, source: str = SOURCE, ledger: str = LEDGER) -> list:
+    (tmp_path / "m.py").write_text(source)
+    (tmp_path / "equivalent.md").write_text(ledger)
+    return run.equivalents(tmp_path / "equivalent.md")
 
 
-def _rows() -> list[tuple[str, int, int | None, str, str]]:
-    rows = []
-    for line in (ROOT / "tools" / "mutation" / "equivalent.md").read_text().splitlines():
-        if line.startswith("| `"):
-            f, ln, op, why = (c.strip().strip("`") for c in line.split("|")[1:5])
-            row, _, col = ln.partition(":")
-            rows.append((f, int(row), int(col) if col else None, op, why))
-    return rows
+def test_a_row_is_read_with_its_scope_its_place_and_an_escaped_bar(tmp_path):
+    rows = _ledger(tmp_path)
+    assert [(r.text, r.scope, r.nth, r.col) for r in rows] == [
+        ("if a >= b:", None, None, None), ("x = a | b + c", None, None, 18), ("return 0", "F.g", 2, None), ("y = 1", "", None, None)]
+    assert rows[0].why == "a and b are never equal"
 
 
-def test_every_equivalent_row_names_a_line_that_holds_its_operator():
-    """Each row's line (at its column, when it names one) holds the operator it names."""
-    rows = _rows()
-    assert len(rows) > 300 and len({r[:4] for r in rows}) == len(rows)  # no row twice
-    assert {r[:4] for r in rows} == {(f, ln, col, op) for f, ln, op, col in run.equivalents()}
-    wrong = []
-    for f, ln, col, op, why in rows:
-        lines = (ROOT / f).read_text().splitlines()
-        assert why, (f, ln, op)
-        code = lines[ln - 1] if 0 < ln <= len(lines) else ""
-        code = code[col:] if col is not None else code.split("  #")[0]
-        if not _must_hold(op).search(code if col is None else code[:12]):
-            wrong.append(f"{f}:{ln}{'' if col is None else f':{col}'} {op}: {code.strip()!r}")
-    assert wrong == []
+def test_a_row_names_its_line_by_text_so_lines_added_above_leave_it_true(tmp_path):
+    """A comment line (or any line) added at the top of the file moves every line down by one: the
+    rows still name the same lines, each still holds its operator, and a mutant there is listed."""
+    assert run.ledger_problems(_ledger(tmp_path), tmp_path) == []
+    rows = _ledger(tmp_path, "# a comment added at the top\n" + SOURCE)
+    assert run.ledger_problems(rows, tmp_path) == []
+    keys = run.line_keys((tmp_path / "m.py").read_text())
+    assert run.listed(rows, "m.py", keys, 6, "core/ReplaceComparisonOperator_GtE_Gt", 13)
+    assert run.listed(rows, "m.py", keys, 9, "core/NumberReplacer", 15)  # the second ``return 0`` of F.g
+    assert not run.listed(rows, "m.py", keys, 7, "core/NumberReplacer", 19)  # the first one is not listed
+    assert run.listed(rows, "m.py", keys, 2, "core/NumberReplacer", 4)  # the module's ``y = 1``
+    assert not run.listed(rows, "m.py", keys, 4, "core/NumberReplacer", 8)  # not the class's
+    assert run.listed(rows, "m.py", keys, 8, "core/ReplaceBinaryOperator_Add_Sub", 18)
+    assert not run.listed(rows, "m.py", keys, 8, "core/ReplaceBinaryOperator_Add_Sub", 6)  # another column
+
+
+def test_the_ledger_check_reports_a_changed_line_an_ambiguous_row_and_a_missing_operator(tmp_path):
+    source = SOURCE.replace("if a >= b:", "if a > b:") + "    def h(self):\n        x = a | b + c\n"
+    ledger = LEDGER + "| `m.py` | `y = 1` | (module) |  | core/ReplaceTrueWithFalse | no True there |\n"
+    problems = run.ledger_problems(_ledger(tmp_path, source, ledger), tmp_path)
+    assert len(problems) == 3, problems
+    assert "`if a >= b:`" in problems[0] and "no line of the file reads so" in problems[0]
+    assert "`x = a | b + c`" in problems[1] and "2 lines read so (lines 7, 10)" in problems[1]
+    assert "does not hold the operator" in problems[2] and "ReplaceTrueWithFalse" in problems[2]
 
 
 def test_the_operator_check_refuses_a_line_without_its_operator():
-    """The control of the check above: each pattern misses a line without its operator."""
-    assert _must_hold("core/ReplaceComparisonOperator_GtE_Gt").search("if a >= b:")
-    assert not _must_hold("core/ReplaceComparisonOperator_GtE_Gt").search("if a > b:")
-    assert not _must_hold("core/NumberReplacer").search("short = self._short")
-    assert not _must_hold("core/ReplaceOrWithAnd").search("if a and b:")
-    assert not _must_hold("core/ReplaceComparisonOperator_Gt_GtE").search("def f(x) -> int:")
-    assert not _must_hold("core/ReplaceComparisonOperator_Lt_LtE").search("if a <= b:")
-    assert not _must_hold("core/ReplaceBinaryOperator_Div_Mul").search("a // b")
-    assert not _must_hold("core/ReplaceComparisonOperator_Is_IsNot").search("if a is not b:")
+    """The patterns the ledger check applies: each finds its operator and misses a line without it."""
+    assert run.must_hold("core/ReplaceComparisonOperator_GtE_Gt").search("if a >= b:")
+    assert not run.must_hold("core/ReplaceComparisonOperator_GtE_Gt").search("if a > b:")
+    assert not run.must_hold("core/NumberReplacer").search("short = self._short")
+    assert not run.must_hold("core/ReplaceOrWithAnd").search("if a and b:")
+    assert not run.must_hold("core/ReplaceComparisonOperator_Gt_GtE").search("def f(x) -> int:")
+    assert not run.must_hold("core/ReplaceComparisonOperator_Lt_LtE").search("if a <= b:")
+    assert not run.must_hold("core/ReplaceBinaryOperator_Div_Mul").search("a // b")
+    assert not run.must_hold("core/ReplaceComparisonOperator_Is_IsNot").search("if a is not b:")
+    assert run.must_hold("core/NoSuchOperator") is None
 
 
 def _session(path: Path, specs: list[tuple], results: dict[str, tuple]) -> None:
@@ -157,3 +161,21 @@ def test_carry_pairs_a_twin_line_only_when_both_sessions_hold_as_many(tmp_path):
 def test_a_mutant_s_key_is_its_line_its_neighbours_and_its_place_on_it(row, key):
     assert run._single_line_key("op", "b = 2", row, ("a = 1", None)) == key
     assert run._diff_line_and_around(_diff("a = 1\nb = 2", 2, "b = 3")) == ("b = 2", ("a = 1", None))
+
+
+def test_the_report_counts_a_listed_survivor_as_equivalent_and_names_the_rows_no_survivor_matches(tmp_path, monkeypatch):
+    """A session over m.py, a comment line added at its top since the ledger was written: the survivor
+    on ``if a >= b:`` (line 6 now) is the row's, the one on ``y = 1`` of the class is nobody's, and the
+    rows that match no survivor are printed by their text."""
+    _ledger(tmp_path, "# added\n" + SOURCE)
+    monkeypatch.setattr(run, "ROOT", tmp_path)
+    monkeypatch.setattr(run, "HERE", tmp_path)
+    (tmp_path / ".mutation").mkdir()
+    _session(tmp_path / ".mutation" / "t.sqlite",
+             [("j1", "core/ReplaceComparisonOperator_GtE_Gt", 0, 6, 13, 6, 15), ("j2", NUM, 1, 4, 8, 4, 9),
+              ("j3", NUM, 2, 2, 4, 2, 5)],
+             {"j1": ("SURVIVED", ""), "j2": ("SURVIVED", ""), "j3": ("KILLED", "")})
+    r = run.report("t", {"file": "m.py"})
+    assert (r["mutants"], r["killed"], r["equivalent"], r["survivors"]) == (3, 1, 1, [(4, NUM, 1)])
+    assert r["stale_rows"] == ["`x = a | b + c` col 18 core/ReplaceBinaryOperator_Add_Sub",
+                               "`return 0` in F.g #2 core/NumberReplacer", "`y = 1` in (module) core/NumberReplacer"]

@@ -6,6 +6,8 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
 from conftest import REPO_ROOT
 from stepwatch.monitors.snapshot.observer import VIEW_LOG_LINES, RunObserver
 
@@ -64,6 +66,7 @@ def test_a_new_attempt_is_said_once_and_starts_the_panel_over(tmp_path: Path):
     assert not again.attempt_changed and not again.log_reset
 
 
+@pytest.mark.system
 def test_without_the_supervisors_record_log_times_are_labelled_approximate(tmp_path: Path):
     """A run from an older stepwatch (no logsteps.jsonl): the view times the bar itself, between
     its own refreshes, and says the figures are approximate and the fallback not judged."""

@@ -302,6 +302,9 @@ def test_wheel_holds_exactly_the_source_files_under_stepwatch(venv):
     assert not sorted(expected - files), f"source files missing from the wheel: {sorted(expected - files)}"
     assert not sorted(files - expected), f"files in the wheel that no package folder holds: {sorted(files - expected)}"
     assert "stepwatch/__init__.py" not in files
+    # PEP 561: each top package says it is typed, so a checker reads the installed copy's annotations
+    typed = {f"stepwatch/{p}/py.typed" for p in ("assets", "launcher", "monitors", "telemetry", "tui")}
+    assert typed <= files, f"py.typed missing from the wheel: {sorted(typed - files)}"
 
 
 @pytest.mark.slow

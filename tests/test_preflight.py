@@ -1,4 +1,4 @@
-"""The pre-launch checklist (issue 7, playbook 4.8): each gate fires on bad input and passes good input."""
+"""The pre-launch checklist: each gate fires on bad input and passes good input."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ def harness(tmp_path: Path) -> Path:
     return make_repo(tmp_path / "h", {"train.py": "from stepwatch.telemetry import StepTelemetry\nprint('train')\n"})
 
 
+@pytest.mark.system
 def test_test_command_that_runs_no_tests_fails(harness: Path):
     cfg = load_config(write_cfg(harness, f'[preflight]\ntest_command = ["{sys.executable}", "-m", "pytest", "-q", "tests_none"]\n'))
     (harness / "tests_none").mkdir()
@@ -36,6 +37,7 @@ def test_test_command_that_runs_no_tests_fails(harness: Path):
     assert "ran no tests" in item.reason and item.detail["returncode"] == 5
 
 
+@pytest.mark.system
 def test_green_test_suite_passes_and_red_one_fails(harness: Path):
     (harness / "test_ok.py").write_text("def test_one():\n    assert 1 + 1 == 2\n")
     cfg = load_config(write_cfg(harness, f'[preflight]\ntest_command = ["{sys.executable}", "-m", "pytest", "-q", "test_ok.py"]\n'))
@@ -52,6 +54,7 @@ def test_missing_test_runner_fails(harness: Path):
     assert check_test_suite(cfg).status == "fail"
 
 
+@pytest.mark.system
 def test_training_argument_unknown_to_the_installed_library_fails_by_name(harness: Path):
     cfg = load_config(write_cfg(harness, '[preflight.training_arguments]\nlearning_rate = 2e-5\nwarmup_ratio = 0.03\n'))
     item = check_training_arguments(cfg)
@@ -60,6 +63,7 @@ def test_training_argument_unknown_to_the_installed_library_fails_by_name(harnes
     assert "warmup_steps" in item.detail["unknown"]["warmup_ratio"]  # the closest accepted name
 
 
+@pytest.mark.system
 def test_correct_training_arguments_pass(harness: Path):
     cfg = load_config(write_cfg(harness, '[preflight.training_arguments]\nlearning_rate = 2e-5\nwarmup_steps = 10\n'
                                          'per_device_train_batch_size = 4\n'))
@@ -98,6 +102,7 @@ def test_provenance_heuristic_warns_without_the_emitter(harness: Path):
     assert item.status == "warn" and "heuristic" in item.reason
 
 
+@pytest.mark.system
 def test_watchdog_item_passes_on_a_working_watchdog(monkeypatch):
     assert check_watchdog().status == "pass"
     import stepwatch.monitors.watchdog as wd
@@ -107,6 +112,7 @@ def test_watchdog_item_passes_on_a_working_watchdog(monkeypatch):
     assert item.status == "fail"
 
 
+@pytest.mark.system
 def test_preflight_cli_exit_codes_and_launch_refusal(harness: Path):
     cfg = write_cfg(harness, '[preflight.training_arguments]\nwarmup_ratio = 0.1\n')
     r = stepwatch("preflight", str(cfg), cwd=harness)
@@ -124,6 +130,7 @@ def test_preflight_cli_exit_codes_and_launch_refusal(harness: Path):
                                                  "log_rotation", "provenance", "log_format"}
 
 
+@pytest.mark.system
 def test_good_checklist_passes_with_exit_0(harness: Path):
     cfg = write_cfg(harness, '[preflight.training_arguments]\nwarmup_steps = 5\n')
     r = stepwatch("preflight", str(cfg), cwd=harness)

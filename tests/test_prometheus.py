@@ -1,4 +1,4 @@
-"""Export to Prometheus (issue 19): the supervisor's endpoint scraped by a real Prometheus server
+"""Export to Prometheus: the supervisor's endpoint scraped by a real Prometheus server
 (Debian's ``prometheus``, started here on a loopback port), its HTTP API queried for the values; the
 rules checked and unit-tested with ``promtool``; names linted with ``promtool check metrics``; every
 metric the rules and the Grafana dashboard name is one the exporter serves; the textfile export.

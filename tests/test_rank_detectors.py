@@ -1,6 +1,5 @@
-"""The straggler, stuck-rank and recompile-storm rules by their numbers (issue 21: only real
-torchrun and Trainer runs exercised them; a mutation run needs each trip point, window and floor
-pinned by a case on either side of it). Pure functions, exact inputs (binary fractions of a second)."""
+"""The straggler, stuck-rank and recompile-storm rules by their numbers: each trip
+point, window and floor pinned by a case on either side of it. Pure functions, exact inputs (binary fractions of a second)."""
 
 from __future__ import annotations
 

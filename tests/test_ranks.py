@@ -1,4 +1,4 @@
-"""Many ranks on one node (issue 17): real ``torchrun --nproc_per_node 2`` runs on the CPU (gloo).
+"""Many ranks on one node: real ``torchrun --nproc_per_node 2`` runs on the CPU (gloo).
 The supervisor records each rank's process (RANK from its environment) and how it ended; a rank's
 death is an alert naming the rank, its pid and the signal within 2 s; a frozen rank does not outlive
 ``stepwatch stop``."""
@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from conftest import FIXTURES_REAL, make_repo, stepwatch, wait_until
+from snapshot_types import assert_declared
 from stepwatch.monitors.parsers.torchrun import FailureTable
 from stepwatch.monitors.runfiles import read_json
 
@@ -83,6 +84,7 @@ def test_sigkill_of_rank_1_is_an_alert_naming_rank_pid_and_signal_within_2_s(tmp
     assert msg.startswith(f"rank 1 (local_rank 1, pid {victim}) killed by SIGKILL"), msg
     wait_until(lambda: read_json(run_dir / "exit.json"), 60, what="torchrun to end")
     snap = json.loads(stepwatch("status", str(run_dir), "--json").stdout)
+    assert_declared(snap)  # every key of a real torchrun run's status --json is declared in the snapshot's types
     by_rank = {r["rank"]: r for r in snap["ranks"]}
     assert by_rank[1]["pid"] == victim and by_rank[1]["signal"] == "SIGKILL" and not by_rank[1]["alive"]
     assert by_rank[1]["exit_source"] in ("kernel", "torchrun")  # its zombie, or torchrun's table if reaped first

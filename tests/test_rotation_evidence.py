@@ -1,4 +1,4 @@
-"""Rotation never loses an attempt's evidence (issue 21: the mutants that survived): one taken stamped
+"""Rotation never loses an attempt's evidence: one taken stamped
 name moves the whole attempt to the next suffix, nothing overwritten; a saved state of another attempt
 is dropped, the attempt's own kept; without run.json the stamp is the OLDEST file's time."""
 

@@ -1,4 +1,4 @@
-"""The run dir's file guards on real files (issue 21: the hostile-input guards, one file at a time):
+"""The run dir's file guards on real files (the hostile-input guards, one file at a time):
 what open_regular and read_json refuse (a symlink, a FIFO, a directory, another uid's file, an
 oversized, empty, broken, too deep or non-object JSON), what the atomic and append writers leave
 (modes, no temp file, never through a symlink or into a FIFO), the names and stamps, and what a
@@ -178,6 +178,7 @@ def test_a_views_text_shows_every_control_character_and_keeps_styles():
     assert sink.got[-1] == "<flush>"
 
 
+@pytest.mark.system
 def test_the_headless_commands_start_without_rich():
     import subprocess
     import sys

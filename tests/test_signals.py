@@ -1,4 +1,4 @@
-"""Signals only to the run's own processes (issue 15): ``stop`` and ``stop --survivors`` signal a
+"""Signals only to the run's own processes: ``stop`` and ``stop --survivors`` signal a
 process only when the run's supervisor recorded its identity (pid + create time, ``procs.json``) and
 it belongs to the run dir's owner; a crafted run.json, a reused pid or a stranger in a recorded
 group/session is left alone; a stop whose supervisor died mid-way is finished by ``stepwatch stop``.

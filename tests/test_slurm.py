@@ -1,4 +1,4 @@
-"""Slurm as a launch target (issue 19), against a real single-node Slurm (slurmctld + slurmd + munged
+"""Slurm as a launch target, against a real single-node Slurm (slurmctld + slurmd + munged
 on this machine, accounting off: tools/slurm/start.sh; .ci/run starts it). Outside CI, without a
 cluster answering, these tests skip and say why; in CI a missing cluster fails them.
 
@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from conftest import make_repo, stepwatch, wait_until
+from snapshot_types import assert_declared
 from stepwatch.monitors.slurm import duration_s, is_ended, parse_sacct, parse_scontrol, parse_squeue, query_job
 
 TRAIN_PY = r'''
@@ -93,6 +94,7 @@ def test_a_slurm_run_runs_its_job_stops_and_relaunches_as_a_new_job(slurm, tmp_p
                       and (s["step_seconds"]["n"] or 0) >= 5 and s, 60, what="the job running, its steps arriving")
     sch = snap["scheduler"]
     assert (sch["kind"], sch["job_id"], snap["state"]) == ("slurm", job, "running")
+    assert_declared(snap)  # every key of a real Slurm run's status --json is declared in the snapshot's types
     assert sch["nodes"] and sch["time_limit_s"] == 600 and 0 < sch["time_left_s"] <= 600, sch
     assert snap["step"]["source"] == "log" and snap["step"]["max_steps"] == 3000
     asyncio.run(_header_shows(run_dir, f"RUNNING  job {job} 0:0"))  # the job and its time left on screen

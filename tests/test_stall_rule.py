@@ -1,5 +1,4 @@
-"""The stall rule by its numbers and words (issue 21: the mutants a cosmic-ray run of
-monitors/detectors/stall.py left): the 3 s floor and 10x p99 on either side, elapsed exactly at
+"""The stall rule by its numbers and words: the 3 s floor and 10x p99 on either side, elapsed exactly at
 the threshold, the reasons as a user reads them, the log-only guard at its edge, the call's shape."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The status snapshot (issues 3 and 4): ``stepwatch status RUN [--json]`` on real run dirs.
+"""The status snapshot: ``stepwatch status RUN [--json]`` on real run dirs.
 
 Real processes launched through the real CLI from a temp git repo, real files, the real captures
 under ``tests/fixtures/real``. The runs that need step times use ``StepTelemetry`` in a plain
@@ -27,7 +27,7 @@ from conftest import FIXTURES_REAL, make_repo, stepwatch, wait_until
 from stepwatch.monitors.runfiles import read_json
 from stepwatch.monitors.snapshot.observer import RunObserver
 
-# Issue 4's JSON block: every key, always present (null when unknown).
+# status --json's block: every key, always present (null when unknown).
 TOP_KEYS = ("run", "run_dir", "attempt", "state", "pid", "alive", "returncode", "signal", "versions", "step",
             "step_seconds", "throughput", "eta_s", "warmup", "fallback", "stall", "dynamo", "attn_implementation",
             "gpu", "gpu_error", "alerts")
@@ -202,6 +202,7 @@ def listing(d: Path) -> dict:
 
 # --- every key, every state, exit codes ------------------------------------------------------------
 
+@pytest.mark.system
 def test_status_json_has_every_key_running_and_after_sigkill(harness: Path):
     run_dir = launch(harness, sys.executable, "sleep.py", name="live")
     pid = run_json(run_dir)["process"]["pid"]
@@ -220,6 +221,7 @@ def test_status_json_has_every_key_running_and_after_sigkill(harness: Path):
     assert "SIGKILL" in snap["alerts"][0]["message"]
 
 
+@pytest.mark.system
 def test_status_of_a_failed_run_exits_0_with_the_outcome_in_the_content(harness: Path):
     run_dir = launch(harness, sys.executable, "exit3.py", name="bad")
     wait_exit(run_dir)
@@ -230,6 +232,7 @@ def test_status_of_a_failed_run_exits_0_with_the_outcome_in_the_content(harness:
     assert al["kind"] == "watchdog" and "code 3" in al["message"] and "about to fail" in al["message"]
 
 
+@pytest.mark.system
 def test_status_of_a_run_that_does_not_exist_is_a_usage_error(harness: Path):
     for args in (("status", "nosuch"), ("status", "nosuch", "--json"), ("status", str(harness / "runs" / "gone"))):
         r = stepwatch(*args, cwd=harness)
@@ -239,6 +242,7 @@ def test_status_of_a_run_that_does_not_exist_is_a_usage_error(harness: Path):
         assert "Traceback" not in r.stderr
 
 
+@pytest.mark.system
 def test_status_without_json_prints_readable_lines_for_a_failed_run(harness: Path):
     run_dir = launch(harness, sys.executable, "steps.py", "6", "0.02", "3", name="plain")
     wait_exit(run_dir)
@@ -258,6 +262,7 @@ def test_status_without_json_prints_readable_lines_for_a_failed_run(harness: Pat
 
 # --- views only read ---------------------------------------------------------------------------------
 
+@pytest.mark.system
 def test_status_and_watch_on_a_read_only_copy_write_nothing(harness: Path, tmp_path: Path):
     from stepwatch.monitors.watchdog import ProcessRef, is_alive
 
@@ -294,6 +299,7 @@ def test_status_and_watch_on_a_read_only_copy_write_nothing(harness: Path, tmp_p
             os.chmod(p, 0o644)
 
 
+@pytest.mark.system
 def test_status_of_an_ended_run_reads_its_log_to_the_end(harness: Path):
     run_dir = launch(harness, sys.executable, "biglog.py", str(FIXTURES_REAL / "dynamo_recompiles.log"), name="big")
     assert wait_exit(run_dir)["returncode"] == 1
@@ -313,6 +319,7 @@ def test_status_of_an_ended_run_reads_its_log_to_the_end(harness: Path):
 
 # --- the watchdog's part: a reused pid, a self-match --------------------------------------------------
 
+@pytest.mark.system
 def test_alive_pid_with_a_different_create_time_reads_dead(harness: Path):
     src = launch(harness, sys.executable, "ok.py", name="orig")
     wait_exit(src)
@@ -369,6 +376,7 @@ SELF_MATCH_CHECK = textwrap.dedent('''\
     ''')
 
 
+@pytest.mark.system
 def test_a_watcher_whose_own_argv_holds_the_run_command_still_reads_dead(harness: Path):
     run_dir = launch(harness, sys.executable, "sleep.py", name="selfmatch")
     run = run_json(run_dir)
@@ -394,6 +402,7 @@ def test_a_watcher_whose_own_argv_holds_the_run_command_still_reads_dead(harness
 
 # --- the stall detector on a real hanging process -----------------------------------------------------
 
+@pytest.mark.system
 def test_twenty_fast_steps_then_a_hang_reads_stalled(harness: Path):
     run_dir = launch(harness, sys.executable, "steps.py", "20", "0.02", "hang", name="hang")
     wait_until(lambda: len(events(run_dir, "step")) == 20, 20, what="20 step events")
@@ -437,6 +446,7 @@ def test_a_long_save_phase_is_not_a_stall(harness: Path):
     ("dynamo_recompiles.log", 3, 1),       # TORCH_LOGS=recompiles,graph_breaks
     ("dynamo_limit_default.log", 0, 0),    # no TORCH_LOGS: the warning alone
 ])
+@pytest.mark.system
 def test_the_real_recompile_limit_warning_raises_an_alert(harness: Path, fixture: str, recompiles: int,
                                                           graph_breaks: int):
     run_dir = launch(harness, "cat", str(FIXTURES_REAL / fixture), name="dyn")
@@ -454,6 +464,7 @@ def test_the_real_recompile_limit_warning_raises_an_alert(harness: Path, fixture
     assert re.search(r"ALERT \[recompile_limit\] .*forward", r.stdout), r.stdout
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("fixture", ["hf_trainer_plain.log", "hf_trainer_compile.log"])
 def test_a_log_without_the_warning_raises_no_alert(harness: Path, fixture: str):
     run_dir = launch(harness, "cat", str(FIXTURES_REAL / fixture), name="clean")
@@ -494,7 +505,7 @@ def test_slow_steps_after_a_fast_steady_state_are_flagged_and_saves_are_not(harn
                and s["fallback"]["state"] in ("ok", "not judged") for s in early), [s["fallback"] for s in early]
     assert any(s["fallback"]["state"] == "ok" for s in early)
     # When exactly: the snapshot of the run's files as they stood after each step (independent of how
-    # fast this test polled). The issue's bound for a full fallback: flagged by 3 slow steps.
+    # fast this test polled). The bound for a full fallback: flagged by 3 slow steps.
     verdicts = {}
     for upto in (60, 61, 62, 63):
         cut = tmp_path / f"cut{upto}"
@@ -520,6 +531,7 @@ def test_slow_steps_after_a_fast_steady_state_are_flagged_and_saves_are_not(harn
 
 # --- alert ids -------------------------------------------------------------------------------------
 
+@pytest.mark.system
 def test_alert_ids_are_stable_across_observers_and_views(harness: Path):
     (harness / "dyn_exit3.sh").write_text(f"cat {FIXTURES_REAL / 'dynamo_recompiles.log'}\nexit 3\n")
     subprocess.run(["git", "add", "dyn_exit3.sh"], cwd=harness, check=True)
@@ -542,6 +554,7 @@ def test_alert_ids_are_stable_across_observers_and_views(harness: Path):
     assert len(set(wd)) == 1 and wd[0] == read_json(run_dir / "exit.json")["ended_at"]
 
 
+@pytest.mark.system
 def test_status_json_is_strict_json_even_with_a_nan_loss(tmp_path: Path):
     from stepwatch.monitors.snapshot.model import json_safe
 
@@ -557,6 +570,7 @@ def test_status_json_is_strict_json_even_with_a_nan_loss(tmp_path: Path):
     assert snap["last_logs"]["loss"] == "NaN"
 
 
+@pytest.mark.system
 def test_a_supervisor_that_died_before_recording_the_child_reads_ended(tmp_path: Path):
     run_dir = tmp_path / "lost"
     run_dir.mkdir()
@@ -567,6 +581,7 @@ def test_a_supervisor_that_died_before_recording_the_child_reads_ended(tmp_path:
     assert r.returncode == 1 and "status unknown" in r.stdout
 
 
+@pytest.mark.system
 def test_status_warns_when_the_supervisor_is_gone_while_the_child_runs(repo: Path):
     r = stepwatch("launch", "--no-tui", "--name", "r", "--", sys.executable, "sleep.py", cwd=repo)
     assert r.returncode == 0, r.stderr
@@ -608,6 +623,7 @@ def _step(step: int, dt, t: float, **kw) -> dict:
     return ev
 
 
+@pytest.mark.system
 def test_step_lines_the_emitter_never_writes_are_counted_and_never_fatal(tmp_path: Path):
     t0 = 1_780_000_000.0
     good = [_step(i, 1.0 + (i % 5) / 100, t0 + i) for i in range(1, 41)]
@@ -679,6 +695,7 @@ def test_process_snapshot_is_the_watchdog_part_without_reading_events(tmp_path: 
     assert process_snapshot(tmp_path / "nothing")["state"] == "unknown"
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("live", [False, True])
 def test_odd_values_in_every_event_kind_never_break_the_snapshot(tmp_path: Path, live: bool):
     """Numbers where objects belong and the reverse, in run_start, dynamo, log, phase and run_end
@@ -723,6 +740,7 @@ def test_odd_values_in_every_event_kind_never_break_the_snapshot(tmp_path: Path,
     assert cli.returncode == 0, cli.stderr
 
 
+@pytest.mark.system
 def test_values_nested_a_thousand_deep_are_cut_where_they_are_shown(tmp_path: Path):
     """orjson reads a line nested up to 1,024 deep; every writer of the snapshot (json.dumps with an
     indent, watch --json, the screen) recurses per level: what is shown as read (last_logs,

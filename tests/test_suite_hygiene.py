@@ -1,4 +1,4 @@
-"""The test suite's own hazards (issue 21): the autouse reaper never signals the test run itself."""
+"""The test suite's own hazards: the autouse reaper never signals the test run itself."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from conftest import REPO_ROOT
 
@@ -20,6 +22,7 @@ def test_a_run_json_naming_pytest_itself(tmp_path):
 '''
 
 
+@pytest.mark.system
 def test_the_reaper_never_kills_a_pytest_that_leads_its_own_process_group(tmp_path: Path):
     assert shutil.which("setsid"), "util-linux's setsid is part of Debian's base system"
     inner = tmp_path / "test_inner.py"

@@ -1,4 +1,4 @@
-"""The supervisor watches (issue 14): log step times taken where the bytes arrive, every detector
+"""The supervisor watches: log step times taken where the bytes arrive, every detector
 with no view attached, alerts recorded once in alerts.jsonl and delivered by the run's owner.
 
 Real processes throughout: un-instrumented scripts printing a real tqdm bar, launched by the real

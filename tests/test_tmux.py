@@ -1,5 +1,5 @@
 """The run screen inside a real tmux (TERM=tmux-256color) at 80x24 and 160x45, read back with
-``tmux capture-pane`` as the operator's terminal shows it (issue 18): the header, the whole banner
+``tmux capture-pane`` as the operator's terminal shows it: the header, the whole banner
 keys, the versions, the footer's keys; a fact cut at the edge ends in an ellipsis; the confirm
 dialog's keys are in reverse video (a colour-only mark vanished under tmux-256color); ``d`` shows
 every alert whole."""

@@ -1,5 +1,5 @@
-"""torchrun's failure table, line by line (issue 21: the mutants a cosmic-ray run of
-monitors/parsers/torchrun.py left with only the real capture, whose ranks equal their local ranks):
+"""torchrun's failure table, line by line (beyond the real capture, whose ranks equal their
+local ranks):
 each field from its own group, the root cause only after its header, at most 256 entries, a line
 over 300 characters ignored, an exit code line with no rank line before it, signal names."""
 

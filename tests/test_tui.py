@@ -1,4 +1,4 @@
-"""The Textual app (issue 6), driven with Pilot against real run dirs and real processes."""
+"""The Textual app, driven with Pilot against real run dirs and real processes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The real app in a real pseudo-terminal: hostile input bytes, quitting, and a hangup (issue 6, Over SSH)."""
+"""The real app in a real pseudo-terminal: hostile input bytes, quitting, and a hangup (a dropped SSH session)."""
 
 from __future__ import annotations
 

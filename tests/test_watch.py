@@ -1,4 +1,4 @@
-"""The headless watcher (issue 3): ``stepwatch watch RUN --plain | --json`` on real processes.
+"""The headless watcher: ``stepwatch watch RUN --plain | --json`` on real processes.
 
 The watcher runs as the real CLI in a subprocess with its stdout piped; lines are read by a thread
 so that every wait has a deadline. The runs are real processes launched through ``stepwatch launch``

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from stepwatch.monitors.watch.delivery import STDERR_TAIL_BYTES, _wait_bounded
 from stepwatch.monitors.watch.loop import AttemptFile
 
@@ -37,6 +39,7 @@ def test_an_attempt_file_never_opens_through_a_symlink_or_a_fifo(tmp_path: Path)
     assert len(said) == 2 and not (tmp_path / "elsewhere").exists()
 
 
+@pytest.mark.system
 def test_a_chatty_command_costs_a_bounded_tail_of_its_stderr():
     p = subprocess.Popen([sys.executable, "-c", "import sys; sys.stderr.write('x' * 20_000_000 + 'last words'); sys.exit(4)"],
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)

@@ -1,5 +1,5 @@
-"""The watchdog's silent properties, through real processes (issue 21: the mutants that survived the
-suite): a real zombie is a zombie, never alive; a live process of another user (kill -0 says EPERM)
+"""The watchdog's silent properties, through real processes: a real
+zombie is a zombie, never alive; a live process of another user (kill -0 says EPERM)
 is alive, never dead; a pid whose process started before OR after the recorded create time is reused;
 the create-time tolerance is the documented 0.5 s, not more."""
 

@@ -40,7 +40,7 @@ FIELDS = (
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--samples", type=int, default=3, help="samples to take (>= 2)")
     ap.add_argument("--interval", type=float, default=1.0, help="seconds between samples")
     ap.add_argument("--timeout", type=float, default=5.0, help="per-call deadline, seconds")

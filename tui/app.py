@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from textual import work
-from textual.app import App
 from textual.binding import Binding
 
+from stepwatch.monitors.states import RUNNING
+from stepwatch.tui.appbase import StepwatchAppBase
 from stepwatch.tui.messages import ActionDone
 from stepwatch.tui.safe import visible
 from stepwatch.tui.screens.home import HomeScreen
@@ -39,15 +40,15 @@ def _tolerate_non_utf8_input() -> None:
 
     import textual.drivers.linux_driver as linux_driver
 
-    linux_driver.getincrementaldecoder = lambda encoding: functools.partial(
-        codecs.getincrementaldecoder(encoding), errors="replace")
+    setattr(linux_driver, "getincrementaldecoder", lambda encoding: functools.partial(  # noqa: B010 (not exported)
+        codecs.getincrementaldecoder(encoding), errors="replace"))
 
 
 DEBOUNCE_S = 1.0  # a key pressed twice within this acts once
 STATE_FILE = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "stepwatch" / "last_config"
 
 
-class StepwatchApp(App):
+class StepwatchApp(StepwatchAppBase):
     """stepwatch's TUI. ``run_dir`` None opens the home screen on ``runs_dir``."""
 
     CSS_PATH = "styles.tcss"
@@ -110,7 +111,8 @@ class StepwatchApp(App):
         if self.is_headless:
             return
         try:
-            gone = not os.isatty(sys.__stdin__.fileno()) or os.getppid() == 1
+            stdin = sys.__stdin__
+            gone = not os.isatty(stdin.fileno()) or os.getppid() == 1  # pyright: ignore[reportOptionalMemberAccess]
         except (ValueError, OSError):
             gone = True
         if gone:
@@ -144,7 +146,7 @@ class StepwatchApp(App):
 
     def action_quit_app(self) -> None:
         rs = self.run_screen
-        if rs is not None and rs.snap.get("state") == "running":
+        if rs is not None and rs.snap.get("state") == RUNNING:
             self.exit_message = (f"stepwatch: left {rs.snap.get('run')} running (pid {rs.snap.get('pid')}); "
                                  f"reattach with: stepwatch attach {rs.run_dir}")
         else:
@@ -179,7 +181,7 @@ class StepwatchApp(App):
         rs = self.run_screen
         if rs is None or self._debounced("relaunch"):
             return
-        if rs.snap.get("state") == "running":
+        if rs.snap.get("state") == RUNNING:
             self.notify(f"{rs.run_dir.name} is still running: stop it first (x)", severity="warning")
             return
         self.push_screen(Confirm(f"Relaunch {rs.run_dir.name}? The logs of attempt {rs.snap.get('attempt')} are "
@@ -225,12 +227,16 @@ class StepwatchApp(App):
         rs = self.run_screen
         if rs is None or self._debounced("stop"):
             return
-        if rs.snap.get("state") != "running":
+        if rs.snap.get("state") != RUNNING:
             self.notify(f"{rs.run_dir.name} is not running", severity="warning")
             return
+
+        def stop_if(yes: bool | None) -> None:
+            if yes:
+                self._stop_worker(rs.run_dir)
+
         self.push_screen(Confirm(f"Stop {rs.run_dir.name} (pid {rs.snap.get('pid')})? SIGINT now, SIGTERM and "
-                                 "SIGKILL after 30 s each, carried out by the supervisor."),
-                         lambda yes: self._stop_worker(rs.run_dir) if yes else None)
+                                 "SIGKILL after 30 s each, carried out by the supervisor."), stop_if)
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="action")
     def _stop_worker(self, run_dir: Path) -> None:
@@ -280,7 +286,7 @@ def _size_from_the_terminal() -> None:
     Textual sizes the screen with shutil.get_terminal_size(), which prefers those variables, so an
     exported ``COLUMNS=80`` drew a 160x45 tmux pane at 80x24 and every resize kept the stale size."""
     try:
-        os.get_terminal_size(sys.__stdout__.fileno())
+        os.get_terminal_size(sys.__stdout__.fileno())  # pyright: ignore[reportOptionalMemberAccess]
     except (OSError, ValueError, AttributeError):
         return  # no terminal to ask: the variables are all there is
     for var in ("COLUMNS", "LINES"):

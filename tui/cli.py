@@ -330,7 +330,7 @@ def cmd_home(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argparse tree of every stepwatch command (DESIGN.md section 7)."""
+    """The argparse tree of every stepwatch command (README.md, "Command line")."""
     p = argparse.ArgumentParser(prog="stepwatch", description="Launch long training runs and watch them honestly.")
     p.add_argument("--runs-dir", help="where runs live (default ./runs, or $STEPWATCH_RUNS_DIR)")
     p.add_argument("--low-bandwidth", action="store_true", help="TUI: slow-link mode")

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, cast
 
 from stepwatch.monitors.slurm import ABNORMAL_ENDS
+from stepwatch.monitors.snapshot.types import (AttnImplementation, Dynamo, Energy, Eta, Identity, Padding, Scaling,
+                                               Scheduler, Snapshot, Versions)
+from stepwatch.monitors.states import EXITED, OK, PENDING, RUNNING, STALLED
 
 
 #: What the dynamo panel and ``status`` say when neither the log nor the events showed dynamo output.
 NO_DYNAMO_WORDS = "dynamo: no torch.compile output seen (recompiles unknown, not 0)"
 
 
-def no_dynamo_output(d: dict[str, Any]) -> bool:
+def no_dynamo_output(d: Dynamo | Mapping[str, Any]) -> bool:
     """The snapshot's ``dynamo`` part says nothing: no source, and no count from anywhere."""
     return not d.get("source") and all(d.get(k) is None for k in ("recompiles", "graph_breaks", "recompile_limit_hits"))
 
@@ -35,23 +39,23 @@ def clock(t: Any, fmt: str) -> str:
         return "?"
 
 
-def eta_words(eta: dict[str, Any]) -> str:
+def eta_words(eta: Eta) -> str:
     """``0:23:21 (ends 19:44Z)`` / ``STALLED`` / ``-``, from the snapshot's ``eta``."""
-    if eta.get("state") == "stalled":
+    if eta.get("state") == STALLED:
         return "STALLED"
-    if eta.get("state") != "ok" or eta.get("eta_s") is None:
+    if eta.get("state") != OK or (eta_s := eta.get("eta_s")) is None:
         return "-"
     end = clock(eta.get("end_at_unix"), "%H:%MZ")
-    return f"{hms(eta['eta_s'])} (ends {end})"
+    return f"{hms(eta_s)} (ends {end})"
 
 
-def health_words(snap: dict[str, Any], basis: bool = True) -> str:
+def health_words(snap: Snapshot, basis: bool = True) -> str:
     """``run: 3 procs, CPU 1.9 cores, RSS 2.1 GiB · load 3.2/16 · started 05-28 14:02Z`` (``basis``: say
     how the CPU figure was taken, as ``status`` does; the screen leaves it out to stay one line)."""
     h = snap.get("health") or {}
     started = snap.get("launched_at_unix")
     when = f" · started {clock(started, '%m-%d %H:%MZ')}" if isinstance(started, (int, float)) else ""
-    if snap.get("state") != "running":
+    if snap.get("state") != RUNNING:
         return f"run not running{when}"
     host = f"load {h['host_load_1m']:.1f}/{h.get('host_cores') or '?'}" if h.get("host_load_1m") is not None else "load ?"
     if not h.get("processes"):
@@ -82,11 +86,11 @@ TIMING_WORDS = {
 }
 
 
-def timing_words(snap: dict[str, Any]) -> str | None:
+def timing_words(snap: Snapshot) -> str | None:
     """The words for the snapshot's ``step.timing``, None when the times are exact or absent; for
     the program's own times, what the arrival of its lines says beside them."""
     step = snap.get("step") or {}
-    words = TIMING_WORDS.get(step.get("timing"))
+    words = TIMING_WORDS.get(step.get("timing") or "")
     arr = step.get("arrival") or {}
     if words and arr.get("agrees") is not None:
         verdict = "agrees" if arr["agrees"] else "DISAGREES: the program times only part of its step?"
@@ -94,20 +98,20 @@ def timing_words(snap: dict[str, Any]) -> str | None:
     return words
 
 
-def state_word(snap: dict[str, Any]) -> str:
+def state_word(snap: Snapshot) -> str:
     """RUNNING / PENDING (a queued Slurm job) / EXITED code / STOPPED (the operator asked) / KILLED signal /
     Slurm's end (TIMEOUT, CANCELLED, ...) / UNKNOWN, as the header shows it."""
     st = snap.get("state")
     job = (snap.get("scheduler") or {}).get("state")
-    if st == "running":
+    if st == RUNNING:
         return "RUNNING"
-    if st == "pending":
+    if st == PENDING:
         return job if job in ("PENDING", "CONFIGURING", "RUNNING") else "PENDING"
-    if st == "exited" and job in ABNORMAL_ENDS:  # Slurm's word first: TIMEOUT, CANCELLED, NODE_FAIL ...
+    if st == EXITED and job in ABNORMAL_ENDS:  # Slurm's word first: TIMEOUT, CANCELLED, NODE_FAIL ...
         if snap.get("returncode") is None and not snap.get("signal"):
             return job
         return f"{job} ({snap.get('signal') or 'exit ' + str(snap.get('returncode'))})"
-    if st == "exited":
+    if st == EXITED:
         if (snap.get("ended") or {}).get("stop_requested"):
             return f"STOPPED ({snap['signal'] or 'exit ' + str(snap.get('returncode'))})"
         if snap.get("signal"):
@@ -116,7 +120,7 @@ def state_word(snap: dict[str, Any]) -> str:
     return "UNKNOWN"
 
 
-def attention_words(attn: dict[str, Any]) -> tuple[str, bool]:
+def attention_words(attn: AttnImplementation | Mapping[str, Any]) -> tuple[str, bool]:
     """``attention sdpa (as requested)`` or ``attention sdpa (requested flex_attention)``, and whether
     the resolved backend differs from the one asked for (the views mark it)."""
     req, res = attn.get("requested"), attn.get("resolved")
@@ -127,12 +131,12 @@ def attention_words(attn: dict[str, Any]) -> tuple[str, bool]:
     return f"attention {res} (requested {req})", True
 
 
-def versions_words(versions: dict[str, Any]) -> str:
+def versions_words(versions: Versions | Mapping[str, Any]) -> str:
     """``torch 2.13.0+cpu  transformers 4.57.1``: the versions the training process imported."""
     return "  ".join(f"{lib} {versions.get(lib) or 'unknown'}" for lib in ("torch", "transformers"))
 
 
-def tree_words(ident: dict[str, Any]) -> str:
+def tree_words(ident: Identity | Mapping[str, Any]) -> str:
     """``clean at launch`` / ``DIRTY at launch`` / ``dirty at launch: unknown`` (run.json's sample)."""
     dirty = ident.get("harness_dirty_at_launch")
     if dirty is True:
@@ -140,7 +144,7 @@ def tree_words(ident: dict[str, Any]) -> str:
     return "clean at launch" if dirty is False else "dirty at launch: unknown"
 
 
-def scheduler_words(sch: dict[str, Any] | None) -> str | None:
+def scheduler_words(sch: Scheduler | None) -> str | None:
     """``Slurm job 12 RUNNING on node01 · 0:41:03 left of 4:00:00`` / ``Slurm job 13 PENDING (Priority)``
     / ``Slurm job 9 TIMEOUT, exit code 0:15``; None for a local run."""
     if not sch:
@@ -161,17 +165,18 @@ def scheduler_words(sch: dict[str, Any] | None) -> str | None:
     return words
 
 
-def pid_or_job(snap: dict[str, Any]) -> str:
+def pid_or_job(snap: Snapshot) -> str:
     """The runs list's PID cell: the training process's pid, else a Slurm run's ``job N``, else ``-``."""
     job = (snap.get("scheduler") or {}).get("job_id")
     return str(snap.get("pid") or (f"job {job}" if job else "-"))
 
 
-def scaling_words(scaling: dict[str, Any] | None) -> str:
+def scaling_words(scaling: Scaling | None) -> str:
     """``scaling: quadratic: attention (w²) is ~51% of the step at the run's widths (linear 47%, constant
     2%; E[w²]/E[w]² 1.34, 190 steps)`` / ``scaling: undetermined (2 distinct width(s): ...)``."""
     sc = scaling or {}
-    verdict, shares = sc.get("verdict") or "undetermined", sc.get("shares") or {}
+    shares = cast("Mapping[str, float | None]", sc.get("shares") or {})
+    verdict = sc.get("verdict") or "undetermined"
     if verdict == "undetermined":
         return f"scaling: undetermined ({sc.get('reason') or 'no fit yet'})"
     what = {"quadratic": ("attention (w²)", "quadratic"), "linear": ("per-token work", "linear"),
@@ -182,28 +187,28 @@ def scaling_words(scaling: dict[str, Any] | None) -> str:
             f"widths ({others}{ratio}, {sc.get('steps')} steps)")
 
 
-def padding_words(padding: dict[str, Any] | None) -> str | None:
+def padding_words(padding: Padding | None) -> str | None:
     """``padding 8.3% of tokens; 34% of steps unpadded (padded ones +0.2% at equal width)``; None without counts."""
     pd = padding or {}
-    if pd.get("share") is None:
+    if (share := pd.get("share")) is None:
         return None
-    same = [x["padded_excess"] for x in pd.get("same_width") or [] if x.get("padded_excess") is not None]
+    same = [x for w in pd.get("same_width") or [] if (x := w.get("padded_excess")) is not None]
     excess = f" (padded ones {100 * sum(same) / len(same):+.1f}% at equal width)" if same else ""
-    return f"padding {100 * pd['share']:.1f}% of tokens; {100 * (pd.get('unpadded_share') or 0):.0f}% of steps unpadded{excess}"
+    return f"padding {100 * share:.1f}% of tokens; {100 * (pd.get('unpadded_share') or 0):.0f}% of steps unpadded{excess}"
 
 
-def energy_words(energy: dict[str, Any] | None) -> str | None:
+def energy_words(energy: Energy | None) -> str | None:
     """``energy 750 J/step, 5.46 tokens/J, 21.8 kJ this attempt (GPU0, GPU1)`` / ``energy unsupported: ...``;
     None when there is nothing to say (no GPU at all)."""
     e = energy or {}
-    if e.get("unsupported"):
-        return None if e["unsupported"].startswith("no GPU energy samples") else f"energy unsupported: {e['unsupported']}"
-    if e.get("joules") is None:
+    if unsupported := e.get("unsupported"):
+        return None if unsupported.startswith("no GPU energy samples") else f"energy unsupported: {unsupported}"
+    if (joules := e.get("joules")) is None:
         return None
     parts = [f"{e['joules_per_step']:.4g} J/step" if e.get("joules_per_step") is not None else "J/step: no step inside the samples yet"]
     if e.get("tokens_per_joule") is not None:
         parts.append(f"{e['tokens_per_joule']:.4g} tokens/J")
-    parts.append(f"{e['joules'] / 1000:.4g} kJ this attempt ({', '.join(f'GPU{i}' for i in e.get('devices') or [])})")
+    parts.append(f"{joules / 1000:.4g} kJ this attempt ({', '.join(f'GPU{i}' for i in e.get('devices') or [])})")
     return "energy " + ", ".join(parts)
 
 

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from textual.message import Message
+
+from stepwatch.monitors.snapshot.types import Snapshot
+
+
+class HomeRow(Snapshot):
+    """A run's snapshot as the home screen lists it: with ``_open_alerts``, its alerts not
+    acknowledged yet (this view's own key, never in ``status --json``)."""
+
+    _open_alerts: int
 
 
 class SnapshotReady(Message):
@@ -15,7 +22,7 @@ class SnapshotReady(Message):
     ``log_reset``: clear the panel first; ``attempt_changed``: run.json names a new attempt.
     """
 
-    def __init__(self, snapshot: dict[str, Any], log_lines: list[str], log_partial: str | None, log_reset: bool,
+    def __init__(self, snapshot: Snapshot, log_lines: list[str], log_partial: str | None, log_reset: bool,
                  attempt_changed: bool = False):
         super().__init__()
         self.attempt_changed = attempt_changed
@@ -28,7 +35,7 @@ class SnapshotReady(Message):
 class RunsListed(Message):
     """The home screen's rows: one snapshot per run under the runs dir."""
 
-    def __init__(self, rows: list[dict[str, Any]]):
+    def __init__(self, rows: list[HomeRow]):
         super().__init__()
         self.rows = rows
 

@@ -12,7 +12,8 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import Any, TextIO, cast
+from collections.abc import Callable
 
 from stepwatch.monitors.runfiles import utc_iso
 from stepwatch.monitors.snapshot.alerts import end_words
@@ -24,6 +25,8 @@ from stepwatch.monitors.snapshot.model import json_safe, run_ended
 from stepwatch.monitors.snapshot.metrics import metrics_words
 from stepwatch.monitors.snapshot.ranks import latest_per_rank, restarts_words
 from stepwatch.monitors.snapshot.observer import RunObserver
+from stepwatch.monitors.snapshot.types import Snapshot
+from stepwatch.monitors.states import EXITED, NOT_JUDGED, OK, RUNNING, STALLED, UNKNOWN
 from stepwatch.monitors.watchdog import ProcessRef, wait_for_exit
 
 
@@ -35,7 +38,7 @@ def _fmt(v: Any, nd: int = 2) -> str:
     return str(v)
 
 
-def status_lines(snap: dict[str, Any]) -> list[str]:
+def status_lines(snap: Snapshot) -> list[str]:
     """A few readable lines with the same content as ``status --json``."""
     step = snap.get("step") or {}
     lines = [f"{snap['run']} attempt {snap.get('attempt') or '-'}: {snap['state']}"
@@ -43,12 +46,12 @@ def status_lines(snap: dict[str, Any]) -> list[str]:
              + (f" ({end_words(snap)})" if run_ended(snap) else "")]
     if snap.get("scheduler"):
         lines.append(f"  {scheduler_words(snap['scheduler'])}")
-    if snap["state"] == "running" and snap.get("supervisor_alive") is False and not snap.get("scheduler"):
+    if snap["state"] == RUNNING and snap.get("supervisor_alive") is False and not snap.get("scheduler"):
         lines.append("  WARNING: the supervisor is gone (killed?): the run goes on, but no exit code will be recorded "
                      "and `stop` will escalate from the command line itself")
     e = snap.get("eta") or {}
     eta = (f", ETA {eta_words(e)}: {e.get('remaining_steps')} steps at {_fmt(e.get('seconds_per_step'), 3)} s "
-           f"({e.get('basis')})" if e.get("state") in ("ok", "stalled") else "")
+           f"({e.get('basis')})" if e.get("state") in (OK, STALLED) else "")
     src = f" (from {step['source']})" if step.get("source") else ""
     lines.append(f"  step {_fmt(step.get('global_step'))}/{_fmt(step.get('max_steps'))}{src}{eta}")
     words = timing_words(snap)
@@ -63,9 +66,9 @@ def status_lines(snap: dict[str, Any]) -> list[str]:
                                               energy_words(snap.get("energy"))) if w))
     fb, st = snap.get("fallback") or {}, snap.get("stall") or {}
     stall = st.get("state")
-    lines.append(f"  fallback {fb.get('state')}" + (f" ({fb['reason']})" if fb.get("reason") and fb.get("state") != "ok" else "")
-                 + f"; stall {stall}" + (f" ({_fmt(st.get('current_step_elapsed_s'), 1)} s)" if stall == "stalled"
-                                         else f" ({st['reason']})" if stall == "not judged" and st.get("reason") else ""))
+    lines.append(f"  fallback {fb.get('state')}" + (f" ({fb['reason']})" if fb.get("reason") and fb.get("state") != OK else "")
+                 + f"; stall {stall}" + (f" ({_fmt(st.get('current_step_elapsed_s'), 1)} s)" if stall == STALLED
+                                         else f" ({st['reason']})" if stall == NOT_JUDGED and st.get("reason") else ""))
     d = snap.get("dynamo") or {}
     if no_dynamo_output(d):
         lines.append("  " + NO_DYNAMO_WORDS)
@@ -75,12 +78,12 @@ def status_lines(snap: dict[str, Any]) -> list[str]:
                      f"recompile-limit hits {u['recompile_limit_hits']} (from {d.get('source') or '-'})")
     a, v = snap.get("attn_implementation") or {}, snap.get("versions") or {}
     lines.append(f"  {attention_words(a)[0]}; {versions_words(v)}")
-    if snap.get("gpu"):
+    if gpu := snap.get("gpu"):
         src = snap.get("gpu_source") or ""
         if src.startswith("recorded"):
             lines.append(f"  GPU: RECORDED replay, not this machine's GPU ({src.split(':', 1)[-1]})")
-        for g in snap["gpu"]:
-            held = f" (the run's rank {', '.join(map(str, g['run_ranks']))})" if g.get("run_ranks") else ""
+        for g in gpu:
+            held = f" (the run's rank {', '.join(map(str, run_ranks))})" if (run_ranks := g.get("run_ranks")) else ""
             lines.append(f"  GPU{g.get('index')} {g.get('name')}{held}: kernel-active {_fmt(g.get('util_pct'), 0)}%, "
                          f"power {_fmt(g.get('power_w'), 0)}/{_fmt(g.get('power_limit_w'), 0)} W"
                          + (f"; over the last 30 s: {g['verdict']}" if g.get("verdict") else ""))
@@ -91,12 +94,12 @@ def status_lines(snap: dict[str, Any]) -> list[str]:
         lines.append("  ranks: " + "; ".join(
             f"rank {r['rank']} pid {r['pid']} " + ("alive" if r["alive"] else f"killed by {r['signal']}" if r["signal"]
                                                    else f"exited with code {_fmt(r['returncode'])}")
-            + (f", step {_fmt(r['steps']['last_step'])}, n={r['steps']['n']} p50={_fmt(r['steps']['p50'], 3)} "
-               f"p99={_fmt(r['steps']['p99'], 3)}" if r.get("steps") else "")
+            + (f", step {_fmt(rs['last_step'])}, n={rs['n']} p50={_fmt(rs['p50'], 3)} "
+               f"p99={_fmt(rs['p99'], 3)}" if (rs := r.get("steps")) else "")
             for r in ranks[:16]) + (f"; {len(ranks) - 16} more" if len(ranks) > 16 else "")
             + restarts_words(snap.get("rank_restarts")))
     sg = snap.get("straggler") or {}
-    if snap.get("ranks") and sg.get("state") != "not judged":
+    if snap.get("ranks") and sg.get("state") != NOT_JUDGED:
         lines.append(f"  straggler {sg.get('state')} ({sg.get('reason')})")
     disk = snap.get("disk") or {}
     if disk.get("full") or disk.get("write_errors"):
@@ -113,8 +116,8 @@ def status_lines(snap: dict[str, Any]) -> list[str]:
                               for ch, d in (al.get("delivered") or {}).items())
         lines.append(f"  ALERT [{al['kind']}] {al['message']}" + (f" ({', '.join(notes)})" if notes else "")
                      + (f" [delivery {delivered}]" if delivered else ""))
-        if al.get("stack"):  # the supervisor's py-spy dump of the rank: each thread, innermost frame first
-            lines.append("    stack (py-spy): " + " | ".join(ln.strip() for ln in (stack_frames(al["stack"]) or ["-"])))
+        if stack := al.get("stack"):  # the supervisor's py-spy dump of the rank: each thread, innermost frame first
+            lines.append("    stack (py-spy): " + " | ".join(ln.strip() for ln in (stack_frames(stack) or ["-"])))
     if snap.get("survivors"):
         lines.append(f"  {len(snap['survivors'])} process(es) of the ended run survive (they may hold GPU memory): "
                      + ", ".join(f"{p['pid']} ({p['name']})" for p in snap["survivors"][:10])
@@ -141,7 +144,7 @@ class Narrator:
             self.out.write(f"{now} {text}\n")
         self.out.flush()
 
-    def feed(self, snap: dict[str, Any]) -> None:
+    def feed(self, snap: Snapshot) -> None:
         if snap.get("attempt") != self.attempt:
             self.attempt = snap.get("attempt")
             ident = snap.get("identity") or {}
@@ -165,11 +168,11 @@ class Narrator:
                       returncode=snap.get("returncode"), signal=snap.get("signal"))
 
 
-def outcome_code(snap: dict[str, Any]) -> int:
+def outcome_code(snap: Snapshot) -> int:
     """0 when the run exited 0 or was stopped because the operator asked (``stepwatch stop``), else 1."""
-    if snap.get("state") == "exited" and (snap.get("ended") or {}).get("stop_requested"):
+    if snap.get("state") == EXITED and (snap.get("ended") or {}).get("stop_requested"):
         return 0
-    return 0 if snap.get("state") == "exited" and snap.get("returncode") == 0 else 1
+    return 0 if snap.get("state") == EXITED and snap.get("returncode") == 0 else 1
 
 
 def watch(run_dir: Path, as_json: bool = False, every_n_steps: int = 10, out: TextIO | None = None,
@@ -179,15 +182,15 @@ def watch(run_dir: Path, as_json: bool = False, every_n_steps: int = 10, out: Te
     Death is noticed at once through a pidfd on the captured pid (and the ``kill -0`` poll every
     ``poll_s`` seconds); the exit record is then given up to 3 s to appear.
     """
-    out = out or sys.stdout
+    out = cast(TextIO, out or sys.stdout)
     obs = RunObserver(run_dir)
     nar = Narrator(out, as_json, every_n_steps)
     while True:
         snap = obs.refresh()
         ended = run_ended(snap)
-        if ended and snap["state"] == "unknown":  # the supervisor may be writing exit.json right now
+        if ended and snap["state"] == UNKNOWN:  # the supervisor may be writing exit.json right now
             deadline = time.monotonic() + 3.0
-            while snap["state"] == "unknown" and time.monotonic() < deadline:
+            while snap["state"] == UNKNOWN and time.monotonic() < deadline:
                 time.sleep(0.05)
                 snap = obs.refresh()
         nar.feed(snap)
@@ -195,7 +198,7 @@ def watch(run_dir: Path, as_json: bool = False, every_n_steps: int = 10, out: Te
             return outcome_code(snap)
         if should_stop is not None and should_stop():
             return outcome_code(snap)
-        ref = ProcessRef(snap["pid"], None) if snap.get("pid") else None
+        ref = ProcessRef(pid, None) if (pid := snap.get("pid")) else None
         if ref is not None:
             wait_for_exit(ref, timeout_s=poll_s, poll_s=poll_s)
         else:

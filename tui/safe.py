@@ -43,7 +43,7 @@ def visible(s: Any, *, newlines: bool = False) -> str:
     return (_C0_KEEP_NL if newlines else _C0_ALL).sub(_picture, s)
 
 
-def safe_text(value: Any, style: str = "", *, newlines: bool = False) -> "Text":
+def safe_text(value: Any, style: str = "", *, newlines: bool = False) -> Text:
     """A :class:`Text` that shows ``value`` literally: a str becomes unparsed text, a Text keeps
     its styles with its characters made visible."""
     from rich.text import Text  # noqa: PLC0415

@@ -13,7 +13,8 @@ from bisect import bisect_left, insort
 from collections import deque
 from itertools import islice
 from operator import itemgetter
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 from stepwatch.monitors.stats.stepstats import nearest_rank
 
@@ -21,11 +22,16 @@ from stepwatch.monitors.stats.stepstats import nearest_rank
 NEIGHBORS = 9
 #: A sorted view of _Baseline stops following the window after this many adds without a read.
 _VIEW_IDLE = 8
+_EXACT_INT = 2**53  # ints below convert to float exactly
 _DT_OF = itemgetter(0)
 _PT_OF = itemgetter(2)
 
 
 def _width(tokens: Any, padded_tokens: Any) -> float | None:
+    """A step's width: its padded token count, else its real one, as a positive finite float; None
+    when neither is one (a bool, text that is no number, 0, inf... are not counts)."""
+    if type(padded_tokens) is int and 0 < padded_tokens < _EXACT_INT:  # nearly every step: exact
+        return float(padded_tokens)
     for v in (padded_tokens, tokens):
         if v is None or isinstance(v, bool):
             continue

@@ -1,6 +1,6 @@
 """The eager-fallback detector: flags the moment step times go bimodal (a silent fallback to eager).
 
-DESIGN.md section 5, playbook 4.3 and 4.6. No I/O, no clock reads, no UI imports: the status
+ARCHITECTURE.md R3, R10, R11. No I/O, no clock reads, no UI imports: the status
 snapshot, the TUI and a future headless alerting process run them unchanged. Time is always
 passed in.
 
@@ -8,9 +8,9 @@ Fallback detector — the numbers and where they come from
 ========================================================
 
 A compiled run sits at p50 ~20 s per optimizer step; one that silently fell back to eager sits at
-~400 s (playbook 4.3: "roughly 20x the cost"). The real compiled run's own jitter, first step
-included, is max/p50 = 45.79/19.75 = 2.32 (playbook 4.3, 1,445 steps). The trip point sits far
-outside the jitter and far below the fallback (playbook 4.6.3.1):
+~400 s (ARCHITECTURE.md, "Reference runs": "roughly 20x"). The real compiled run's own jitter, first step
+included, is max/p50 = 45.79/19.75 = 2.32 (the same reference run, 1,445 steps). The trip point sits far
+outside the jitter and far below the fallback (ARCHITECTURE.md R11):
 
 * A step's **score** is ``dt / expected``. ``expected`` is the run's OWN baseline:
 
@@ -18,7 +18,8 @@ outside the jitter and far below the fallback (playbook 4.6.3.1):
   - with ``padded_tokens`` (or ``tokens`` when padded is null) — "width" ``w``: the median, over the
     ``NEIGHBORS`` (9) accepted steps nearest in log-width, of ``dt_i * max(1, w / w_i) ** 2``.
     That is an *upper bound* of t(w) from each neighbour for any t(w) = C + A*w + B*w^2 with
-    non-negative terms (playbook 1): t never falls with width and grows at most quadratically.
+    non-negative terms (the scaling curve of ARCHITECTURE.md, "Reference runs"): t never falls with width
+    and grows at most quadratically.
     A tightly bucketed run spanning 10x in width and 20x in s/step therefore scores ~1, never above
     its jitter, while a 20x fallback still scores ~20 (its neighbours are close in width).
 
@@ -60,13 +61,13 @@ outside the jitter and far below the fallback (playbook 4.6.3.1):
   (``details()["excused_steps"]``) but never count, never enter the baseline and never move the
   state. Slow steps never enter the baseline either, so a fallback cannot become the new normal.
 
-Known blind spots (the dynamo log and counters cover them, DESIGN.md section 5 "Dynamo"): a run that
+Known blind spots (the dynamo log and counters cover them: :mod:`stepwatch.monitors.snapshot.dynamo`): a run that
 is eager from its first steady step has an eager baseline; on a CPU the fallback does not show in
 step times at all (fixtures/real/dynamo_step_times.csv); steps seen only through the log tailer carry
 no ``recompile`` / ``save`` flags, so there a recompile storm or frequent saves after warm-up can look
 like a partial fallback; a variable-width run without token counts may never leave ``warming``.
 
-Feed one rank's steps (rank 0 speaks for the run, DESIGN.md section 4).
+Feed one rank's steps (rank 0 speaks for the run: ARCHITECTURE.md, "A step from the log to the screen").
 
 """
 
@@ -76,15 +77,17 @@ import math
 from bisect import bisect_left, insort
 from collections import deque
 from dataclasses import dataclass
-from itertools import islice
-from typing import Any, Iterable, Mapping
+from typing import Any
+from collections.abc import Iterable, Mapping
 
 from stepwatch.monitors.detectors.baseline import NEIGHBORS, _VIEW_IDLE, _Baseline, _ratio, _width
 from stepwatch.monitors.protocol import FLAG_EVAL, FLAG_FIRST, FLAG_RECOMPILE, FLAG_SAVE
+from stepwatch.monitors.states import FLAGGED, OK, STEADY, SUSPECTED, WARMING
 from stepwatch.monitors.stats.stepstats import check_step_seconds, nearest_rank
 
 # --------------------------------------------------------------------------- fallback constants
-#: Minimum trip point, x the expected time. Real jitter max/p50 = 2.32; a fallback ~20 (playbook 4.3).
+#: Minimum trip point, x the expected time. Real jitter max/p50 = 2.32; a fallback ~20 (ARCHITECTURE.md,
+#: "Reference runs").
 TRIP_RATIO_MIN = 6.0
 #: Trip widening for noisy runs: trip >= 1 + SPREAD_MULT * sigma (sigma = IQR/1.349 of scores).
 SPREAD_MULT = 10.0
@@ -102,13 +105,11 @@ FLAG_MIN_SLOW = 3
 #: The valley below the trip: judged steps scoring in (trip / VALLEY_DIV, trip]. A second mode
 #: needs fewer valley steps than slow steps in the flag window (a mode is separated by a valley).
 VALLEY_DIV = 2.0
-#: Flags whose steps are shown but never count (DESIGN.md section 4), in the order they are named.
+#: Flags whose steps are shown but never count (the protocol's flags), in the order they are named.
 EXEMPT_FLAGS = (FLAG_FIRST, FLAG_RECOMPILE, FLAG_SAVE, FLAG_EVAL)
 #: How many slow / excused step numbers are kept for display.
 KEEP_STEPS = 1000
 
-OK, SUSPECTED, FLAGGED = "ok", "suspected", "flagged"
-WARMING, STEADY = "warming", "steady"
 
 
 
@@ -132,44 +133,13 @@ class StepVerdict:
     state: str
 
 
-_INF = math.inf
-_EXACT_INT = 2**53  # ints below convert to float exactly; bigger ones go through _width
-
-# StepVerdict's generated __init__ sets each of its 8 fields with object.__setattr__ (it is frozen):
-# ~1.7 us, a fifth of a judged step. _verdict builds the same object (class StepVerdict, the same
-# slot values) as a _VerdictBuilder, a plain class with the very same slots whose __init__ stores
-# them directly, then gives it its class: CPython allows __class__ assignment between classes of the
-# same layout. About a third of the cost; tests/test_detectors.py compares the two.
-class _VerdictBuilder:
-    __slots__ = StepVerdict.__slots__
-
-    def __init__(
-        self,
-        step: int | None,
-        dt_s: float,
-        expected_s: float | None,
-        score: float | None,
-        trip_ratio: float | None,
-        slow: bool,
-        excused: str | None,
-        state: str,
-    ) -> None:
-        self.step = step
-        self.dt_s = dt_s
-        self.expected_s = expected_s
-        self.score = score
-        self.trip_ratio = trip_ratio
-        self.slow = slow
-        self.excused = excused
-        self.state = state
-
-
-def _verdict(*fields: Any) -> StepVerdict:
-    """``StepVerdict(*fields)`` (step, dt_s, expected_s, score, trip_ratio, slow, excused, state),
-    without the frozen dataclass's per-field setattr."""
-    v = _VerdictBuilder(*fields)
-    v.__class__ = StepVerdict  # type: ignore[assignment]
-    return v  # type: ignore[return-value]
+def _excuse(flags: Iterable[str]) -> str | None:
+    """The first of EXEMPT_FLAGS among ``flags``, or None."""
+    fl = set(flags)
+    for f in EXEMPT_FLAGS:
+        if f in fl:
+            return f
+    return None
 
 
 @dataclass(slots=True)
@@ -190,12 +160,6 @@ class FallbackDetector:
     object) and :meth:`details` (numbers for the screen and the bench). Constructor arguments
     override the module constants (tests and the bench use them; callers should not need to).
     """
-
-    #: The judged steady step (nearly every step of a long run) runs with the general methods' work
-    #: inlined in :meth:`_feed` (the expectation, the trip bound, the score, the baseline and score
-    #: pushes, the drop check's first test). False runs the general methods instead: the same verdicts,
-    #: which tests/test_detectors.py (the inlined steady step) holds the inlined code to, step by step.
-    _inline = True
 
     def __init__(
         self,
@@ -311,128 +275,59 @@ class FallbackDetector:
         self, rows: Iterable[tuple[Any, Any, Any, Any, Any, Any]], every: bool
     ) -> list[tuple[int, StepVerdict]]:
         """The one implementation of :meth:`add` / :meth:`add_many`: ``(index, verdict)`` of every
-        row when ``every``, else of the slow rows. The steady, judged step (nearly every step of a
-        long run) is inlined in the loop: no call per step, no verdict unless wanted."""
+        row when ``every``, else of the slow rows (no verdict object for the others)."""
         out: list[tuple[int, StepVerdict]] = []
-        trip_min, spread_mult, valley_div = self.trip_ratio_min, self.spread_mult, self.valley_div
-        baseline_window = self.baseline_window
-        history, window = self._history, self._window
-        inline = self._inline
+        history = self._history
         for i, (step, dt_s, flags, tokens, padded_tokens, _t) in enumerate(rows):
-            # the common cases first, each the same value (or the same error) as the general helper
-            dt = dt_s if type(dt_s) is float and 0.0 <= dt_s < _INF else check_step_seconds(dt_s)
-            excuse = None
-            if flags:
-                fl = set(flags)
-                for f in EXEMPT_FLAGS:
-                    if f in fl:
-                        excuse = f
-                        break
-            if type(padded_tokens) is int and 0 < padded_tokens < _EXACT_INT:
-                w: float | None = float(padded_tokens)
-            else:
-                w = _width(tokens, padded_tokens)
+            dt = check_step_seconds(dt_s)
+            excuse = _excuse(flags) if flags else None
+            w = _width(tokens, padded_tokens)
             self._seen += 1
-
             if excuse is not None:
                 v = self._excused_step(step, dt, w, excuse)
-                if every:
-                    out.append((i, v))
-                continue
-            if not self._steady:
+            elif not self._steady:
                 history.append((step, dt, w, "w"))
                 v = self._warming_step(step, dt, w)
-                if every:
+            else:
+                v = self._judged_step(step, dt, w, every)
+                if v is None:
+                    continue
+                if v.slow:
                     out.append((i, v))
-                continue
-
-            base = self._base  # may be replaced by _check_drop: read per step
-            # base.expected(w)[0]; its fast path inlined (a run of repeated widths: see expected())
-            g = base._groups.get(w) if w is not None else None
-            if inline and g is not None and len(g) >= NEIGHBORS and not base._shared:
-                exp = sorted(islice(g, NEIGHBORS))[(NEIGHBORS - 1) >> 1]
-            else:
-                exp = base.expected(w)[0]
-            # _trip(); its first test inlined: the bound of a stale view of the scores (see _trip)
-            sc = self._scores
-            n = len(self._scores_q)
-            trip = trip_min
-            if not inline:
-                trip = self._trip()
-            elif n >= 4 and not self._scores_sync:
-                hi = -(-75 * n // 100) - 1 + self._scores_evicted
-                lo = -(-25 * n // 100) - 1 - self._scores_added
-                if lo < 0 or 1.0 + spread_mult * ((sc[hi] - sc[lo]) / 1.349) > trip:  # lo >= 0: hi < len(sc)
-                    trip = self._trip()
-            elif n >= 4:
-                trip = self._trip()
-            # _ratio(dt, exp), inlined (exp is never None here: a steady baseline is never empty)
-            if not inline:
-                score = _ratio(dt, exp)
-            elif exp > 0:
-                score = dt / exp
-            else:
-                score = _INF if dt > 0 else 1.0
-            self._judged += 1
-            if score > trip:
-                rec = _Slow(step, dt, exp, score)
-                history.append((step, dt, w, "s"))
-                window.append((rec, self._judged, False))
-                self._on_slow(rec)
-                out.append((i, _verdict(step, dt, exp, score, trip, True, None, self._state)))
-                continue
-            history.append((step, dt, w, "a"))
-            window.append((None, self._judged, score > trip / valley_div))
-            # accepted: into the baseline, the score window and the short window. base.add(dt, w)
-            # and self._push_score(score), inlined for the common case: a width seen before (g),
-            # every sorted view stale (see _Baseline and _trip); else the methods.
-            if inline and g is not None and not base._pt_sync and not base._dts_sync:
-                q = base._q
-                q.append((dt, w, dt / w))  # type: ignore[operator]
-                g.append(dt)
-                base._n_width += 1
-                if len(q) > base.maxlen:
-                    ow = q.popleft()[1]
-                    if ow is not None:
-                        og = base._groups[ow]
-                        og.popleft()
-                        if not og:
-                            base._drop_group(ow)
-                        base._n_width -= 1
-                        base._pt_evicted += 1
-            else:
-                base.add(dt, w)
-            if self._scores_sync or not inline:
-                self._push_score(score)
-            else:
-                sq = self._scores_q
-                sq.append(score)
-                self._scores_added += 1
-                if len(sq) > baseline_window:
-                    sq.popleft()
-                    self._scores_evicted += 1
-            short = self._short
-            short.append((dt, w))
-            if self._max_ok_score is None or score > self._max_ok_score:
-                self._max_ok_score, self._max_ok_step = score, step
-            if self._state == SUSPECTED and not any(x for x, _, _ in window):
-                self._state = OK
-                self._onset = None
-                self._onset_judged = None
-            if self._state != FLAGGED and len(short) >= self.steady_run and self._short_in_base:
-                # _check_drop(); its first test inlined: the newest step at or above a bound of the limit
-                nw = base._n_width
-                if not inline or w is None or nw != len(base._q):
-                    self._check_drop()
-                else:
-                    # base.level_bound(), inlined
-                    j = ((nw - 1) >> 1) + (0 if base._pt_sync else base._pt_evicted)
-                    pt = base._pt
-                    if j >= len(pt) or dt / w < pt[j] / self.drop_factor:
-                        self._check_drop()
+                    continue
             if every:
-                out.append((i, _verdict(step, dt, exp, score, trip, False, None, self._state)))
+                out.append((i, v))
         return out
+
+    def _judged_step(self, step: int | None, dt: float, w: float | None, every: bool) -> StepVerdict | None:
+        """A steady, counted step: judged against the baseline; a verdict when slow or ``every``."""
+        base = self._base
+        exp = base.expected(w)[0]
+        trip = self._trip()
+        score = _ratio(dt, exp)  # type: ignore[arg-type]  # a steady baseline is never empty
+        self._judged += 1
+        window = self._window
+        if score > trip:
+            rec = _Slow(step, dt, exp, score)  # type: ignore[arg-type]
+            self._history.append((step, dt, w, "s"))
+            window.append((rec, self._judged, False))
+            self._on_slow(rec)
+            return StepVerdict(step, dt, exp, score, trip, True, None, self._state)
+        self._history.append((step, dt, w, "a"))
+        window.append((None, self._judged, score > trip / self.valley_div))
+        base.add(dt, w)
+        self._push_score(score)
+        short = self._short
+        short.append((dt, w))
+        if self._max_ok_score is None or score > self._max_ok_score:
+            self._max_ok_score, self._max_ok_step = score, step
+        if self._state == SUSPECTED and not any(x for x, _, _ in window):
+            self._state = OK
+            self._onset = None
+            self._onset_judged = None
+        if self._state != FLAGGED and len(short) >= self.steady_run and self._short_in_base:
+            self._check_drop()
+        return StepVerdict(step, dt, exp, score, trip, False, None, self._state) if every else None
 
     def _excused_step(self, step: int | None, dt: float, w: float | None, excuse: str) -> StepVerdict:
         """A step flagged first / recompile / save / eval: scored for display, never counted."""
@@ -444,7 +339,7 @@ class FallbackDetector:
             trip = self._trip()
             score = dt / exp if exp else None
         self._excused.append((step, excuse, score))
-        return _verdict(step, dt, exp, score, trip, False, excuse, self._state)
+        return StepVerdict(step, dt, exp, score, trip, False, excuse, self._state)
 
     # ------------------------------------------------------------------ warm-up
     def _warming_step(self, step: int | None, dt: float, w: float | None) -> StepVerdict:
@@ -463,7 +358,7 @@ class FallbackDetector:
         need = max(self.steady_run, math.ceil(self._warm_count / 2))
         if self._run >= need:
             self._declare_steady()
-        return _verdict(step, dt, exp, score, None, False, WARMING, self._state)
+        return StepVerdict(step, dt, exp, score, None, False, WARMING, self._state)
 
     def _declare_steady(self) -> None:
         """End of warm-up: the baseline starts from the run of in-band steps, less its leading
@@ -577,7 +472,6 @@ class FallbackDetector:
         adding a values at most a ranks down). The trip formula never decreases as p75 - p25 grows
         (IEEE rounding is monotone; with spread_mult <= 0 it stays at the minimum), so when those
         bounds give a trip at or below trip_ratio_min, the exact trip is trip_ratio_min.
-        add() tests that bound inline before calling this.
         """
         tmin = self.trip_ratio_min
         n = len(self._scores_q)

@@ -1,5 +1,5 @@
-"""The step's scaling curve from the run itself (playbook 1.1, 1.2): t = A·Σb·w + B·Σb·w² + C over the
-optimizer steps' batch shapes, and the padding as the playbook measures it (3.1). Standard library only.
+"""The step's scaling curve from the run itself (ARCHITECTURE.md, "Reference runs"): t = A·Σb·w + B·Σb·w² + C
+over the optimizer steps' batch shapes, and the padding's cost measured apart. Standard library only.
 
 Each step with a known shape gives one point: x1 = Σ b·w (the padded tokens: sequences b of padded width
 w, summed over the step's micro-batches), x2 = Σ b·w² (= padded tokens × the step event's ``width``,
@@ -9,7 +9,7 @@ Gaussian elimination, and reports the parameters with their standard errors, the
 verdict, weighted by the run's own width distribution (E[w], E[w²] per sequence: E[w²] is not E[w]²):
 
 - ``undetermined``: fewer than MIN_WIDTHS distinct widths (two points over three terms are
-  undetermined, playbook 1.1), widths spread less than MIN_SPREAD (max / min), fewer than MIN_POINTS
+  undetermined), widths spread less than MIN_SPREAD (max / min), fewer than MIN_POINTS
   steps, or residuals that do not close (RMS above MAX_REL_RESIDUAL of the mean step); the reason says which;
 - ``launch-bound``: the constant term (a fixed cost per step: launches, the optimizer, the host) is
   at least LAUNCH_SHARE of the mean step;

@@ -1,4 +1,4 @@
-"""The stall detector: alive by ``kill -0``, stuck in fact (DESIGN.md section 5 "Stall").
+"""The stall detector: alive by ``kill -0``, stuck in fact (ARCHITECTURE.md R11).
 
 :func:`stall_state`: the step in progress has run longer than
 ``max(STALL_FACTOR * p99, STALL_FLOOR_S)`` = ``max(10 * p99, 3 s)`` with at least
@@ -14,7 +14,10 @@ Pure: no I/O, no clock reads (time is passed in).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
+
+from stepwatch.monitors.states import NOT_JUDGED, OK, STALLED
 
 #: A stall: the step in progress ran longer than max(STALL_FACTOR x p99, STALL_FLOOR_S) seconds ...
 STALL_FACTOR = 10.0
@@ -22,9 +25,6 @@ STALL_FLOOR_S = 3.0
 #: ... with at least this many counted steps behind it.
 STALL_MIN_STEPS = 5
 
-OK, STALLED = "ok", "stalled"
-#: What a detector that has not judged says (no steps, warming up, too few steps), never "ok".
-NOT_JUDGED = "not judged"
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +66,7 @@ def stall_state(
     before the first step; None when unknown. ``now``: unix seconds (passed in; this function reads
     no clock). ``stats``: a :class:`stepwatch.monitors.stats.stepstats.StepStats` or its ``summary()`` dict — ``n``
     and ``p99`` (seconds) are read. ``in_phase``: truthy ("save", "eval", True) while the emitter says
-    a save or evaluation is running (DESIGN.md section 4 ``phase`` events); never stalled then.
+    a save or evaluation is running (:mod:`stepwatch.monitors.protocol`'s ``phase`` events); never stalled then.
 
     Stalled when ``n >= min_steps`` and elapsed > ``max(factor * p99, floor_s)`` (module docstring
     for the numbers). Elapsed is clamped at 0 when ``now`` is before the start (clock skew).

@@ -13,7 +13,10 @@ in events.jsonl and a record in train.log, and is never counted twice. Pure: no 
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+
+from stepwatch.monitors.states import STEADY
 
 #: At least this many recompiles ...
 STORM_MIN_RECOMPILES = 5
@@ -27,7 +30,7 @@ def recompile_storm(sources: Iterable[Sequence[int]], warmup: Mapping[str, Any],
     of each recompile, in order) that shows a storm after warm-up, else None. ``warmup`` is the
     snapshot's ``warmup`` object; nothing is judged before its state is ``steady`` (not judged is
     not "no storm": the snapshot shows the warm-up state beside it)."""
-    if warmup.get("state") != "steady":
+    if warmup.get("state") != STEADY:
         return None
     until = warmup.get("until_step")
     for steps in sources:

@@ -14,15 +14,16 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 import statistics
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
-from stepwatch.monitors.detectors.stall import NOT_JUDGED, STALL_FACTOR, STALL_FLOOR_S
+from stepwatch.monitors.detectors.stall import STALL_FACTOR, STALL_FLOOR_S
+from stepwatch.monitors.states import FLAGGED, NOT_JUDGED, OK
 
 STRAGGLER_WINDOW = 50
 STRAGGLER_MIN_COMMON = 10
 STRAGGLER_LAG_FLOOR_S = 0.05
 STRAGGLER_FACTOR = 3.0
-OK, FLAGGED = "ok", "flagged"
 
 
 def straggler_state(ends_by_rank: Mapping[int, Mapping[int, float]]) -> dict[str, Any]:

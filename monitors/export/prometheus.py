@@ -21,18 +21,22 @@ import re
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
+from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from stepwatch.monitors.runfiles import write_bytes_atomic
+from stepwatch.monitors.snapshot.types import Snapshot
+from stepwatch.monitors.states import EXITED, FLAGGED, OK, RUNNING, STALLED, SUSPECTED
 
 #: Slurm job states exported as ``stepwatch_scheduler_state{state=...}`` (1 for the current one).
 SCHEDULER_STATES = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "COMPLETED", "FAILED", "CANCELLED",
                     "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "UNKNOWN")
-_FALLBACK = {"ok": 0.0, "suspected": 1.0, "flagged": 2.0}
+_FALLBACK: dict[str, float] = {OK: 0.0, SUSPECTED: 1.0, FLAGGED: 2.0}
+_STALLED: dict[str, float] = {STALLED: 1.0, OK: 0.0}
 
 
 _LABEL_OK = re.compile(r"[^A-Za-z0-9 _.+:/@-]")
@@ -53,7 +57,7 @@ def _num(v: Any) -> float | None:
 class SnapshotCollector(Collector):
     """Metric families from ``snapshot()`` (None: nothing to say yet, only ``stepwatch_exporter_up``)."""
 
-    def __init__(self, snapshot: Callable[[], dict[str, Any] | None]):
+    def __init__(self, snapshot: Callable[[], Snapshot | None]):
         self.snapshot = snapshot
 
     def collect(self) -> Iterable[Metric]:
@@ -66,7 +70,7 @@ class SnapshotCollector(Collector):
         yield from families(snap)
 
 
-def families(snap: dict[str, Any]) -> list[Metric]:
+def families(snap: Snapshot) -> list[Metric]:
     """Every metric family of one snapshot (see the module docstring for the names)."""
     base = ["run", "attempt"]
     lv = [_label(snap.get("run")), _label(snap.get("attempt"))]
@@ -89,17 +93,17 @@ def families(snap: dict[str, Any]) -> list[Metric]:
                          "torch": _label(versions.get("torch")), "transformers": _label(versions.get("transformers"))})
     out.append(info)
     gauge("stepwatch_training_process_up", "1 while the training process (pid + create time) is alive",
-          1.0 if snap.get("state") == "running" else 0.0)
+          1.0 if snap.get("state") == RUNNING else 0.0)
     gauge("stepwatch_supervisor_up", "1 while the run's supervisor is alive", 1.0 if snap.get("supervisor_alive") else 0.0)
     gauge("stepwatch_run_ended", "1 once the attempt ended (exit.json, or Slurm said so)",
-          1.0 if snap.get("state") == "exited" else 0.0)
-    if snap.get("state") == "exited":
+          1.0 if snap.get("state") == EXITED else 0.0)
+    if snap.get("state") == EXITED:
         gauge("stepwatch_exit_code", "The training process's exit code (absent when killed by a signal)",
               snap.get("returncode"))
     step = snap.get("step") or {}
     steps = CounterMetricFamily("stepwatch_steps", "Optimizer steps completed (global_step)", labels=base)
-    if _num(step.get("global_step")) is not None:
-        steps.add_metric(lv, float(step["global_step"]))
+    if (global_step := _num(step.get("global_step"))) is not None:
+        steps.add_metric(lv, global_step)
     out.append(steps)
     gauge("stepwatch_max_steps", "The planned number of optimizer steps", step.get("max_steps"))
     ss = snap.get("step_seconds") or {}
@@ -113,9 +117,9 @@ def families(snap: dict[str, Any]) -> list[Metric]:
     gauge("stepwatch_step_time_last_seconds", "The last optimizer step's seconds", ss.get("last"))
     fb, st = snap.get("fallback") or {}, snap.get("stall") or {}
     gauge("stepwatch_fallback_state", "Bimodal step times (a silent eager fallback): 0 ok, 1 suspected, 2 flagged; "
-          "absent while not judged", _FALLBACK.get(fb.get("state")))
+          "absent while not judged", _FALLBACK.get(fb.get("state") or ""))
     gauge("stepwatch_stalled", "1 while the process is alive but no optimizer step ends (stall detector); absent "
-          "while not judged", {"stalled": 1.0, "ok": 0.0}.get(st.get("state")))
+          "while not judged", _STALLED.get(st.get("state") or ""))
     gauge("stepwatch_current_step_elapsed_seconds", "Seconds since the last optimizer step ended",
           st.get("current_step_elapsed_s"))
     eta = snap.get("eta") or {}
@@ -126,8 +130,8 @@ def families(snap: dict[str, Any]) -> list[Metric]:
     en = snap.get("energy") or {}
     joules = CounterMetricFamily("stepwatch_energy_joules", "Energy of the run's GPUs this attempt (NVML's counter)",
                                  labels=base)
-    if _num(en.get("joules")) is not None:
-        joules.add_metric(lv, float(en["joules"]))
+    if (j := _num(en.get("joules"))) is not None:
+        joules.add_metric(lv, j)
     out.append(joules)
     gauge("stepwatch_energy_joules_per_step", "Joules per optimizer step (median of the recent steps)",
           en.get("joules_per_step"))
@@ -178,7 +182,7 @@ def families(snap: dict[str, Any]) -> list[Metric]:
         gauge("stepwatch_gpu_memory_used_bytes", "Device memory in use", g.get("mem_used_bytes"), lab)
         gauge("stepwatch_gpu_used_by_run", "1 when a process of the run holds the device", 1.0 if g.get("used_by_run") else 0.0, lab)
     gauge("stepwatch_gpu_visible", "GPUs NVML reports for the run (absent: NVML unavailable)",
-          len(snap["gpu"]) if snap.get("gpu") is not None else None)
+          len(gpu) if (gpu := snap.get("gpu")) is not None else None)
     sch = snap.get("scheduler")
     if sch:
         for state in SCHEDULER_STATES:
@@ -189,19 +193,19 @@ def families(snap: dict[str, Any]) -> list[Metric]:
     return out
 
 
-def registry_for(snapshot: Callable[[], dict[str, Any] | None]) -> CollectorRegistry:
+def registry_for(snapshot: Callable[[], Snapshot | None]) -> CollectorRegistry:
     """A registry of its own holding one :class:`SnapshotCollector` (never the process default)."""
     reg = CollectorRegistry(auto_describe=False)
     reg.register(SnapshotCollector(snapshot))
     return reg
 
 
-def text_of(snap: dict[str, Any]) -> bytes:
+def text_of(snap: Snapshot) -> bytes:
     """The exposition text of one snapshot."""
     return generate_latest(registry_for(lambda: snap))
 
 
-def write_textfile(snap: dict[str, Any], path: Path) -> None:
+def write_textfile(snap: Snapshot, path: Path) -> None:
     """Write the text for node-exporter's textfile collector: a temp file beside ``path``, then a
     rename (the collector never reads half a file)."""
     write_bytes_atomic(path, text_of(snap), mode=0o644)
@@ -244,16 +248,16 @@ class Exporter:
 
     def __init__(self, spec: str):
         self.host, self.ports = parse_address(spec)
-        self._snap: dict[str, Any] | None = None
+        self._snap: Snapshot | None = None
         self._lock = threading.Lock()
         self.address: str | None = None
         self.server: Any = None
 
-    def update(self, snap: dict[str, Any]) -> None:
+    def update(self, snap: Snapshot) -> None:
         with self._lock:
             self._snap = snap
 
-    def _latest(self) -> dict[str, Any] | None:
+    def _latest(self) -> Snapshot | None:
         with self._lock:
             return self._snap
 

@@ -16,23 +16,25 @@ import threading
 from collections import deque
 from contextlib import contextmanager
 from operator import itemgetter
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 from stepwatch.monitors.protocol import (
     EVENT_KEYS, FLAG_RECOMPILE, KIND_DYNAMO, KIND_LOG, KIND_PHASE, KIND_RUN_END, KIND_RUN_START, KIND_STEP,
     METRICS_SHOWN_FIRST,
 )
-from stepwatch.monitors.detectors.fallback import FLAGGED, FallbackDetector
+from stepwatch.monitors.detectors.fallback import FallbackDetector
 from stepwatch.monitors.detectors.scaling import ScalingFit
 from stepwatch.monitors.readers.jsonl import EventReader
 from stepwatch.monitors.stats.minmax import MinMaxSeries
 from stepwatch.monitors.stats.stepstats import StepStats
+from stepwatch.monitors.states import FLAGGED
 
 #: slow steps' global_step -> step_end kept (a fallback onset is a slow step of the last flag window)
 SLOW_ENDS_KEPT = 1000
 #: A backlog's steps go to the statistics and the detector this many at a time: memory stays bounded
 #: however long the backlog, and each call's fixed cost (StepStats builds the records of its last
-#: 4,096 rows) is paid rarely (per 7,000-event read it cost ~11 % of a cold attach, measured).
+#: 4,096 rows) is paid rarely (fed per 7,000-event read it cost ~11 % of a cold attach, measured).
 FEED_ROWS = 1 << 17
 #: recompiles (their global_step) remembered for the storm alert
 RECOMPILE_STEPS_KEPT = 1000
@@ -90,7 +92,7 @@ class EventsFold:
         self.arrival_stats = StepStats()
 
     def fold(self, reader: EventReader) -> None:
-        """Fold what ``reader`` gained, a read (:meth:`EventReader.iter_new`, ~7,000 events) at a
+        """Fold what ``reader`` gained, a read (:meth:`EventReader.iter_new`, ~450 events) at a
         time: its steps (a tuple each) fed to the statistics and the detector in one call each.
 
         A step whose ``dt`` is not a finite number >= 0 (null: unknown) or whose ``flags`` is not a
@@ -115,7 +117,7 @@ class EventsFold:
 
     def _fold_batch(self, batch: list[dict[str, Any]], rows: list[tuple[Any, float, Any, Any, Any, Any]],
                     ends: list[Any]) -> None:
-        """One read's events (~7,000): its steps appended to ``rows`` (and their step_end to
+        """One read's events (~450): its steps appended to ``rows`` (and their step_end to
         ``ends``), everything else folded in."""
         last_step = None
         recompile_steps = self.recompile_steps

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from stepwatch.monitors.detectors.baseline import _Baseline
 from stepwatch.monitors.detectors.scaling import ScalingFit

@@ -1,4 +1,4 @@
-"""GPU monitoring: NVML sampler, recorded backend, readings, history (DESIGN.md section 5 "GPU").
+"""GPU monitoring: NVML sampler, recorded backend, readings, history (ARCHITECTURE.md, "Folders": monitors/gpu/).
 
 No UI here. Modules:
 

@@ -8,7 +8,7 @@ One object, :class:`NvmlBackend`, with the interface every backend has (see ``re
 
 ``sample()`` never raises and never blocks for long. The device dicts follow ``schema.py``.
 
-How it stays honest and alive (STYLE.md, nvitop's lesson):
+How it stays honest and alive (nvitop's lesson, XuehaiPan/nvitop ``api/libnvml.py``: one funnel for every call):
 
 * **One function per NVML call site** -- :meth:`NvmlBackend._nv` -- turns NVML's answers into values
   or reasons. ``NVMLError_NotSupported``, ``NVMLError_NoPermission``, ``NVMLError_FunctionNotFound``
@@ -48,7 +48,8 @@ import functools
 import queue
 import threading
 import time
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from stepwatch.monitors.gpu.schema import MAX_PROCESSES, empty_device
 from stepwatch.monitors.runfiles import utc_iso
@@ -142,7 +143,7 @@ class _Job:
 
     __slots__ = ("fn", "done", "result", "exc", "call_name", "call_started", "call_started_wall", "abandoned")
 
-    def __init__(self, fn: Callable[["_Job"], Any], label: str, wall: float) -> None:
+    def __init__(self, fn: Callable[[_Job], Any], label: str, wall: float) -> None:
         self.fn = fn
         self.done = threading.Event()
         self.result: Any = None
@@ -211,7 +212,7 @@ class _Dev:
         self.disabled: dict[str, tuple[str, Any]] = {}
         self.cache: dict[str, tuple[Any, float]] = {}
         self.energy_prev: tuple[int, float] | None = None  # (mJ, monotonic s)
-        self.gpm_state = "unknown"  # "unknown" | "ok" | "unavailable"
+        self.gpm_state = "unknown"  # "unknown" | "supported" | "unavailable"
         self.gpm_reason: str | None = None
         self.gpm_bufs: list[Any] = []
         self.gpm_cur = 0
@@ -260,7 +261,8 @@ class NvmlBackend:
         wall: Callable[[], float] = time.time,
         nvml_module: Any = None,
     ) -> None:
-        self._nvml = nvml_module if nvml_module is not None else _pynvml
+        # pynvml, or a stand-in with its names (tests); None when nvidia-ml-py is absent (checked before any call)
+        self._nvml: Any = nvml_module if nvml_module is not None else _pynvml
         self.call_timeout_s = call_timeout_s
         self.init_timeout_s = init_timeout_s
         self._mono = mono
@@ -534,7 +536,7 @@ class NvmlBackend:
                 support = self._call(job, "nvmlGpmQueryDeviceSupport", h)
                 if getattr(support, "isSupportedDevice", 0):
                     dev.gpm_bufs = [self._call(job, "nvmlGpmSampleAlloc"), self._call(job, "nvmlGpmSampleAlloc")]
-                    dev.gpm_state = "ok"
+                    dev.gpm_state = "supported"
                 else:
                     dev.gpm_state = "unavailable"
                     dev.gpm_reason = "GPM unavailable: nvmlGpmQueryDeviceSupport says this device does not support GPM"
@@ -545,8 +547,8 @@ class NvmlBackend:
             except Exception as e:  # noqa: BLE001 - the query may raise instead of answering no
                 dev.gpm_state = "unavailable"
                 dev.gpm_reason = f"GPM unavailable: {job.call_name}: {err_text(e)}"
-        d["gpm_supported"] = dev.gpm_state == "ok"
-        if dev.gpm_state != "ok":
+        d["gpm_supported"] = dev.gpm_state == "supported"
+        if dev.gpm_state != "supported":
             why(dev.gpm_reason or "GPM unavailable")
             return
         if mig:
@@ -624,7 +626,7 @@ class NvmlBackend:
             dev.cache["mig_list"] = (layout, self._mono() + MIG_TTL_S)
         out = []
         for mh, info in layout:
-            inst = dict(info, mem_used_bytes=None, mem_total_bytes=None)
+            inst: dict[str, Any] = dict(info, mem_used_bytes=None, mem_total_bytes=None)
             m = self._nv(dev, job, reasons, "mig_instances", "mig_mem", "nvmlDeviceGetMemoryInfo", mh)
             if m is not None:
                 inst["mem_used_bytes"], inst["mem_total_bytes"] = int(m.used), int(m.total)
@@ -769,4 +771,4 @@ class NvmlBackend:
 
     def gpm_status(self) -> dict[int, str]:
         """Per device index: "supported", "unknown" (not asked yet) or "GPM unavailable: <reason>"."""
-        return {d.index: ("supported" if d.gpm_state == "ok" else d.gpm_reason or d.gpm_state) for d in self._devs}
+        return {d.index: ("supported" if d.gpm_state == "supported" else d.gpm_reason or d.gpm_state) for d in self._devs}

@@ -1,4 +1,5 @@
-"""Energy per optimizer step from NVML's energy counter (playbook 3.8 reports it beside MFU).
+"""Energy per optimizer step from NVML's energy counter (a figure beside MFU that
+needs no FLOP-counting convention).
 
 Each gpu.jsonl record holds, per device, ``energy_mj``: ``nvmlDeviceGetTotalEnergyConsumption``, the
 board's energy since the driver loaded, in mJ. :class:`EnergyMeter` keeps the samples of each device
@@ -13,7 +14,8 @@ from __future__ import annotations
 
 import bisect
 import math
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 #: samples kept per device (an hour at the sampler's 1 Hz): step ends older than that get no energy
 SAMPLES_KEPT = 3600

@@ -59,8 +59,8 @@ class Bucket:
         self.step_s = step_s
         self.n = 0  #: samples in the bucket
         self.errors = 0  #: samples where the device gave no reading
-        self._n = dict.fromkeys(_AGG_FIELDS, 0)
-        self._sum = dict.fromkeys(_AGG_FIELDS, 0.0)
+        self._n: dict[str, int] = dict.fromkeys(_AGG_FIELDS, 0)
+        self._sum: dict[str, float] = dict.fromkeys(_AGG_FIELDS, 0.0)
         self._min: dict[str, float | None] = dict.fromkeys(_AGG_FIELDS)
         self._max: dict[str, float | None] = dict.fromkeys(_AGG_FIELDS)
 
@@ -78,7 +78,7 @@ class Bucket:
             self._min[f] = v if lo is None or v < lo else lo
             self._max[f] = v if hi is None or v > hi else hi
 
-    def merge(self, other: "Bucket") -> None:
+    def merge(self, other: Bucket) -> None:
         self.n += other.n
         self.errors += other.errors
         for f in _AGG_FIELDS:

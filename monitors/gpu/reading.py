@@ -3,7 +3,7 @@
 Pure functions over ``gpu.jsonl`` records (``schema.py``); standard library only. Views (``status``,
 the TUI) call these on the records the sampler wrote; they never open NVML themselves.
 
-The reading (playbook 3.8): "100% SM utilisation at 279-292 W ... on a card that does 304 TFLOPS on
+The reading (ARCHITECTURE.md, "Reference runs"): "100% SM utilisation at 279-292 W ... on a card that does 304 TFLOPS on
 a dense GEMM at the same power" -- the chip is busy doing work that is not matrix multiplication.
 A device reads **SM-busy, tensor-idle** when, over the last ``WINDOW_S`` seconds (at least
 ``MIN_SAMPLES`` samples spanning at least ``MIN_SPAN_S``):
@@ -31,7 +31,8 @@ import os
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 from stepwatch.monitors.gpu.schema import device_key, finite_or_none
 from stepwatch.monitors.runfiles import GPU_JSONL
@@ -225,7 +226,9 @@ def status_row(device: dict[str, Any], samples: list[tuple[float, dict[str, Any]
         row["power_share"] = round(row["power_share"], 4)
     a = assess_device(samples)
     row["verdict"] = a.text if a else None
-    reasons = d.get("unsupported") if isinstance(d.get("unsupported"), dict) else {}
+    reasons = d.get("unsupported")
+    if not isinstance(reasons, dict):
+        reasons = {}
     unsupported: dict[str, str] = {}
     for k in _STATUS_METRICS:
         if row[k] is not None:

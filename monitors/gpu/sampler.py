@@ -1,7 +1,7 @@
 """The GPU sampler: about once a second, one record per tick appended to ``<run_dir>/gpu.jsonl``.
 
-It lives as long as the run, not as long as a screen (DESIGN.md section 3). The supervisor starts it
-as a thread::
+It lives as long as the run, not as long as a screen (ARCHITECTURE.md, "Files are the state,
+a view is disposable"). The supervisor starts it as a thread::
 
     handle = start_sampler_thread(run_dir, child_pid)      # returns at once
     ...
@@ -29,7 +29,8 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from stepwatch.monitors.gpu.schema import make_record
 from stepwatch.monitors.watchdog import ProcessRef, is_alive
@@ -93,7 +94,7 @@ def mark_run_devices(devices: list[dict[str, Any]], tree: RunTree | None) -> Non
         procs = d.get("processes")
         if tree is None or procs is None or d.get("used_by_run") is not None:
             continue
-        pids = [p.get("pid") for p in procs if isinstance(p, dict) and isinstance(p.get("pid"), int)]
+        pids = [p["pid"] for p in procs if isinstance(p, dict) and isinstance(p.get("pid"), int)]
         mine = tree.ranks_of(pids) if pids else {}
         for p in procs:
             if isinstance(p, dict) and p.get("in_run") is None:

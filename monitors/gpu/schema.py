@@ -1,6 +1,6 @@
 """The shape of one ``gpu.jsonl`` record and of one device inside it.
 
-Standard library only. Every key is always present (DESIGN.md 4.8: present-and-null); a number
+Standard library only. Every key is always present (ARCHITECTURE.md R8: present-and-null); a number
 that could not be read is ``None`` and the reason sits in the device's ``unsupported`` map, keyed
 by the field name. A reading is never replaced by 0.
 

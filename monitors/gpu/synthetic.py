@@ -3,8 +3,8 @@
 No GPU was there to record from, so these files are made, not measured. They are shaped after NVML's
 documented values and data sheets (H100 SXM5 80GB: enforced power limit 700 W, 81559 MiB, SM clock up
 to 1980 MHz, memory clock 2619 MHz; A100 SXM4 80GB: 400 W, 81920 MiB, 1410 / 1593 MHz) and after the
-playbook's 3.8 reading (100% utilisation at 279-292 W). Every file says "synthetic" in its name and in
-its first (header) line. Deterministic (seeded), so the files can be regenerated and compared::
+SM-busy, tensor-idle reading of ARCHITECTURE.md's "Reference runs" (100% utilisation at 279-292 W).
+Every file says "synthetic" in its name and in its first (header) line. Deterministic (seeded), so the files can be regenerated and compared::
 
     python -m stepwatch.monitors.gpu.synthetic assets/gpu_recordings
 
@@ -17,7 +17,8 @@ import json
 import random
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from stepwatch.monitors.gpu.schema import empty_device, make_record
 
@@ -107,7 +108,7 @@ def healthy(rng: random.Random) -> list[dict[str, Any]]:
 
 def sm_busy_tensor_idle(rng: random.Random) -> list[dict[str, Any]]:
     """H100 with GPM: 100% kernel-active at 279-292 W (~41% of 700 W) with tensor cores 1-4% --
-    the playbook 3.8 shape (elementwise/attention work that is not matrix multiplication)."""
+    the SM-busy, tensor-idle shape (elementwise/attention work that is not matrix multiplication)."""
     return [make_record(T0 + i, [_busy(rng, H100, i, 0, "h100", p_lo=279, p_hi=292, t_lo=1, t_hi=4, gpm=None,
                                        first=i == 0)], None, "synthetic") for i in range(90)]
 
@@ -161,7 +162,7 @@ def idle(rng: random.Random) -> list[dict[str, Any]]:
 RECORDINGS: dict[str, tuple[Callable[[random.Random], list[dict[str, Any]]], dict[int, str], str]] = {
     "synthetic_h100_healthy_compute_bound.jsonl": (healthy, {0: "busy"}, "H100 SXM5 80GB, NVML documented units"),
     "synthetic_h100_sm_busy_tensor_idle.jsonl": (sm_busy_tensor_idle, {0: "SM-busy, tensor-idle"},
-                                                 "playbook 3.8: 100% utilisation at 279-292 W; H100 700 W limit"),
+                                                 "ARCHITECTURE.md, Reference runs: 100% utilisation at 279-292 W; H100 700 W limit"),
     "synthetic_a100_sm_busy_power_only.jsonl": (sm_busy_power_only, {0: "SM-busy, tensor-idle"},
                                                 "A100 SXM4 80GB (400 W, no GPM)"),
     "synthetic_gpu_without_power_readings.jsonl": (without_power, {0: "busy"},

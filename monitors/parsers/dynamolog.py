@@ -1,6 +1,6 @@
 """Find torch dynamo records in ``train.log`` text: recompiles, the recompile-limit warning, graph breaks.
 
-Formats as captured from torch 2.13 (``../shared/fixtures/real/dynamo_recompiles.log``,
+Formats as captured from torch 2.13 (``tests/fixtures/real/dynamo_recompiles.log``,
 ``dynamo_limit_default.log``, ``hf_trainer_compile.log``). torch's log formatter prefixes EVERY line of
 a multi-line record the same way (glog-like)::
 
@@ -36,7 +36,6 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Union
 
 from stepwatch.monitors.readers.rankprefix import LEADING_PREFIXES, RANK_PREFIX, rank_of, rank_prefix
 
@@ -145,7 +144,7 @@ class GraphBreak:
     compile_id: int | None = None
 
 
-DynamoEvent = Union[Recompile, RecompileLimit, GraphBreak]
+DynamoEvent = Recompile | RecompileLimit | GraphBreak
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Step numbers and approximate step times from HF Trainer / tqdm progress output in ``train.log``.
 
-For runs without the telemetry emitter (DESIGN.md section 4, last paragraph). What is parsed, as it
-appears in the real captures under ``../shared/fixtures/real/`` (torch 2.13, transformers 5.24,
+For runs without the telemetry emitter (ARCHITECTURE.md, "A step from the log to the screen"). What
+is parsed, as it appears in the real captures under ``tests/fixtures/real/`` (torch 2.13, transformers 5.24,
 tqdm 4.70):
 
 * tqdm bars, written as ``\\r`` + bar and never ended by ``\\n`` while running::
@@ -162,11 +162,14 @@ def parse_progress(text: str) -> ProgressUpdate | None:
 
 class _SegmentLike(Protocol):
     text: str
-    end: str
     at_s: float
     poll_seq: int
     backfill: bool
     is_note: bool
+
+    @property
+    def end(self) -> str:  # read-only here, so a Segment's narrower ``End`` (a Literal of str) fits
+        ...
 
 
 @dataclass(frozen=True, slots=True)

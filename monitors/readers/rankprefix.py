@@ -1,8 +1,8 @@
 """The one rank-prefix pattern: ``[rank3]:`` (torch's own log prefix under torch.distributed) and
 ``[default3]:`` (torchrun's ``--tee`` line prefix, ``[{role}{local_rank}]:``); both may be present.
 
-Every reader and parser of train.log that needs a line's rank uses these (DESIGN.md section 4:
-rank 0 speaks for the run; the other ranks' lines stay visible).
+Every reader and parser of train.log that needs a line's rank uses these (ARCHITECTURE.md, "A step
+from the log to the screen": rank 0 speaks for the run; the other ranks' lines stay visible).
 """
 
 from __future__ import annotations

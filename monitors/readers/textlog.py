@@ -1,7 +1,7 @@
 """Follow a run's ``train.log`` like ``tail -F``: plain reads for content, a stat of the PATH each tick.
 
-:class:`LogFollower` is a pure, synchronous core (DESIGN.md section 5, "Tailing"). Each
-:meth:`LogFollower.poll` stats the *path* (inode, device, size), reads whatever is new with plain
+:class:`LogFollower` is a pure, synchronous core (ARCHITECTURE.md, "Folders":
+monitors/readers/). Each :meth:`LogFollower.poll` stats the *path* (inode, device, size), reads whatever is new with plain
 ``os.pread`` calls and splits it into :class:`Segment` objects. It is the ground truth: anything
 that calls ``poll()`` often enough sees every byte, whatever notification machinery is (or is not)
 working (:mod:`stepwatch.monitors.readers.changes` only says "look now"). It handles partial last
@@ -9,7 +9,8 @@ lines, ``\\r`` progress updates, non-UTF-8 bytes, very long lines, truncation, r
 replaced by rename) and deletion. On the first open of an existing file it starts from the END
 minus a bounded window (a 2 GB log is never read whole).
 
-toolong's lesson (STYLE.md): never keep the first file descriptor forever -- stat the path each tick.
+toolong's lesson (Textualize/toolong keeps its first descriptor, so it freezes on truncation and follows
+the old file after a rename): never keep the first file descriptor forever -- stat the path each tick.
 Nothing here imports textual, launcher or tui.
 """
 

@@ -1,4 +1,5 @@
-"""Acknowledged alerts: ``acks.jsonl`` in the run dir, the one file a view writes (DESIGN.md section 2).
+"""Acknowledged alerts: ``acks.jsonl`` in the run dir, the one file a view writes (ARCHITECTURE.md,
+"Files are the state, a view is disposable").
 
 One JSON object per line: ``{"v": 1, "alert_id": ..., "acknowledged_at": ISO, "t": unix, "by": user}``.
 Not rotated: alert ids carry the attempt number.

@@ -12,7 +12,8 @@ threshold, the fallback's onset, the exit); when they cannot say, the first refr
 from __future__ import annotations
 
 import time
-from typing import Any, Iterable, Mapping, MutableMapping
+from typing import Any, cast
+from collections.abc import Iterable, Mapping, MutableMapping
 from urllib.parse import urlsplit
 
 from stepwatch.monitors.detectors.storm import recompile_storm
@@ -24,9 +25,11 @@ from stepwatch.monitors.snapshot.metrics import metric_alerts
 from stepwatch.monitors.slurm import ABNORMAL_ENDS
 from stepwatch.monitors.snapshot.scheduler import scheduler_alerts
 from stepwatch.monitors.snapshot.ranks import rank_alerts, ranks_last_words, root_cause_words
+from stepwatch.monitors.snapshot.types import Alert, NewAlert, Snapshot
+from stepwatch.monitors.states import FLAGGED, RUNNING, STALLED, UNKNOWN
 
 
-def end_words(snap: dict[str, Any]) -> str:
+def end_words(snap: Snapshot) -> str:
     """``exited with code 3 after 12.0 s`` / ``killed by SIGKILL after ...`` / ``ended, status unknown``."""
     ended = snap.get("ended") or {}
     dur = ended.get("duration_s")
@@ -48,10 +51,11 @@ def end_words(snap: dict[str, Any]) -> str:
     return "ended, status unknown (supervisor gone, no exit.json)"
 
 
-def stop_who(snap: dict[str, Any]) -> str:
+def stop_who(snap: Snapshot) -> str:
     """`` by alice at 2026-12-01T18:22:05.123Z`` from stop.json ('' for what it does not say; a
     name from the file is cut short and shown as text, never run or followed)."""
-    stop = snap.get("stop") if isinstance(snap.get("stop"), dict) else {}
+    stop = snap.get("stop")
+    stop = stop if isinstance(stop, dict) else {}
     who = stop.get("requested_by_user")
     t = unix_time(stop.get("requested_at_unix"))
     return (f" by {who[:32]}" if isinstance(who, str) and who else "") + (f" at {utc_iso(t)}" if t is not None else "")
@@ -65,17 +69,17 @@ def _secs(v: Any) -> str:
 
 
 def alert(first_seen: MutableMapping[str, float], attempt: Any, kind: str, key: str, message: str,
-          at: float | None) -> dict[str, Any]:
+          at: float | None) -> NewAlert:
     """One alert dict ``{id, kind, at, message}``; ``at`` (unix s) or the first time it was seen."""
     aid = f"a{attempt}-{kind}-{key}"
     t = at if at is not None else first_seen.setdefault(aid, time.time())
-    return {"id": aid, "kind": kind, "at": utc_iso(t), "message": message}
+    return {"id": aid, "kind": kind, "at": cast(str, utc_iso(t)), "message": message}
 
 
-def alerts_for(snap: dict[str, Any], *, first_seen: MutableMapping[str, float],
+def alerts_for(snap: Snapshot, *, first_seen: MutableMapping[str, float],
                limit_hits: Iterable[tuple[Any, int | None, float]],
                recompile_sources: Iterable[Iterable[int]],
-               fallback_onset_t: float | None, stall_at: float | None) -> list[dict[str, Any]]:
+               fallback_onset_t: float | None, stall_at: float | None) -> list[NewAlert]:
     """The snapshot's alerts, oldest kind first.
 
     ``limit_hits``: (RecompileLimit record of train.log, global_step near it, unix s seen);
@@ -84,7 +88,7 @@ def alerts_for(snap: dict[str, Any], *, first_seen: MutableMapping[str, float],
     ``first_seen`` keeps the first-seen time of alerts the files give no time for.
     """
     att = snap["attempt"]
-    out = []
+    out: list[NewAlert] = []
     hits = list(limit_hits)
     for e, step, seen in hits:
         where = f" on rank {e.rank}" if e.rank is not None else ""
@@ -100,11 +104,11 @@ def alerts_for(snap: dict[str, Any], *, first_seen: MutableMapping[str, float],
     if storm:
         out.append(alert(first_seen, att, "recompile_storm", str(storm[0]), storm[1], None))
     fb = snap["fallback"]
-    if fb.get("state") == "flagged":
+    if fb.get("state") == FLAGGED:
         out.append(alert(first_seen, att, "fallback", str(fb.get("onset_step")),
                          f"step times went bimodal (eager fallback?): {fb.get('reason')}", fallback_onset_t))
     st = snap["stall"]
-    if st.get("state") == "stalled":
+    if st.get("state") == STALLED:
         gs = snap["step"].get("global_step")
         out.append(alert(first_seen, att, "stall", str(gs),
                          f"alive but stuck: no optimizer step for {st['current_step_elapsed_s']:.0f} s after "
@@ -114,7 +118,7 @@ def alerts_for(snap: dict[str, Any], *, first_seen: MutableMapping[str, float],
     out.extend(metric_alerts(snap, alert, first_seen))
     out.extend(scheduler_alerts(snap, alert, first_seen))
     disk = snap.get("disk") or {}
-    if disk.get("full") and (snap["state"] == "running" or snap.get("supervisor_alive")):
+    if disk.get("full") and (snap["state"] == RUNNING or snap.get("supervisor_alive")):
         out.append(alert(first_seen, att, "disk_full", "run_dir",
                          f"{full_words(disk)}: train.log, events and the run's records cannot grow (ENOSPC); "
                          "free space, or the run's output is lost", None))
@@ -126,7 +130,7 @@ def alerts_for(snap: dict[str, Any], *, first_seen: MutableMapping[str, float],
         ended = snap.get("ended") or {}
         # "status unknown" only once the supervisor is gone too: while it lives it is about to
         # write exit.json (the child's pid reads dead or zombie a moment before that)
-        unknown = snap["state"] == "unknown" and snap.get("supervisor_alive") is not True
+        unknown = snap["state"] == UNKNOWN and snap.get("supervisor_alive") is not True
         bad = unknown or snap.get("signal") or snap.get("returncode") not in (0, None) or ended.get("error")
         if ended.get("stop_requested"):
             bad = False  # the operator asked for it: an event (exit.json says how it ended), not an alert
@@ -165,9 +169,9 @@ def channel_names(alerts_config: Any) -> list[str]:
     return out
 
 
-def merge_alerts(computed: list[dict[str, Any]], recorded: Mapping[str, dict[str, Any]],
+def merge_alerts(computed: list[NewAlert], recorded: Mapping[str, dict[str, Any]],
                  shown: MutableMapping[str, dict[str, Any]], deliveries: Mapping[str, Mapping[str, Any]],
-                 channels: list[str]) -> list[dict[str, Any]]:
+                 channels: list[str]) -> list[Alert]:
     """The snapshot's alerts: the supervisor's (``recorded``, from alerts.jsonl), what this view
     computed now, and every alert it showed before (``shown``, kept per attempt), oldest first.
 
@@ -187,7 +191,8 @@ def merge_alerts(computed: list[dict[str, Any]], recorded: Mapping[str, dict[str
         got = deliveries.get(aid) or {}
         delivered = ({ch: dict(got[ch]) if ch in got else {"outcome": None, "detail": "no delivery recorded"}
                       for ch in channels} if channels else None)
-        out.append({**al, "recorded": aid in recorded, "active": aid in active, "delivered": delivered})
+        # ``acknowledged``: set by the observer once it has read acks.jsonl
+        out.append(cast(Alert, {**al, "recorded": aid in recorded, "active": aid in active, "delivered": delivered}))
     return out
 
 

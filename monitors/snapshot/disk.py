@@ -2,7 +2,8 @@
 
 A full file system (ENOSPC) silences every file of a run at once: the training's own train.log,
 the emitter's events.jsonl, the supervisor's records. Silence then proves nothing, so a full disk
-makes the stall detector say "not judged" (never a stall from missing events) and is an alert of its
+makes the stall detector say "not judged" (never a stall from missing events:
+:func:`.stepsource.guard_stall`) and is an alert of its
 own; an end the supervisor could not record says why. Free space is read with ``statvfs`` on each
 refresh (a syscall, no file opened); the supervisor's failed writes come from exit.json's
 ``write_errors`` (strings, shown as data).
@@ -12,16 +13,17 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
-from stepwatch.monitors.detectors.stall import NOT_JUDGED
+from stepwatch.monitors.snapshot.types import Disk, Snapshot
 
 #: Below this many free bytes (statvfs f_bavail x f_frsize, what an unprivileged writer may use)
 #: the run dir's file system counts as full: a step's log lines and events no longer fit.
 FULL_BELOW_BYTES = 1 << 20
 
 
-def disk_status(run_dir: Path, write_errors: Any = None) -> dict[str, Any]:
+def disk_status(run_dir: Path, write_errors: Any = None) -> Disk:
     """``{free_bytes, total_bytes, full, write_errors, error}`` for the file system holding ``run_dir``."""
     errs = [str(e)[:300] for e in write_errors[:20]] if isinstance(write_errors, list) else []
     try:
@@ -44,21 +46,13 @@ def size_words(n: int | None) -> str:
     return f"{n} B"
 
 
-def full_words(disk: dict[str, Any]) -> str:
+def full_words(disk: Disk | Mapping[str, Any]) -> str:
     """``the run dir's file system is full (0 B free of 1.0 MiB)``."""
     return (f"the run dir's file system is full ({size_words(disk.get('free_bytes'))} free of "
             f"{size_words(disk.get('total_bytes'))})")
 
 
-def guard_stall(snap: dict[str, Any]) -> None:
-    """No stall verdict on a full disk: the silence of files that cannot be written proves nothing."""
-    disk = snap.get("disk") or {}
-    if disk.get("full") and snap["stall"].get("state") != NOT_JUDGED:
-        snap["stall"].update(state=NOT_JUDGED, reason=f"{full_words(disk)}: missing log lines and events "
-                                                       "prove nothing (ENOSPC)")
-
-
-def end_cause(snap: dict[str, Any]) -> str:
+def end_cause(snap: Snapshot) -> str:
     """Why an end has no exit status, or what its records could not hold: '' when nothing to say."""
     disk = snap.get("disk") or {}
     errs = disk.get("write_errors") or []

@@ -10,15 +10,19 @@ that saw the most wins, and ``source`` names which ones spoke.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from stepwatch.monitors.snapshot.model import count, obj
+from stepwatch.monitors.snapshot.types import Dynamo, DynamoCounts
+
+_COUNTS: tuple[Literal["recompiles", "recompile_limit_hits", "graph_breaks", "unique_graphs"], ...] = (
+    "recompiles", "recompile_limit_hits", "graph_breaks", "unique_graphs")
 
 
 def dynamo_status(dynamo_ev: dict[str, Any] | None, run_end: dict[str, Any] | None, log_counts: dict[str, Any],
-                  template: dict[str, Any]) -> dict[str, Any]:
+                  template: Dynamo) -> Dynamo:
     """The ``dynamo`` object (``template``: the null snapshot's, every key present)."""
-    ev_part = None
+    ev_part: DynamoCounts | None = None
     if dynamo_ev is not None:
         c = obj(dynamo_ev.get("counters"))
         gb = c.get("graph_break")
@@ -34,15 +38,16 @@ def dynamo_status(dynamo_ev: dict[str, Any] | None, run_end: dict[str, Any] | No
             if count(run_end["dynamo"].get(k)) is not None:
                 ev_part[k] = run_end["dynamo"][k]
     log_seen = bool(log_counts["recompiles"] or log_counts["recompile_limit_hits"] or log_counts["graph_breaks"])
-    log_part = {"recompiles": log_counts["recompiles"], "recompile_limit_hits": log_counts["recompile_limit_hits"],
-                "graph_breaks": log_counts["graph_breaks"], "unique_graphs": None}
-    d = dict(template)
+    log_part: DynamoCounts = {"recompiles": log_counts["recompiles"],
+                              "recompile_limit_hits": log_counts["recompile_limit_hits"],
+                              "graph_breaks": log_counts["graph_breaks"], "unique_graphs": None}
+    d = template.copy()
     d["by_source"] = {"events": ev_part, "log": log_part}
     d["top_recompile_reason"] = log_counts["top_recompile_reason"]
     sources = []
-    for key in ("recompiles", "recompile_limit_hits", "graph_breaks", "unique_graphs"):
-        vals = [(src, part.get(key)) for src, part in (("events", ev_part), ("log", log_part))
-                if part is not None and part.get(key) is not None and (src == "events" or log_seen)]
+    for key in _COUNTS:
+        vals = [(src, v) for src, part in (("events", ev_part), ("log", log_part))
+                if part is not None and (v := part.get(key)) is not None and (src == "events" or log_seen)]
         if vals:
             src, v = max(vals, key=lambda sv: sv[1])  # the source that saw the most wins
             d[key] = v

@@ -15,21 +15,22 @@
 from __future__ import annotations
 
 import math
-from typing import Any
 
+from stepwatch.monitors.snapshot.types import Eta, Stall
+from stepwatch.monitors.states import NOT_JUDGED, OK, STALLED
 from stepwatch.monitors.stats.nearest_rank import nearest_rank
 
 #: Counted steps the rate is the median of.
 ETA_RECENT_STEPS = 16
 
 
-def eta_part(recent_dt_s: list[float], max_steps: int | None, global_step: int | None, stall: dict[str, Any],
-             running: bool, now: float) -> dict[str, Any]:
+def eta_part(recent_dt_s: list[float], max_steps: int | None, global_step: int | None, stall: Stall,
+             running: bool, now: float) -> Eta:
     """``recent_dt_s``: the counted steps' times, oldest first (the last ETA_RECENT_STEPS are used);
     ``stall``: the snapshot's stall part (its ``state`` and ``current_step_elapsed_s``)."""
     current_step_elapsed_s, stall_state = stall.get("current_step_elapsed_s"), stall.get("state")
-    out: dict[str, Any] = {"eta_s": None, "remaining_steps": None, "end_at_unix": None, "seconds_per_step": None,
-                           "state": "not judged", "basis": None}
+    out: Eta = {"eta_s": None, "remaining_steps": None, "end_at_unix": None, "seconds_per_step": None,
+                "state": NOT_JUDGED, "basis": None}
     if not running:
         out["basis"] = "the run is not running"
         return out
@@ -48,6 +49,6 @@ def eta_part(recent_dt_s: list[float], max_steps: int | None, global_step: int |
     in_progress = max(rate - (current_step_elapsed_s or 0.0), 0.0) if remaining else 0.0
     eta = in_progress + max(remaining - 1, 0) * rate
     out.update(eta_s=eta, remaining_steps=remaining, end_at_unix=now + eta, seconds_per_step=rate,
-               state="stalled" if stall_state == "stalled" else "ok",
+               state=STALLED if stall_state == STALLED else OK,
                basis=f"median of the last {len(dts)} step(s)")
     return out

@@ -6,13 +6,14 @@ from __future__ import annotations
 import math
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from stepwatch.monitors.gpu.energy import EnergyMeter
 from stepwatch.monitors.gpu.history import GpuHistory
 from stepwatch.monitors.gpu.reading import WINDOW_S as GPU_WINDOW_S, gpu_source, gpu_status_from_records
 from stepwatch.monitors.readers.jsonl import EventReader
 from stepwatch.monitors.runfiles import GPU_JSONL
+from stepwatch.monitors.snapshot.types import DeviceHistory, GpuDevice, Snapshot
 
 #: Samples per device in the snapshot's gpu_history (the GPU panel's sparklines).
 GPU_HISTORY_SHOWN = 120
@@ -34,7 +35,7 @@ class GpuView:
     def read(self) -> None:
         for rec in self.reader.read_new():
             t = rec.get("t") if isinstance(rec, dict) else None
-            if type(t) not in (int, float) or not math.isfinite(t) or (self.window and t < self.window[-1]["t"]):
+            if type(t) not in (int, float) or not math.isfinite(cast(float, t)) or (self.window and t < self.window[-1]["t"]):
                 continue  # a record without a usable time (or from the past) would pin the window
             self.window.append(rec)
             self.history.add_record(rec)
@@ -42,11 +43,12 @@ class GpuView:
         while self.window and self.window[-1]["t"] - self.window[0]["t"] > GPU_WINDOW_S + 5:
             self.window.popleft()
 
-    def part(self, snap: dict[str, Any]) -> None:
+    def part(self, snap: Snapshot) -> None:
         recs = list(self.window)
         if not recs and not self.reader.exists:
             snap["gpu"], snap["gpu_error"] = None, "no GPU samples recorded (gpu.jsonl missing): NVML state unknown"
             return
-        snap["gpu"], snap["gpu_error"] = gpu_status_from_records(recs)
+        gpu, snap["gpu_error"] = gpu_status_from_records(recs)
+        snap["gpu"] = cast("list[GpuDevice] | None", gpu)  # status_row: every key of GpuDevice
         snap["gpu_source"] = gpu_source(recs)
-        snap["gpu_history"] = self.history.recent(GPU_HISTORY_SHOWN)
+        snap["gpu_history"] = cast("dict[str, DeviceHistory]", self.history.recent(GPU_HISTORY_SHOWN))

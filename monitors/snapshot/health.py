@@ -13,12 +13,12 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any
 
 import psutil
 
 from stepwatch.monitors.proctree import recorded_processes
 from stepwatch.monitors.runfiles import PROCS_JSON
+from stepwatch.monitors.snapshot.types import Health
 
 #: Processes looked at at most (a DataLoader with many workers per rank stays cheap to watch).
 MAX_LOOKED_AT = 256
@@ -29,9 +29,9 @@ class TreeHealth:
         self.procs_file = Path(run_dir) / PROCS_JSON
         self._prev: tuple[float, float] | None = None  # (monotonic s, the tree's CPU seconds)
 
-    def part(self, running: bool) -> dict[str, Any]:
-        out: dict[str, Any] = {"processes": 0, "cpu_cores": None, "cpu_cores_basis": None, "rss_bytes": None,
-                               "host_load_1m": None, "host_cores": os.cpu_count()}
+    def part(self, running: bool) -> Health:
+        out: Health = {"processes": 0, "cpu_cores": None, "cpu_cores_basis": None, "rss_bytes": None,
+                       "host_load_1m": None, "host_cores": os.cpu_count()}
         try:
             out["host_load_1m"] = round(os.getloadavg()[0], 2)
         except OSError:

@@ -10,9 +10,11 @@ no NaN); ``metrics_series``: the loss-like ones over the whole run, min and max 
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, MutableMapping
+from typing import Any
+from collections.abc import Callable, Mapping, MutableMapping
 
 from stepwatch.monitors.protocol import METRICS_SHOWN_FIRST
+from stepwatch.monitors.snapshot.types import Arrival, Metric, NewAlert, Snapshot
 
 #: Names whose non-finite value is an alert: the training loss, however the program names it.
 LOSS_NAMES = ("loss", "train_loss", "train/loss", "lm_loss", "total_loss")
@@ -22,7 +24,7 @@ MAX_LISTED = 64
 SHOWN_FIRST = METRICS_SHOWN_FIRST
 
 
-def metrics_words(metrics: dict[str, Any], limit: int = 6) -> str:
+def metrics_words(metrics: Mapping[str, Metric], limit: int = 6) -> str:
     """``loss 2.346  lr 0.0001  grad_norm 0.6336  (step 50)`` from the snapshot's ``metrics``
     ('' when there are none); a non-finite value reads ``NaN/inf``."""
     names = [n for n in SHOWN_FIRST if n in metrics] + [n for n in metrics if n not in SHOWN_FIRST]
@@ -30,29 +32,29 @@ def metrics_words(metrics: dict[str, Any], limit: int = 6) -> str:
     for n in names[:limit]:
         m = metrics[n]
         parts.append(f"{n} {m['value']:.4g}" if m["finite"] else f"{n} NaN/inf")
-    steps = [metrics[n]["step"] for n in names[:limit] if metrics[n]["step"] is not None]
+    steps = [s for n in names[:limit] if (s := metrics[n]["step"]) is not None]
     return "  ".join(parts) + (f"  (step {max(steps)})" if steps else "") if parts else ""
 
 
 def log_metrics(last: Mapping[str, tuple[int | None, float]], event_logs: Any = None,
-                step: int | None = None) -> dict[str, Any]:
+                step: int | None = None) -> dict[str, Metric]:
     """The snapshot's ``metrics`` from the tracker's latest ``(step, value)`` per name, else from
     the emitter's latest ``log`` event (``event_logs``, a dict read from events.jsonl: only its
     finite-or-not numbers count, at ``step``)."""
     if not last and isinstance(event_logs, dict):
         last = {k[:64]: (step, v if type(v) is float else float(min(max(v, -2**1000), 2**1000)))  # no OverflowError
                 for k, v in list(event_logs.items())[:MAX_LISTED] if isinstance(k, str) and type(v) in (int, float)}
-    out: dict[str, Any] = {}
+    out: dict[str, Metric] = {}
     for name, (step, value) in list(last.items())[:MAX_LISTED]:
         finite = math.isfinite(value)
         out[name] = {"step": step, "value": value if finite else None, "finite": finite}
     return out
 
 
-def metric_alerts(snap: dict[str, Any], make: Any, first_seen: MutableMapping[str, float]) -> list[dict[str, Any]]:
+def metric_alerts(snap: Snapshot, make: Callable[..., NewAlert], first_seen: MutableMapping[str, float]) -> list[NewAlert]:
     """A ``nonfinite_loss`` alert while the latest training loss is NaN or inf (``make`` is
     snapshot.alerts.alert); keyed by the step it was printed at."""
-    out = []
+    out: list[NewAlert] = []
     for name in LOSS_NAMES:
         m = (snap.get("metrics") or {}).get(name)
         if m and not m["finite"]:
@@ -68,7 +70,7 @@ def metric_alerts(snap: dict[str, Any], make: Any, first_seen: MutableMapping[st
 SERIES_NAMES = 8
 
 
-def series_part(series: Mapping[str, Any]) -> dict[str, list[list[Any]]]:
+def series_part(series: Mapping[str, Any]) -> dict[str, list[list[float | int | None]]]:
     """``metrics_series``: ``{name: [[first_step, last_step, min, max], ...]}`` over the whole run
     (:class:`~stepwatch.monitors.stats.minmax.MinMaxSeries` bins, oldest first; a bin of NaN/inf
     values only has null min and max) for the first SERIES_NAMES names: SHOWN_FIRST's, then the rest."""
@@ -82,7 +84,7 @@ ARRIVAL_AGREE_SHARE = 0.25
 ARRIVAL_MIN_STEPS = 10
 
 
-def arrival_check(reported: Any, arrival: Any) -> dict[str, Any]:
+def arrival_check(reported: Any, arrival: Any) -> Arrival:
     """``step.arrival`` for a run whose log prints its own step times (``timing: reported``): the
     supervisor's arrival-time figure (``n``, ``p50``, ``p99`` in seconds, nearest-rank, first step
     out) beside the program's, and ``agrees``: True / False, or None while fewer than

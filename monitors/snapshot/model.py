@@ -1,5 +1,6 @@
-"""The status snapshot's shape: its keys (every one always present, null when unknown), the
-helpers that make values read from a run dir safe to show, and what "the attempt ended" means.
+"""The status snapshot's null value (every key present, null when unknown; its types:
+:mod:`.types`), the helpers that make values read from a run dir safe to show, and what "the
+attempt ended" means.
 
 ``status --json`` prints this dict, the TUI draws it, ``watch`` narrates its changes.
 """
@@ -7,24 +8,18 @@ helpers that make values read from a run dir safe to show, and what "the attempt
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, cast
 
 from stepwatch.monitors.detectors.scaling import ScalingFit
 from stepwatch.monitors.gpu.energy import EnergyMeter
-from stepwatch.monitors.detectors.stall import NOT_JUDGED
-
-SNAPSHOT_KEYS = (
-    "run", "run_dir", "attempt", "state", "pid", "alive", "returncode", "signal", "ended", "launched_at_unix",
-    "versions", "step", "step_seconds", "step_line", "throughput", "eta_s", "warmup", "fallback", "stall",
-    "dynamo", "attn_implementation", "gpu", "gpu_error", "gpu_source", "gpu_history", "alerts", "identity",
-    "log", "events", "histogram", "recent_dt", "process_verdict", "stop", "last_logs", "survivors", "supervisor_alive",
-    "metrics", "metrics_series", "eta", "health", "scheduler", "scaling", "padding", "energy",
-)
+from stepwatch.monitors.snapshot.types import Energy, Padding, Scaling, Snapshot
+from stepwatch.monitors.states import ALIVE, NOT_JUDGED, RUNNING, UNKNOWN
 
 
-def null_snapshot() -> dict[str, Any]:
+def null_snapshot() -> Snapshot:
+    """The snapshot of a run with no files: every key of :class:`~.types.Snapshot`, in its order."""
     return {
-        "run": None, "run_dir": None, "attempt": None, "state": "unknown", "pid": None, "alive": False,
+        "run": None, "run_dir": None, "attempt": None, "state": UNKNOWN, "pid": None, "alive": False,
         "returncode": None, "signal": None, "ended": None, "launched_at_unix": None, "disk": None, "ranks": [],
         "rank_restarts": None,
         "straggler": {"state": NOT_JUDGED, "rank": None, "lag_s": None, "trip_s": None, "steps": 0, "lags_s": {},
@@ -36,7 +31,7 @@ def null_snapshot() -> dict[str, Any]:
         "throughput": {"tokens_per_s": None, "real_tokens_per_s": None, "padding_share": None},
         "eta_s": None,
         "eta": {"eta_s": None, "remaining_steps": None, "end_at_unix": None, "seconds_per_step": None,
-                "state": "not judged", "basis": "no steps"},
+                "state": NOT_JUDGED, "basis": "no steps"},
         "warmup": {"state": None, "until_step": None},
         "fallback": {"state": NOT_JUDGED, "slow_steps": [], "onset_step": None, "reason": "no step times"},
         "stall": {"state": NOT_JUDGED, "current_step_elapsed_s": None, "reason": "no step times"},
@@ -57,7 +52,8 @@ def null_snapshot() -> dict[str, Any]:
         "recent_dt": [],
         "process_verdict": None, "stop": None, "last_logs": None, "survivors": [], "supervisor_alive": None,
         "scheduler": None,
-        "scaling": ScalingFit().scaling(), "padding": ScalingFit().padding(), "energy": EnergyMeter().part([]),
+        "scaling": cast(Scaling, ScalingFit().scaling()), "padding": cast(Padding, ScalingFit().padding()),
+        "energy": cast(Energy, EnergyMeter().part([])),
     }
 
 
@@ -102,10 +98,10 @@ def json_safe(obj: Any) -> Any:
     return obj
 
 
-def run_ended(snap: dict[str, Any]) -> bool:
+def run_ended(snap: Snapshot) -> bool:
     """True once the snapshot's attempt is over: its captured process is gone (dead, reused pid,
     zombie), or exit.json exists although no process was ever captured (the command could not be
     started: the supervisor records the error in exit.json and run.json holds no pid)."""
-    if snap["state"] == "running":
+    if snap["state"] == RUNNING:
         return False
-    return snap.get("process_verdict") not in (None, "alive") or snap.get("ended") is not None
+    return snap.get("process_verdict") not in (None, ALIVE) or snap.get("ended") is not None

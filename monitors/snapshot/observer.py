@@ -7,7 +7,8 @@ so following a live run costs only the new bytes; :func:`snapshot` is the one-sh
 reads each run file through its observer only). An attach starts events.jsonl from the supervisor's
 saved fold when it checks out (``events.state.json``, :mod:`stepwatch.monitors.fold.savedstate`),
 the same state a fold of every line gives. Views only read (but :meth:`RunObserver.acknowledge`:
-acks.jsonl). Keys: :mod:`.model`; alerts: :mod:`.alerts`; detectors: :mod:`stepwatch.monitors.detectors`.
+acks.jsonl). Keys and types: :mod:`.types` (null value: :mod:`.model`); which steps speak and the
+stall guards: :mod:`.stepsource`; alerts: :mod:`.alerts`; detectors: :mod:`stepwatch.monitors.detectors`.
 
 Where numbers come from:
 - process state: run.json's captured pid + create_time (``kill -0``, psutil), exit.json;
@@ -24,12 +25,13 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from stepwatch.monitors.detectors.stall import NOT_JUDGED, log_only_guard, stall_state
-from stepwatch.monitors.snapshot.disk import disk_status, guard_stall
+from stepwatch.monitors.snapshot.disk import disk_status
+from stepwatch.monitors.snapshot.stepsource import (choose, global_step, guard_stall, stall_part, step_source,
+                                                    step_started)
 from stepwatch.monitors.snapshot.ranks import RankWatch
-from stepwatch.monitors.fold.events import EventsFold, step_no, unix_time
+from stepwatch.monitors.fold.events import EventsFold, step_no
 from stepwatch.monitors.fold.savedstate import load as load_saved_state, refused
 from stepwatch.monitors.parsers.dynamolog import DynamoLogScanner, RecompileLimit, Recompile
 from stepwatch.monitors.parsers.logtracker import LogTracker, log_hint, run_patterns
@@ -50,6 +52,9 @@ from stepwatch.monitors.snapshot.alerts import alerts_for, channel_names, merge_
 from stepwatch.monitors.snapshot.dynamo import dynamo_status
 from stepwatch.monitors.snapshot.model import json_safe, null_snapshot, obj, run_ended, shallow
 from stepwatch.monitors.snapshot.process import process_part
+from stepwatch.monitors.snapshot.types import (AttnImplementation, Energy, Fallback, Padding, Resume, Scaling, Snapshot,
+                                               StepSeconds, Survivor, Throughput, Versions, Warmup)
+from stepwatch.monitors.states import NOT_JUDGED, RUNNING, STEADY
 from stepwatch.monitors.stats.stepstats import StepStats
 
 __all__ = ["RunObserver", "ViewUpdate", "json_safe", "run_ended", "snapshot", "process_snapshot"]
@@ -71,7 +76,7 @@ VIEW_LOG_LINES = 1000
 class ViewUpdate:
     """What one refresh brings a screen (:meth:`RunObserver.view_update`)."""
 
-    snapshot: dict[str, Any]
+    snapshot: Snapshot
     #: complete log lines since the last update, oldest first (the text after a line's last ``\r``)
     log_lines: list[str] = field(default_factory=list)
     #: the current unfinished line (a progress bar), or None
@@ -208,11 +213,10 @@ class RunObserver:
 
     @staticmethod
     def _global_step(a: _Attempt) -> int | None:
-        step = step_no(a.ev.last_step.get("step")) if a.ev.last_step is not None else None
-        return step if step is not None else a.progress.global_step
+        return global_step(a.ev, a.progress)
 
     # --- the snapshot ----------------------------------------------------------------------------
-    def refresh(self, now: float | None = None) -> dict[str, Any]:
+    def refresh(self, now: float | None = None) -> Snapshot:
         """Read what is new and return the snapshot (a new dict each call)."""
         try:
             return self._refresh(now)
@@ -227,7 +231,7 @@ class RunObserver:
             self.a.ev_resume = refused(f"the saved state failed in use: {type(e).__name__}: {e}")
             return self._refresh(now)
 
-    def _refresh(self, now: float | None) -> dict[str, Any]:
+    def _refresh(self, now: float | None) -> Snapshot:
         now = time.time() if now is None else now
         snap = null_snapshot()
         snap["run_dir"] = str(self.run_dir)
@@ -257,11 +261,11 @@ class RunObserver:
         a.gpu.part(snap)
         self._log_part(snap, a, now)
         snap["disk"] = disk_status(self.run_dir, (snap["ended"] or {}).get("write_errors"))
-        snap["health"] = self.health.part(snap["state"] == "running")
+        snap["health"] = self.health.part(snap["state"] == RUNNING)
         snap["ranks"], snap["straggler"], snap["rank_restarts"] = a.ranks.part()
         guard_stall(snap)
         if run_ended(snap):
-            snap["survivors"] = self.survivors.get(now)
+            snap["survivors"] = cast("list[Survivor]", self.survivors.get(now))
         computed = alerts_for(snap, first_seen=a.first_alert_t, limit_hits=a.limit_hits,
                               recompile_sources=(a.ev.recompile_steps, a.log_recompile_steps),
                               fallback_onset_t=a.fallback_onset_t, stall_at=a.stall_at)
@@ -298,82 +302,61 @@ class RunObserver:
             self.session_acked = self.session_acked | frozenset(alert_ids)
             return f"could not write acks.jsonl ({e}); acknowledged for this session only"
 
-    def _steps_part(self, snap: dict[str, Any], a: _Attempt, now: float) -> None:
+    def _steps_part(self, snap: Snapshot, a: _Attempt, now: float) -> None:
         rs = a.ev.run_start or {}
         if rs:
-            snap["versions"] = {k: shallow(obj(rs.get("versions")).get(k)) for k in ("python", "torch", "transformers")}
-            snap["attn_implementation"] = {k: shallow(obj(rs.get("attn_implementation")).get(k))
-                                           for k in ("requested", "resolved")}
-        # Which steps speak: the emitter's (exact), else the supervisor's log-timed records, else this
-        # view's own parse of train.log (a run from an older stepwatch, a supervisor that died).
-        use_events = a.ev.stats.seen > 0
-        # the supervisor's records speak while it lives, and for a run it saw to the end; a supervisor
-        # gone mid-run left them frozen: this view's own reading takes over (labelled approximate)
-        use_logsteps = (not use_events and a.log_ev.stats.seen > 0
-                        and (snap["supervisor_alive"] or snap["ended"] is not None))
-        fold = a.ev if use_events else (a.log_ev if use_logsteps else None)
-        if fold is not None:
-            stats = fold.stats
-            timing = "exact" if use_events else ("reported" if a.log_ev.reported_steps else
-                                                 "shared" if a.log_ev.shared_steps else "per_update")
-        elif a.log_stats.seen > 0:
-            stats, timing = a.log_stats, "approximate"
-        else:
-            stats, timing = a.ev.stats, None
+            snap["versions"] = cast(Versions, {k: shallow(obj(rs.get("versions")).get(k))
+                                               for k in ("python", "torch", "transformers")})
+            snap["attn_implementation"] = cast(AttnImplementation, {k: shallow(obj(rs.get("attn_implementation")).get(k))
+                                                                    for k in ("requested", "resolved")})
+        # Which steps speak (the rule: .stepsource): the emitter's (exact), else the supervisor's
+        # log-timed records, else this view's own parse of train.log
+        src = choose(a.ev, a.log_ev, a.log_stats, snap["supervisor_alive"], snap["ended"])
+        fold, stats, timing = src.fold, src.stats, src.timing
         gs = self._global_step(a)
         max_steps = step_no(rs.get("max_steps")) or a.progress.total
-        snap["step"] = {"global_step": gs, "max_steps": max_steps,
-                        "source": "events" if use_events else ("log" if gs is not None else None), "timing": timing,
+        snap["step"] = {"global_step": gs, "max_steps": max_steps, "source": step_source(src.use_events, gs),
+                        "timing": timing,
                         "arrival": arrival_check(stats, a.log_ev.arrival_stats) if timing == "reported" else None}
         summ = stats.summary()
-        snap["step_seconds"] = {k: summ.get(k) for k in ("n", "min", "p50", "p90", "p99", "max", "last")}
+        snap["step_seconds"] = cast(StepSeconds, {k: summ.get(k)
+                                                  for k in ("n", "min", "p50", "p90", "p99", "max", "last")})
         snap["step_line"] = stats.canonical_line()
         tp = stats.throughput()
-        snap["throughput"] = {k: tp.get(k) for k in ("tokens_per_s", "real_tokens_per_s", "padding_share")}
-        snap["scaling"], snap["padding"] = a.ev.scaling.scaling(), a.ev.scaling.padding()
-        snap["energy"] = a.gpu.energy.part(stats.recent(ENERGY_STEPS))
+        snap["throughput"] = cast(Throughput, {k: tp.get(k)
+                                               for k in ("tokens_per_s", "real_tokens_per_s", "padding_share")})
+        snap["scaling"], snap["padding"] = cast(Scaling, a.ev.scaling.scaling()), cast(Padding, a.ev.scaling.padding())
+        snap["energy"] = cast(Energy, a.gpu.energy.part(stats.recent(ENERGY_STEPS)))
         hist = stats.histogram(bins=HIST_BINS)
         snap["histogram"] = {"edges_s": [h[0] for h in hist] + ([hist[-1][1]] if hist else []),
                              "counts": [h[2] for h in hist]}
         snap["recent_dt"] = [r.dt_s for r in stats.recent(RECENT_STEPS) if r.counted]  # as the summary counts
         a.fallback_onset_t = None
         if fold is not None:
-            snap["warmup"] = fold.detector.warmup()
-            snap["fallback"] = fb = fold.detector.snapshot()
+            snap["warmup"] = cast(Warmup, fold.detector.warmup())  # the detectors' dicts: these types
+            snap["fallback"] = fb = cast(Fallback, fold.detector.snapshot())
             a.fallback_onset_t = fold.flagged_onset_end
-            if snap["warmup"].get("state") != "steady":
+            if snap["warmup"].get("state") != STEADY:
                 fb["state"] = NOT_JUDGED
                 fb["reason"] = ("no counted step yet" if snap["warmup"].get("state") is None
                                 else f"warming up (not judged until the step times settle): {(fb.get('reason') or '').removeprefix('warming up: ')}".rstrip(": "))
         elif timing == "approximate":
             snap["fallback"]["reason"] = ("step times are this view's own reading of train.log (no record from the "
                                           "supervisor): approximate, not judged")
-        if snap["state"] == "running":
-            if fold is not None:  # the step in progress began when the last recorded one ended
-                started = unix_time(fold.last_step.get("step_end")) if fold.last_step else None
-            else:
-                started = a.last_advance_at  # this view's own parse: the last counter advance it saw
-            sv = stall_state(started, now, stats, a.ev.open_phase)
-            snap["stall"] = {**sv.as_dict(), "reason": sv.reason}
-            if sv.threshold_s is None:
-                snap["stall"]["state"] = NOT_JUDGED
-            elif not use_events and (guard := log_only_guard(sv, a.progress.finished, a.log.last_byte_age_s)):
-                snap["stall"].update(state=guard[0], reason=guard[1])
-                sv = None
-            # when it became a stall, from the files: the step's start plus the threshold
-            a.stall_at = (started + sv.threshold_s if sv is not None and sv.state == "stalled" and started
-                          and sv.threshold_s else None)
+        if snap["state"] == RUNNING:
+            snap["stall"], a.stall_at = stall_part(src, step_started(src, a.last_advance_at), now, a.ev.open_phase,
+                                                   a.progress.finished, a.log.last_byte_age_s)
         else:
             snap["stall"]["reason"] = "the run is not running"
         snap["eta"] = eta = eta_part([r.dt_s for r in stats.recent(4 * ETA_RECENT_STEPS) if r.counted], max_steps, gs,
-                                     snap["stall"], snap["state"] == "running", now)
+                                     snap["stall"], snap["state"] == RUNNING, now)
         snap["eta_s"] = eta["eta_s"]
         snap["last_logs"] = shallow(a.ev.last_logs or a.progress.last_log)
 
-    def _dynamo_part(self, snap: dict[str, Any], a: _Attempt) -> None:
+    def _dynamo_part(self, snap: Snapshot, a: _Attempt) -> None:
         snap["dynamo"] = dynamo_status(a.ev.dynamo_ev, a.ev.run_end, a.dynlog.counts(), snap["dynamo"])
 
-    def _log_part(self, snap: dict[str, Any], a: _Attempt, now: float) -> None:
+    def _log_part(self, snap: Snapshot, a: _Attempt, now: float) -> None:
         lines = list(a.log.last_lines)
         last = next((ln for ln in reversed(lines) if ln.strip()), None)
         snap["log"] = {"file": TRAIN_LOG, "last_line": last, "traceback_last_line": traceback_last_line(lines),
@@ -384,15 +367,16 @@ class RunObserver:
         snap["metrics_series"] = series_part(a.progress.series or a.ev.series)  # the log, else log events
         snap["events"] = {"file": EVENTS_JSONL if a.events.exists else None, "lines": a.events.lines_read,
                           "corrupt_lines": a.events.corrupt_lines, "unusable_steps": a.ev.unusable_steps,
-                          "dropped_events": shallow((a.ev.run_end or {}).get("dropped_events")), "resume": a.ev_resume}
+                          "dropped_events": shallow((a.ev.run_end or {}).get("dropped_events")),
+                          "resume": cast("Resume | None", a.ev_resume)}
 
 
-def snapshot(run_dir: Path, now: float | None = None) -> dict[str, Any]:
+def snapshot(run_dir: Path, now: float | None = None) -> Snapshot:
     """One-shot status of ``run_dir`` from its files (see :class:`RunObserver`)."""
     return RunObserver(run_dir).refresh(now)
 
 
-def process_snapshot(run_dir: Path) -> dict[str, Any]:
+def process_snapshot(run_dir: Path) -> Snapshot:
     """The watchdog's part of the snapshot only (run, attempt, state, pid, alive, returncode, signal,
     ended, ...) from run.json and exit.json and a probe of the captured pid; every other key as in
     a run with no files. Reads no events or log: a listing of many long runs stays instant."""

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from stepwatch.monitors.runfiles import EXIT_JSON, STOP_JSON, read_json
 from stepwatch.monitors.snapshot.scheduler import read_scheduler, scheduler_state
+from stepwatch.monitors.snapshot.types import Ended, Snapshot
+from stepwatch.monitors.states import ALIVE, EXITED, NEVER_RECORDED, RUNNING
 from stepwatch.monitors.watchdog import ProcessRef, probe
 
 #: A run.json whose supervisor recorded nothing this long after launch: the supervisor died first
@@ -17,7 +19,7 @@ from stepwatch.monitors.watchdog import ProcessRef, probe
 SUPERVISOR_SILENT_S = 60.0
 
 
-def process_part(run_dir: Path, snap: dict[str, Any], run: dict[str, Any]) -> None:
+def process_part(run_dir: Path, snap: Snapshot, run: dict[str, Any]) -> None:
     """Fill the process keys of ``snap`` from run.json (``run``), exit.json, stop.json, a probe of the
     captured pids (identity: pid + create time) and, for a Slurm run, scheduler.json."""
     snap["run"] = run.get("name") or run_dir.name
@@ -28,25 +30,25 @@ def process_part(run_dir: Path, snap: dict[str, Any], run: dict[str, Any]) -> No
     snap["pid"] = proc.pid if proc else None
     verdict = probe(proc) if proc else None
     snap["process_verdict"] = verdict
-    snap["alive"] = verdict == "alive"
+    snap["alive"] = verdict == ALIVE
     ex = read_json(run_dir / EXIT_JSON)
     if ex is not None:
         snap["returncode"] = ex.get("returncode")
         snap["signal"] = ex.get("signal")
-        snap["ended"] = {k: ex.get(k) for k in ("ended_at", "ended_at_unix", "duration_s", "stop_requested", "error",
-                                             "write_errors")}
+        snap["ended"] = cast(Ended, {k: ex.get(k) for k in ("ended_at", "ended_at_unix", "duration_s", "stop_requested",
+                                                        "error", "write_errors")})
     sup_ref = ProcessRef.from_json(run.get("supervisor"))
-    snap["supervisor_alive"] = sup_ref is not None and probe(sup_ref) == "alive"
+    snap["supervisor_alive"] = sup_ref is not None and probe(sup_ref) == ALIVE
     snap["stop"] = read_json(run_dir / STOP_JSON)
     snap["scheduler"] = read_scheduler(run_dir, run)
     if snap["alive"]:
-        snap["state"] = "running"
+        snap["state"] = RUNNING
     elif ex is not None:
-        snap["state"] = "exited"
+        snap["state"] = EXITED
     elif proc is None and not run.get("start_error") and snap["scheduler"] is None:
         launched = run.get("launched_at_unix")
         silent = isinstance(launched, (int, float)) and time.time() - launched > SUPERVISOR_SILENT_S
-        if (sup_ref is not None and probe(sup_ref) != "alive") or (sup_ref is None and silent):
+        if (sup_ref is not None and probe(sup_ref) != ALIVE) or (sup_ref is None and silent):
             # the supervisor died before it recorded the child: nothing will ever say more
-            snap["process_verdict"] = "never_recorded"
+            snap["process_verdict"] = NEVER_RECORDED
     scheduler_state(snap, run, ex)

@@ -15,9 +15,9 @@ import os
 import time
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, MutableMapping
+from typing import Any, Literal, cast
+from collections.abc import Callable, MutableMapping
 
-from stepwatch.monitors.detectors.stall import NOT_JUDGED
 from stepwatch.monitors.detectors.straggler import straggler_state, stuck_ranks
 from stepwatch.monitors.fold.events import step_no, unix_time
 from stepwatch.monitors.parsers.torchrun import FailureTable
@@ -25,6 +25,8 @@ from stepwatch.monitors.readers.jsonl import EventReader
 from stepwatch.monitors.runfiles import (EVENTS_JSONL, LOG_STEPS_JSONL, PROCS_JSON, RANK_EVENTS, RANK_LOG_STEPS, STOP_JSON,
                                         read_json, utc_iso)
 from stepwatch.monitors.stats.stepstats import StepStats
+from stepwatch.monitors.snapshot.types import NewAlert, Rank, RankRestarts, RankStepSummary, Snapshot, Straggler, StuckRank
+from stepwatch.monitors.states import ALIVE, FLAGGED, NOT_JUDGED, RUNNING
 from stepwatch.monitors.watchdog import PID_MAX, ProcessRef, probe
 
 #: Step ends kept per rank for the straggler detector (the last this many global_steps).
@@ -50,7 +52,7 @@ class RankSteps:
     def __init__(self, path: Path):
         #: "events": the rank's emitter wrote them; "log": the supervisor timed them from the rank's
         #: prefixed lines of train.log (an un-instrumented run)
-        self.source = "log" if path.name.startswith("logsteps") else "events"
+        self.source: Literal["events", "log"] = "log" if path.name.startswith("logsteps") else "events"
         self.reader = EventReader(path)
         self.ends: OrderedDict[int, float] = OrderedDict()
         self.pid: int | None = None
@@ -69,7 +71,8 @@ class RankSteps:
             dt, step, end = _seconds(ev.get("dt")), step_no(ev.get("step")), unix_time(ev.get("step_end"))
             if dt is None or dt < 0:
                 continue
-            flags = ev.get("flags") if isinstance(ev.get("flags"), list) else []
+            flags = ev.get("flags")
+            flags = flags if isinstance(flags, list) else []
             self.stats.add(step, dt, [f for f in flags if isinstance(f, str)], t=end)
             if step is not None and end is not None:
                 self.ends[step] = end
@@ -84,7 +87,7 @@ class RankSteps:
         self.last_step: int | None = None
         self.last_end: float | None = None
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> RankStepSummary:
         st = self.stats
         return {"n": st.n, "p50": st.p50, "p99": st.percentile(99), "last_step": self.last_step,
                 "last_step_end_unix": self.last_end, "source": self.source}
@@ -142,7 +145,7 @@ class RankWatch:
             self._stamp = (st.st_mtime_ns, st.st_size)
         return self._records
 
-    def part(self) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any] | None]:
+    def part(self) -> tuple[list[Rank], Straggler, RankRestarts | None]:
         """``ranks``: ``[{rank, local_rank, pid, alive, ended_at_unix, returncode, signal,
         exit_source, root_cause, after_stop, restart_count, steps}]`` by rank then start ([] for a
         run without ranked processes or rank files; a rank torchrun restarted has one entry per
@@ -153,19 +156,20 @@ class RankWatch:
         failures = self.table.by_pid()
         stop = read_json(self.run_dir / STOP_JSON)
         stop_t = unix_time(stop.get("requested_at_unix")) if isinstance(stop, dict) else None
-        out = []
+        out: list[Rank] = []
         for pid, r in ranked.items():
             parent = ranked.get(r.get("ppid"))
             if parent is not None and parent.get("rank") == r["rank"]:
                 continue  # a worker of that rank
             ended = unix_time(r.get("ended_at_unix"))
-            ex = r.get("exit") if isinstance(r.get("exit"), dict) else {}
+            ex = r.get("exit")
+            ex = ex if isinstance(ex, dict) else {}
             rc, sig, source = _int(ex.get("returncode"), 0, 255), ex.get("signal"), "kernel" if ex else None
             f = failures.get(pid)
             if f is not None and rc is None and not sig:
                 rc, sig, source = (None, f.how()[len("killed by "):], "torchrun") if f.exitcode < 0 else (
                     f.exitcode, None, "torchrun")
-            alive = ended is None and probe(ProcessRef(pid, unix_time(r.get("create_time")))) == "alive"
+            alive = ended is None and probe(ProcessRef(pid, unix_time(r.get("create_time")))) == ALIVE
             out.append({"rank": r["rank"], "local_rank": _int(r.get("local_rank"), 0, 10**6), "pid": pid,
                         "alive": alive, "ended_at_unix": ended, "returncode": rc,
                         "signal": sig if isinstance(sig, str) else None, "exit_source": source,
@@ -185,28 +189,28 @@ class RankWatch:
                 out.append(latest[rank])
             latest[rank]["steps"] = rs.summary()
         out.sort(key=lambda d: (d["rank"], d["started_at_unix"] or 0))
-        verdict = straggler_state({r: rs.ends for r, rs in self.steps.items()})
-        verdict["stuck"] = stuck_ranks({r: (rs.last_step, rs.last_end, rs.stats.percentile(99))
+        verdict = cast(Straggler, straggler_state({r: rs.ends for r, rs in self.steps.items()}))
+        verdict["stuck"] = cast("list[StuckRank]", stuck_ranks({r: (rs.last_step, rs.last_end, rs.stats.percentile(99))
                                         for r, rs in self.steps.items()
-                                        if latest.get(r, {}).get("alive") is not False}, time.time())
+                                        if latest.get(r, {}).get("alive") is not False}, time.time()))
         dead = sorted({d["rank"] for d in latest.values() if died(d)})
         if dead and verdict["state"] != NOT_JUDGED:  # a dead rank's old steps prove nothing now
             verdict.update(state=NOT_JUDGED, reason=f"rank(s) {', '.join(map(str, dead))} died")
         return out, verdict, restarts_of(out)
 
 
-def restarts_of(ranks: list[dict[str, Any]]) -> dict[str, Any] | None:
+def restarts_of(ranks: list[Rank]) -> RankRestarts | None:
     """``{count, max}``: how many times torchrun restarted the worker group (the highest
     ``TORCHELASTIC_RESTART_COUNT`` among the recorded ranks) and its ``--max-restarts``; None where
     no rank's environment said (not torchrun, or no record)."""
-    counts = [r["restart_count"] for r in ranks if r.get("restart_count") is not None]
+    counts = [c for r in ranks if (c := r.get("restart_count")) is not None]
     if not counts:
         return None
-    limits = [r["max_restarts"] for r in ranks if r.get("max_restarts") is not None]
+    limits = [m for r in ranks if (m := r.get("max_restarts")) is not None]
     return {"count": max(counts), "max": max(limits) if limits else None}
 
 
-def restarts_words(restarts: dict[str, Any] | None) -> str:
+def restarts_words(restarts: RankRestarts | None) -> str:
     """``; torchrun restarted the workers 1 time (at most 3)``; '' before any restart or without
     torchrun's record."""
     if not restarts or not restarts.get("count"):
@@ -216,46 +220,47 @@ def restarts_words(restarts: dict[str, Any] | None) -> str:
         f" (at most {limit})" if limit is not None else "")
 
 
-def latest_per_rank(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def latest_per_rank(ranks: list[Rank]) -> list[Rank]:
     """Each rank's latest process (a rank torchrun restarted has older, ended ones), by rank."""
-    latest: dict[int, dict[str, Any]] = {}
+    latest: dict[int, Rank] = {}
     for r in ranks:  # sorted by rank then start: the last of a rank is its latest
         latest[r["rank"]] = r
     return [latest[k] for k in sorted(latest)]
 
 
-def _restart_words(first: dict[str, Any], snap: dict[str, Any]) -> str:
+def _restart_words(first: Rank, snap: Snapshot) -> str:
     """``; torchrun restarted the workers (restart 1 of at most 3)`` when a later process of the
     same rank carries a higher restart count; ``; torchrun may restart the workers (2 restarts
     left)`` while the run goes on and restarts remain; '' otherwise."""
     rc = first.get("restart_count")
     if rc is None:
         return ""
-    later = [r["restart_count"] for r in snap.get("ranks") or []
-             if r["rank"] == first["rank"] and (r.get("restart_count") or 0) > rc]
+    later = [c for r in snap.get("ranks") or []
+             if r["rank"] == first["rank"] and (c := r.get("restart_count")) is not None and c > rc]
     limit = first.get("max_restarts")
     of = f" of at most {limit}" if limit is not None else ""
     if later:
         return f"; torchrun restarted the workers (restart {min(later)}{of})"
-    if snap.get("state") == "running" and limit is not None and limit > rc:
+    if snap.get("state") == RUNNING and limit is not None and limit > rc:
         return f"; torchrun may restart the workers ({limit - rc} restart{'s' if limit - rc != 1 else ''} left)"
     if limit is not None and limit <= rc and limit > 0:
         return f"; no restart left (--max-restarts {limit})"
     return ""
 
 
-def ranks_last_words(snap: dict[str, Any]) -> str:
+def ranks_last_words(snap: Snapshot) -> str:
     """``; ranks by last step: 1 at step 118 (pid 813), 0 at step 120 (pid 812)``, the first to stop
     first ('' without per-rank steps)."""
-    rs = [r for r in snap.get("ranks") or [] if (r.get("steps") or {}).get("last_step_end_unix") is not None]
+    rs = [(end, r, steps) for r in snap.get("ranks") or []
+          if (steps := r.get("steps")) is not None and (end := steps.get("last_step_end_unix")) is not None]
     if len(rs) < 2:
         return ""
-    rs.sort(key=lambda r: r["steps"]["last_step_end_unix"])
-    return "; ranks by last step: " + ", ".join(f"{r['rank']} at step {r['steps']['last_step']} (pid {r['pid']})"
-                                                for r in rs[:8])
+    rs.sort(key=lambda t: t[0])
+    return "; ranks by last step: " + ", ".join(f"{r['rank']} at step {steps['last_step']} (pid {r['pid']})"
+                                                for _, r, steps in rs[:8])
 
 
-def root_cause_words(snap: dict[str, Any]) -> str:
+def root_cause_words(snap: Snapshot) -> str:
     """``; root cause: rank 1 (pid N) killed by SIGKILL`` for an end whose first rank death is
     known ('' otherwise): torchrun's own traceback ends in an empty ``ChildFailedError:``."""
     deaths = [r for r in snap.get("ranks") or [] if died(r) and not r["after_stop"]]
@@ -265,20 +270,20 @@ def root_cause_words(snap: dict[str, Any]) -> str:
     return f"; root cause: rank {first['rank']} (pid {first['pid']}) {_how(first)}"
 
 
-def _how(r: dict[str, Any]) -> str:
+def _how(r: Rank) -> str:
     if r.get("signal"):
         return f"killed by {r['signal']}"
     return f"exited with code {r['returncode']}"
 
 
-def died(r: dict[str, Any]) -> bool:
+def died(r: Rank) -> bool:
     """The rank ended by a signal or a non-zero code."""
     return not r["alive"] and (bool(r.get("signal")) or (r.get("returncode") or 0) != 0)
 
 
-def cascades(deaths: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+def cascades(deaths: list[Rank]) -> list[list[Rank]]:
     """Deaths grouped by time: one starts a group, those within CASCADE_S of it follow it."""
-    groups: list[list[dict[str, Any]]] = []
+    groups: list[list[Rank]] = []
     for r in sorted(deaths, key=lambda r: r["ended_at_unix"] or 0):
         if groups and (r["ended_at_unix"] or 0) - (groups[-1][0]["ended_at_unix"] or 0) < CASCADE_S:
             groups[-1].append(r)
@@ -287,7 +292,7 @@ def cascades(deaths: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     return groups
 
 
-def first_of(group: list[dict[str, Any]]) -> dict[str, Any]:
+def first_of(group: list[Rank]) -> Rank:
     """The death a cascade starts with: torchrun's root cause where its table says; else the earliest
     that is not a SIGTERM (torchrun tears the other workers down with SIGTERM, and on a busy machine
     the supervisor can notice the torn-down rank's exit before the one that caused it); else the
@@ -296,19 +301,19 @@ def first_of(group: list[dict[str, Any]]) -> dict[str, Any]:
             or next((r for r in group if r.get("signal") != "SIGTERM"), None) or group[0])
 
 
-def rank_alerts(snap: dict[str, Any], make: Any, first_seen: MutableMapping[str, float]) -> list[dict[str, Any]]:
+def rank_alerts(snap: Snapshot, make: Callable[..., NewAlert], first_seen: MutableMapping[str, float]) -> list[NewAlert]:
     """One alert per cascade of rank deaths, naming its first (torchrun's root cause where the table
     says, else the earliest) and listing the rest; and a straggler, by rank and pid (``make`` is
     snapshot.alerts.alert)."""
-    out = []
+    out: list[NewAlert] = []
     sg = snap.get("straggler") or {}
-    for st in sg.get("stuck") or [] if snap.get("state") == "running" else []:
+    for st in sg.get("stuck") or [] if snap.get("state") == RUNNING else []:
         pid = next((r["pid"] for r in reversed(snap.get("ranks") or []) if r["rank"] == st["rank"]), None)
         out.append(make(first_seen, snap["attempt"], "stuck_rank", f"{st['rank']}-{st['last_step']}",
                         f"rank {st['rank']} (pid {pid}) stopped stepping: its last step {st['last_step']} ended "
                         f"{st['behind_s']:.0f} s before rank {st['ahead_rank']}'s step {st['ahead_step']} "
                         f"(threshold {st['threshold_s']:.1f} s)", None))
-    if sg.get("state") == "flagged" and snap.get("state") == "running":
+    if sg.get("state") == FLAGGED and snap.get("state") == RUNNING:
         pid = next((r["pid"] for r in reversed(snap.get("ranks") or []) if r["rank"] == sg["rank"]), None)
         out.append(make(first_seen, snap["attempt"], "straggler", str(sg["rank"]),
                         f"straggler: rank {sg['rank']} (pid {pid}) {sg['reason'].split(' ', 2)[2]}", None))
@@ -316,9 +321,9 @@ def rank_alerts(snap: dict[str, Any], make: Any, first_seen: MutableMapping[str,
         first = first_of(group)
         others = [r for r in group if r is not first]
         lr = f"local_rank {first['local_rank']}, " if first.get("local_rank") is not None else ""
-        src = {"kernel": "its exit status", "torchrun": "torchrun's failure table"}.get(first["exit_source"], "?")
+        src = {"kernel": "its exit status", "torchrun": "torchrun's failure table"}.get(first["exit_source"] or "", "?")
         then = ("; then " + ", ".join(f"rank {r['rank']} (pid {r['pid']}) {_how(r)}" for r in others)) if others else ""
-        going = "; the run goes on" if snap.get("state") == "running" else ""
+        going = "; the run goes on" if snap.get("state") == RUNNING else ""
         out.append(make(first_seen, snap["attempt"], "rank_death", f"{first['rank']}-{first['pid']}",
                         f"rank {first['rank']} ({lr}pid {first['pid']}) {_how(first)} at "
                         f"{utc_iso(first['ended_at_unix'])} (from {src}){then}{_restart_words(first, snap)}{going}",

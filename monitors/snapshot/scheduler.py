@@ -14,10 +14,13 @@ import re
 import socket
 import time
 from pathlib import Path
-from typing import Any, Callable, MutableMapping
+from typing import Any
+from collections.abc import Callable, MutableMapping
 
 from stepwatch.monitors.runfiles import SCHEDULER_JSON, read_json, utc_iso
 from stepwatch.monitors.slurm import ABNORMAL_ENDS, DEFAULT_POLL_S, ENDED_STATES, WAITING_STATES
+from stepwatch.monitors.snapshot.types import NewAlert, Scheduler, Snapshot
+from stepwatch.monitors.states import EXITED, PENDING, RUNNING
 
 #: The ETA may run past the time left by this share before the time-limit alert (the ETA is an
 #: estimate from the last steps; a run that just fits is not an alert).
@@ -48,7 +51,7 @@ def _word(v: Any, n: int = 200) -> str | None:
     return v[:n] if isinstance(v, str) and v else None
 
 
-def read_scheduler(run_dir: Path, run: dict[str, Any], now: float | None = None) -> dict[str, Any] | None:
+def read_scheduler(run_dir: Path, run: dict[str, Any], now: float | None = None) -> Scheduler | None:
     """The snapshot's ``scheduler`` for a Slurm run (run.json ``scheduler.kind == "slurm"``), else None:
     the job id from run.json, the rest from scheduler.json, each value checked; ``poll_age_s`` says
     how old the last look is, ``stale`` whether the job watcher stopped looking."""
@@ -73,12 +76,12 @@ def read_scheduler(run_dir: Path, run: dict[str, Any], now: float | None = None)
             "previous_job_ids": [j for j in sch.get("previous_job_ids") or [] if isinstance(j, str) and j.isdigit()][:20]}
 
 
-def _stop_asked(snap: dict[str, Any]) -> bool:
+def _stop_asked(snap: Snapshot) -> bool:
     """The operator asked for the stop (``stepwatch stop`` writes who), not Slurm's own TERM."""
     return bool((snap.get("stop") or {}).get("requested_by_user"))
 
 
-def scheduler_state(snap: dict[str, Any], run: dict[str, Any], exit_record: dict[str, Any] | None) -> None:
+def scheduler_state(snap: Snapshot, run: dict[str, Any], exit_record: dict[str, Any] | None) -> None:
     """Set the run's ``state`` where only the scheduler knows it (the snapshot's ``scheduler`` is set)."""
     sch = snap.get("scheduler")
     if not sch:
@@ -86,32 +89,32 @@ def scheduler_state(snap: dict[str, Any], run: dict[str, Any], exit_record: dict
     state = sch["state"]
     proc_host = (run.get("process") or {}).get("host")
     elsewhere = isinstance(proc_host, str) and proc_host != socket.gethostname()
-    if state in ABNORMAL_ENDS and snap.get("ended") and not _stop_asked(snap):
-        snap["ended"]["stop_requested"] = False  # Slurm's own TERM (time limit, scancel) reached the supervisor
-    if snap["state"] == "running" or exit_record is not None:
+    if state in ABNORMAL_ENDS and (ended := snap.get("ended")) and not _stop_asked(snap):
+        ended["stop_requested"] = False  # Slurm's own TERM (time limit, scancel) reached the supervisor
+    if snap["state"] == RUNNING or exit_record is not None:
         return
     if state in WAITING_STATES or state == "SUBMITTED" or (state in ("RUNNING", "COMPLETING") and snap["pid"] is None):
-        snap["state"] = "pending"
+        snap["state"] = PENDING
         snap["process_verdict"] = f"Slurm job {sch['job_id']} {state}" + (f" ({sch['reason']})" if sch["reason"] else "")
     elif state in ("RUNNING", "COMPLETING") and elsewhere:
-        snap["state"], snap["alive"] = "running", True
+        snap["state"], snap["alive"] = RUNNING, True
         snap["process_verdict"] = f"on {proc_host}: alive as far as Slurm says (job {sch['job_id']} {state})"
     elif state in ENDED_STATES:
-        snap["state"] = "exited"
+        snap["state"] = EXITED
         snap["ended"] = {"ended_at": utc_iso(sch["end_unix"]) if sch["end_unix"] else None,
                          "ended_at_unix": sch["end_unix"], "duration_s": None,
                          "stop_requested": _stop_asked(snap), "write_errors": None,
                          "error": f"Slurm ended job {sch['job_id']} {state} before the supervisor wrote exit.json"}
 
 
-def scheduler_alerts(snap: dict[str, Any], make: Callable[..., dict[str, Any]],
-                     first_seen: MutableMapping[str, float]) -> list[dict[str, Any]]:
+def scheduler_alerts(snap: Snapshot, make: Callable[..., NewAlert],
+                     first_seen: MutableMapping[str, float]) -> list[NewAlert]:
     """``job_end`` for an abnormal end Slurm reports (not after a stop the operator asked for, when
     it is CANCELLED), ``time_limit`` while the ETA runs past the job's time left."""
     sch = snap.get("scheduler")
     if not sch:
         return []
-    out = []
+    out: list[NewAlert] = []
     state, job = sch["state"], sch["job_id"]
     if state in ABNORMAL_ENDS and not (_stop_asked(snap) and state == "CANCELLED"):
         where = f" on {sch['nodes']}" if sch["nodes"] else ""
@@ -120,11 +123,11 @@ def scheduler_alerts(snap: dict[str, Any], make: Callable[..., dict[str, Any]],
         out.append(make(first_seen, snap["attempt"], "job_end", f"{job}-{state}",
                         f"Slurm job {job} ended {state}{where}{code}{why}: {_WHAT.get(state, state)}", sch["end_unix"]))
     eta, left = snap.get("eta") or {}, sch["time_left_s"]
-    if snap.get("state") == "running" and left is not None and isinstance(eta.get("eta_s"), (int, float)) \
-            and eta["eta_s"] > left * (1 + TIME_LIMIT_MARGIN) + 60:
+    if snap.get("state") == RUNNING and left is not None and isinstance(eta_s := eta.get("eta_s"), (int, float)) \
+            and eta_s > left * (1 + TIME_LIMIT_MARGIN) + 60:
         limit = sch["time_limit_s"]
         out.append(make(first_seen, snap["attempt"], "time_limit", job,
-                        f"will not finish before the time limit: about {_hms(eta['eta_s'])} of steps left "
+                        f"will not finish before the time limit: about {_hms(eta_s)} of steps left "
                         f"({eta.get('remaining_steps')} steps) but {_hms(left)} left of job {job}'s "
                         f"{_hms(limit) if limit else '?'} limit: save a checkpoint, or resubmit with a longer "
                         "[slurm] time", None))

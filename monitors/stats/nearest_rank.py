@@ -1,4 +1,4 @@
-"""The one nearest-rank percentile (playbook 4.3), standard library only: the emitter inside the
+"""The one nearest-rank percentile (ARCHITECTURE.md R1), standard library only: the emitter inside the
 training process and the readers' statistics both use it.
 
 Nearest-rank: the ``p``-th percentile of ``n`` sorted values is the value at 1-based rank
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def nearest_rank_index(p: float, n: int) -> int:

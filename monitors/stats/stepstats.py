@@ -1,10 +1,10 @@
-"""Per-attempt statistics over optimizer-step durations (DESIGN.md section 5, playbook 4.3).
+"""Per-attempt statistics over optimizer-step durations (ARCHITECTURE.md R1-R3).
 
 One :class:`StepStats` per attempt. It is fed one optimizer step at a time, from ``events.jsonl``
-``step`` records (``dt`` in seconds, ``flags``, ``tokens``, ``padded_tokens``; DESIGN.md section 4)
+``step`` records (``dt`` in seconds, ``flags``, ``tokens``, ``padded_tokens``; :mod:`stepwatch.monitors.protocol`)
 or from the log tailer (step and dt only; the tailer may say which step was the first of a process).
 
-Rules, all from playbook 4.3:
+Rules (ARCHITECTURE.md R1-R3):
 
 * The first step of each process (flag ``"first"``) carries compilation and is **excluded** from the
   counted set. Not the slowest step: on a variable-width run an ordinary long batch can beat it.
@@ -28,20 +28,23 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 from sortedcontainers import SortedList
 
 from stepwatch.monitors.protocol import FLAG_FIRST
-from stepwatch.monitors.stats.nearest_rank import nearest_rank, nearest_rank_index
+# re-exported (`x as x`): callers import the nearest-rank helpers from here too
+from stepwatch.monitors.stats.nearest_rank import nearest_rank as nearest_rank
+from stepwatch.monitors.stats.nearest_rank import nearest_rank_index as nearest_rank_index
 
-#: The flag the emitter puts on the first step of each process (DESIGN.md section 4).
+#: The flag the emitter puts on the first step of each process (:mod:`stepwatch.monitors.protocol`).
 FIRST = FLAG_FIRST
 
-#: Unit suffix of the canonical line (playbook 4.3).
+#: Unit suffix of the canonical line (ARCHITECTURE.md, "Reference runs").
 UNIT = "seconds_per_optimizer_step"
 
-#: Summary keys, in the order the status JSON prints them (DESIGN.md section 5 / issue 4).
+#: Summary keys, in the order the status JSON prints them (issue 4).
 SUMMARY_KEYS = ("n", "min", "p50", "p90", "p99", "max", "last")
 
 
@@ -92,6 +95,8 @@ def check_step_seconds(dt_s: Any) -> float:
     """``dt_s`` as float seconds of one optimizer step. Raises ValueError, naming the value, when it
     is not a number, not finite or negative (a NaN or a negative time is a caller bug, not a step).
     Shared by :class:`StepStats` and the fallback detector."""
+    if type(dt_s) is float and 0.0 <= dt_s < _INF:  # nearly every step: already what it must be
+        return dt_s
     try:
         dt = float(dt_s)
     except (TypeError, ValueError, OverflowError):  # OverflowError: an int beyond a float's range
@@ -146,7 +151,7 @@ class StepStats:
         """Add one optimizer step. Returns True when it was counted (False for a ``first`` step).
 
         ``step``: the trainer's global_step (may start anywhere and jump; only stored).
-        ``dt_s``: end-to-end seconds of the step (DESIGN.md section 4 ``dt``). Raises ValueError when
+        ``dt_s``: end-to-end seconds of the step (the step event's ``dt``, as :mod:`stepwatch.telemetry.core` measures it). Raises ValueError when
         it is not a finite number >= 0 (a NaN or a negative time is a caller bug, not a step).
         ``tokens`` / ``padded_tokens``: real and padded token counts of the step, or None.
         ``t``: unix seconds of the step's end, or None.
@@ -155,7 +160,7 @@ class StepStats:
         dt = dt_s if type(dt_s) is float and 0.0 <= dt_s < _INF else check_step_seconds(dt_s)
         fl = tuple(flags or ())
         counted = FIRST not in fl
-        rec = _RecordBuilder(  # StepRecord(...), see _RecordBuilder
+        rec: StepRecord = _RecordBuilder(  # type: ignore[assignment] - StepRecord(...), see _RecordBuilder
             step,
             dt,
             fl,
@@ -233,11 +238,12 @@ class StepStats:
         A record whose ``dt`` is null (unknown) is skipped and returns False; a negative or
         non-finite ``dt`` raises ValueError as in :meth:`add`.
         """
-        if rec.get("dt") is None:
+        dt = rec.get("dt")
+        if dt is None:
             return False
         return self.add(
             rec.get("step"),
-            rec.get("dt"),
+            dt,
             rec.get("flags") or (),
             rec.get("tokens"),
             rec.get("padded_tokens"),
@@ -330,7 +336,8 @@ class StepStats:
     def canonical_line(self) -> str:
         """``n=1312 min=11.84 p50=19.48 p99=28.96 max=45.79 seconds_per_optimizer_step``.
 
-        Two decimals, the format of playbook 4.3. With no counted step: ``n=0 seconds_per_optimizer_step``.
+        Two decimals, the format of ARCHITECTURE.md's "Reference runs". With no counted step:
+        ``n=0 seconds_per_optimizer_step``.
         """
         if not self._sorted:
             return f"n=0 {UNIT}"
@@ -359,7 +366,8 @@ class StepStats:
         * ``tokens_per_s``: padded tokens / s = sum(padded_tokens) / sum(dt) over steps with
           ``padded_tokens``; None when no recent step has it.
         * ``real_tokens_per_s``: sum(tokens) / sum(dt) over steps with ``tokens``.
-        * ``padding_share``: 1 - sum(tokens) / sum(padded_tokens) over steps with both (playbook 3.8).
+        * ``padding_share``: 1 - sum(tokens) / sum(padded_tokens) over steps with both (real
+          tokens reported apart from padded ones: ARCHITECTURE.md, "Reference runs").
 
         Sums, not a mean of per-step rates, so a slow step weighs by its time. A value that cannot be
         computed is None, never 0.

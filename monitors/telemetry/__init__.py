@@ -1,6 +1,6 @@
 """The telemetry emitter: runs inside the training process and writes ``events.jsonl``.
 
-Opt in with one line (DESIGN.md section 4)::
+Opt in with one line (README.md, "Instrumenting the training job")::
 
     from stepwatch.telemetry import StepwatchCallback      # a transformers.TrainerCallback
     trainer = Trainer(..., callbacks=[StepwatchCallback(attn_implementation_requested="sdpa")])

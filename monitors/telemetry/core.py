@@ -1,4 +1,4 @@
-"""StepTelemetry: writes ``events.jsonl`` from inside the training process (DESIGN.md section 4).
+"""StepTelemetry: writes ``events.jsonl`` from inside the training process (keys: :mod:`stepwatch.monitors.protocol`).
 
 Standard library only. torch and transformers are never imported here; their versions are read
 from ``sys.modules`` (the module the process runs) or else from the installed distribution metadata.
@@ -41,7 +41,8 @@ import platform
 import sys
 import time
 from array import array
-from typing import Any, Iterable, Mapping
+from typing import Any
+from collections.abc import Iterable, Mapping
 
 from stepwatch.monitors.runfiles import ENV_ALL_RANKS, ENV_ATTEMPT, ENV_RUN_DIR, EVENTS_JSONL, rank_events_name
 from stepwatch.telemetry.dynamo import OBSERVER, DynamoObserver, counters_snapshot
@@ -529,7 +530,7 @@ class StepTelemetry(EventFileWriter):
         self.flush()
         self._close_fd()
 
-    def __enter__(self) -> "StepTelemetry":
+    def __enter__(self) -> StepTelemetry:
         return self
 
     def __exit__(self, *exc: object) -> None:

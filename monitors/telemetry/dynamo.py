@@ -1,6 +1,6 @@
 """Watching torch dynamo from inside the training process, without importing torch.
 
-Three sources, all real in torch 2.13 (``../shared/fixtures/real/``):
+Three sources, all real in torch 2.13 (``tests/fixtures/real/``):
 
 * ``torch._dynamo.utils.counters``: a ``defaultdict(Counter)``. Real keys (dynamo_counters*.json):
   ``stats.unique_graphs``, ``stats.calls_captured``, ``frames.total`` / ``frames.ok``, ``graph_break``
@@ -91,7 +91,7 @@ class _CountingHandler(logging.Handler):
     passes the record on to ``logging.lastResort`` itself: what the user's log prints is unchanged.
     """
 
-    def __init__(self, observer: "DynamoObserver") -> None:
+    def __init__(self, observer: DynamoObserver) -> None:
         super().__init__(logging.NOTSET)
         self._observer = observer
 

@@ -1,12 +1,12 @@
 """StepwatchCallback: the HF Trainer side of the emitter (transformers 5.24, checked against
-``../shared/fixtures/real/trainer_api_facts.json``).
+``tests/fixtures/real/trainer_api_facts.json``).
 
 The class is built on first use (:func:`build_callback_class`), so ``import stepwatch.telemetry``
 never imports transformers. What the Trainer tells callbacks, and what is taken from it:
 
 * ``on_train_begin(model=...)``: ``run_start`` with ``state.max_steps``, ``args.process_index`` /
   ``args.world_size`` as rank / world size, and ``model.config._attn_implementation`` as the resolved
-  attention backend beside the requested one (the constructor argument; playbook 4.3).
+  attention backend beside the requested one (the constructor argument; ARCHITECTURE.md R4).
 * ``on_step_begin``: the start of the first step of the process. The batch is NOT among the kwargs
   (the facts file: model, processing_class, optimizer, lr_scheduler, train_dataloader,
   eval_dataloader), and the Trainer fetches the batch before calling it.
@@ -115,7 +115,7 @@ def build_callback_class() -> type:
     from transformers import TrainerCallback
 
     class StepwatchCallback(TrainerCallback):
-        """Writes ``events.jsonl`` for a ``transformers.Trainer`` run (DESIGN.md section 4).
+        """Writes ``events.jsonl`` for a ``transformers.Trainer`` run (keys: :mod:`stepwatch.monitors.protocol`).
 
         ``attn_implementation_requested``: the backend the harness asked for (the value it passed
         as ``attn_implementation=``), recorded beside the resolved one; None when it does not say.

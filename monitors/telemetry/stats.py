@@ -1,4 +1,4 @@
-"""Nearest-rank percentiles over step durations, standard library only (playbook 4.3).
+"""Nearest-rank percentiles over step durations, standard library only (ARCHITECTURE.md R1, R2).
 
 The percentile is the one nearest-rank of :mod:`stepwatch.monitors.stats.nearest_rank` (exact
 rational arithmetic: ``p=90, n=10`` gives rank 9, never 10 through a rounding error).
@@ -6,7 +6,7 @@ rational arithmetic: ``p=90, n=10`` gives rank 9, never 10 through a rounding er
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from stepwatch.monitors.stats.nearest_rank import nearest_rank as _nearest_rank
 

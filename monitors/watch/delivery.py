@@ -22,7 +22,8 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from stepwatch.monitors.proctree import HELPER_PIDS, HELPERS_LOCK
 from stepwatch.monitors.snapshot.alerts import channel_name
@@ -76,7 +77,8 @@ class Deliverer:
         level = level_of(str(alert.get("kind")))
         targets: list[tuple[str, Callable[[dict[str, Any]], tuple[bool, str, int]]]] = []
         if self.command:
-            targets.append(("command", self._run_command))
+            command = self.command
+            targets.append(("command", lambda a: self._run_command(command, a)))
         for url in self.urls:
             targets.append((channel_name(url), lambda a, u=url: self._push(u, a)))
         for name, fn in targets:
@@ -114,18 +116,18 @@ class Deliverer:
         if outcome == "failed":
             self.log(f"alert {alert.get('id')} not delivered to {channel}: {detail}")
 
-    def _run_command(self, alert: dict[str, Any]) -> tuple[bool, str, int]:
+    def _run_command(self, command: list[str], alert: dict[str, Any]) -> tuple[bool, str, int]:
         env = dict(os.environ, STEPWATCH_ALERT_ID=str(alert.get("id")), STEPWATCH_ALERT_KIND=str(alert.get("kind")),
                    STEPWATCH_ALERT_LEVEL=level_of(str(alert.get("kind"))),
                    STEPWATCH_ALERT_MESSAGE=str(alert.get("message")), STEPWATCH_RUN=self.run_name,
                    STEPWATCH_RUN_DIR=str(self.run_dir))
         try:
             with HELPERS_LOCK:  # the supervisor's own helper, never a process of the run's tree
-                p = subprocess.Popen(self.command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                p = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE, start_new_session=True)
                 HELPER_PIDS.add(p.pid)
         except OSError as e:
-            return False, f"could not run {self.command[0]!r}: {e}", 1
+            return False, f"could not run {command[0]!r}: {e}", 1
         try:
             rc, tail = _wait_bounded(p, self.command_timeout_s)
         finally:

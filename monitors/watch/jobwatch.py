@@ -18,7 +18,8 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from stepwatch.monitors.runfiles import EXIT_JSON, RUN_JSON, SCHEDULER_JSON, read_json, utc_iso, write_json_atomic
 from stepwatch.monitors.slurm import DEFAULT_POLL_S, is_ended, query_job
@@ -42,7 +43,9 @@ def watch_job(run_dir: Path, log: Callable[[str], None] = _log, query: Callable[
     """Watch the job of ``run_dir``'s current attempt until it ended; returns the exit status (0, or
     2 when run.json names no Slurm job)."""
     run = read_json(run_dir / RUN_JSON) or {}
-    sch = run.get("scheduler") if isinstance(run.get("scheduler"), dict) else {}
+    sch = run.get("scheduler")
+    if not isinstance(sch, dict):
+        sch = {}
     job_id, key = sch.get("job_id"), (run.get("attempt"), run.get("launched_at_unix"))
     if sch.get("kind") != "slurm" or not isinstance(job_id, str) or not job_id.isdigit():
         log(f"{run_dir}: run.json names no Slurm job; nothing to watch")

@@ -19,7 +19,7 @@ moved the training bar's counter from ``s0`` to ``s1`` gives ``k = s1 - s0`` ste
 The first timed step (from the bar's first update, usually ``0/N`` printed before training starts)
 carries the flag ``first``, as the emitter's first step does: it holds start-up and compilation and
 is left out of the percentiles. A counter that goes back (a second ``train()``, a resumed run)
-starts over without a record. Records have the ``step`` event's keys (DESIGN.md section 4) plus
+starts over without a record. Records have the ``step`` event's keys (:mod:`stepwatch.monitors.protocol`) plus
 ``timing`` and ``steps_in_update``; they go to ``logsteps.jsonl``, which every view folds like
 ``events.jsonl``.
 
@@ -31,7 +31,8 @@ N) go to ``logsteps.rank<N>.jsonl``: the per-rank steps of an un-instrumented ru
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 from stepwatch.monitors.parsers.hf_progress import ProgressTracker, StepAdvance
 from stepwatch.monitors.parsers.logtracker import LogTracker

@@ -23,13 +23,15 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Literal, cast
+from collections.abc import Callable
 
 from stepwatch.monitors.readers.changes import ChangeNotifier
 from stepwatch.monitors.readers.textlog import LogFollower
 from stepwatch.monitors.runfiles import ALERTS_JSONL, LOG_STEPS_JSONL, TRAIN_LOG, open_append, rank_log_steps_name, read_push_urls, write_all
 from stepwatch.monitors.snapshot.model import json_safe
 from stepwatch.monitors.snapshot.observer import RunObserver
+from stepwatch.monitors.snapshot.types import Snapshot
 from stepwatch.monitors.watch.stacks import STACK_KINDS, record_stack_later, stack_target
 from stepwatch.monitors.watch.delivery import Deliverer, level_of
 from stepwatch.monitors.parsers.logtracker import LogTracker, run_patterns
@@ -43,14 +45,18 @@ FINAL_DELIVERY_WAIT_S = 40.0
 SCHEDULER_ALERT_KINDS = frozenset({"job_end", "time_limit"})
 
 
-def evidence_of(snap: dict[str, Any], kind: str) -> dict[str, Any]:
+#: The part of the snapshot an alert kind's detector read (its evidence in alerts.jsonl).
+_EVIDENCE_PART: dict[str, Literal["fallback", "stall", "dynamo", "gpu"]] = {
+    "fallback": "fallback", "stall": "stall", "recompile_limit": "dynamo", "recompile_storm": "dynamo", "gpu": "gpu"}
+
+
+def evidence_of(snap: Snapshot, kind: str) -> dict[str, Any]:
     """What the files said when an alert was raised: the step, the step-time summary and the part
     of the snapshot the alert's detector read."""
     ev: dict[str, Any] = {"global_step": (snap.get("step") or {}).get("global_step"),
                           "step_timing": (snap.get("step") or {}).get("timing"),
                           "step_seconds": snap.get("step_seconds")}
-    part = {"fallback": "fallback", "stall": "stall", "recompile_limit": "dynamo", "recompile_storm": "dynamo",
-            "gpu": "gpu"}.get(kind)
+    part = _EVIDENCE_PART.get(kind)
     if part:
         ev[part] = snap.get(part)
     if kind == "watchdog":
@@ -160,7 +166,7 @@ class AlertRecorder:
         self.kinds, self.skip, self.log = kinds, skip, log
         self.recorded: set[str] = set()
 
-    def detect(self) -> dict[str, Any]:
+    def detect(self) -> Snapshot:
         """One refresh; records and delivers what is new. Returns the snapshot."""
         snap = self.observer.refresh()
         for al in snap.get("alerts") or []:
@@ -175,7 +181,7 @@ class AlertRecorder:
                 self.file.append_json(rec)
             except (OSError, ValueError) as e:
                 self.log(f"could not record alert {al['id']}: {e}")
-            self.deliverer.submit(al)
+            self.deliverer.submit(cast("dict[str, Any]", al))  # the Deliverer reads it as a plain mapping
             if al["kind"] in STACK_KINDS and (pid := stack_target(snap, al)) is not None:
                 record_stack_later(al["id"], pid, self.file.append_json, self.log)
         return snap

@@ -11,9 +11,11 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable, Mapping
 
 from stepwatch.monitors.proctree import HELPER_PIDS, HELPERS_LOCK
+from stepwatch.monitors.snapshot.types import Snapshot
 
 PY_SPY_TIMEOUT_S = 20.0
 STACK_KEEP_CHARS = 8000
@@ -55,12 +57,12 @@ def python_stack(pid: int, timeout_s: float = PY_SPY_TIMEOUT_S) -> str:
     return text[-STACK_KEEP_CHARS:] if p.returncode == 0 else f"no stack (py-spy exit {p.returncode}): {text[-500:]}"
 
 
-def rank_pid(snap: dict[str, Any], rank: Any) -> int | None:
+def rank_pid(snap: Snapshot, rank: Any) -> int | None:
     """The pid of ``rank``'s latest process in the snapshot's ranks."""
     return next((r["pid"] for r in reversed(snap.get("ranks") or []) if r.get("rank") == rank), None)
 
 
-def stack_target(snap: dict[str, Any], alert: dict[str, Any]) -> int | None:
+def stack_target(snap: Snapshot, alert: Mapping[str, Any]) -> int | None:
     """The pid whose stack explains ``alert`` (a stuck rank, or the straggler), else None."""
     sg = snap.get("straggler") or {}
     if alert.get("kind") == "straggler":

@@ -126,7 +126,7 @@ def main():
     limit_hit = False
     g = torch.Generator().manual_seed(1)
     step = 0
-    for cyc in range(a.cycles):
+    for _cyc in range(a.cycles):
         for L in LENGTHS:
             step += 1
             ids = torch.randint(0, 256, (a.batch, L), generator=g)
@@ -162,7 +162,7 @@ def main():
     after_main = counters_dict()
 
     # eager reference: same architecture, never compiled, same lengths (2 cycles)
-    for cyc in range(2):
+    for _cyc in range(2):
         for L in LENGTHS:
             step += 1
             ids = torch.randint(0, 256, (a.batch, L), generator=g)

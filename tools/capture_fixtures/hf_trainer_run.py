@@ -17,7 +17,7 @@ class SyntheticTokens(Dataset):
         g = torch.Generator().manual_seed(seed)
         rnd = random.Random(seed)
         self.items = []
-        for i in range(n):
+        for _ in range(n):
             L = seq_len if not varlen else rnd.choice([17, 33, 49, 65, 81, 97, 113, 129])
             ids = torch.randint(0, vocab, (L,), generator=g)
             self.items.append(ids)

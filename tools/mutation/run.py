@@ -8,11 +8,12 @@
     python tools/mutation/run.py fallback --continue  # a run cut short: only the mutants left
     python tools/mutation/run.py fallback --carry     # after a small change of the file (see carry())
     python tools/mutation/run.py fallback --equivalents  # is a row of equivalent.md killed by a test now?
+    python tools/mutation/run.py --check-ledger  # does each row of equivalent.md still name its line?
 
 For each target: ``cosmic-ray init`` (a session in .mutation/<name>.sqlite), ``cosmic-ray baseline``
 (the tests pass on the unmutated code, else the target is not measured), ``cosmic-ray exec`` (each
 mutant applied in place, the target's tests run with ``pytest -x``, the file restored), then the
-kill rate and the survivors. Survivors named in equivalent.md (file, line or line:column, operator)
+kill rate and the survivors. Survivors named in equivalent.md (file, the line's text, operator)
 are counted apart, with the reason there; a row that matches no survivor of the session is printed. Exit status 1 when a target is below --min (default 0.9).
 """
 
@@ -28,6 +29,7 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -60,24 +62,162 @@ def purge_bytecode() -> None:
             shutil.rmtree(d, ignore_errors=True)
 
 
-def equivalents() -> set[tuple[str, int, str, int | None]]:
-    """(file, line, operator, column) of each row of equivalent.md: the mutants no behaviour tells
-    apart. A row's line is ``LINE`` (every mutant of the operator on that line) or ``LINE:COL`` (only
-    the one at that 0-based column, as cosmic-ray records it: a line with several places for one
-    operator, where the reason holds for one of them)."""
-    out = set()
-    for line in (HERE / "equivalent.md").read_text().splitlines():
-        if line.startswith("| `") and line.count("|") >= 5:
-            f, ln, op = (c.strip().strip("`") for c in line.split("|")[1:4])
-            row, _, col = ln.partition(":")
-            if row.isdigit() and (not col or col.isdigit()):
-                out.add((f, int(row), op, int(col) if col else None))
+class Row(NamedTuple):
+    """One row of equivalent.md: the mutants of ``op`` on the line of ``file`` that reads ``text``
+    (stripped), in the function or class ``scope`` ('' at the top level; None: wherever the text is),
+    the ``nth`` line reading so there (None: each), at column ``col`` (None: every place on the line)."""
+
+    file: str
+    text: str
+    scope: str | None
+    nth: int | None
+    col: int | None
+    op: str
+    why: str
+
+
+#: A table cell's edge: a ``|`` not written ``\|`` (a line's own ``|`` inside its code span).
+_CELL = re.compile(r"(?<!\\)\|")
+
+
+def _code_span(cell: str) -> str:
+    return cell.removeprefix("`").removesuffix("`").replace("\\|", "|")
+
+
+def equivalents(path: Path | None = None) -> list[Row]:
+    """The rows of equivalent.md: the mutants no behaviour tells apart, keyed by the text of their line
+    (never its number: an edit elsewhere in the file leaves a row true)."""
+    out = []
+    for line in (path or HERE / "equivalent.md").read_text().splitlines():
+        if not line.startswith("| `"):
+            continue
+        cells = [c.strip() for c in _CELL.split(line)[1:-1]]
+        if len(cells) < 6:
+            continue
+        where = re.fullmatch(r"(?:`([^`]+)`|\((module)\))?\s*(?:#(\d+))?", cells[2])
+        if where is None or not (cells[3] == "" or cells[3].isdigit()):
+            raise SystemExit(f"equivalent.md: a row it cannot read: {line}")
+        scope = where.group(1) if where.group(1) else "" if where.group(2) else None
+        out.append(Row(_code_span(cells[0]), _code_span(cells[1]), scope, int(where.group(3)) if where.group(3) else None,
+                       int(cells[3]) if cells[3] else None, cells[4], " | ".join(cells[5:])))
     return out
 
 
-def listed(equiv: set, file: str, row: int, op: str, col: int) -> bool:
-    """Whether equivalent.md names the mutant of ``op`` at ``row``:``col`` of ``file``."""
-    return (file, row, op, None) in equiv or (file, row, op, col) in equiv
+def line_keys(source: str) -> dict[int, tuple[str, str, int]]:
+    """Each line's (1-based) key: its stripped text, the qualified name of the innermost function or
+    class holding it ('' at the top level), and which line reading so it is in there (1, 2... from the
+    top). What a row of equivalent.md names, and what an edit of other lines does not shift."""
+    import ast
+
+    lines = source.splitlines()
+    scope = dict.fromkeys(range(1, len(lines) + 1), "")
+
+    def walk(node: ast.AST, qual: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                q = f"{qual}.{child.name}" if qual else child.name
+                for ln in range(child.lineno, (child.end_lineno or child.lineno) + 1):
+                    scope[ln] = q
+                walk(child, q)
+            else:
+                walk(child, qual)
+
+    walk(ast.parse(source), "")
+    seen: dict[tuple[str, str], int] = {}
+    keys = {}
+    for ln, text in enumerate(lines, 1):
+        k = (text.strip(), scope[ln])
+        seen[k] = seen.get(k, 0) + 1
+        keys[ln] = (k[0], k[1], seen[k])
+    return keys
+
+
+def names_line(row: Row, key: tuple[str, str, int]) -> bool:
+    """Whether ``row`` names the line whose key (``line_keys``) is ``key``."""
+    text, scope, nth = key
+    return row.text == text and row.scope in (None, scope) and row.nth in (None, nth)
+
+
+def listed(equiv: list[Row], file: str, keys: dict[int, tuple[str, str, int]], row: int, op: str, col: int) -> bool:
+    """Whether equivalent.md names the mutant of ``op`` at ``row``:``col`` of ``file`` (``keys``: its
+    ``line_keys``)."""
+    key = keys.get(row)
+    return key is not None and any(r.file == file and r.op == op and r.col in (None, col) and names_line(r, key) for r in equiv)
+
+
+#: What the line of a mutant of each operator must hold (cosmic-ray's core operators): a row naming a
+#: line without it names code that changed (the row would count an unrelated mutant as equivalent).
+_COMPARE = {"Eq": r"==", "NotEq": r"!=", "Lt": r"(?<![<-])<(?![<=])", "LtE": r"<=", "Gt": r"(?<![>=-])>(?![>=])",
+            "GtE": r">=", "Is": r"\bis\b(?! not)", "IsNot": r"\bis not\b", "In": r"(?<!not )\bin\b", "NotIn": r"\bnot in\b"}
+_BINARY = {"Add": r"\+", "Sub": r"-(?!>)", "Mul": r"(?<!\*)\*(?!\*)", "Div": r"(?<!/)/(?!/)", "FloorDiv": r"//", "Mod": r"%"}
+_OTHER = {
+    "NumberReplacer": r"\d", "ReplaceTrueWithFalse": r"\bTrue\b", "ReplaceFalseWithTrue": r"\bFalse\b",
+    "ReplaceAndWithOr": r"\band\b", "ReplaceOrWithAnd": r"\bor\b", "AddNot": r"\b(if|elif|while|and|or|return|assert)\b|=",
+    "ReplaceUnaryOperator_Delete_Not": r"\bnot\b", "ReplaceUnaryOperator_USub_Not": r"-",
+    "ReplaceUnaryOperator_USub_Invert": r"-", "ExceptionReplacer": r"\bexcept\b",
+    "ReplaceContinueWithBreak": r"\bcontinue\b", "ReplaceBreakWithContinue": r"\bbreak\b",
+    "ZeroIterationForLoop": r"\bfor\b",
+}
+
+
+def must_hold(op: str) -> re.Pattern[str] | None:
+    """What a line must hold for a mutant of cosmic-ray's operator ``op`` to be on it (None: an
+    operator this check does not know)."""
+    name = op.removeprefix("core/")
+    if m := re.fullmatch(r"ReplaceComparisonOperator_([A-Za-z]+?)_([A-Za-z]+)", name):
+        pattern = _COMPARE.get(m.group(1))
+    elif m := re.fullmatch(r"ReplaceBinaryOperator_([A-Za-z]+?)_([A-Za-z]+)", name):
+        pattern = _BINARY.get(m.group(1))
+    else:
+        pattern = _OTHER.get(name)
+    return re.compile(pattern) if pattern else None
+
+
+def describe(r: Row) -> str:
+    """Where on its line's text a row points, as equivalent.md writes it (``in`` scope, ``#N``, ``col``)."""
+    scope = "" if r.scope is None else f" in {r.scope or '(module)'}"
+    return f"{scope}{'' if r.nth is None else f' #{r.nth}'}{'' if r.col is None else f' col {r.col}'}"
+
+
+def ledger_problems(rows: list[Row], root: Path = ROOT) -> list[str]:
+    """What is wrong with equivalent.md's ``rows`` against the files under ``root``: a row twice, a row
+    without a reason or with an operator the check does not know, a row that names no line of its file
+    (the code changed or went) or several where it should name one (say which with `in` and `#N`), a
+    line that does not hold the row's operator (at its column, when it names one)."""
+    problems, seen, keys_of = [], set(), {}
+    for r in rows:
+        where = f"{r.file}: `{r.text}`{describe(r)} {r.op}"
+        if r[:6] in seen:
+            problems.append(f"{where}: listed twice")
+        seen.add(r[:6])
+        pattern = must_hold(r.op)
+        if not r.why.strip() or pattern is None:
+            problems.append(f"{where}: {'no reason given' if pattern else 'an operator the check does not know'}")
+            continue
+        if r.file not in keys_of:
+            path = root / r.file
+            keys_of[r.file] = (line_keys(path.read_text()), path.read_text().splitlines()) if path.is_file() else ({}, [])
+        keys, lines = keys_of[r.file]
+        at = [ln for ln, key in keys.items() if names_line(r, key)]
+        if not at:
+            problems.append(f"{where}: no line of the file reads so (the code changed or went)")
+        elif len(at) > 1 and (r.scope is None or r.nth is None):
+            problems.append(f"{where}: {len(at)} lines read so (lines {', '.join(map(str, at))}): name one with `in` and `#N`")
+        for ln in at:
+            code = lines[ln - 1][r.col:][:12] if r.col is not None else lines[ln - 1].split("  #")[0]
+            if not pattern.search(code):
+                problems.append(f"{where}: line {ln} does not hold the operator{'' if r.col is None else ' at that column'}")
+    return problems
+
+
+def check_ledger() -> int:
+    """``--check-ledger``: 1 when a row of equivalent.md is stale (printed), else 0."""
+    rows = equivalents()
+    problems = ledger_problems(rows)
+    for p in problems:
+        print(f"equivalent.md: {p}")
+    print(f"equivalent.md: {len(rows)} rows, {len(problems)} problems")
+    return 1 if problems else 0
 
 
 def annotation_spans(path: Path) -> list[tuple[tuple[int, int], tuple[int, int]]]:
@@ -117,9 +257,10 @@ def retest_survivors(name: str, spec: dict, timeout_s: float, only_listed: bool 
     left_out = re.compile("|".join(EXCLUDED_OPERATORS))
     rows = [r for r in rows if not left_out.match(r[2])]  # a session from before the sampling: only what counts
     equiv = equivalents()
+    keys = line_keys((ROOT / spec["file"]).read_text())
     # equivalent.md's rows are not run again (no test can kill them), unless ``only_listed``: then only
     # those are, to find a row a new test made wrong (the row goes; the mutant counts as killed)
-    rows = [r for r in rows if listed(equiv, spec["file"], r[4], r[2], r[5]) == only_listed]
+    rows = [r for r in rows if listed(equiv, spec["file"], keys, r[4], r[2], r[5]) == only_listed]
     if rows and not tests_pass(spec, timeout_s):  # else every mutant would read as killed
         raise SystemExit(f"{name}: the tests fail on the unmutated code: no survivor re-tested")
     purge_bytecode()
@@ -139,7 +280,8 @@ def retest_survivors(name: str, spec: dict, timeout_s: float, only_listed: bool 
             outcome = "SURVIVED" if tests_pass(spec, timeout_s) else "KILLED"  # a hang counts as noticed
             path.write_bytes(original)
             if only_listed and outcome == "KILLED":
-                print(f"{name}: equivalent.md lists line {row} {op}, which a test kills now: remove the row")
+                text = keys.get(row, ("?",))[0]
+                print(f"{name}: equivalent.md lists line {row} (`{text}`) {op}, which a test kills now: remove the row")
             con.execute("UPDATE work_results SET test_outcome = ? WHERE job_id = ?", (outcome, job))
             con.commit()
     finally:
@@ -181,7 +323,7 @@ def carry(name: str, spec: dict, prev: Path, db: Path) -> tuple[int, int]:
     lines = (ROOT / spec["file"]).read_text().splitlines()
     old = sqlite3.connect(prev)
     pool: dict[tuple, list[tuple]] = {}
-    for op, occ, r0, c0, r1, c1, outcome, worker, diff, output in old.execute(
+    for op, _occ, r0, c0, r1, c1, outcome, worker, diff, output in old.execute(
             "SELECT m.operator_name, m.occurrence, m.start_pos_row, m.start_pos_col, m.end_pos_row, m.end_pos_col, "
             "r.test_outcome, r.worker_outcome, r.diff, r.output FROM mutation_specs m JOIN work_results r "
             "ON m.job_id = r.job_id ORDER BY m.occurrence"):
@@ -263,21 +405,22 @@ def report(name: str, spec: dict) -> dict:
                        "r.test_outcome, r.worker_outcome FROM mutation_specs m JOIN work_results r "
                        "ON m.job_id = r.job_id").fetchall()
     equiv = equivalents()
+    keys = line_keys((ROOT / spec["file"]).read_text())
     spans = annotation_spans(ROOT / spec["file"])
     survivors, equivalent, killed = [], [], 0
     left_out = re.compile("|".join(EXCLUDED_OPERATORS))
     sampled = [r for r in rows if not left_out.match(r[1])]  # sessions from before the filter too
-    for path, op, occ, row, col, outcome, worker in sampled:
+    for _path, op, occ, row, col, outcome, worker in sampled:
         outcome, worker = str(outcome or "").lower(), str(worker or "").lower()
         in_annotation = any(a <= (row, col) < b for a, b in spans)
         if outcome == "survived":
-            (equivalent if in_annotation or listed(equiv, spec["file"], row, op, col) else survivors).append((row, op, occ))
+            (equivalent if in_annotation or listed(equiv, spec["file"], keys, row, op, col) else survivors).append((row, op, occ))
         elif outcome in ("killed", "incompetent") or worker == "timeout":  # the tests noticed (a hang counts)
             killed += 1
     counted = len(sampled) - len(equivalent)
     surviving = {(row, op, col) for _p, op, _o, row, col, outcome, _w in sampled if str(outcome or "").lower() == "survived"}
-    stale = sorted((row, op, col) for f, row, op, col in equiv if f == spec["file"] and not any(
-        r == row and o == op and (col is None or c == col) for r, o, c in surviving))
+    stale = [f"`{r.text}`{describe(r)} {r.op}" for r in equiv if r.file == spec["file"] and not any(
+        o == r.op and r.col in (None, c) and ln in keys and names_line(r, keys[ln]) for ln, o, c in surviving)]
     return {"name": name, "file": spec["file"], "mutants": len(sampled), "not_sampled": len(rows) - len(sampled),
             "killed": killed, "equivalent": len(equivalent), "stale_rows": stale,
             "kill_rate": killed / counted if counted else None, "survivors": sorted(survivors)}
@@ -299,7 +442,12 @@ def main() -> int:
                     help="test the survivors equivalent.md lists again: a row a test now kills is printed (remove it)")
     ap.add_argument("--survivors", action="store_true",
                     help="test only the last session's survivors again (after adding tests), then report")
+    ap.add_argument("--check-ledger", action="store_true",
+                    help="check that each row of equivalent.md names a line of its file that holds its operator "
+                         "(exit 1 on a stale row); runs no target")
     a = ap.parse_args()
+    if a.check_ledger:
+        return check_ledger()
     targets = tomllib.loads((HERE / "targets.toml").read_text())
     names = a.names or list(targets)
     resume = ("survivors" if a.survivors else "report" if a.report else "continue" if a.resume
@@ -318,8 +466,8 @@ def main() -> int:
               f"{'-' if rate is None else f'{100 * rate:.1f}%':>9} {r['not_sampled']:11}")
         for row, op, occ in r["survivors"]:
             print(f"    survived: line {row} {op} #{occ}")
-        for row, op, col in r["stale_rows"]:  # killed by a test now, or the code moved: the row is wrong
-            print(f"    equivalent.md row with no surviving mutant: line {row}{'' if col is None else f':{col}'} {op}")
+        for row in r["stale_rows"]:  # killed by a test now, or the code changed: the row is wrong
+            print(f"    equivalent.md row with no surviving mutant: {row}")
     return 1 if low else 0
 
 

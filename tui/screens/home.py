@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from textual import work
 from textual.app import ComposeResult
@@ -15,8 +16,11 @@ from textual.widgets import DataTable, Footer, Static
 from stepwatch.monitors.rundirs import list_runs
 from stepwatch.monitors.snapshot.observer import RunObserver
 from stepwatch.tui.format import pid_or_job, secs, state_word
-from stepwatch.tui.messages import RunsListed
+from stepwatch.tui.messages import HomeRow, RunsListed
 from stepwatch.tui.safe import safe_text
+
+if TYPE_CHECKING:
+    from stepwatch.tui.appbase import StepwatchAppBase
 
 REFRESH_S = 2.0
 
@@ -27,11 +31,13 @@ class HomeScreen(Screen):
     each time would re-read every run's whole events.jsonl every 2 s)."""
 
     BINDINGS = [Binding("enter", "attach", "attach", priority=True)]
+    if TYPE_CHECKING:
+        app: StepwatchAppBase  # the App this screen runs in (Textual types it as any App)
 
     def __init__(self, runs_dir: Path):
         super().__init__()
         self.runs_dir = runs_dir
-        self.rows: list[dict] = []
+        self.rows: list[HomeRow] = []
         self._observers: dict[Path, RunObserver] = {}
         self._observers_lock = threading.Lock()  # a worker still running when the next one starts
 
@@ -61,10 +67,10 @@ class HomeScreen(Screen):
         self.post_message(RunsListed(rows))
 
     @staticmethod
-    def _row(obs: RunObserver) -> dict:
+    def _row(obs: RunObserver) -> HomeRow:
         """The run's snapshot, with ``_open_alerts``: its alerts not acknowledged yet (refresh()
         has marked each from acks.jsonl)."""
-        snap = obs.refresh()
+        snap = cast(HomeRow, obs.refresh())
         snap["_open_alerts"] = sum(1 for a in snap.get("alerts") or [] if not a.get("acknowledged"))
         return snap
 
@@ -88,4 +94,4 @@ class HomeScreen(Screen):
     def action_attach(self) -> None:
         t = self.query_one(DataTable)
         if self.rows and 0 <= t.cursor_row < len(self.rows):
-            self.app.attach(Path(self.rows[t.cursor_row]["run_dir"]))
+            self.app.attach(Path(cast(str, self.rows[t.cursor_row]["run_dir"])))  # set by every refresh

@@ -12,6 +12,7 @@ from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Input, Static
 
+from stepwatch.monitors.snapshot.types import Alert
 from stepwatch.tui.format import stack_frames
 from stepwatch.tui.safe import safe_text
 
@@ -95,7 +96,7 @@ class AlertDetails(ModalScreen[None]):
                 Binding("home", "scroll('home')", show=False), Binding("pagedown,space", "scroll('down')", show=False),
                 Binding("pageup", "scroll('up')", show=False)]
 
-    def __init__(self, alerts: list[dict[str, Any]]):
+    def __init__(self, alerts: list[Alert]):
         super().__init__()
         self.alerts = alerts
 
@@ -104,8 +105,8 @@ class AlertDetails(ModalScreen[None]):
         for a in reversed(self.alerts):  # the newest first, as the banner shows it
             t.append(f"{a.get('kind')} ({str(a.get('at'))[:19].replace('T', ' ')}Z): ", "bold")
             t.append(f"{a.get('message')}\n")
-            if a.get("stack"):  # the supervisor's py-spy dump of the stuck or straggling rank
-                frames = stack_frames(a["stack"], most=40)
+            if stack := a.get("stack"):  # the supervisor's py-spy dump of the stuck or straggling rank
+                frames = stack_frames(stack, most=40)
                 t.append("  its Python stack (py-spy, innermost frame first):\n", "bold")
                 t.append("".join(f"    {ln}\n" for ln in frames or ["(py-spy printed no frame)"]))
         t.append("a (on the run screen) acknowledges them all · PgUp/PgDn/End scroll · Esc closes", "dim")

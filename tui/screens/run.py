@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from textual import work
 from textual.app import ComposeResult
@@ -21,6 +21,8 @@ from textual.worker import Worker, WorkerState
 
 from stepwatch.monitors.readers.loglines import ERROR_RE, literal
 from stepwatch.monitors.snapshot.observer import RunObserver
+from stepwatch.monitors.snapshot.types import Snapshot
+from stepwatch.monitors.states import RUNNING
 from stepwatch.tui.messages import SnapshotReady
 from stepwatch.tui.safe import safe_text
 from stepwatch.tui.widgets.dynamo import DynamoPanel
@@ -30,6 +32,9 @@ from stepwatch.tui.widgets.identity import IdentityPanel
 from stepwatch.tui.screens.modals import AlertDetails, Prompt
 from stepwatch.tui.widgets.logpanel import WINDOW_LINES, LogPanel
 from stepwatch.tui.widgets.steps import StepPanel
+
+if TYPE_CHECKING:
+    from stepwatch.tui.appbase import StepwatchAppBase
 
 REFRESH_S = 1.0
 #: Lines the panel holds in tail mode (as compose gives it) and refills with when following again.
@@ -48,6 +53,9 @@ def _age(seconds: float) -> str:
 
 class RunScreen(Screen):
     """The attached run. Keys: r relaunch, x stop, a acknowledge, i identity, b low bandwidth, u update."""
+
+    if TYPE_CHECKING:
+        app: StepwatchAppBase  # the App this screen runs in (Textual types it as any App)
 
     BINDINGS = [
         Binding("r", "app.relaunch", "relaunch"),
@@ -73,12 +81,18 @@ class RunScreen(Screen):
         super().__init__()
         self.run_dir = Path(run_dir)
         self.observer = RunObserver(self.run_dir)
-        self.snap: dict[str, Any] = {}
+        #: the latest snapshot (empty until the first refresh: read with .get)
+        self.snap: Snapshot = cast(Snapshot, {})
         self.seen_alerts: set[str] = set()  # alerts this screen has rung the bell for
         self._pending_lines: list[str] = []
         self._pending_reset = False
         self._last_panel_t = 0.0
         self._closed = False
+        self._shown_state: Any = None  # the run state the panels last showed
+        self._partial_shown: str | None = None  # the unfinished line last shown
+        self._search: Any = None  # the last search's pattern, and its text
+        self._search_text = ""
+        self._zoomed = False
 
     def compose(self) -> ComposeResult:
         yield RunHeader(f" {self.run_dir.name}  reading the run's files ...", id="header")
@@ -134,7 +148,7 @@ class RunScreen(Screen):
         now = time.monotonic()
         panels_due = not low or now - self._last_panel_t >= LOW_BANDWIDTH_PANEL_S
         self._show_alerts(msg.snapshot)  # alerts always at once
-        state_changed = msg.snapshot.get("state") != getattr(self, "_shown_state", None)
+        state_changed = msg.snapshot.get("state") != self._shown_state
         if panels_due or state_changed:
             # In low-bandwidth mode everything but alerts (and a change of state) waits for the
             # 5-second tick; the sparklines are left out there (each bar carries its own colour).
@@ -149,12 +163,12 @@ class RunScreen(Screen):
             self._last_panel_t = now
         self.set_timer(REFRESH_S, self._poll_files)
 
-    def _log_title(self, snap: dict[str, Any]) -> None:
+    def _log_title(self, snap: Snapshot) -> None:
         """The log panel's title: which file, and how long ago its last byte arrived."""
         lg = snap.get("log") or {}
         age = lg.get("last_byte_age_s")
         name = lg.get("file") or "train.log"
-        if snap.get("state") != "running":
+        if snap.get("state") != RUNNING:
             ended = (snap.get("ended") or {}).get("ended_at")
             title = f"{name} · run ended {ended}" if ended else f"{name} · run not running"
         elif age is None:
@@ -175,11 +189,11 @@ class RunScreen(Screen):
             self._pending_lines, self._pending_reset = [], False
         text = (partial or "")[-200:]
         part = self.query_one("#partial", Static)
-        if text != getattr(part, "_last", None):
-            part._last = text
+        if text != self._partial_shown:
+            self._partial_shown = text
             part.update(safe_text(text))
 
-    def _show_alerts(self, snap: dict[str, Any]) -> None:
+    def _show_alerts(self, snap: Snapshot) -> None:
         alerts = [a for a in snap.get("alerts") or [] if not a.get("acknowledged")]
         self.query_one(AlertBanner).show(alerts)
         new = [a for a in alerts if a["id"] not in self.seen_alerts]
@@ -231,7 +245,7 @@ class RunScreen(Screen):
         self.app.push_screen(Prompt("search train.log (as typed, any case); n / N: next / previous match"), done)
 
     def action_match(self, forward: bool) -> None:
-        if getattr(self, "_search", None) is None:
+        if self._search is None:
             self.notify("no search yet: / searches")
             return
         self._find(self._search, f"'{self._search_text}'", forward, self.query_one(LogPanel).centre)
@@ -300,7 +314,7 @@ class RunScreen(Screen):
 
     def action_zoom(self) -> None:
         """The log alone on the screen (and back): the header and the alert banner stay."""
-        self._zoomed = not getattr(self, "_zoomed", False)
+        self._zoomed = not self._zoomed
         for w in self.query("StepPanel, DynamoPanel, GpuPanel"):
             w.display = not self._zoomed
 

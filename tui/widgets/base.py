@@ -14,7 +14,7 @@ class Panel(Vertical):
 
     def _set(self, selector: str, value: str | Text) -> None:
         key = value.plain if isinstance(value, Text) else value
-        cache = self.__dict__.setdefault("_cache", {})
+        cache = vars(self).setdefault("_cache", {})
         if cache.get(selector) != key:
             cache[selector] = key
             self.query_one(selector, Static).update(safe_text(value, newlines=True))  # never markup, no control bytes

@@ -9,6 +9,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.widgets import Static
 
+from stepwatch.monitors.snapshot.types import Snapshot
 from stepwatch.tui.format import NO_DYNAMO_WORDS, attention_words, no_dynamo_output, versions_words
 from stepwatch.tui.widgets.base import Panel
 
@@ -24,7 +25,7 @@ class DynamoPanel(Panel):
         yield Static("", id="dyn-counts")
         yield Static("", id="dyn-attn")
 
-    def show(self, snap: dict[str, Any]) -> None:
+    def show(self, snap: Snapshot) -> None:
         d = snap.get("dynamo") or {}
         t = Text()
         if no_dynamo_output(d):
@@ -34,8 +35,8 @@ class DynamoPanel(Panel):
                      f"unique graphs {_n(d.get('unique_graphs'))}  ")
             hits = d.get("recompile_limit_hits")
             t.append(f"limit hits {_n(hits)}", "bold red" if hits else "")
-            if d.get("source"):
-                t.append(f"  (from {d['source']})", "dim")
+            if source := d.get("source"):
+                t.append(f"  (from {source})", "dim")
         self._set("#dyn-counts", t)
         a = snap.get("attn_implementation") or {}
         v = snap.get("versions") or {}

@@ -4,13 +4,12 @@ kernel-active % and power against the enforced limit over time, tensor activity 
 
 from __future__ import annotations
 
-from typing import Any
-
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Sparkline, Static
 
+from stepwatch.monitors.snapshot.types import GpuDevice, Snapshot
 from stepwatch.tui.format import energy_words, gib, health_words
 from stepwatch.tui.widgets.base import Panel
 
@@ -19,7 +18,7 @@ def _pct(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.0f}%"
 
 
-def device_line(d: dict[str, Any]) -> Text:
+def device_line(d: GpuDevice) -> Text:
     """``GPU0 NVIDIA H100  kernel-active 98%  power 290/700 W (41%)  tensor 12%  mem 40.1/80.0 GiB  verdict``."""
     t = Text()
     t.append(f"GPU{d.get('index')} {d.get('name') or ''}", "bold")
@@ -33,8 +32,8 @@ def device_line(d: dict[str, Any]) -> Text:
         t.append("  power n/a")
     t.append(f"  tensor {_pct(d.get('tensor_active_pct'))}")
     t.append(f"  mem {gib(d.get('mem_used_bytes'))}/{gib(d.get('mem_total_bytes'))} GiB")
-    if d.get("verdict"):
-        t.append(f"  {d['verdict']}", "bold red" if "tensor-idle" in str(d["verdict"]) else "yellow")
+    if verdict := d.get("verdict"):
+        t.append(f"  {verdict}", "bold red" if "tensor-idle" in str(verdict) else "yellow")
     return t
 
 
@@ -52,7 +51,7 @@ class GpuPanel(Panel):
                 yield Static("power / enforced limit over time", classes="dim")
                 yield Sparkline([], id="gpu-power")
 
-    def show(self, snap: dict[str, Any], plots: bool = True) -> None:
+    def show(self, snap: Snapshot, plots: bool = True) -> None:
         energy = energy_words(snap.get("energy"))
         self._set("#health", Text(health_words(snap, basis=False) + (f" · {energy}" if energy else "")))
         gpus = snap.get("gpu")

@@ -4,28 +4,30 @@ from __future__ import annotations
 
 import textwrap
 import time
-from typing import Any
+from typing import cast
 
 from rich.text import Text
 from textual.widgets import Static
 
+from stepwatch.monitors.snapshot.types import Alert, Eta, Snapshot
+from stepwatch.monitors.states import RUNNING
 from stepwatch.tui.format import eta_words, hms, state_word
 from stepwatch.tui.safe import safe_text
 
 
-def _where(snap: dict[str, Any]) -> str:
+def _where(snap: Snapshot) -> str:
     """``pid 812``, or for a Slurm run ``job 12 0:41:03 left`` (the time left of its limit)."""
     sch = snap.get("scheduler")
     if not sch:
         return f"pid {snap.get('pid') or '-'}"
     left = sch.get("time_left_s")
-    return f"job {sch.get('job_id') or '-'}" + (f" {hms(left)} left" if left is not None and snap.get("state") == "running" else "")
+    return f"job {sch.get('job_id') or '-'}" + (f" {hms(left)} left" if left is not None and snap.get("state") == RUNNING else "")
 
 
 class RunHeader(Static):
     """One line: ``run  STATE  pid  elapsed  step k/N  ETA``. Updated only when its text changes."""
 
-    def show(self, snap: dict[str, Any], now: float | None = None) -> None:
+    def show(self, snap: Snapshot, now: float | None = None) -> None:
         now = time.time() if now is None else now
         started = snap.get("launched_at_unix")
         ended = (snap.get("ended") or {}).get("ended_at_unix")
@@ -37,7 +39,7 @@ class RunHeader(Static):
         t = Text.assemble(
             (f" {snap.get('run')} ", "bold"), (f"#{snap.get('attempt') or '-'} ", "dim"), (f" {word} ", style),
             f" {_where(snap)} {hms(elapsed)} step {k if k is not None else '-'}/{n or '?'}",
-            f" ETA {eta_words(snap.get('eta') or {})}",
+            f" ETA {eta_words(snap.get('eta') or cast(Eta, {}))}",
         )
         eta_s, left = (snap.get("eta") or {}).get("eta_s"), (snap.get("scheduler") or {}).get("time_left_s")
         if isinstance(eta_s, (int, float)) and isinstance(left, (int, float)) and eta_s > left:
@@ -54,7 +56,7 @@ BANNER_LINES = 5
 class AlertBanner(Static):
     """The alert banner: the newest unacknowledged alert (and how many more), until ``a``."""
 
-    def show(self, alerts: list[dict[str, Any]]) -> None:
+    def show(self, alerts: list[Alert]) -> None:
         if not alerts:
             self.display = False
             self._last = None

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from textual.widgets import Static
 
+from stepwatch.monitors.snapshot.types import Snapshot
 from stepwatch.tui.format import tree_words
 from stepwatch.tui.safe import safe_text
 
@@ -13,7 +12,7 @@ from stepwatch.tui.safe import safe_text
 class IdentityPanel(Static):
     """One line; toggled with ``i``."""
 
-    def show(self, snap: dict[str, Any]) -> None:
+    def show(self, snap: Snapshot) -> None:
         ident = snap.get("identity") or {}
         commit = (ident.get("harness_commit") or "none")[:12]
         desc = ident.get("describe") or ""

@@ -14,33 +14,35 @@ from textual.widgets import Sparkline, Static
 
 from stepwatch.monitors.snapshot.metrics import metrics_words
 from stepwatch.monitors.snapshot.ranks import latest_per_rank, restarts_words
+from stepwatch.monitors.snapshot.types import Snapshot
+from stepwatch.monitors.states import FLAGGED, NOT_JUDGED, OK, RUNNING, STALLED, SUSPECTED, WARMING
 from stepwatch.tui.format import scaling_words, secs, timing_words
 from stepwatch.tui.widgets.base import Panel
 
 
-def _verdict_text(snap: dict[str, Any]) -> Text:
+def _verdict_text(snap: Snapshot) -> Text:
     fb, st, wu = snap.get("fallback") or {}, snap.get("stall") or {}, snap.get("warmup") or {}
     t = Text()
-    state = fb.get("state") or "not judged"
-    style = {"ok": "green", "suspected": "yellow", "flagged": "bold red"}.get(state, "dim")
+    state = fb.get("state") or NOT_JUDGED
+    style = {OK: "green", SUSPECTED: "yellow", FLAGGED: "bold red"}.get(state, "dim")
     t.append(f"fallback {state.upper()}", style)
-    if fb.get("reason") and state != "ok":
+    if fb.get("reason") and state != OK:
         t.append(f" ({str(fb['reason']).removeprefix(f'{state}: ')})", style)  # the state is said once
     t.append("  ")
-    if st.get("state") == "stalled":
+    if st.get("state") == STALLED:
         t.append(f"STALLED {secs(st.get('current_step_elapsed_s'))} s in the current step", "bold red")
-    elif st.get("state") == "ok":
+    elif st.get("state") == OK:
         t.append("no stall", "green")
-    elif snap.get("state") != "running":
+    elif snap.get("state") != RUNNING:
         t.append("stall: run ended", "dim")
     else:
         t.append(f"stall not judged ({st.get('reason') or 'no step times'})", "dim")
-    if wu.get("state") == "warming":
+    if wu.get("state") == WARMING:
         t.append("  warming up", "yellow")
     return t
 
 
-def ranks_text(snap: dict[str, Any]) -> Text:
+def ranks_text(snap: Snapshot) -> Text:
     """``ranks  0 pid 812 step 30 p50 0.050 s | 1 pid 813 step 30 p50 0.251 s STRAGGLER`` (plain text)."""
     sg = snap.get("straggler") or {}
     t = Text("ranks ", "dim")
@@ -54,7 +56,7 @@ def ranks_text(snap: dict[str, Any]) -> Text:
         if r.get("alive") is False:
             how = f"killed by {r['signal']}" if r.get("signal") else f"exit {r.get('returncode')}"
             t.append(f" {how}", "bold red" if r.get("signal") or r.get("returncode") else "dim")
-        if sg.get("state") == "flagged" and sg.get("rank") == r["rank"]:
+        if sg.get("state") == FLAGGED and sg.get("rank") == r["rank"]:
             t.append(" STRAGGLER", "bold yellow")
     t.append(restarts_words(snap.get("rank_restarts")), "yellow")
     return t
@@ -107,7 +109,7 @@ class StepPanel(Panel):
         yield Static("", id="throughput", classes="dim")
         yield Static("", id="ranks")
 
-    def show(self, snap: dict[str, Any], plots: bool = True) -> None:
+    def show(self, snap: Snapshot, plots: bool = True) -> None:
         ss = snap.get("step_seconds") or {}
         line = snap.get("step_line") or "n=0 seconds_per_optimizer_step"
         if ss.get("last") is not None:

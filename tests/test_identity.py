@@ -1,5 +1,4 @@
-"""The tree's identity on real git repos, function by function (issue 21: the mutants a cosmic-ray
-run of launcher/identity.py left): the repo found from a subfolder, a repo with no commit yet and
+"""The tree's identity on real git repos, function by function: the repo found from a subfolder, a repo with no commit yet and
 its staged files, a staged deletion, a link out of the tree that is not the runs dir, and the
 refusal and warning texts at their limits (20 files named, 10 untracked)."""
 

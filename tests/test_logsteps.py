@@ -1,5 +1,5 @@
-"""The supervisor's log step timer on exact arrivals (issue 21: LogStepTimer and RankLogTimers were
-tested only through real runs, whose timing no test can pin): one record per step per update, k
+"""The supervisor's log step timer on exact arrivals (LogStepTimer and RankLogTimers
+fed exact times, which no real run can pin): one record per step per update, k
 steps sharing an update's interval, the program's own reported times with the arrival figure
 beside them, a counter that goes back, the first record flagged, and the per-rank timers' bounds."""
 

@@ -1,5 +1,4 @@
-"""LogTracker's rules, segment by segment (issue 21: the mutants a cosmic-ray run of
-monitors/parsers/logtracker.py left): a line is whole only at its newline, step times from arrival
+"""LogTracker's rules, segment by segment: a line is whole only at its newline, step times from arrival
 only between consecutive steps of different polls, a user pattern first but not alone, the hint's
 line counts at their edges, the series cap, the run config's patterns. Segments are the log
 reader's own (stepwatch.monitors.readers.textlog.Segment)."""
@@ -33,8 +32,8 @@ def test_a_step_line_is_read_at_its_newline_never_from_the_unterminated_tail():
 
 def test_step_times_from_arrival_between_consecutive_steps_of_different_polls():
     t = LogTracker()
-    for k, (step, at_s, poll) in enumerate([(1, 10.0, 1), (2, 10.5, 2), (3, 11.25, 3), (4, 11.25, 3), (6, 12.0, 4),
-                                            (7, 12.0, 5), (8, 11.5, 6)]):
+    for step, at_s, poll in [(1, 10.0, 1), (2, 10.5, 2), (3, 11.25, 3), (4, 11.25, 3), (6, 12.0, 4),
+                             (7, 12.0, 5), (8, 11.5, 6)]:
         t.feed(seg(f"step {step} | loss 2.0", at_s, poll))
     # 2 and 3: 0.5 s and 0.75 s after the step before; 4 came in the same poll as 3 (its spacing is
     # unknown); 6 follows 4, not 5; 7 arrived at the same second as 6 (no time passed); 8 before 7

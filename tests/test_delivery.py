@@ -1,5 +1,5 @@
-"""The supervisor's alert delivery, one Deliverer at a time (issue 21: the mutants a cosmic-ray run
-of monitors/watch/delivery.py left): its settings and their bounds, levels and min_level, the rate
+"""The supervisor's alert delivery, one Deliverer at a time: its
+settings and their bounds, levels and min_level, the rate
 limit per channel and kind, the [alerts] command's environment, exit code, stderr and timeout (real
 processes), a push to a real local HTTP endpoint with its retries and back-off, the outcome records."""
 
@@ -108,6 +108,7 @@ def test_the_command_gets_the_alert_in_its_environment(tmp_path: Path):
         1, "delivery", "stall-7", "command", "delivered", "exit code 0", 1) and abs(rec["t"] - time.time()) < 30
 
 
+@pytest.mark.system
 def test_a_failing_missing_or_hung_command_is_a_recorded_failure(tmp_path: Path):
     r = Recorder()
     d = r.deliverer(tmp_path, command=[sys.executable, "-c", "import sys; print('first'); sys.stderr.write('a\\nboom\\n'); sys.exit(3)"])
@@ -136,6 +137,7 @@ def test_a_failing_missing_or_hung_command_is_a_recorded_failure(tmp_path: Path)
                what="the notifier's own child killed with its session")
 
 
+@pytest.mark.system
 def test_waiting_is_bounded(tmp_path: Path):
     r = Recorder()
     d = r.deliverer(tmp_path, command=[sys.executable, "-c", "import time; time.sleep(3)"])
@@ -176,7 +178,7 @@ class _Endpoint(http.server.BaseHTTPRequestHandler):
 def endpoint():
     _Endpoint.received, _Endpoint.status = [], 200
     server = http.server.HTTPServer(("127.0.0.1", 0), _Endpoint)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True).start()  # shutdown() waits one poll
     yield server.server_address[1]
     server.shutdown()
 
@@ -234,7 +236,7 @@ def test_every_channel_gets_its_own_outcome_when_one_is_refused(tmp_path: Path):
     assert second == [("command", "rate_limited"), ("nosuchscheme://a", "rate_limited")]
 
 
-# ------------------------------------------------- the edges a mutation run of delivery.py left (issue 21)
+# ------------------------------------------------- the edges: each setting, bound and outcome on either side
 
 
 def _py(code: str) -> list[str]:
@@ -257,6 +259,7 @@ def test_a_rate_limited_alert_is_recorded_without_an_attempt_and_not_logged_as_l
     assert r.logged == []  # only a failed delivery is logged as "not delivered"
 
 
+@pytest.mark.system
 def test_the_same_kind_rings_again_once_its_rate_limit_has_passed(tmp_path: Path):
     """A stall that comes back after rate_limit_s rings again; one within it does not."""
     r = Recorder()
@@ -329,6 +332,7 @@ def test_only_the_last_4_kib_of_a_chatty_notifiers_stderr_are_kept(tmp_path: Pat
     assert r.records[0]["detail"] == f"exit code 1: {text[-4096:][:200]}"
 
 
+@pytest.mark.system
 def test_a_timed_out_command_is_a_failure_whatever_it_printed(tmp_path: Path):
     r = Recorder()
     d = r.deliverer(tmp_path, command=_py("import time; time.sleep(30)"), command_timeout_s=0.5)
@@ -347,6 +351,7 @@ def test_a_short_timeout_still_reads_what_the_command_wrote(tmp_path: Path):
     assert [(x["outcome"], x["detail"]) for x in r.records] == [("failed", "exit code 3: boom")]
 
 
+@pytest.mark.system
 def test_a_command_that_closes_its_stderr_is_waited_for_up_to_its_timeout_and_no_longer(tmp_path: Path):
     """Once stderr is closed, the wait for the exit is bounded by what is left of command_timeout_s:
     an exit 1.5 s later under 5 s is delivered; an exit 0.8 s later under 0.4 s is a timeout."""
@@ -364,6 +369,7 @@ def test_a_command_that_closes_its_stderr_is_waited_for_up_to_its_timeout_and_no
         ("failed", "the command ran over 0.4 s: its session was killed")]
 
 
+@pytest.mark.system
 def test_waiting_on_hung_deliveries_takes_the_timeout_given_in_all(tmp_path: Path):
     """wait(t) is bounded by t over every delivery in flight (not t each, not until they end)."""
     # two channels, both in flight for each of two alerts: the command sleeps, the refused push backs off
@@ -380,6 +386,7 @@ def test_waiting_on_hung_deliveries_takes_the_timeout_given_in_all(tmp_path: Pat
     assert 1.1 < time.monotonic() - t0 < 4
 
 
+@pytest.mark.system
 def test_a_hung_delivery_never_keeps_the_supervisor_alive(tmp_path: Path):
     """The process that delivers (the supervisor) ends when its work ends, a hung notifier or not:
     the deliveries are daemon threads, the notifier's session its own."""

@@ -1,0 +1,122 @@
+"""Which steps speak for a run, and when the stall verdict is not to be believed.
+
+The rule, in plain words:
+
+1. **The headline steps.** The emitter's step records in events.jsonl speak whenever there is one
+   (``timing: exact``). Without them, the supervisor's records of train.log's steps
+   (logsteps.jsonl) speak while the supervisor lives and for a run it saw to the end (``timing``:
+   ``reported`` when the log prints its own step times, ``shared`` when one log line times several
+   steps, else ``per_update``). A supervisor gone mid-run left its records frozen, so this view's
+   own parse of train.log takes over (``approximate``: the fallback detector does not judge it).
+   With no step anywhere, nothing speaks (``timing`` null).
+2. **The step number.** ``step.global_step`` is the last step record's number in events.jsonl, else
+   the step the log shows (a progress bar, a ``step N`` line); ``step.source`` says which.
+3. **The stall guards.** The stall detector (:func:`~stepwatch.monitors.detectors.stall.stall_state`)
+   times the step in progress from the last recorded step's end (from the last counter advance the
+   view saw, for its own parse) and judges only a running run. Its verdict is set aside:
+
+   - ``not judged`` while too few steps give no threshold;
+   - for steps seen through the log only (no emitter, so no save/eval phase events):
+     ``not judged`` once the training bar is complete, ``ok`` while the log was written more recently
+     than the threshold (:func:`~stepwatch.monitors.detectors.stall.log_only_guard`);
+   - ``not judged`` on a full disk: the silence of files that cannot be written proves nothing
+     (:func:`guard_stall`, applied once the disk is read).
+
+   A stall's time (``stall_at``, the alert's ``at``) is the step's start plus the threshold, from
+   the files, and only for a stall that stands.
+
+Pure: the observer passes the folds and the clock in; nothing here reads a file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, cast
+
+from stepwatch.monitors.detectors.stall import log_only_guard, stall_state
+from stepwatch.monitors.fold.events import EventsFold, step_no, unix_time
+from stepwatch.monitors.parsers.logtracker import LogTracker
+from stepwatch.monitors.snapshot.disk import full_words
+from stepwatch.monitors.snapshot.types import Snapshot, Stall
+from stepwatch.monitors.states import NOT_JUDGED, STALLED, StallState
+from stepwatch.monitors.stats.stepstats import StepStats
+
+Timing = Literal["exact", "reported", "shared", "per_update", "approximate"]
+
+
+@dataclass(frozen=True)
+class StepSource:
+    """The steps that speak (rule 1): ``fold`` the events fold whose detectors judge (events.jsonl's,
+    or the supervisor's log steps), None for this view's own parse or no steps; ``stats`` their
+    step times; ``timing`` the snapshot's ``step.timing``; ``use_events`` the emitter speaks."""
+
+    fold: EventsFold | None
+    stats: StepStats
+    timing: Timing | None
+    use_events: bool
+
+
+def choose(ev: EventsFold, log_ev: EventsFold, log_stats: StepStats, supervisor_alive: bool | None,
+           ended: Any) -> StepSource:
+    """Rule 1: ``ev`` events.jsonl's fold, ``log_ev`` the supervisor's logsteps.jsonl fold,
+    ``log_stats`` this view's own parse of train.log; ``supervisor_alive`` / ``ended`` the snapshot's."""
+    use_events = ev.stats.seen > 0
+    # the supervisor's records speak while it lives, and for a run it saw to the end; a supervisor
+    # gone mid-run left them frozen: this view's own reading takes over (labelled approximate)
+    use_logsteps = not use_events and log_ev.stats.seen > 0 and bool(supervisor_alive or ended is not None)
+    fold = ev if use_events else (log_ev if use_logsteps else None)
+    timing: Timing | None
+    if fold is not None:
+        stats = fold.stats
+        timing = "exact" if use_events else ("reported" if log_ev.reported_steps else
+                                             "shared" if log_ev.shared_steps else "per_update")
+    elif log_stats.seen > 0:
+        stats, timing = log_stats, "approximate"
+    else:
+        stats, timing = ev.stats, None
+    return StepSource(fold, stats, timing, use_events)
+
+
+def global_step(ev: EventsFold, progress: LogTracker) -> int | None:
+    """Rule 2: the last step record's number in events.jsonl, else the step the log shows."""
+    step = step_no(ev.last_step.get("step")) if ev.last_step is not None else None
+    return step if step is not None else progress.global_step
+
+
+def step_source(use_events: bool, global_step: int | None) -> Literal["events", "log"] | None:
+    """``step.source``: ``events`` when the emitter speaks, else ``log`` once the log showed a step."""
+    return "events" if use_events else ("log" if global_step is not None else None)
+
+
+def step_started(src: StepSource, last_advance_at: float | None) -> float | None:
+    """Rule 3: unix s the step in progress began: the last recorded step's end, or for this view's
+    own parse of train.log the last counter advance it saw (``last_advance_at``); None when unknown."""
+    if src.fold is not None:
+        return unix_time(src.fold.last_step.get("step_end")) if src.fold.last_step else None
+    return last_advance_at
+
+
+def stall_part(src: StepSource, started: float | None, now: float, open_phase: Any, bar_complete: bool,
+               last_log_byte_age_s: float | None) -> tuple[Stall, float | None]:
+    """Rule 3 for a running run: ``(stall, stall_at)``. ``started``: unix s the step in progress began;
+    ``open_phase``: events.jsonl's open save/eval phase; ``bar_complete`` / ``last_log_byte_age_s``:
+    train.log's bar reached its total / how long ago the log was last written."""
+    sv = stall_state(started, now, src.stats, open_phase)
+    stall = cast(Stall, {**sv.as_dict(), "reason": sv.reason})
+    if sv.threshold_s is None:
+        stall["state"] = NOT_JUDGED
+    elif not src.use_events and (guard := log_only_guard(sv, bar_complete, last_log_byte_age_s)):
+        stall.update(state=cast(StallState, guard[0]), reason=guard[1])
+        return stall, None
+    # when it became a stall, from the files: the step's start plus the threshold
+    stall_at = (started + sv.threshold_s if sv.state == STALLED and started and sv.threshold_s else None)
+    return stall, stall_at
+
+
+def guard_stall(snap: Snapshot) -> None:
+    """Rule 3's last guard: no stall verdict on a full disk (the silence of files that cannot be
+    written proves nothing)."""
+    disk = snap.get("disk") or {}
+    if disk.get("full") and snap["stall"].get("state") != NOT_JUDGED:
+        snap["stall"].update(state=NOT_JUDGED, reason=f"{full_words(disk)}: missing log lines and events "
+                                                       "prove nothing (ENOSPC)")

@@ -1,0 +1,63 @@
+"""The state words: every state a detector, the watchdog or the status snapshot says, in one place.
+
+The words are the contract: ``status --json`` carries them, the screen colours them, ``watch``
+narrates them, the exporter maps them to numbers, alerts fire on them. Define a state here, import it
+everywhere else; never spell one as a literal string in a second module.
+
+Standard library only (``typing``), no stepwatch import: safe to import from the training process,
+like :mod:`stepwatch.monitors.protocol` beside it. Each family has its constants and a ``Literal``
+alias the snapshot's types (:mod:`stepwatch.monitors.snapshot.types`) use.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+# --- verdicts of the detectors ------------------------------------------------------------------
+#: Judged, and nothing wrong.
+OK: Final = "ok"
+#: The fallback detector saw slow steps that may be a second mode (not yet enough to flag).
+SUSPECTED: Final = "suspected"
+#: A detector's alarm: the fallback detector's second mode, the straggler detector's slow rank.
+FLAGGED: Final = "flagged"
+#: The step in progress has run far longer than the run's steps take (the stall detector; the ETA).
+STALLED: Final = "stalled"
+#: What a detector that has not judged says (no steps, warming up, too few steps, a guard), never "ok".
+NOT_JUDGED: Final = "not judged"
+
+#: ``fallback.state``.
+FallbackState = Literal["ok", "suspected", "flagged", "not judged"]
+#: ``stall.state``.
+StallState = Literal["ok", "stalled", "not judged"]
+#: ``straggler.state``.
+StragglerState = Literal["ok", "flagged", "not judged"]
+#: ``eta.state``: ``stalled`` when the stall detector says so (the views then show STALLED, not a time).
+EtaState = Literal["ok", "stalled", "not judged"]
+
+# --- the fallback detector's warm-up ------------------------------------------------------------
+WARMING: Final = "warming"
+STEADY: Final = "steady"
+#: ``warmup.state`` (None before any counted step).
+WarmupState = Literal["warming", "steady"]
+
+# --- the run ------------------------------------------------------------------------------------
+#: No run.json, or it says nothing more.
+UNKNOWN: Final = "unknown"
+#: The captured process is alive (or Slurm says the job runs on another node).
+RUNNING: Final = "running"
+#: exit.json exists, or Slurm ended the job.
+EXITED: Final = "exited"
+#: A Slurm job waiting in the queue (or started, with no process recorded yet).
+PENDING: Final = "pending"
+#: The snapshot's ``state``.
+RunState = Literal["unknown", "running", "exited", "pending"]
+
+# --- a process probe (the watchdog: pid + create time) -------------------------------------------
+ALIVE: Final = "alive"
+DEAD: Final = "dead"
+ZOMBIE: Final = "zombie"
+REUSED: Final = "reused"
+#: :func:`stepwatch.monitors.watchdog.probe`'s verdict.
+Verdict = Literal["alive", "dead", "zombie", "reused"]
+#: ``process_verdict`` for a run whose supervisor died before it recorded the child.
+NEVER_RECORDED: Final = "never_recorded"

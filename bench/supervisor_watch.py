@@ -1,5 +1,5 @@
 """The supervisor's watching: log-derived step times against the run's own, alert latency with no
-view attached, and the supervisor's CPU share (issue 14).
+view attached, and the supervisor's CPU share.
 
     python bench/supervisor_watch.py [--quick] [--json FILE]
 

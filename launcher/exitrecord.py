@@ -1,4 +1,4 @@
-"""exit.json, the one record of an attempt that must not be lost, on a full disk too (issue 15).
+"""exit.json, the one record of an attempt that must not be lost, on a full disk too.
 
 The supervisor reserves RESERVE_BYTES in the run dir at its start (:func:`reserve_space`) and gives
 them back right before it writes exit.json (:func:`record_exit`), which it then retries for

@@ -1,4 +1,4 @@
-"""Signals to a run's processes: only to recorded identities of the run dir's owner (issue 15).
+"""Signals to a run's processes: only to recorded identities of the run dir's owner.
 
 Every signal stepwatch sends to a run (``stop``'s ladder, ``stop --survivors``, the supervisor's
 SIGUSR1) goes through here: a process is signalled only when its pid *and* create time match a

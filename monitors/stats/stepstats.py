@@ -44,7 +44,7 @@ FIRST = FLAG_FIRST
 #: Unit suffix of the canonical line (ARCHITECTURE.md, "Reference runs").
 UNIT = "seconds_per_optimizer_step"
 
-#: Summary keys, in the order the status JSON prints them (issue 4).
+#: Summary keys, in the order the status JSON prints them.
 SUMMARY_KEYS = ("n", "min", "p50", "p90", "p99", "max", "last")
 
 

@@ -1,4 +1,4 @@
-"""Mutation testing of the silent properties (issue 21), with cosmic-ray (``pip install cosmic-ray``).
+"""Mutation testing of the silent properties, with cosmic-ray (``pip install cosmic-ray``).
 
     python tools/mutation/run.py                 # every target of targets.toml
     python tools/mutation/run.py watchdog rotate # some of them

@@ -183,17 +183,10 @@ SYSTEM_FILES = frozenset({
     "test_prometheus.py", "test_ranks.py", "test_signals.py", "test_slurm.py", "test_supervisor_watch.py",
     "test_tmux.py", "test_tui.py", "test_tui_pty.py", "test_watch.py", "test_watchdog_identity.py",
 })
-#: Single system tests, by file and name (every parameter), in files that keep no marks of their own.
-SYSTEM_TESTS = frozenset({
-    # the supervisor's saving loop in a thread, waited on by wall time
-    "test_eventstate.py::test_the_supervisors_loop_saves_as_the_file_grows_and_once_more_at_the_end",
-    "test_eventstate.py::test_a_record_json_cannot_write_back_skips_a_save_not_the_following_ones",
-})
 
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if (item.path.name in SYSTEM_FILES or item.get_closest_marker("slow")
-                or f"{item.path.name}::{item.originalname}" in SYSTEM_TESTS):
+        if item.path.name in SYSTEM_FILES or item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.system)

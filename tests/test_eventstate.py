@@ -268,6 +268,7 @@ def test_save_refuses_what_it_cannot_carry(tmp_path: Path):
     assert not (tmp_path / EVENTS_STATE).exists()
 
 
+@pytest.mark.system  # the supervisor's saving loop in a thread, waited on by wall time
 def test_a_record_json_cannot_write_back_skips_a_save_not_the_following_ones(tmp_path: Path):
     """A log event nested deeper than json writes (orjson reads up to 1024 levels): that save is
     skipped and said once; the next log event replaces the value and saving goes on."""
@@ -306,6 +307,7 @@ def test_load_checks_the_code_digest_of_the_source(tmp_path: Path):
     assert fold is not None and info["from_offset"] == (run_dir / "events.jsonl").stat().st_size
 
 
+@pytest.mark.system  # the supervisor's saving loop in a thread, waited on by wall time
 def test_the_supervisors_loop_saves_as_the_file_grows_and_once_more_at_the_end(tmp_path: Path):
     from conftest import wait_until
 

@@ -290,7 +290,11 @@ def check_log_format(cfg: RunConfig) -> Item:
     from stepwatch.monitors.parsers.logtracker import LogTracker  # noqa: PLC0415
 
     title = "training log will be read"
-    patterns = compile_patterns(cfg.log.get("patterns", []))  # validated at config load
+    try:  # validated at config load; a config built otherwise is refused here, with the reason
+        patterns = compile_patterns(cfg.log.get("patterns", []))
+    except ValueError as e:
+        return Item("log_format", title, "fail", f"[log] {e}", {"earlier_log": None, "lines_tried": 0, "format": None,
+                                                               "matched_lines": 0, "patterns": []})
     examples = list(cfg.log.get("examples", []))
     name, lines = _earlier_log_lines(cfg.run_dir)
     tracker = LogTracker(patterns)

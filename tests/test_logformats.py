@@ -808,3 +808,192 @@ def test_a_user_pattern_whose_step_group_did_not_take_part_reads_no_step():
 def test_a_rich_bar_of_one_step_per_epoch():
     got = recognise(f"Epoch 2/4 {BAR} 1/1 0:00:01 • 0:00:04 10.53it/s v_num: 0", "lightning_rich")[1]
     assert (got.step, got.max_steps) == (3, 5)
+
+
+# --- the user's patterns run in RE2: linear in the line, whatever the pattern ----------------------
+#: The operator's own backtracking pattern: in re, (a+)+$ against "aaa...a!" tries every split of the a's
+#: (2^n: 0.4 s at 22 of them, forever at 4,000), holding the GIL; the supervisor, a view, the checklist froze.
+BACKTRACKING = r"step (?P<step>\d+)|(a+)+$"
+HOSTILE_50KB = "a" * 50_000 + "!"
+HOSTILE_AT_LIMIT = "a" * (MAX_LINE_CHARS - 1) + "!"  # the longest line a user pattern is tried on
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def _interrupt_after(seconds: float):
+    """A context that raises _Interrupted in the main thread after ``seconds``: re checks signals while
+    it backtracks, so an engine that is not linear fails the test instead of hanging the suite."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def guard():
+        def fire(signum, frame):
+            raise _Interrupted(f"still matching after {seconds} s: the pattern engine is not linear")
+
+        old = signal.signal(signal.SIGALRM, fire)
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+        try:
+            yield
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+
+    return guard()
+
+
+def _best_of(n: int, fn) -> float:
+    """The fastest of ``n`` timings of ``fn()`` in seconds (time.monotonic): the least disturbed one."""
+    import time
+
+    best = math.inf
+    for _ in range(n):
+        t0 = time.monotonic()
+        fn()
+        best = min(best, time.monotonic() - t0)
+    return best
+
+
+def test_a_backtracking_user_pattern_reads_a_hostile_line_in_linear_time():
+    [rx] = compile_patterns([BACKTRACKING])
+    base = re.compile(r"a*!")  # the control: one linear scan of the same line, in re, in the same run
+    with _interrupt_after(20):
+        assert rx.search(HOSTILE_50KB) is None and base.search(HOSTILE_50KB) is not None
+        t_user, t_base = _best_of(3, lambda: rx.search(HOSTILE_50KB)), _best_of(3, lambda: base.search(HOSTILE_50KB))
+        assert user_pattern(rx, HOSTILE_AT_LIMIT) is None  # the whole-line path the log timer takes
+        t_line = _best_of(3, lambda: user_pattern(rx, HOSTILE_AT_LIMIT))
+        assert user_pattern(rx, HOSTILE_50KB) is None  # past the line limit: not searched at all
+    # measured 2026-12-03: 0.08 ms for the 50 KB line, the control 0.03 ms; re: 1.5 s at 24 a's, x4 per 2 more
+    assert t_user < 1.0 and t_user < 50 * t_base + 0.01, (t_user, t_base)
+    assert t_line < 1.0, t_line
+    got = user_pattern(rx, "step 12")  # the control: the same pattern still reads its step
+    assert got is not None and got.step == 12
+
+
+def test_a_tracker_with_a_backtracking_pattern_reads_on_past_hostile_lines():
+    [rx] = compile_patterns([BACKTRACKING])
+    t = LogTracker([rx])
+    with _interrupt_after(20):
+        for i, line in enumerate(["step 1", HOSTILE_50KB, HOSTILE_AT_LIMIT, "step 2", HOSTILE_AT_LIMIT, "step 3"]):
+            t.feed_text(line, at_s=float(i), poll_seq=i)
+    assert (t.format, t.global_step) == ("pattern 1", 3)
+
+
+def test_user_patterns_are_compiled_by_re2_never_by_re():
+    [rx] = compile_patterns([r"it (?P<step>\d+) loss (?P<loss>[\d.]+)"])
+    assert not isinstance(rx, re.Pattern) and type(rx).__module__.split(".")[0] == "re2", type(rx)
+    got = user_pattern(rx, "ep 0 | it 41 loss 0.25 | lr 1e-4")  # the positive control: step and loss as before
+    assert got is not None and (got.step, got.metrics) == (41, {"loss": 0.25})
+    [named] = compile_patterns([r"(?i)STEP[ =](?P<step>\d+).*?loss[ =](?P<loss>[\d.]+)(?:.*?dt (?P<dt_s>[\d.]+))?\z"])
+    assert user_pattern(named, "Step=7 | loss=2.5 | dt 0.125") == user_pattern(named, "step 7 loss 2.5 dt 0.125")
+    got = user_pattern(named, "step 7 loss 2.5 dt 0.125")
+    assert got is not None and (got.step, got.metrics, got.reported_dt_s) == (7, {"loss": 2.5}, 0.125)
+
+
+@pytest.mark.parametrize("pattern, words", [
+    (r"step (?P<step>\d+)(?= loss)", "uses a look-ahead (?=...), which the linear-time engine (RE2) does not "
+                                     "support: rewrite it without"),
+    (r"step (?P<step>\d+)(?!\.)", "uses a negative look-ahead (?!...)"),
+    (r"(?<=step )(?P<step>\d+)", "uses a look-behind (?<=...)"),
+    (r"(?P<q>[-=])(?P<step>\d+)(?P=q)", "uses a backreference (?P=name), which the linear-time engine (RE2)"),
+    (r"([-=])(?P<step>\d+)\1", r"uses a backreference \1, which the linear-time engine (RE2)"),
+    (r"step (?P<step>\d++)", "uses a possessive quantifier ++, which the linear-time engine (RE2) does not support: "
+                             "write +"),
+    (r"step (?>(?P<step>\d+))", "uses an atomic group (?>...)"),
+    (r"step (?P<step>\d+)\Z", r"uses the escape \Z, which the linear-time engine (RE2) does not support: write \z"),
+    (r"(?x) step \s (?P<step>\d+)", "uses the inline flag (?x)"),
+    (r"step (?P<step>\d{,6})", "writes a repeat as {,n}, which the linear-time engine (RE2) reads as the literal "
+                               "text: write {0,n}"),
+    (r"step (?P<step>\d{1,2000})", "repeats more than the linear-time engine (RE2) allows ({1,2000}"),
+])
+def test_a_pattern_re2_cannot_run_is_refused_naming_it_and_why(tmp_path: Path, pattern: str, words: str):
+    with pytest.raises(ValueError) as e:
+        compile_patterns([r"it (?P<step>\d+)", pattern])
+    assert str(e.value).startswith(f"pattern 2 {pattern!r} ") and words in str(e.value), str(e.value)
+    re.compile(pattern)  # each is a pattern re takes: RE2 is what refuses it
+    from stepwatch.launcher.config import ConfigError, load_config
+
+    cfg = tmp_path / "run.toml"
+    cfg.write_text(f'name = "user"\ncommand = ["python", "user.py"]\n[log]\npatterns = [{_toml_str(pattern)}]\n')
+    with pytest.raises(ConfigError, match=re.escape(f"[log]: pattern 1 {pattern!r} ") + ".*" + re.escape(words)):
+        load_config(cfg)
+    good = _toml_str(r"step (?P<step>\d+)")
+    cfg.write_text(f'name = "user"\ncommand = ["python", "user.py"]\n[log]\npatterns = [{good}]\n')
+    assert len(load_config(cfg).log["patterns"]) == 1  # the control: a pattern RE2 takes loads
+
+
+def test_the_checklist_fails_a_refused_pattern_with_the_reason_and_reads_hostile_examples_promptly(tmp_path: Path):
+    from stepwatch.launcher.config import config_from_flags
+    from stepwatch.launcher.preflight import check_log_format
+
+    cfg = config_from_flags([sys.executable, "t.py"], "r", str(tmp_path), str(tmp_path / "runs"))
+    cfg.log = {"patterns": [r"step (?P<step>\d+)(?= loss)"], "examples": ["step 3 loss 0.5"]}  # not via load_config
+    item = check_log_format(cfg)
+    assert item.status == "fail" and item.reason.startswith("[log] pattern 1 ") and \
+        "uses a look-ahead (?=...), which the linear-time engine (RE2) does not support" in item.reason, item
+    cfg.run_dir.mkdir(parents=True)  # an earlier attempt's log and the examples both hold the hostile lines
+    (cfg.run_dir / "train.20261201T000000Z.log").write_text(f"{HOSTILE_50KB}\n{HOSTILE_AT_LIMIT}\nstep 4\n")
+    cfg.log = {"patterns": [BACKTRACKING], "examples": [HOSTILE_50KB, HOSTILE_AT_LIMIT, "step 3"]}
+    with _interrupt_after(20):
+        item = check_log_format(cfg)
+    assert item.status == "pass" and item.detail["patterns"] == [{"pattern": 1, "log_lines": 1, "examples": 1}], item
+    (cfg.run_dir / "train.20261201T000000Z.log").unlink()
+    cfg.log = {"patterns": [BACKTRACKING], "examples": [HOSTILE_AT_LIMIT]}
+    with _interrupt_after(20):
+        item = check_log_format(cfg)  # the control: a pattern that reads none of them still fails
+    assert item.status == "fail" and "pattern 1 matched none of" in item.reason, item
+
+
+HOSTILE_PY = r'''
+import sys, time
+if sys.argv[1] == "hostile":
+    print("a" * 50_000 + "!", flush=True)  # one 50 KB line: past the line limit, cut at 32 KB by the follower
+    print("a" * 4000 + "!", flush=True)    # within the limit: (a+)+$ is tried on it
+for s in range(1, 100_000):
+    print(f"step {s}", flush=True)
+    time.sleep(0.05)
+'''
+
+
+@pytest.mark.system
+def test_a_run_whose_pattern_backtracks_on_a_hostile_line_stops_and_reports_as_usual(tmp_path: Path):
+    """The operator's (a+)+$ and a 50 KB line of a's ending in "!": the supervisor keeps reading steps, status
+    answers, and stop ends the run with its exit record, as fast as a control run's without those lines."""
+    import time
+
+    from conftest import git, make_repo, stepwatch, wait_until
+    from stepwatch.monitors.runfiles import read_json
+
+    repo = make_repo(tmp_path / "repo", {"user.py": HOSTILE_PY})
+    for name in ("hostile", "control"):
+        (repo / f"{name}.toml").write_text(
+            f'name = "{name}"\ncommand = ["{sys.executable}", "user.py", "{name}"]\n[log]\n'
+            f"patterns = [{_toml_str(BACKTRACKING)}]\nexamples = ['step 3', '{'a' * 4000}!']\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "configs")
+    took: dict[str, dict[str, float]] = {}
+    for name in ("hostile", "control"):  # the checklist tries the pattern on the hostile example first
+        t0 = time.monotonic()
+        r = stepwatch("launch", "--no-tui", str(repo / f"{name}.toml"), cwd=repo, timeout=60)
+        assert r.returncode == 0 and "[PASS] training log will be read" in r.stdout, (r.stdout, r.stderr)
+        took[name] = {"launch": time.monotonic() - t0}
+    for name in ("hostile", "control"):
+        run_dir = repo / "runs" / name
+        wait_until(lambda: (_status(run_dir)["step"]["global_step"] or 0) >= 20, 60, what=f"{name}: step 20 read")
+        t0 = time.monotonic()
+        snap = _status(run_dir)
+        took[name]["status"] = time.monotonic() - t0
+        assert snap["log"]["format"] == "pattern 1", snap["log"]
+    hostile_log = (repo / "runs" / "hostile" / "train.log").read_bytes()
+    assert b"a" * 50_000 + b"!\n" in hostile_log and b"\n" + b"a" * 4000 + b"!\n" in hostile_log
+    for name in ("hostile", "control"):
+        run_dir = repo / "runs" / name
+        t0 = time.monotonic()
+        r = stepwatch("stop", str(run_dir), "--grace", "2", timeout=60)
+        took[name]["stop"] = time.monotonic() - t0
+        assert r.returncode == 0, (r.stdout, r.stderr)
+        ex = read_json(run_dir / "exit.json")
+        assert ex is not None and ex["stop_requested"] is True, ex
+    for what in ("launch", "status", "stop"):
+        assert took["hostile"][what] < took["control"][what] + 5, took

@@ -138,3 +138,35 @@ def test_good_checklist_passes_with_exit_0(harness: Path):
     assert "[FAIL]" not in r.stdout
     cl = run_checklist(load_config(cfg))
     assert cl.failed == []
+
+
+@pytest.mark.parametrize("body", [
+    "x = " + "[" * 100_000 + "]" * 100_000,  # tomllib recurses per level: a RecursionError before
+    "x = " + "{ a = " * 100_000 + "1" + " }" * 100_000,
+], ids=["array", "inline-table"])
+def test_a_config_nested_too_deeply_is_one_line_not_a_traceback(tmp_path: Path, monkeypatch, capsys, body: str):
+    """``stepwatch preflight`` / ``launch`` with a hostile config: exit 2 and one line on stderr that says
+    why, never a RecursionError's traceback (the CLI's own entry point, in process)."""
+    from stepwatch.tui.cli import main
+
+    monkeypatch.setattr(sys, "stdout", sys.stdout)  # main() wraps both streams: put back what capsys set
+    monkeypatch.setattr(sys, "stderr", sys.stderr)
+    cfg = tmp_path / "deep.toml"
+    cfg.write_text(f'name = "deep"\ncommand = ["python3", "ok.py"]\n{body}\n')
+    for argv in (["preflight", str(cfg)], ["launch", "--no-tui", "--runs-dir", str(tmp_path / "runs"), str(cfg)]):
+        assert main(argv) == 2, argv
+        out, err = capsys.readouterr()
+        assert out == "" and err.splitlines() == [f"stepwatch: {cfg}: not valid TOML: nested too deeply to read"], (argv, err)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_an_unreadable_config_path_is_one_line_not_a_traceback(tmp_path: Path, monkeypatch, capsys):
+    from stepwatch.tui.cli import main
+
+    monkeypatch.setattr(sys, "stdout", sys.stdout)
+    monkeypatch.setattr(sys, "stderr", sys.stderr)
+    (tmp_path / "file").write_text("x")
+    cfg = tmp_path / "file" / "run.toml"  # ENOTDIR: neither missing nor a directory
+    assert main(["preflight", str(cfg)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.splitlines() == [f"stepwatch: cannot read config file {cfg}: Not a directory"], err

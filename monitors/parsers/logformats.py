@@ -22,11 +22,14 @@ real capture under ``tests/fixtures/real/`` (its README says how it was made):
     (``/M`` gives max_steps) followed by at least one ``key value`` / ``key=value`` / ``key: value``.
 ``pattern N``
     the user's own regular expressions (``[log] patterns`` in the run config, named groups ``step``,
-    ``max_steps``, ``dt_s`` and any metric), tried before the shapes above.
+    ``max_steps``, ``dt_s`` and any metric), tried before the shapes above. They run in RE2 (``google-re2``),
+    whose time is linear in the line: a pattern that backtracks in Python's ``re`` (``(a+)+$``) on a hostile
+    line would hold the GIL and freeze the supervisor, the views and the checklist. stepwatch's own
+    expressions below stay in ``re`` (each is written so that no line makes it backtrack).
 
 Lightning's TQDM bar (``Epoch 0:  34%|███▍ | 44/128 [...]``) and the HF Trainer / plain tqdm bar are
 tqdm bars: :mod:`stepwatch.monitors.parsers.hf_progress` parses them, :mod:`.logtracker` picks.
-Standard library only; never raises on any input.
+Standard library only, but for RE2 (the user's patterns); never raises on any input.
 """
 
 from __future__ import annotations
@@ -35,7 +38,10 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Protocol, cast
+
+import re2
 
 #: A line longer than this is no step line (a dumped tensor, a one-line config).
 MAX_LINE_CHARS = 4096
@@ -203,9 +209,90 @@ MAX_PATTERNS = 16
 MAX_PATTERN_CHARS = 500
 
 
-def compile_patterns(patterns: object) -> list[re.Pattern[str]]:
-    """``[log] patterns`` compiled; ValueError naming the bad pattern and what is wrong (not a list
-    of strings, a regex error, no ``(?P<step>...)`` group)."""
+class UserMatch(Protocol):
+    """What :func:`user_pattern` reads of a match (RE2's ``_Match``, as ``re.Match`` has it)."""
+
+    def group(self, name: str, /) -> str | None: ...
+
+    def groupdict(self) -> dict[str, str | None]: ...
+
+
+class UserPattern(Protocol):
+    """A compiled user pattern: RE2's ``_Regexp`` (``google-re2``), searched in linear time."""
+
+    @property
+    def pattern(self) -> str: ...
+
+    @property
+    def groupindex(self) -> Mapping[str, int]: ...
+
+    def search(self, text: str, /) -> UserMatch | None: ...
+
+
+#: RE2's options for a user pattern: its parse errors come back as ValueError, never on stderr. The
+#: binding (google-re2) has no fallback to ``re``: what RE2 cannot parse raises ``re2.error``.
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False
+_ENGINE = "the linear-time engine (RE2)"
+#: What RE2 refuses that ``re`` takes, as RE2's error names it, in an operator's words.
+_PERL_OPERATORS = (("(?=", "a look-ahead (?=...)"), ("(?!", "a negative look-ahead (?!...)"),
+                   ("(?<=", "a look-behind (?<=...)"), ("(?<!", "a negative look-behind (?<!...)"),
+                   ("(?>", "an atomic group (?>...)"), ("(?(", "a conditional group (?(...)...)"),
+                   ("(?#", "a comment (?#...)"))
+#: ``{,3}``: ``re`` reads "0 to 3 times", RE2 the literal text ``{,3}``; refused rather than read otherwise.
+_OPEN_REPEAT = re.compile(r"(?:^|[^\\])(?:\\\\)*+\{,\d*+\}")
+
+
+def _refusal(p: str, err: str) -> str:
+    """Why RE2 refuses ``p`` (its error ``err``), in words that say what to change."""
+    what, _, op = err.partition(": ")
+    feature, advice = None, "rewrite it without"
+    if what == "invalid perl operator":
+        feature = next((words for start, words in _PERL_OPERATORS if op.startswith(start)), None)
+        if op.startswith("(?P"):
+            feature = "a backreference (?P=name)" if "(?P=" in p else "a recursion (?P>name)" if "(?P>" in p else None
+        elif feature is None and op.startswith("(?") and op[2:3].isalpha():
+            feature, advice = f"the inline flag {op})", "rewrite it without (RE2 knows the flags i, m, s and U)"
+    elif what == "invalid escape sequence":
+        feature = "a backreference " + op if op[1:2].isdigit() else f"the escape {op}"
+        if op == r"\Z":
+            advice = r"write \z (or $) for the end of the line"
+    elif what == "bad repetition operator" and len(op) >= 2 and op.endswith("+") and op[-2] in "*+?}":
+        feature, advice = f"a possessive quantifier {op}", f"write {op[:-1]} (RE2 never backtracks)"
+    elif what == "invalid repetition size":
+        return f"repeats more than {_ENGINE} allows ({op}: at most 1000, nested repeats multiplied)"
+    elif what.startswith("pattern too large"):
+        return f"is too large for {_ENGINE} once compiled: fewer or smaller repeats"
+    if feature is not None:
+        return f"uses {feature}, which {_ENGINE} does not support: {advice}"
+    try:
+        re.compile(p)
+    except re.error as e:  # a plain syntax error: re's words (with the position) are the familiar ones
+        return f"is not a regular expression: {e}"
+    return f"is not a regular expression {_ENGINE} accepts: {err}"
+
+
+def compile_user_pattern(p: str) -> UserPattern:
+    """One user pattern in RE2; ValueError with the reason (not the pattern: the caller names it)."""
+    if _OPEN_REPEAT.search(p):
+        raise ValueError(f"writes a repeat as {{,n}}, which {_ENGINE} reads as the literal text: write {{0,n}} "
+                         r"(or \{ for a brace)")
+    if r"\C" in p.replace("\\\\", ""):
+        raise ValueError(rf"uses \C (one byte, which can split a character), which {_ENGINE} does not support "
+                         "here: write . for a character")
+    try:
+        # cast: the binding is untyped; its _Match.group(one name) is str | None (a tuple only for several)
+        return cast(UserPattern, re2.compile(p, _RE2_OPTIONS))
+    except re2.error as e:
+        err = e.args[0].decode("utf-8", "replace") if e.args and isinstance(e.args[0], bytes) else str(e)
+        raise ValueError(_refusal(p, err)) from None
+    except UnicodeError:  # a lone surrogate read from JSON
+        raise ValueError("is not valid text (a lone surrogate)") from None
+
+
+def compile_patterns(patterns: object) -> list[UserPattern]:
+    """``[log] patterns`` compiled in RE2; ValueError naming the bad pattern and what is wrong (not a
+    list of strings, a regex error, what RE2 does not support, no ``(?P<step>...)`` group)."""
     if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
         raise ValueError("patterns must be a list of regular expressions (strings)")
     if len(patterns) > MAX_PATTERNS:
@@ -215,19 +302,24 @@ def compile_patterns(patterns: object) -> list[re.Pattern[str]]:
         if len(p) > MAX_PATTERN_CHARS:
             raise ValueError(f"pattern {i} is longer than {MAX_PATTERN_CHARS} characters")
         try:
-            rx = re.compile(p)
-        except re.error as e:
-            raise ValueError(f"pattern {i} {p!r} is not a regular expression: {e}") from None
+            rx = compile_user_pattern(p)
+        except ValueError as e:
+            raise ValueError(f"pattern {i} {p!r} {e}") from None
         if "step" not in rx.groupindex:
             raise ValueError(f"pattern {i} {p!r} has no (?P<step>...) group: which number is the optimizer step?")
         out.append(rx)
     return out
 
 
-def user_pattern(rx: re.Pattern[str], body: str) -> LineStep | None:
-    """One user pattern against one line: ``step`` (an integer), ``max_steps``, ``dt_s`` (seconds),
-    and every other named group that holds a number as a metric."""
-    m = rx.search(body)
+def user_pattern(rx: UserPattern, body: str) -> LineStep | None:
+    """One user pattern against one line of at most MAX_LINE_CHARS: ``step`` (an integer), ``max_steps``,
+    ``dt_s`` (seconds), and every other named group that holds a number as a metric."""
+    if len(body) > MAX_LINE_CHARS:
+        return None  # a dumped tensor, a one-line config: no step line, and no line to search
+    try:
+        m = rx.search(body)
+    except UnicodeError:  # a lone surrogate: RE2 reads UTF-8
+        return None
     if not m:
         return None
     printed = m.group("step")  # None when the group did not take part in the match

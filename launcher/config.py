@@ -223,10 +223,14 @@ def load_config(path: str | os.PathLike[str], runs_dir_override: Path | None = N
         raise ConfigError(f"config file not found: {path}") from None
     except IsADirectoryError:
         raise ConfigError(f"config path is a directory, not a TOML file: {path}") from None
+    except OSError as e:  # unreadable (permissions, I/O): one line, as the others
+        raise ConfigError(f"cannot read config file {path}: {e.strerror or e}") from None
     try:
         data = tomllib.loads(raw.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    except RecursionError:  # tomllib recurses per level: a 100,000-deep array is no config
+        raise ConfigError(f"{path}: not valid TOML: nested too deeply to read") from None
     cfg = _validate(data, path.parent, str(path), runs_dir_override)
     cfg.config_path = path
     cfg.config_sha256 = hashlib.sha256(raw).hexdigest()

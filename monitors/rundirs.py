@@ -41,13 +41,21 @@ def resolve_run(arg: str, runs_dir: Path) -> Path:
 
 
 def list_runs(runs_dir: Path) -> list[Path]:
-    """Run directories directly under ``runs_dir`` (those holding a run.json), newest launch first."""
+    """Run directories directly under ``runs_dir`` (those holding a run.json), newest launch first.
+
+    An entry that is a symlink is no run, whatever it points at: a link another user put in a shared
+    runs dir would make ``runs``, the home list and a bare ``attach`` show (and the views write their
+    acknowledgements into) a directory that is not there (ARCHITECTURE.md R16)."""
     if not runs_dir.is_dir():
         return []
     found = []
     now = time.time()
     for d in runs_dir.iterdir():
-        if d.is_dir() and (d / RUN_JSON).is_file():  # a FIFO run.json is no run (never opened)
+        try:
+            is_dir = stat.S_ISDIR(d.lstat().st_mode)  # never follows a symlink
+        except OSError:
+            continue
+        if is_dir and (d / RUN_JSON).is_file():  # a FIFO run.json is no run (never opened)
             rj = read_json(d / RUN_JSON) or {}
             t = rj.get("launched_at_unix")
             # a launch time read from a file: a number, never past now (1e300 must not sort first)

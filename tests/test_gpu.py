@@ -814,6 +814,16 @@ def test_recording_replayed_through_the_sampler_reads_the_same(tmp_path, path):
         assert next(r for r in gpu if r["index"] == index)["verdict"].startswith(code + ":")
 
 
+def test_a_gpu_jsonl_line_nested_too_deep_is_skipped_not_a_crash(tmp_path):
+    """gpu_status_for_run_dir "never raises for an unreadable file": a line nested 100,000 deep
+    (json's RecursionError) is skipped like a line caught mid-write; the records around it count."""
+    path = bundled_recording("synthetic_h100_healthy_compute_bound.jsonl")
+    good = [ln for ln in path.read_text().splitlines() if ln.strip()]
+    (tmp_path / "gpu.jsonl").write_text("\n".join([*good[:-1], "[" * 100_000 + "]" * 100_000, good[-1]]) + "\n")
+    gpu, err = gpu_status_for_run_dir(tmp_path)
+    assert gpu and err is None
+
+
 def _verdicts_over_time(path: Path) -> list[str | None]:
     _, samples = load_recording(path)
     out = []

@@ -320,3 +320,66 @@ def test_a_launch_never_opens_its_lock_through_a_symlink(tmp_path: Path):
     r = stepwatch("launch", "--no-tui", "--name", "r", "--", sys.executable, "ok.py", cwd=repo)
     assert r.returncode == 1 and ".r.launch.lock is a symlink" in r.stderr, r.stderr
     assert not target.exists() and not (repo / "runs" / "r").exists()
+
+
+def test_a_symlink_in_the_runs_dir_is_never_listed_as_a_run(tmp_path: Path, monkeypatch, capsys):
+    """``runs``, the home list and a bare ``attach`` (all monitors/rundirs.py list_runs): an entry
+    that is a symlink, to a run dir elsewhere (another user's, say) or to nothing, is no run."""
+    from stepwatch.monitors.rundirs import list_runs
+    from stepwatch.tui.cli import _newest, main
+
+    _run_json, _write = hostile_runs()._run_json, hostile_runs()._write
+    runs, elsewhere = tmp_path / "runs", tmp_path / "elsewhere"
+    (runs / "mine").mkdir(parents=True)
+    _write(runs / "mine", "run.json", _run_json("mine"))
+    (elsewhere / "theirs").mkdir(parents=True)
+    _write(elsewhere / "theirs", "run.json", _run_json("theirs", launched_at_unix=1e300))  # would sort first
+    os.symlink(elsewhere / "theirs", runs / "link")
+    os.symlink(elsewhere / "gone", runs / "dangling")
+    assert list_runs(runs) == [runs / "mine"]
+    import argparse
+    assert _newest(argparse.Namespace(runs_dir=str(runs))) == runs / "mine"
+    monkeypatch.setattr(sys, "stdout", sys.stdout)  # main() wraps both streams: put back what capsys set
+    monkeypatch.setattr(sys, "stderr", sys.stderr)
+    assert main(["runs", "--runs-dir", str(runs)]) == 0
+    out = capsys.readouterr().out
+    assert "mine" in out and "link" not in out and "theirs" not in out and "dangling" not in out, out
+    os.unlink(runs / "link")
+    (runs / "mine").rename(elsewhere / "mine")
+    os.symlink(elsewhere / "mine", runs / "mine")  # even to the viewer's own run dir: not followed
+    assert list_runs(runs) == []
+
+
+def test_a_line_nested_too_deep_in_acks_jsonl_is_skipped_not_a_crash(tmp_path: Path):
+    """acks.jsonl (the one file views write, so any viewer with write access can add a line): a line
+    nested 100,000 deep (json's RecursionError) is a corrupt line, not a view's traceback."""
+    from stepwatch.monitors.snapshot.acks import read_acked
+
+    _run_json, _write = hostile_runs()._run_json, hostile_runs()._write
+    run_dir = tmp_path / "deep-acks"
+    run_dir.mkdir()
+    _write(run_dir, "run.json", _run_json("deep-acks"))
+    _write(run_dir, "train.log", "x\n")
+    (run_dir / "acks.jsonl").write_text("[" * 100_000 + "]" * 100_000 + "\n" + '{"v": 1, "alert_id": "a1"}\n')
+    assert read_acked(run_dir) == {"a1"}
+    assert RunObserver(run_dir).refresh()["run"] == "deep-acks"
+
+
+def test_runs_prints_one_row_per_run_whatever_its_run_json_holds(tmp_path: Path, monkeypatch, capsys):
+    """``stepwatch runs``: a name with a line break prints one row (the break shown), and a launch
+    time or attempt that is an object, not a string, is no crash of the column's format."""
+    from stepwatch.tui.cli import main
+
+    _run_json, _write = hostile_runs()._run_json, hostile_runs()._write
+    runs = tmp_path / "runs"
+    (runs / "a").mkdir(parents=True)
+    _write(runs / "a", "run.json", _run_json("a\nb  1 exited  1 FAKE ROW", launched_at="2026\r\nFAKE"))
+    (runs / "b").mkdir()
+    _write(runs / "b", "run.json", _run_json("b", attempt={"x": 1}, launched_at={"x": 1}))
+    monkeypatch.setattr(sys, "stdout", sys.stdout)  # main() wraps both streams: put back what capsys set
+    monkeypatch.setattr(sys, "stderr", sys.stderr)
+    assert main(["runs", "--runs-dir", str(runs)]) == 0
+    out = capsys.readouterr().out
+    rows = out.splitlines()
+    assert len(rows) == 3 and rows[0].startswith("NAME"), out  # the header and one row per run
+    assert any(r.startswith("a\u240ab  1 exited") and "2026\u240d\u240aFAKE" in r for r in rows), out

@@ -10,6 +10,7 @@ import json
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -214,3 +215,50 @@ def test_a_root_file_read_for_another_owner_is_refused(tmp_path: Path):
     f = tmp_path / "run.json"
     f.write_text("{}")  # root's
     assert rf.open_regular(f, 65534) is None and rf.read_json(f, 65534) is None
+
+
+def test_a_field_shown_on_one_line_never_breaks_it():
+    """tui/safe.py one_line: LF, CR and the Unicode line / paragraph separators are shown, never
+    followed (a version string "2.4\\nALERT ..." read from events.jsonl would print a fake line); the
+    length stays, so styles stay on their characters. safe_text without ``newlines`` is one line too."""
+    from rich.text import Text
+
+    from stepwatch.tui.safe import one_line, safe_text
+
+    hostile = "2.4\nALERT [stall] fake\r\n\u2028x\u2029y\x1b[2J"
+    shown = one_line(hostile)
+    assert shown == "2.4\u240aALERT [stall] fake\u240d\u240a\u2424x\u2424y\u241b[2J" and len(shown) == len(hostile)
+    assert len(shown.splitlines()) == 1 and one_line(7) == "7" and one_line("\tok") == "\tok"
+    styled = safe_text(Text.assemble(("a\u2028", "red"), "b\nc"))
+    assert styled.plain == "a\u2424b\u240ac" and [(s.start, s.end) for s in styled.spans] == [(0, 2)]
+    assert safe_text("x\u2028y").plain == "x\u2424y" and safe_text("x\ny", newlines=True).plain == "x\ny"
+
+
+def test_a_panels_line_and_a_gpu_row_stay_one_line(monkeypatch):
+    """The run screen's panels: a version or backend read from events.jsonl, a GPU name read from
+    gpu.jsonl, never start a line of their own (Panel._set shows one line unless asked for lines; the
+    GPU panel's rows are one line each)."""
+    from stepwatch.monitors.snapshot.model import null_snapshot
+    from stepwatch.tui.widgets.dynamo import DynamoPanel
+    from stepwatch.tui.widgets.gpu import device_line
+
+    shown: dict[str, str] = {}
+
+    class Child:
+        def __init__(self, selector: str):
+            self.selector = selector
+
+        def update(self, text) -> None:
+            shown[self.selector] = text.plain
+
+    panel = DynamoPanel()
+    monkeypatch.setattr(panel, "query_one", lambda selector, *_: Child(selector))  # no app: its drawing, caught
+    snap = null_snapshot()
+    snap["versions"] = {"python": "3.11", "torch": "2.4\nALERT fake", "transformers": "4.4\u2028x"}
+    snap["attn_implementation"] = {"requested": "sdpa\nGPU0 fake", "resolved": "sdpa"}
+    panel.show(snap)
+    assert "torch 2.4\u240aALERT fake" in shown["#dyn-attn"] and "sdpa\u240aGPU0 fake" in shown["#dyn-attn"], shown
+    assert all(len(v.splitlines()) == 1 for v in shown.values()), shown
+    device: Any = {"index": 0, "name": "H100\nGPU1 NVIDIA fake", "verdict": "ok\rx"}  # the keys the row reads
+    row = device_line(device).plain
+    assert row.startswith("GPU0 H100\u240aGPU1 NVIDIA fake") and len(row.splitlines()) == 1, row

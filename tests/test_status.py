@@ -785,6 +785,50 @@ def test_a_run_dir_launched_again_under_the_same_name_is_a_new_attempt(tmp_path:
         {k: fresh[k] for k in ("step_seconds", "fallback", "warmup", "events")}
 
 
+def _line_break_run(path: Path, brk: str) -> Path:
+    """A finished run whose strings (run.json's name, run_start's versions and attention backend, a log
+    event's key, an alert record's kind and message) each hold ``brk``."""
+    from stepwatch.monitors.runfiles import write_json_atomic
+
+    t0 = 1_780_000_000.0
+    run_start = {"v": 1, "kind": "run_start", "t": t0, "step": None, "rank": 0, "world_size": 1, "pid": 1, "max_steps": 9,
+                 "versions": {"python": "3.11", "torch": f"2.4{brk}ALERT [stall] fake", "transformers": f"4.4{brk}"},
+                 "attn_implementation": {"requested": f"sdpa{brk}GPU0 fake", "resolved": f"flash{brk}x"}}
+    log = {"v": 1, "kind": "log", "t": t0 + 4, "step": 3, "rank": 0, "logs": {f"loss{brk}fake": 1.5}}
+    run_dir = _finished_run_dir(path, [json.dumps(run_start), *(json.dumps(_step(i, 1.0, t0 + i)) for i in (1, 2, 3)),
+                                       json.dumps(log)])
+    run = read_json(run_dir / "run.json") or {}
+    write_json_atomic(run_dir / "run.json", {**run, "name": f"nl{brk}fake"})
+    (run_dir / "alerts.jsonl").write_text(json.dumps({
+        "kind": "alert", "id": "a1", "alert_kind": f"stall{brk}x", "at": "2026-01-01T00:00:00Z",
+        "message": f"stuck{brk}ALERT [fake] fake", "level": "warning"}) + "\n")
+    return run_dir
+
+
+@pytest.mark.parametrize("brk", ["\n", "\r\n", "\r", "\u2028"], ids=["LF", "CRLF", "CR", "LS"])
+def test_a_line_break_in_what_a_run_wrote_never_starts_a_line_of_status(tmp_path: Path, brk: str):
+    """``status`` (tui/plain.py): strings read from events.jsonl, run.json and alerts.jsonl that hold
+    a line break print as many lines as the same run with none, the break shown; ``watch --plain``'s
+    event lines stay one line each."""
+    import io
+
+    from stepwatch.tui.plain import Narrator, status_lines
+
+    hostile = RunObserver(_line_break_run(tmp_path / "hostile", brk)).refresh()
+    control = RunObserver(_line_break_run(tmp_path / "control", " ")).refresh()
+    assert hostile["versions"]["torch"] == f"2.4{brk}ALERT [stall] fake"  # the snapshot keeps the data as read
+    lines, want = status_lines(hostile), status_lines(control)
+    text = "\n".join(lines)
+    assert len(text.splitlines()) == len(lines) == len("\n".join(want).splitlines()), text
+    shown = brk.replace("\n", "\u240a").replace("\r", "\u240d").replace("\u2028", "\u2424")
+    assert f"torch 2.4{shown}ALERT [stall] fake" in text and f"stuck{shown}ALERT [fake] fake" in text, text
+    assert text.startswith(f"nl{shown}fake attempt 1") and f"sdpa{shown}GPU0 fake" in text, text
+    out = io.StringIO()
+    Narrator(out, as_json=False, every_n_steps=1).feed(hostile)
+    said = out.getvalue().splitlines()
+    assert len(said) == 4 and all(ln.startswith("20") for ln in said), said  # attempt, step, alert, exit
+
+
 def test_gc_pause_is_restored_when_refreshes_overlap_in_threads():
     """Two observers refreshing at once: the second must not take the first's pause for the
     collector's normal state (it would stay off for the life of the TUI)."""

@@ -11,6 +11,7 @@ runs dynamo's tracing, guards, recompiles and limit without inductor's C++ compi
 from __future__ import annotations
 
 import collections
+import errno
 import importlib.metadata
 import importlib.util
 import json
@@ -379,10 +380,27 @@ def test_run_dir_removed_mid_run(tmp_path, capsys):
     assert not run_dir.exists()
 
 
-def test_real_enospc_from_the_start(tmp_path, capsys):
-    if not os.path.exists("/dev/full"):
-        pytest.skip("/dev/full is not available")
-    (tmp_path / "events.jsonl").symlink_to("/dev/full")  # every write: ENOSPC, for real
+def _full_disk_under(path: Path, monkeypatch) -> dict[str, bool]:
+    """Every write to the file at ``path`` fails with ENOSPC while ``["full"]`` is set (the events
+    file is a regular file of its own: a symlink to /dev/full is refused, never followed)."""
+    real_write, state = os.write, {"full": True}
+
+    def write(fd, data):
+        if state["full"]:
+            try:
+                target = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                target = ""
+            if target == str(path):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    return state
+
+
+def test_enospc_from_the_start(tmp_path, monkeypatch, capsys):
+    _full_disk_under(tmp_path / "events.jsonl", monkeypatch)
     tel = StepTelemetry(run_dir=tmp_path)
     for _ in range(5):
         tel.step_end()
@@ -394,22 +412,111 @@ def test_real_enospc_from_the_start(tmp_path, capsys):
     assert len(stderr_warnings(capsys.readouterr().err)) == 1
 
 
-def test_enospc_mid_run_then_run_end_carries_the_count(tmp_path, capsys):
-    if not os.path.exists("/dev/full"):
-        pytest.skip("/dev/full is not available")
+def test_enospc_mid_run_then_run_end_carries_the_count(tmp_path, monkeypatch, capsys):
     path = tmp_path / "events.jsonl"
+    disk = _full_disk_under(path, monkeypatch)
+    disk["full"] = False
     tel = StepTelemetry(run_dir=tmp_path, check_interval_s=0.0)
     for i in range(8):
         if i == 2:
-            (tmp_path / "full").symlink_to("/dev/full")
-            os.replace(tmp_path / "full", path)  # the events file now points at a full device
+            tel.flush()  # steps 1 and 2 are on disk
+            disk["full"] = True
         tel.step_end()
-    path.unlink()  # space is back
+    tel.flush()  # steps 3..8 fail: dropped
+    disk["full"] = False  # space is back
     end = tel.run_end()
     assert end["dropped_events"] == 6  # steps 3..8
     events = read_events(path)
-    assert [ev["kind"] for ev in events] == ["run_end"] and events[0]["dropped_events"] == 6
+    assert [ev["kind"] for ev in events] == ["run_start", "step", "step", "run_end"]
+    assert events[-1]["dropped_events"] == 6
     assert len(stderr_warnings(capsys.readouterr().err)) == 1
+
+
+def _refused_once(capsys, path: Path, why: str) -> None:
+    """Exactly one stderr line, naming ``path`` and why nothing was written to it."""
+    warnings = stderr_warnings(capsys.readouterr().err)
+    assert len(warnings) == 1, warnings
+    assert f"not writing events to {path}: {why}" in warnings[0] and "training continues" in warnings[0], warnings
+
+
+def _train_a_little(run_dir: Path, **kw) -> StepTelemetry:
+    tel = StepTelemetry(run_dir=run_dir, **kw)
+    for _ in range(3):
+        tel.step_begin()
+        tel.step_end()  # never raises into the loop
+    tel.log({"loss": 1.0})
+    tel.run_end()
+    tel.close()
+    return tel
+
+
+def test_a_symlink_in_place_of_the_events_file_is_never_followed(tmp_path, capsys):
+    """A group member's symlink in a group-writable run dir: the job (root's, say) must not append
+    to the file it names, nor create one where a dangling link points."""
+    run_dir, outside = tmp_path / "run", tmp_path / "outside"
+    run_dir.mkdir()
+    outside.mkdir()
+    precious = outside / "root-only"
+    precious.write_text("precious\n")
+    os.chmod(precious, 0o600)
+    (run_dir / "events.jsonl").symlink_to(precious)
+    tel = _train_a_little(run_dir)
+    assert precious.read_text() == "precious\n"
+    assert tel.disabled and tel.dropped_events == 1 + 3 + 1 + 1  # run_start, steps, log, run_end
+    assert tel.disabled_reason is not None and "symlink" in tel.disabled_reason
+    _refused_once(capsys, run_dir / "events.jsonl", "it is a symlink (never followed)")
+    (run_dir / "events.rank1.jsonl").symlink_to(outside / "created-by-the-job")  # dangling: never created
+    tel = _train_a_little(run_dir, rank=1, world_size=2, all_ranks=True)
+    assert tel.disabled and not (outside / "created-by-the-job").exists()
+    _refused_once(capsys, run_dir / "events.rank1.jsonl", "it is a symlink (never followed)")
+
+
+def test_a_fifo_in_place_of_the_events_file_is_refused(tmp_path, capsys):
+    """A FIFO (here with a reader, so that opening it cannot block even without O_NONBLOCK; with none,
+    O_NONBLOCK makes the open fail at once) is no events file: nothing is written into it."""
+    os.mkfifo(tmp_path / "events.jsonl")
+    reader = os.open(tmp_path / "events.jsonl", os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        tel = _train_a_little(tmp_path)
+        assert os.read(reader, 4096) == b""  # no writer left, nothing written
+    finally:
+        os.close(reader)
+    assert tel.disabled
+    _refused_once(capsys, tmp_path / "events.jsonl", "it is not a regular file")
+
+
+def test_another_users_events_file_is_refused(tmp_path, capsys):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give a file to uid 65534 (CI runs as root)")
+    path = tmp_path / "events.jsonl"
+    path.write_text("theirs\n")
+    os.chown(path, 65534, 65534)
+    tel = _train_a_little(tmp_path)
+    assert path.read_text() == "theirs\n" and tel.disabled
+    _refused_once(capsys, path, "it belongs to uid 65534, not to this process's uid 0")
+
+
+def test_an_events_file_with_another_name_is_refused(tmp_path, capsys):
+    """A hard link to a file of this user made under the events file's name (another user cannot
+    do it where protected_hardlinks holds; a link to one's own file elsewhere still must not grow)."""
+    elsewhere = tmp_path / "elsewhere.txt"
+    elsewhere.write_text("mine\n")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    os.link(elsewhere, run_dir / "events.jsonl")
+    tel = _train_a_little(run_dir)
+    assert elsewhere.read_text() == "mine\n" and tel.disabled
+    _refused_once(capsys, run_dir / "events.jsonl", "it has 2 hard links")
+
+
+def test_an_existing_events_file_of_this_user_is_appended_to(tmp_path, capsys):
+    """The control: a regular file of this user with one name (a resumed run's) is appended to."""
+    path = tmp_path / "events.jsonl"
+    path.write_text('{"v":1,"kind":"log","t":1.0,"step":null,"rank":0,"logs":{}}\n')
+    tel = _train_a_little(tmp_path)
+    assert not tel.disabled and tel.dropped_events == 0
+    assert [ev["kind"] for ev in read_events(path)] == ["log", "run_start", "step", "step", "step", "log", "run_end"]
+    assert stderr_warnings(capsys.readouterr().err) == []
 
 
 def test_parent_is_a_file(tmp_path, capsys):

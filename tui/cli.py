@@ -9,10 +9,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 import sys
 from pathlib import Path
 
-from stepwatch.tui.safe import SafeWriter
+from stepwatch.tui.safe import SafeWriter, one_line
 from stepwatch.monitors.rundirs import (
     RunNotFound, default_runs_dir, list_runs, live_attempt, live_words, owned_by_viewer, resolve_run,
 )
@@ -97,7 +98,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 
 def cmd_relaunch(args: argparse.Namespace) -> int:
-    from stepwatch.launcher.launch import relaunch_config  # noqa: PLC0415
+    from stepwatch.launcher.relaunch import relaunch_config  # noqa: PLC0415
 
     def make_cfg():
         run_dir = resolve_run(args.run, _runs_dir(args))
@@ -115,7 +116,7 @@ def cmd_relaunch(args: argparse.Namespace) -> int:
                 print(f"  {c}")
         else:
             print("config unchanged since the last attempt")
-        print(f"command: {' '.join(cfg.command)}  (cwd {cfg.cwd})")
+        print(f"command: {shlex.join(cfg.command)}  (cwd {cfg.cwd})")
         return cfg
 
     return _launch_and_follow(args, make_cfg, "relaunched")
@@ -238,14 +239,16 @@ def cmd_runs(args: argparse.Namespace) -> int:
         end = s["signal"] or ("" if s["returncode"] is None else f"code {s['returncode']}")
         if (s.get("ended") or {}).get("stop_requested"):
             end = f"stopped ({end})" if end else "stopped"
-        print(f"{s['run'][:24]:24} {s['attempt'] or '-':>3} {s['state']:9} {pid_or_job(s):>8} {_launched_at(d) or '-':24} {end}")
+        print(one_line(f"{one_line(s['run'])[:24]:24} {str(s['attempt'] or '-'):>3} {s['state']:9} {pid_or_job(s):>8} "
+                       f"{_launched_at(d) or '-':24} {end}"))  # a run's row is one line, whatever its files hold
     return EXIT_OK
 
 
 def _launched_at(run_dir: Path) -> str | None:
     from stepwatch.monitors.runfiles import RUN_JSON, read_json  # noqa: PLC0415
 
-    return (read_json(run_dir / RUN_JSON) or {}).get("launched_at")
+    at = (read_json(run_dir / RUN_JSON) or {}).get("launched_at")
+    return at if isinstance(at, str) else None  # a value read from a file: a {} would break the column's format
 
 
 def _pick_run(args: argparse.Namespace) -> Path | None:

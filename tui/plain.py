@@ -28,6 +28,7 @@ from stepwatch.monitors.snapshot.observer import RunObserver
 from stepwatch.monitors.snapshot.types import Snapshot
 from stepwatch.monitors.states import EXITED, NOT_JUDGED, OK, RUNNING, STALLED, UNKNOWN
 from stepwatch.monitors.watchdog import ProcessRef, wait_for_exit
+from stepwatch.tui.safe import one_line
 
 
 def _fmt(v: Any, nd: int = 2) -> str:
@@ -39,7 +40,8 @@ def _fmt(v: Any, nd: int = 2) -> str:
 
 
 def status_lines(snap: Snapshot) -> list[str]:
-    """A few readable lines with the same content as ``status --json``."""
+    """A few readable lines with the same content as ``status --json``; each one line (what a run's
+    files say is shown with its line breaks visible: tui/safe.py ``one_line``)."""
     step = snap.get("step") or {}
     lines = [f"{snap['run']} attempt {snap.get('attempt') or '-'}: {snap['state']}"
              + (f", pid {snap['pid']}" if snap.get("pid") else "")
@@ -59,8 +61,9 @@ def status_lines(snap: Snapshot) -> list[str]:
     log = snap.get("log") or {}
     mw = metrics_words(snap.get("metrics") or {})
     lines.append(f"  log: {mw or 'no loss or other metric read'}; format "
-                 + (f"{log['format']} ({log.get('matched_lines')} lines)" if log.get("format") else "not recognised")
-                 + (f"\n  HINT: {log['hint']}" if log.get("hint") else ""))
+                 + (f"{log['format']} ({log.get('matched_lines')} lines)" if log.get("format") else "not recognised"))
+    if log.get("hint"):
+        lines.append(f"  HINT: {log['hint']}")
     lines.append(f"  {health_words(snap)}")
     lines.append("  " + "; ".join(w for w in (scaling_words(snap.get("scaling")), padding_words(snap.get("padding")),
                                               energy_words(snap.get("energy"))) if w))
@@ -122,7 +125,7 @@ def status_lines(snap: Snapshot) -> list[str]:
         lines.append(f"  {len(snap['survivors'])} process(es) of the ended run survive (they may hold GPU memory): "
                      + ", ".join(f"{p['pid']} ({p['name']})" for p in snap["survivors"][:10])
                      + f"; kill them with: stepwatch stop {snap['run_dir']} --survivors")
-    return lines
+    return [one_line(ln) for ln in lines]  # a line break read from a run file never starts a line of its own
 
 
 class Narrator:
@@ -141,7 +144,7 @@ class Narrator:
             self.out.write(json.dumps(json_safe({"at": now, "kind": kind, "message": text, **data}),
                                       allow_nan=False, default=str) + "\n")
         else:
-            self.out.write(f"{now} {text}\n")
+            self.out.write(f"{now} {one_line(text)}\n")  # an event is one line, whatever a run file holds
         self.out.flush()
 
     def feed(self, snap: Snapshot) -> None:

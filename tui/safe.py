@@ -11,6 +11,10 @@ GPU names, run names, alert messages) is data. Two rules, one home:
   visible one-cell stand-in of the same length: the Control Pictures (``␛`` for ESC, ``␍`` for CR,
   ``␀`` ...) for C0 and DEL, ``�`` for C1 and the bidi controls. Tab and newline stay where a
   caller allows them. Same length, so a Text's styles stay on their characters.
+- **One line stays one line.** A field shown on one line (a version, the attention backend, a run's
+  name, an alert's message, a GPU's name) never starts a line of its own: :func:`one_line` shows its
+  line breaks as ``␊`` / ``␍`` (and U+2028 / U+2029 as ``␤``), so ``torch 2.4\nALERT ...`` read from
+  events.jsonl cannot print a fake line in ``status`` or a panel.
 
 :class:`SafeWriter` applies the same to everything the headless commands print.
 """
@@ -43,19 +47,30 @@ def visible(s: Any, *, newlines: bool = False) -> str:
     return (_C0_KEEP_NL if newlines else _C0_ALL).sub(_picture, s)
 
 
+_LINE_SEPARATORS = str.maketrans({"\u2028": "\u2424", "\u2029": "\u2424"})  # SYMBOL FOR NEWLINE
+
+
+def one_line(s: Any) -> str:
+    """``s`` as one line of visible text: :func:`visible` without newlines (LF -> ``␊``, CR -> ``␍``),
+    and the Unicode line and paragraph separators (which ``str.splitlines`` breaks at) -> ``␤``.
+    Same length as ``s``."""
+    return visible(s).translate(_LINE_SEPARATORS)
+
+
 def safe_text(value: Any, style: str = "", *, newlines: bool = False) -> Text:
     """A :class:`Text` that shows ``value`` literally: a str becomes unparsed text, a Text keeps
-    its styles with its characters made visible."""
+    its styles with its characters made visible; one line (:func:`one_line`) unless ``newlines``."""
     from rich.text import Text  # noqa: PLC0415
 
+    shown = (lambda s: visible(s, newlines=True)) if newlines else one_line  # noqa: E731
     if isinstance(value, Text):
         t = value.copy()
-        plain = visible(t.plain, newlines=newlines)
+        plain = shown(t.plain)
         if plain != t.plain:
             return Text(plain, style=t.style, justify=t.justify, overflow=t.overflow, no_wrap=t.no_wrap, end=t.end,
                         tab_size=t.tab_size, spans=list(t.spans))
         return t
-    return Text(visible(value, newlines=newlines), style)
+    return Text(shown(value), style)
 
 
 class SafeWriter:

@@ -283,8 +283,8 @@ def read_gpu_tail(path: str | os.PathLike[str], max_bytes: int = 4 << 20) -> lis
             continue
         try:
             obj = json.loads(line)
-        except ValueError:
-            continue  # a line caught mid-write
+        except (ValueError, RecursionError):
+            continue  # a line caught mid-write, or nested deeper than json reads
         if isinstance(obj, dict):
             out.append(obj)
     return out

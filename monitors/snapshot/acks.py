@@ -26,7 +26,7 @@ def read_acked(run_dir: Path) -> set[str]:
             for line in f:
                 try:
                     obj = json.loads(line)
-                except ValueError:
+                except (ValueError, RecursionError):  # corrupt, or nested deeper than json reads
                     continue
                 if isinstance(obj, dict) and isinstance(obj.get("alert_id"), str):
                     acked.add(obj["alert_id"])

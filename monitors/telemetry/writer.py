@@ -6,7 +6,9 @@ the last write (or FLUSH_MAX_LINES wait); any other event writes the buffer firs
 thread writes what the last step left within FLUSH_EVERY_S (a hang right after a step still shows
 it); ``flush()`` / ``close()`` and interpreter exit write the rest. A SIGKILL loses at most the last
 FLUSH_EVERY_S of steps. A forked child never writes the parent's buffered lines. An ``OSError``
-disables writing (counted in ``dropped_events``, one line on stderr). Standard library only.
+disables writing (counted in ``dropped_events``, one line on stderr). The file is never opened
+through a symlink and kept only when it is a regular file of this user (ARCHITECTURE.md R16); a
+refusal disables writing the same way. Standard library only.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import atexit
 import errno
 import math
 import os
+import stat
 import sys
 import threading
 import time
@@ -24,6 +27,31 @@ _PREFIX = "stepwatch telemetry: "
 FLUSH_EVERY_S = 0.05
 #: ... or once this many wait (a very fast loop's buffer stays small).
 FLUSH_MAX_LINES = 1024
+
+
+class RefusedFile(OSError):
+    """The events file's path holds something this process must not append to (its message says
+    what: a symlink, not a regular file, another user's file, a file with other names)."""
+
+
+def _not_ours(st: os.stat_result) -> str | None:
+    """Why an opened events file is not one to append to, or None: it must be a regular file of this
+    process's effective user with no other name (a hard link made in a shared run dir)."""
+    if not stat.S_ISREG(st.st_mode):
+        return "it is not a regular file"
+    euid = os.geteuid() if hasattr(os, "geteuid") else st.st_uid
+    if st.st_uid != euid:
+        return f"it belongs to uid {st.st_uid}, not to this process's uid {euid}"
+    if st.st_nlink > 1:
+        return f"it has {st.st_nlink} hard links (another name leads to it)"
+    return None
+
+
+def _is_symlink(path: str | None) -> bool:
+    try:
+        return path is not None and stat.S_ISLNK(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _warn(msg: str) -> None:
@@ -62,8 +90,33 @@ class EventFileWriter:
 
 
     def _open(self) -> None:
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
-        self._fd = os.open(self.path, flags, 0o644)  # type: ignore[arg-type]
+        """Open the events file for appending, never through a symlink, and keep the descriptor only
+        when it is a regular file of this user with one name (checked on the descriptor itself): in a
+        group-writable run dir another member's symlink, FIFO or file in its place must never make the
+        job append to something it did not create (ARCHITECTURE.md R16). Raises OSError; a refusal is
+        a :class:`RefusedFile` (the descriptor closed)."""
+        path = self.path
+        flags = (os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK  # a FIFO: ENXIO, never a hang
+                 | getattr(os, "O_CLOEXEC", 0))
+        try:
+            fd = os.open(path, flags, 0o644)  # type: ignore[arg-type]
+        except OSError as e:
+            if e.errno == errno.ELOOP and _is_symlink(path):  # (not a loop among the directories above it)
+                raise RefusedFile("it is a symlink (never followed)") from None
+            if e.errno == errno.ENXIO:  # a FIFO nobody reads (or a device without one)
+                raise RefusedFile("it is not a regular file") from None
+            raise
+        try:
+            why = _not_ours(os.fstat(fd))
+            if why is None:
+                os.set_blocking(fd, True)
+                self._fd = fd
+                return
+        except OSError:
+            os.close(fd)
+            raise
+        os.close(fd)
+        raise RefusedFile(why)
 
     def _close_fd(self) -> None:
         fd, self._fd = self._fd, None
@@ -155,12 +208,13 @@ class EventFileWriter:
 
     def _disable(self, e: OSError) -> None:
         self._disabled = True
-        self.disabled_reason = str(e)
+        refused = isinstance(e, RefusedFile)
+        said = f"not writing events to {self.path}: {e}" if refused else f"cannot write {self.path}: {e}"
+        self.disabled_reason = said if refused else str(e)
         self._close_fd()
         if not self._warned_disable:
             self._warned_disable = True
-            _warn(f"cannot write {self.path}: {e}; telemetry disabled, further events are counted as "
-                  "dropped (training continues)")
+            _warn(f"{said}; telemetry disabled, further events are counted as dropped (training continues)")
 
     def _write_after_buffer(self, data: bytes) -> bool:
         """Write ``data`` (an event that is not a step; the lock held) after the buffered steps, one write."""

@@ -14,7 +14,7 @@ from textual.widgets import Input, Static
 
 from stepwatch.monitors.snapshot.types import Alert
 from stepwatch.tui.format import stack_frames
-from stepwatch.tui.safe import safe_text
+from stepwatch.tui.safe import one_line, safe_text
 
 HELP = """\
 stepwatch keys
@@ -103,8 +103,8 @@ class AlertDetails(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         t = Text()
         for a in reversed(self.alerts):  # the newest first, as the banner shows it
-            t.append(f"{a.get('kind')} ({str(a.get('at'))[:19].replace('T', ' ')}Z): ", "bold")
-            t.append(f"{a.get('message')}\n")
+            t.append(one_line(f"{a.get('kind')} ({str(a.get('at'))[:19].replace('T', ' ')}Z): "), "bold")
+            t.append(f"{one_line(a.get('message'))}\n")  # read from alerts.jsonl: one line, whatever it holds
             if stack := a.get("stack"):  # the supervisor's py-spy dump of the stuck or straggling rank
                 frames = stack_frames(stack, most=40)
                 t.append("  its Python stack (py-spy, innermost frame first):\n", "bold")
@@ -160,7 +160,7 @@ class PreflightScreen(ModalScreen[dict[str, Any] | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog", id="preflight"):
-            yield Static(safe_text(self.title_text), classes="bold")
+            yield Static(safe_text(self.title_text, newlines=True), classes="bold")
             yield Static("running the pre-launch checklist ...", id="pf-items")
             yield Static("", id="pf-hint", classes="dim")
             yield Input(placeholder="override reason (recorded in run.json)", id="pf-reason")

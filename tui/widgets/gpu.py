@@ -11,6 +11,7 @@ from textual.widgets import Sparkline, Static
 
 from stepwatch.monitors.snapshot.types import GpuDevice, Snapshot
 from stepwatch.tui.format import energy_words, gib, health_words
+from stepwatch.tui.safe import one_line
 from stepwatch.tui.widgets.base import Panel
 
 
@@ -21,7 +22,7 @@ def _pct(v: float | None) -> str:
 def device_line(d: GpuDevice) -> Text:
     """``GPU0 NVIDIA H100  kernel-active 98%  power 290/700 W (41%)  tensor 12%  mem 40.1/80.0 GiB  verdict``."""
     t = Text()
-    t.append(f"GPU{d.get('index')} {d.get('name') or ''}", "bold")
+    t.append(one_line(f"GPU{d.get('index')} {d.get('name') or ''}"), "bold")  # a name read from gpu.jsonl: one line
     if d.get("used_by_run"):
         ranks = d.get("run_ranks") or []
         t.append(f" [run: rank {', '.join(map(str, ranks))}]" if ranks else " [run]", "cyan")
@@ -33,7 +34,7 @@ def device_line(d: GpuDevice) -> Text:
     t.append(f"  tensor {_pct(d.get('tensor_active_pct'))}")
     t.append(f"  mem {gib(d.get('mem_used_bytes'))}/{gib(d.get('mem_total_bytes'))} GiB")
     if verdict := d.get("verdict"):
-        t.append(f"  {verdict}", "bold red" if "tensor-idle" in str(verdict) else "yellow")
+        t.append(one_line(f"  {verdict}"), "bold red" if "tensor-idle" in str(verdict) else "yellow")
     return t
 
 
@@ -64,8 +65,9 @@ class GpuPanel(Panel):
         lines = Text("\n").join(device_line(d) for d in gpus)
         src = snap.get("gpu_source") or ""
         if src.startswith("recorded"):
-            lines = Text.assemble((f"RECORDED replay, not this machine: {src.split(':', 1)[-1]}\n", "bold yellow"), lines)
-        self._set("#gpu-lines", lines)
+            lines = Text.assemble((f"RECORDED replay, not this machine: {one_line(src.split(':', 1)[-1])}\n", "bold yellow"),
+                                  lines)
+        self._set("#gpu-lines", lines, lines=True)  # one line per device
         if plots:
             hist = (snap.get("gpu_history") or {}).get(str(gpus[0].get("index"))) or {}
             util = [v or 0 for v in hist.get("util_pct", [])][-120:]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import json
 import os
 import stat
 import subprocess
@@ -20,18 +21,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stepwatch.launcher.config import ConfigError, RunConfig, config_to_json, diff_configs, load_config, resolve_executable
+from stepwatch.launcher.config import ConfigError, RunConfig, config_to_json, resolve_executable
 from stepwatch.launcher.identity import gate_message, read_tree, untracked_warning
 from stepwatch.launcher.preflight import Checklist, run_checklist
 from stepwatch.launcher.rotate import rotate
+from stepwatch.launcher.trust import (
+    launch_digest, owner_copy_path, save_owner_copy,
+    shared_dir_problem,
+)
 from stepwatch.monitors.runfiles import (
-    ENV_ATTEMPT, ENV_RUN_DIR, PUSH_URLS_JSON, RUN_JSON, SCHEMA_VERSION, SUPERVISOR_LOG, open_append, read_json,
+    ENV_ATTEMPT, ENV_RUN_DIR, PUSH_URLS_JSON, RUN_JSON, SCHEMA_VERSION, STOP_JSON, SUPERVISOR_LOG, open_append,
+    read_json,
     utc_iso,
     write_json_atomic,
 )
 from stepwatch.monitors.rundirs import live_attempt, live_words  # noqa: F401 - live_attempt re-exported for callers
 
 SUPERVISOR_START_TIMEOUT_S = 60.0
+#: run.json is its owner's alone to write, whatever the umask (a group-writable run.json could be edited).
+RUN_JSON_MODE = 0o644
 # The supervisor runs the stepwatch this launcher is (the installed one, through this interpreter).
 # -P: the run dir, its cwd, is not put on sys.path, so nothing in it can shadow stepwatch's modules.
 # No PYTHONPATH either: an environment variable would leak into the training child.
@@ -145,6 +153,26 @@ def refuse_unsafe_dirs(runs_dir: Path, run_dir: Path) -> None:
                             "Launch under another name (--name) or another runs dir (--runs-dir)")
 
 
+def shared_risk(runs_dir: Path, run_dir: Path) -> str | None:
+    """The risk, stated at launch, of a runs dir or run dir that others may write (a team's shared
+    dir): they can change what a view shows of the run, never what runs (launcher/trust.py)."""
+    problem = shared_dir_problem(run_dir) or shared_dir_problem(runs_dir)
+    if problem is None:
+        return None
+    return (f"{problem}: other users can replace this run's files, so what `status` and the TUI show of it "
+            f"may be theirs. What runs, now and on relaunch, comes only from your own config and your copy "
+            f"of the launch in {owner_copy_path(run_dir).parent}, never from run.json")
+
+
+def _hand_over(wfd: int, run: dict[str, Any]) -> None:
+    """Write ``run`` to the supervisor's inherited pipe, then close it (the supervisor reads to EOF)."""
+    try:
+        with os.fdopen(wfd, "wb") as f:
+            f.write(json.dumps(run).encode("utf-8"))
+    except OSError:
+        pass  # the supervisor died before reading: the launch says so from its log
+
+
 def next_attempt(run_dir: Path) -> int:
     """1 + the highest attempt recorded in run.json or any rotated ``run.<stamp>.json`` (a corrupt
     run.json must not restart the numbering: alert ids carry it)."""
@@ -165,12 +193,32 @@ def _let_the_last_supervisor_finish(run_dir: Path) -> None:
     """Wait (at most LAST_SUPERVISOR_WAIT_S) for the previous attempt's supervisor to exit, so its
     last save lands before the files are rotated. The child is gone already (live_attempt refused
     otherwise); when the supervisor takes longer, the launch goes on: the saved state is only a
-    shortcut, refused by a view unless it fits the attempt and the file."""
+    shortcut, refused by a view unless it fits the attempt and the file.
+
+    A stop still carrying out its ladder (the command ended, a worker that ignores INT and TERM
+    not yet) is waited for to its last rung; a process of the stopped attempt still alive after that
+    refuses the launch (a survivor of a run that ended by itself is only warned of, by the CLI)."""
+    from stepwatch.launcher.escalation import ESCALATION, stop_grace_s  # noqa: PLC0415
+    from stepwatch.monitors.rundirs import run_survivors  # noqa: PLC0415
     from stepwatch.monitors.watchdog import ProcessRef, wait_for_exit  # noqa: PLC0415
 
-    sup = ProcessRef.from_json((read_json(run_dir / RUN_JSON) or {}).get("supervisor"))
+    run = read_json(run_dir / RUN_JSON, os.geteuid()) or {}
+    sup = ProcessRef.from_json(run.get("supervisor"))
+    stop = read_json(run_dir / STOP_JSON, os.geteuid()) or {}
+    stopping = bool(stop) and stop.get("ended_by") is None
     if sup is not None:
-        wait_for_exit(sup, timeout_s=LAST_SUPERVISOR_WAIT_S, poll_s=0.05)
+        wait_s = len(ESCALATION) * stop_grace_s(run_dir) + LAST_SUPERVISOR_WAIT_S if stopping else LAST_SUPERVISOR_WAIT_S
+        if stopping and not wait_for_exit(sup, timeout_s=0.0):
+            print(f"waiting for the stop of attempt {run.get('attempt')} to finish its ladder "
+                  f"(at most {wait_s:.0f} s) ...", file=sys.stderr, flush=True)
+        wait_for_exit(sup, timeout_s=wait_s, poll_s=0.05)
+    left = run_survivors(run_dir) if stopping else []
+    if left:
+        raise LaunchRefused(f"REFUSING: the stop of attempt {run.get('attempt')} ran its ladder and "
+                            f"{len(left)} of its process(es) still run: "
+                            + ", ".join(f"pid {p['pid']} ({p['name']})" for p in left[:10])
+                            + f". A stop finishes before a relaunch starts: kill them first: "
+                            f"stepwatch stop {run_dir} --survivors")
 
 
 def _start(cfg: RunConfig, exe: str, tree, checklist: Checklist, allow_dirty: str | None, override: str | None,
@@ -218,22 +266,30 @@ def _start(cfg: RunConfig, exe: str, tree, checklist: Checklist, allow_dirty: st
     }
     if cfg.alerts.get("urls"):  # tokens: readable by the run's owner (its supervisor) alone
         write_json_atomic(run_dir / PUSH_URLS_JSON, {"v": 1, "urls": list(cfg.alerts["urls"])}, mode=0o600)
+    warnings.extend(w for w in [shared_risk(cfg.runs_dir, run_dir), save_owner_copy(run_dir, run)] if w)
     if cfg.slurm is not None:
         return _submit(cfg, cfg.slurm, run, rotated, warnings)
-    write_json_atomic(run_dir / RUN_JSON, run)
-    with open(open_append(run_dir / SUPERVISOR_LOG), "ab") as slog:  # never through a symlink
-        sup = subprocess.Popen(
-            [*SUPERVISOR_ARGV, str(run_dir)],
-            stdin=subprocess.DEVNULL, stdout=slog, stderr=slog, start_new_session=True, close_fds=True,
-            cwd=str(run_dir),
-        )
+    write_json_atomic(run_dir / RUN_JSON, run, mode=RUN_JSON_MODE)
+    # What the supervisor runs reaches it over an inherited pipe, never by re-reading run.json: in a
+    # shared run dir another user could replace that file between this write and its read.
+    rfd, wfd = os.pipe()
+    try:
+        with open(open_append(run_dir / SUPERVISOR_LOG), "ab") as slog:  # never through a symlink
+            sup = subprocess.Popen(
+                [*SUPERVISOR_ARGV, str(run_dir), "--run-fd", str(rfd)],
+                stdin=subprocess.DEVNULL, stdout=slog, stderr=slog, start_new_session=True, close_fds=True,
+                pass_fds=(rfd,), cwd=str(run_dir),
+            )
+    finally:
+        os.close(rfd)
+    threading.Thread(target=_hand_over, args=(wfd, run), name=f"run-to-supervisor-{sup.pid}", daemon=True).start()
     # A TUI that launched stays open after the run: reap its supervisor when it ends (no zombie);
     # a CLI launch exits first and the supervisor is re-parented to init, which reaps it.
     threading.Thread(target=sup.wait, name=f"reap-supervisor-{sup.pid}", daemon=True).start()
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
-        cur = read_json(run_dir / RUN_JSON) or {}
-        if (cur.get("supervisor") or {}).get("pid") is not None:
+        cur = read_json(run_dir / RUN_JSON, os.geteuid()) or {}
+        if (cur.get("supervisor") or {}).get("pid") == sup.pid:  # its own record, not a planted one
             if cur.get("start_error"):
                 raise LaunchRefused(f"the command could not be started: {cur['start_error']}")
             return LaunchResult(run_dir, attempt, cur["process"]["pid"], rotated, warnings, cur)
@@ -261,19 +317,25 @@ def _submit(cfg: RunConfig, slurm_cfg: dict[str, Any], run: dict[str, Any], rota
                             sorted((p.stat().st_mtime, p.name) for p in run_dir.glob("run.*.json"))] if j]
     run["scheduler"] = {"kind": "slurm", "job_id": None, "poll_s": float(slurm_cfg.get("poll_s") or slurm.DEFAULT_POLL_S),
                         "sbatch_argv": None, "submitted_at": None, "previous_job_ids": previous[-20:]}
-    write_json_atomic(run_dir / RUN_JSON, run)
+    write_json_atomic(run_dir / RUN_JSON, run, mode=RUN_JSON_MODE)
     try:
-        job_id, argv = slurm.submit_held(slurm_cfg, run_dir, f"stepwatch-{cfg.name}")
+        job_id, argv = slurm.submit_held(slurm_cfg, run_dir, f"stepwatch-{cfg.name}", launch_digest(run))
     except (slurm.SlurmError, OSError) as e:
         run["start_error"] = f"sbatch: {e}"
-        write_json_atomic(run_dir / RUN_JSON, run)
+        write_json_atomic(run_dir / RUN_JSON, run, mode=RUN_JSON_MODE)
         raise LaunchRefused(f"Slurm did not take the job: {e}") from None
     run["scheduler"].update(job_id=job_id, sbatch_argv=argv, submitted_at=utc_iso(time.time()))
-    write_json_atomic(run_dir / RUN_JSON, run)  # before the release: the supervisor reads it when the job starts
-    with open(open_append(run_dir / JOBWATCH_LOG), "ab") as jlog:
-        w = subprocess.Popen([*SUPERVISOR_ARGV[:3], "stepwatch.monitors.watch.jobwatch", str(run_dir)],
-                             stdin=subprocess.DEVNULL, stdout=jlog, stderr=jlog, start_new_session=True,
-                             close_fds=True, cwd=str(run_dir))
+    write_json_atomic(run_dir / RUN_JSON, run, mode=RUN_JSON_MODE)  # before the release: the supervisor reads it when the job starts
+    rfd, wfd = os.pipe()  # the watcher delivers alerts (the [alerts] command): its run comes from here (R17)
+    try:
+        with open(open_append(run_dir / JOBWATCH_LOG), "ab") as jlog:
+            w = subprocess.Popen([*SUPERVISOR_ARGV[:3], "stepwatch.monitors.watch.jobwatch", str(run_dir),
+                                  "--run-fd", str(rfd)],
+                                 stdin=subprocess.DEVNULL, stdout=jlog, stderr=jlog, start_new_session=True,
+                                 close_fds=True, pass_fds=(rfd,), cwd=str(run_dir))
+    finally:
+        os.close(rfd)
+    threading.Thread(target=_hand_over, args=(wfd, run), name=f"run-to-jobwatch-{w.pid}", daemon=True).start()
     threading.Thread(target=w.wait, name=f"reap-jobwatch-{w.pid}", daemon=True).start()
     try:
         slurm.release(job_id)
@@ -291,39 +353,3 @@ def _user() -> str | None:
         return pwd.getpwuid(os.getuid()).pw_name
     except (KeyError, ImportError):
         return None
-
-
-def relaunch_config(run_dir: Path) -> tuple[RunConfig, list[str]]:
-    """The config for the next attempt of ``run_dir`` and what changed since the last one.
-
-    A run launched from a file re-reads that file (its path is in run.json) and compares sha256 and
-    content; a run launched from flags reuses run.json's config. Raises ConfigError / LaunchRefused.
-    """
-    run = read_json(run_dir / RUN_JSON)
-    if run is None:
-        raise LaunchRefused(f"no readable {RUN_JSON} in {run_dir}: nothing to relaunch (use stepwatch launch)")
-    old = run.get("config") or {}
-    if run.get("config_path"):
-        cfg = load_config(run["config_path"], runs_dir_override=run_dir.parent)
-        if cfg.name != run_dir.name:
-            raise LaunchRefused(f"the config file {run['config_path']} now names the run {cfg.name!r}, "
-                                f"not {run_dir.name!r}; launch it as a new run instead")
-        if cfg.config_sha256 == run.get("config_sha256"):
-            changes = []
-        else:
-            changes = diff_configs({k: v for k, v in old.items() if k != "runs_dir"},
-                                   {k: v for k, v in config_to_json(cfg).items() if k != "runs_dir"})
-            changes = changes or ["config file bytes changed (sha256), settings unchanged"]
-    else:
-        from stepwatch.launcher.config import _validate  # noqa: PLC0415
-
-        data = {k: old[k] for k in ("name", "command", "cwd", "env", "shell", "preflight", "alerts", "log", "slurm",
-                                    "export") if k in old}
-        if isinstance(data.get("alerts"), dict):  # run.json names push channels, never their URLs
-            data["alerts"] = {k: v for k, v in data["alerts"].items() if k != "channels"}
-        data.setdefault("name", run.get("name") or run_dir.name)
-        data.setdefault("command", run.get("argv"))
-        data.setdefault("cwd", run.get("cwd"))
-        cfg = _validate(data, Path("/"), "run.json", runs_dir_override=run_dir.parent)
-        changes = []
-    return cfg, changes

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from stepwatch.monitors.runfiles import JOB_SCRIPT, SUPERVISOR_LOG
+from stepwatch.monitors.runfiles import JOB_SCRIPT, SUPERVISOR_LOG, write_bytes_atomic
 from stepwatch.monitors.slurm import DEFAULT_POLL_S as DEFAULT_POLL_S  # the table's default, re-exported for launch
 
 #: ``[slurm]`` keys: sbatch's options by their own names (``ntasks_per_node`` is
@@ -77,11 +77,14 @@ def sbatch_argv(slurm: dict[str, Any], run_dir: Path, job_name: str) -> list[str
     return [*argv, *slurm.get("extra", []), str(run_dir / JOB_SCRIPT)]
 
 
-def batch_script(run_dir: Path, python: str = sys.executable) -> str:
+def batch_script(run_dir: Path, launch_sha256: str, python: str = sys.executable) -> str:
     """The job's batch script: the supervisor of ``run_dir`` in place of the shell (``exec``), so
-    ``scancel --batch`` reaches it and its exit status is the batch step's."""
+    ``scancel --batch`` reaches it and its exit status is the batch step's. It carries the digest of
+    what was launched (launcher/trust.py): Slurm keeps the script as submitted, so a run.json replaced
+    in the run dir meanwhile is refused by the supervisor, never run."""
     return ("#!/bin/sh\n# written by stepwatch launch: the run's supervisor inside the allocation\n"
-            f"exec {shlex.quote(python)} -P -m stepwatch.launcher.supervisor {shlex.quote(str(run_dir))}\n")
+            f"exec {shlex.quote(python)} -P -m stepwatch.launcher.supervisor {shlex.quote(str(run_dir))} "
+            f"--launch-sha256 {launch_sha256}\n")
 
 
 def slurm_job_id(run: dict[str, Any]) -> str | None:
@@ -95,9 +98,9 @@ class SlurmError(RuntimeError):
     """A Slurm command that failed; the message holds the command and what it printed."""
 
 
-def _run(argv: list[str]) -> str:
+def _run(argv: list[str], stdin: str | None = None) -> str:
     try:
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=SLURM_TIMEOUT_S)
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=SLURM_TIMEOUT_S, input=stdin)
     except FileNotFoundError:
         raise SlurmError(f"{argv[0]} not found: is Slurm's client installed on this machine (slurm-client)?") from None
     except subprocess.TimeoutExpired:
@@ -107,13 +110,14 @@ def _run(argv: list[str]) -> str:
     return p.stdout
 
 
-def submit_held(slurm: dict[str, Any], run_dir: Path, job_name: str) -> tuple[str, list[str]]:
-    """Write the batch script and submit it held; returns (job id, the sbatch argv). Raises SlurmError."""
-    script = run_dir / JOB_SCRIPT
-    script.write_text(batch_script(run_dir))
-    script.chmod(0o755)
-    argv = sbatch_argv(slurm, run_dir, job_name)
-    out = _run(argv).strip()
+def submit_held(slurm: dict[str, Any], run_dir: Path, job_name: str, launch_sha256: str) -> tuple[str, list[str]]:
+    """Submit the batch script held, on sbatch's stdin (nobody can swap the file between its write and
+    sbatch's read); a copy is kept in the run dir for the record. Returns (job id, the sbatch argv).
+    Raises SlurmError."""
+    text = batch_script(run_dir, launch_sha256)
+    write_bytes_atomic(run_dir / JOB_SCRIPT, text.encode(), mode=0o644)
+    argv = sbatch_argv(slurm, run_dir, job_name)[:-1]  # the script on stdin
+    out = _run(argv, stdin=text).strip()
     job_id = out.split(";")[0]  # --parsable: "id" or "id;cluster"
     if not job_id.isdigit():
         raise SlurmError(f"sbatch printed {out[:200]!r}, not a job id")
@@ -130,3 +134,24 @@ def scancel(job_id: str, signal: str | None = None, batch: bool = False) -> None
     batch script); ``--signal`` alone goes to the job's steps; with ``batch`` to the batch script
     (the supervisor) only. Raises SlurmError."""
     _run(["scancel", *([f"--signal={signal}"] if signal else []), *(["--batch"] if batch else []), job_id])
+
+
+def job_mismatch(job_id: str, run_dir: Path, owner_uid: int | None) -> str | None:
+    """Why Slurm job ``job_id`` is not this run's, or None when it is: read from a run.json, a job id
+    is a claim until Slurm confirms the job's owner is the run dir's (``owner_uid``) and its working
+    directory the run dir (``--chdir`` at submission). A job Slurm no longer knows is not this run's."""
+    try:
+        out = _run(["scontrol", "-o", "show", "job", job_id])
+    except SlurmError as e:
+        return f"Slurm does not confirm job {job_id}: {e}"
+    line = next((ln for ln in out.splitlines() if ln.startswith(f"JobId={job_id} ")), None)
+    if line is None:
+        return f"Slurm knows no job {job_id}"
+    kv = dict(f.split("=", 1) for f in line.split() if "=" in f)
+    uid = re.search(r"\((\d+)\)$", kv.get("UserId", ""))
+    if uid is None or owner_uid is None or int(uid.group(1)) != owner_uid:
+        return f"job {job_id} belongs to {kv.get('UserId', 'an unknown user')}, not to the run's owner (uid {owner_uid})"
+    work = kv.get("WorkDir")
+    if work is None or Path(work).resolve() != Path(run_dir).resolve():
+        return f"job {job_id} works in {work}, not in this run dir ({run_dir})"
+    return None

@@ -19,8 +19,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from stepwatch.launcher.slurm import SlurmError, scancel, slurm_job_id
-from stepwatch.launcher.supervisor import ESCALATION, Escalation
+from stepwatch.launcher.slurm import SlurmError, job_mismatch, scancel, slurm_job_id
+from stepwatch.launcher.escalation import ESCALATION, Escalation
 from stepwatch.monitors.fold.events import unix_time
 from stepwatch.monitors.signalling import belongs_to, owner_uid, send_signal
 from stepwatch.monitors.runfiles import EXIT_JSON, RUN_JSON, STOP_JSON, read_json, utc_iso, write_json_atomic
@@ -207,6 +207,9 @@ def _stop_job(run_dir: Path, run: dict, job: str, grace_s: float, reason: str | 
     st = query_job(job)
     if is_ended(st["state"]):
         return StopOutcome(True, read_json(run_dir / EXIT_JSON), read_json(run_dir / STOP_JSON), False)
+    why = job_mismatch(job, run_dir, owner_uid(run_dir))
+    if why:
+        raise StopError(f"refusing to cancel Slurm job {job}, which run.json names: {why}. Nothing was cancelled.")
     t = time.time()
     queued = st["state"] in WAITING_STATES or (run.get("supervisor") or {}).get("pid") is None
     stop = {"v": 1, "requested_at": utc_iso(t), "requested_at_unix": t, "grace_s": grace_s, "reason": reason,
@@ -238,7 +241,10 @@ def _escalate_here(run_dir: Path, proc: ProcessRef, stop: dict, start_at: int, g
     """No supervisor to carry the stop out: run the ladder from this command (recorded in stop.json
     all the same), to the command's group and every recorded process of its tree, with this
     command's grace, checking before each rung that the run dir is still the one pinned."""
-    esc = Escalation(run_dir, proc, start_at=start_at, grace_s=grace_s, still_same_dir=pin.same)
+    job = slurm_job_id(read_json(run_dir / RUN_JSON, owner_uid(run_dir)) or {})
+    if job and job_mismatch(job, run_dir, owner_uid(run_dir)):
+        job = None  # a job Slurm does not confirm as this run's gets no signal; the processes here still do
+    esc = Escalation(run_dir, proc, start_at=start_at, grace_s=grace_s, still_same_dir=pin.same, job_id=job)
     esc.start()
     esc.thread.join()
     gone = not esc.alive()

@@ -1,9 +1,10 @@
 """The supervisor: a small process, in its own session, that owns one attempt of a run.
 
-Started by the launcher as ``python -m stepwatch.launcher.supervisor RUN_DIR`` with ``start_new_session=True``
+Started by the launcher as ``python -m stepwatch.launcher.supervisor RUN_DIR --run-fd N`` with ``start_new_session=True``
 and stdin from /dev/null, so closing the TUI, losing the SSH link or a SIGHUP never reaches it.
 
-It reads the attempt's run.json, opens ``train.log`` for appending (the file is new: the launcher
+It gets the attempt's run from its launcher over an inherited pipe (a Slurm job's supervisor reads
+run.json, checked against the digest its batch script carries: ARCHITECTURE.md R17), opens ``train.log`` for appending (the file is new: the launcher
 rotated the previous attempt's), starts the training command as its child in the child's own
 process group with stdout+stderr going straight into ``train.log`` (unmodified bytes, no pipe),
 completes run.json once with both pids, starts the GPU sampler and the run's monitoring (log-derived
@@ -15,6 +16,7 @@ after the grace, SIGKILL after a second grace, and records each signal in ``stop
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -25,31 +27,19 @@ import time
 import traceback
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable
 
 import psutil
 
+from stepwatch.launcher.escalation import ESCALATION, Escalation, new_stop_record, stop_grace_s
+from stepwatch.launcher.escalation import log_line as _log
 from stepwatch.launcher.exitrecord import record_exit, reserve_space
-from stepwatch.launcher.slurm import SlurmError, scancel, slurm_job_id
-from stepwatch.monitors.proctree import TreeRecorder, become_subreaper
-from stepwatch.monitors.signalling import in_group, owner_uid, send_signal, signal_group, signal_targets
+from stepwatch.launcher.slurm import slurm_job_id
+from stepwatch.launcher.trust import launch_digest, read_private_json
+from stepwatch.monitors.proctree import HELPER_PIDS, HELPERS_LOCK, TreeRecorder, become_subreaper
 from stepwatch.monitors.runfiles import (
-    PROCS_JSON, RUN_JSON, STOP_JSON, TRAIN_LOG, open_append, read_json, utc_iso, write_json_atomic,
+    RUN_JSON, STOP_JSON, SUPERVISOR_LOG, TRAIN_LOG, open_append, read_json, read_run_fd, utc_iso, write_json_atomic,
 )
-from stepwatch.monitors.watchdog import ProcessRef, is_alive
-
-ESCALATION = (signal.SIGINT, signal.SIGTERM, signal.SIGKILL)
-DEFAULT_GRACE_S = 30.0
-
-
-def _log(msg: str) -> None:
-    """One line to the supervisor's own log (its stderr is ``supervisor.log``); a full disk loses
-    the line, never the supervisor."""
-    try:
-        print(f"{utc_iso(time.time())} supervisor[{os.getpid()}]: {msg}", file=sys.stderr, flush=True)
-    except (OSError, ValueError):
-        pass
-
+from stepwatch.monitors.watchdog import ProcessRef
 
 #: Set for the child unless the user set them: Rich (Lightning's default ``RichProgressBar``) then
 #: draws its progress into train.log while the run goes on, instead of once at the end (Rich >= 14
@@ -77,99 +67,6 @@ def child_argv(run: dict[str, Any]) -> list[str]:
     if run.get("shell"):
         return ["/bin/sh", "-c", argv[0]]
     return argv
-
-
-class Escalation:
-    """Carries out a stop: INT -> TERM -> KILL to the training command's process group and to every
-    other process of the attempt's recorded tree (``procs.json``, by identity: a worker that moved to
-    a session of its own too), each signal recorded in ``stop.json``. The ladder goes on while any of
-    them lives (a frozen rank outlives its launcher), a grace between rungs; ``start_at`` skips rungs
-    already sent (``stepwatch stop`` taking over from a supervisor that died mid-stop)."""
-
-    POLL_S = 0.2
-
-    def __init__(self, run_dir: Path, leader: ProcessRef, start_at: int = 0, grace_s: float | None = None,
-                 still_same_dir: Callable[[], bool] | None = None):
-        """``grace_s``: the seconds between rungs (default: stop.json's, as the supervisor reads it);
-        ``still_same_dir``: checked before each rung (the CLI's pinned run dir): False ends the ladder."""
-        self.run_dir = run_dir
-        self.leader = leader
-        self.uid = owner_uid(run_dir)
-        self.start_at = start_at
-        self.grace_s = grace_s
-        self.still_same_dir = still_same_dir or (lambda: True)
-        self.last_signal: str | None = None
-        self.job_id = slurm_job_id(read_json(run_dir / RUN_JSON) or {})  # a Slurm run: its steps too
-        self.thread = threading.Thread(target=self._run, name="stop-escalation", daemon=True)
-
-    def start(self) -> None:
-        """Begin the escalation in a thread (idempotent: the caller starts it once)."""
-        self.thread.start()
-
-    def _others(self) -> list:
-        return signal_targets(self.run_dir, self.run_dir / PROCS_JSON, exclude={self.leader.pid})
-
-    def alive(self) -> bool:
-        """The command or any recorded process of its tree still runs."""
-        return is_alive(self.leader) or bool(self._others())
-
-    def _record(self, sig: signal.Signals, pids: list[int], group: bool) -> None:
-        stop = read_json(self.run_dir / STOP_JSON) or _new_stop_record(reason="supervisor received a stop signal")
-        t = time.time()
-        stop.setdefault("signals", []).append(
-            {"signal": sig.name, "sent_at": utc_iso(t), "sent_at_unix": t,
-             "pgid": self.leader.pid if group else None, "pids": pids})
-        write_json_atomic(self.run_dir / STOP_JSON, stop)
-
-    def _send(self, sig: signal.Signals) -> tuple[bool, list[int]]:
-        group = signal_group(self.leader, sig, self.uid)
-        pids = [t.ref.pid for t in self._others()
-                if not (group and in_group(t.ref.pid, self.leader.pid)) and send_signal(t.ref, sig, self.uid)]
-        if not group and send_signal(self.leader, sig, self.uid):  # a leader that left its group
-            pids.insert(0, self.leader.pid)
-        if self.job_id:  # the job's steps (srun's tasks, on every node): srun takes one INT as "status?"
-            try:
-                scancel(self.job_id, signal=sig.name.removeprefix("SIG"))
-                _log(f"scancel --signal={sig.name.removeprefix('SIG')} {self.job_id} (the job's steps)")
-            except SlurmError as e:
-                _log(f"could not signal the job's steps: {e}")
-        return group, pids
-
-    def _run(self) -> None:
-        grace = _grace_of(self.run_dir) if self.grace_s is None else self.grace_s
-        for sig in ESCALATION[self.start_at:]:
-            if not self.alive():
-                return
-            if not self.still_same_dir():
-                _log(f"the run dir {self.run_dir} was replaced: the stop ends here, nothing more is signalled")
-                return
-            group, pids = self._send(sig)
-            if group or pids:
-                self.last_signal = sig.name
-                _log(f"sent {sig.name} to " + ", ".join(
-                    ([f"process group {self.leader.pid}"] if group else []) + [f"pid {p}" for p in pids]))
-            try:
-                self._record(sig, pids, group)
-            except OSError as e:  # an unwritable run dir must not stop the stop
-                _log(f"could not record {sig.name} in stop.json: {e}")
-            deadline = time.monotonic() + grace
-            while time.monotonic() < deadline:
-                time.sleep(min(self.POLL_S, max(0.0, deadline - time.monotonic())))
-                if not self.alive():
-                    return
-
-
-def _grace_of(run_dir: Path) -> float:
-    grace = (read_json(run_dir / STOP_JSON) or {}).get("grace_s")
-    if isinstance(grace, bool) or not isinstance(grace, (int, float)):  # a JSON number only (true/false refused)
-        return DEFAULT_GRACE_S
-    return float(grace) if 0 <= grace < 1e7 else DEFAULT_GRACE_S
-
-
-def _new_stop_record(reason: str | None, grace_s: float | None = None) -> dict[str, Any]:
-    t = time.time()
-    return {"v": 1, "requested_at": utc_iso(t), "requested_at_unix": t, "grace_s": grace_s, "reason": reason,
-            "requested_by_pid": None, "signals": [], "ended_by": None}
 
 
 def _start_gpu_sampler(run_dir: Path, run: dict[str, Any], child_pid: int, stop: threading.Event) -> None:
@@ -256,17 +153,68 @@ def _start_watch(run_dir: Path, run: dict[str, Any], exit_recorded: threading.Ev
     return t
 
 
+#: The warden (:mod:`stepwatch.monitors.watch.warden`): pages the run's end when this process dies first.
+WARDEN_ARGV = (sys.executable, "-P", "-m", "stepwatch.monitors.watch.warden")
+
+
+def _start_warden(run_dir: Path, run: dict[str, Any]) -> None:
+    """Start the warden in a session of its own, handing it this attempt's record over a pipe (never
+    a file it would re-read); any failure is logged: the run goes on, its end paged by this process."""
+    try:
+        rfd, wfd = os.pipe()
+        try:
+            with HELPERS_LOCK, open(open_append(run_dir / SUPERVISOR_LOG), "ab") as wlog:
+                w = subprocess.Popen([*WARDEN_ARGV, str(run_dir), "--run-fd", str(rfd)], stdin=subprocess.DEVNULL,
+                                     stdout=wlog, stderr=wlog, start_new_session=True, close_fds=True, pass_fds=(rfd,),
+                                     cwd=str(run_dir))
+                HELPER_PIDS.add(w.pid)  # never part of the run's tree, never signalled by a stop
+        finally:
+            os.close(rfd)
+    except (OSError, subprocess.SubprocessError) as e:
+        _log(f"no warden: {e}; a kill of this supervisor would go unpaged")
+        return
+
+    def hand_over() -> None:
+        try:
+            with os.fdopen(wfd, "wb") as f:
+                f.write(json.dumps(run).encode("utf-8"))
+        except OSError as e:
+            _log(f"the warden did not take the run: {e}")
+        w.wait()  # reaped here if it ends first (it normally outlives this process)
+
+    threading.Thread(target=hand_over, name="warden", daemon=True).start()
+
+
 def _child_signal_defaults() -> None:
     """In the child before exec: SIGHUP back to its default (the supervisor ignores it, and an
     ignored signal stays ignored across exec). Runs before any supervisor thread exists."""
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
-def supervise(run_dir: Path) -> int:
-    """Run one attempt to its end. Returns the supervisor's exit status (0 when exit.json was written)."""
-    run = read_json(run_dir / RUN_JSON)
+def read_run(run_dir: Path, run_fd: int | None, launch_sha256: str | None) -> tuple[dict[str, Any] | None, str | None]:
+    """What this attempt runs: from the launcher's pipe (``run_fd``, read to EOF), or from run.json
+    when it is this user's alone (launcher/trust.py) and matches ``launch_sha256`` (the digest the
+    batch script carries). Returns (run, None) or (None, why not)."""
+    if run_fd is not None:
+        run = read_run_fd(run_fd)
+        return (run, None) if run is not None else (None, f"no run (a JSON object) from the launcher on descriptor {run_fd}")
+    run, why = read_private_json(run_dir / RUN_JSON, str(run_dir / RUN_JSON))
     if run is None:
-        _log(f"no readable {RUN_JSON} in {run_dir}")
+        return None, f"{why}: it cannot say what runs as this user"
+    if launch_sha256 is None:
+        return None, "no digest of the launch given (--launch-sha256): run.json alone is not trusted"
+    if launch_digest(run) != launch_sha256:
+        return None, (f"{RUN_JSON} is not what was launched (its digest differs from the one the batch script "
+                      "carries): it was changed after the launch, and is not run")
+    return run, None
+
+
+def supervise(run_dir: Path, run_fd: int | None = None, launch_sha256: str | None = None) -> int:
+    """Run one attempt to its end (:func:`read_run` says what). Returns the supervisor's exit
+    status (0 when exit.json was written)."""
+    run, why = read_run(run_dir, run_fd, launch_sha256)
+    if run is None:
+        _log(f"REFUSING to run: {why}")
         return 2
     stop_requested = threading.Event()
     for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
@@ -293,7 +241,7 @@ def supervise(run_dir: Path) -> int:
         run["start_error"] = f"{type(e).__name__}: {e}"
         t = time.time()
         try:
-            write_json_atomic(run_dir / RUN_JSON, run)
+            write_json_atomic(run_dir / RUN_JSON, run, mode=0o644)
         finally:
             record_exit(run_dir, {"v": 1, "returncode": None, "signal": None, "ended_at": utc_iso(t),
                                   "ended_at_unix": t, "duration_s": 0.0, "stop_requested": False,
@@ -312,9 +260,10 @@ def supervise(run_dir: Path) -> int:
     run["start_error"] = None
     exporter = _start_exporter(run)
     try:
-        write_json_atomic(run_dir / RUN_JSON, run)
+        write_json_atomic(run_dir / RUN_JSON, run, mode=0o644)
     except OSError as e:  # a full disk: the child runs all the same, supervised; exit.json says how it ended
         _log(f"could not record the pids in {RUN_JSON}: {e}")
+    _start_warden(run_dir, run)
     _log(f"started pid {child.pid}: {child_argv(run)!r}" + ("" if subreaper else " (not a child subreaper: "
          "a worker whose parent dies goes to init, and is found only while in this session)"))
 
@@ -333,7 +282,7 @@ def supervise(run_dir: Path) -> int:
         except subprocess.TimeoutExpired:
             pass
         if stop_requested.is_set() and escalation is None:
-            escalation = Escalation(run_dir, child_ref)
+            escalation = Escalation(run_dir, child_ref, job_id=slurm_job_id(run))
             escalation.start()
     child_done.set()
     t_end = time.time()
@@ -347,11 +296,11 @@ def supervise(run_dir: Path) -> int:
     record_exit(run_dir, exit_rec, reserve, log=_log)
     exit_recorded.set()
     if stop_requested.is_set() and escalation is None:  # asked in the last poll interval
-        escalation = Escalation(run_dir, child_ref)
+        escalation = Escalation(run_dir, child_ref, job_id=slurm_job_id(run))
         escalation.start()
     if escalation is not None:
-        escalation.thread.join(len(ESCALATION) * _grace_of(run_dir) + 5)  # the rest of the tree, bounded
-        stop = read_json(run_dir / STOP_JSON) or _new_stop_record(None)
+        escalation.thread.join(len(ESCALATION) * stop_grace_s(run_dir) + 5)  # the rest of the tree, bounded
+        stop = read_json(run_dir / STOP_JSON) or new_stop_record(None)
         stop["ended_by"] = {"last_signal_sent": escalation.last_signal, "returncode": exit_rec["returncode"],
                             "signal": sig_name, "ended_at": exit_rec["ended_at"]}
         try:
@@ -373,13 +322,20 @@ def supervise(run_dir: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: ``python -m stepwatch.launcher.supervisor RUN_DIR``."""
+    """Entry point: ``python -m stepwatch.launcher.supervisor RUN_DIR --run-fd N`` (a local launch:
+    the run on an inherited pipe) or ``... RUN_DIR --launch-sha256 HEX`` (a Slurm job's batch script)."""
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        print("usage: python -m stepwatch.launcher.supervisor RUN_DIR", file=sys.stderr)
+    run_fd = digest = None
+    if len(argv) == 3 and argv[1] == "--run-fd" and argv[2].isdigit():
+        run_fd = int(argv[2])
+    elif len(argv) == 3 and argv[1] == "--launch-sha256":
+        digest = argv[2]
+    else:
+        print("usage: python -m stepwatch.launcher.supervisor RUN_DIR (--run-fd N | --launch-sha256 HEX)",
+              file=sys.stderr)
         return 2
     try:
-        return supervise(Path(argv[0]).resolve())
+        return supervise(Path(argv[0]).resolve(), run_fd, digest)
     except Exception:
         _log("crashed:\n" + traceback.format_exc())
         return 1

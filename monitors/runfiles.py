@@ -238,9 +238,22 @@ def append_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         os.close(fd)
 
 
+def read_run_fd(fd: int) -> dict[str, Any] | None:
+    """The run a launcher handed a process of the run's owner on an inherited pipe, read to EOF
+    (ARCHITECTURE.md R17: never re-read from the run dir); None when it is not a JSON object."""
+    try:
+        with os.fdopen(fd, "rb") as f:
+            obj = json.loads(f.read(MAX_JSON_BYTES + 1))
+    except (OSError, ValueError, RecursionError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
 def read_push_urls(run_dir: str | os.PathLike[str]) -> list[str]:
-    """The push URLs of this attempt (``alerts.urls.json``, written 0600 at launch), [] when none."""
-    obj = read_json(Path(run_dir) / PUSH_URLS_JSON)
+    """The push URLs of this attempt (``alerts.urls.json``, written 0600 at launch), [] when none or
+    when the file is not this user's own (another user's file in a shared run dir would send the
+    owner's alerts where they choose)."""
+    obj = read_json(Path(run_dir) / PUSH_URLS_JSON, os.geteuid())
     urls = (obj or {}).get("urls")
     return [u for u in urls if isinstance(u, str)] if isinstance(urls, list) else []
 

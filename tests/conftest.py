@@ -9,16 +9,20 @@ import sys
 import time
 from pathlib import Path
 from collections.abc import Callable
+from typing import TypeVar
 
 import pytest
 
+T = TypeVar("T")
 REPO_ROOT = Path(__file__).resolve().parents[1]
 #: Real torch/transformers captures (tests/fixtures/real/README.md; re-capture: tools/capture_fixtures/capture.sh).
 FIXTURES_REAL = Path(__file__).resolve().parent / "fixtures" / "real"
 
 
-def wait_until(cond: Callable[[], object], timeout_s: float = 10.0, interval_s: float = 0.02, what: str = "condition"):
-    """Poll ``cond`` until it returns a truthy value; fail the test after ``timeout_s`` seconds."""
+def wait_until(cond: Callable[[], T | None], timeout_s: float = 10.0, interval_s: float = 0.02,
+               what: str = "condition") -> T:
+    """Poll ``cond`` until it returns a truthy value (returned, typed as ``cond`` returns it); fail
+    the test after ``timeout_s`` seconds."""
     deadline = time.monotonic() + timeout_s
     while True:
         v = cond()
@@ -100,6 +104,13 @@ def _is_this_test_run(pid: int) -> bool:
     """``pid`` is pytest, its parent, or the id of pytest's process group (``setsid pytest``, a CI runner
     that makes pytest a group leader): SIGKILL to it, or killpg of it, would end the test run."""
     return pid in (os.getpid(), os.getppid(), os.getpgrp())  # killpg(pid) of pytest's own group
+
+
+@pytest.fixture(autouse=True)
+def _own_state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test's launches keep their owner's copies (launcher/trust.py) in a state dir of its own,
+    inherited by every stepwatch it starts, not in the home of whoever runs the suite."""
+    monkeypatch.setenv("STEPWATCH_STATE_DIR", str(tmp_path / ".stepwatch-state"))
 
 
 @pytest.fixture(autouse=True)

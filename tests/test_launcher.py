@@ -587,3 +587,44 @@ def test_an_empty_override_reason_is_a_usage_error(repo: Path):
     r = launch(repo, sys.executable, "ok.py", extra=("--allow-dirty", "  "))
     assert r.returncode == 2 and "non-empty REASON" in r.stderr
     assert not (repo / "runs" / "r" / "run.json").exists()
+
+
+STUBBORN_PY = """\
+import subprocess, sys, time
+worker = subprocess.Popen([sys.executable, "-c", "import signal, time\\n"
+                           "signal.signal(signal.SIGINT, signal.SIG_IGN)\\n"
+                           "signal.signal(signal.SIGTERM, signal.SIG_IGN)\\n"
+                           "time.sleep(600)\\n"], start_new_session=True)
+print("worker", worker.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_relaunch_during_a_stop_waits_for_its_ladder_and_no_worker_runs_beside_the_new_attempt(repo: Path):
+    """The command ends at SIGINT, its worker ignores INT and TERM: the relaunch waits for the
+    supervisor's KILL rung; the old worker is gone before attempt 2 starts."""
+    (repo / "stubborn.py").write_text(STUBBORN_PY)
+    git(repo, "add", "stubborn.py")
+    git(repo, "commit", "-qm", "stubborn")
+    launch(repo, sys.executable, "stubborn.py")
+    run_dir = repo / "runs" / "r"
+    printed: list[str] = wait_until(lambda: (run_dir / "train.log").read_text().split()[1:2], 10, what="the worker")
+    worker = int(printed[0])
+    try:
+        wait_until(lambda: worker in [p.get("pid") for p in (read_json(run_dir / "procs.json") or {}).get("processes", [])],
+                   10, what="the worker in the recorded tree")
+        r = stepwatch("stop", str(run_dir), "--grace", "9", "--no-wait")  # a ladder (18 s) longer than
+        # the 15 s a relaunch waits for a supervisor that is not stopping anything
+        assert r.returncode == 0, r.stderr
+        wait_exit(run_dir)  # the command took the INT; its worker did not
+        assert psutil.pid_exists(worker) and psutil.Process(worker).status() != psutil.STATUS_ZOMBIE
+        r = stepwatch("relaunch", "--no-tui", str(run_dir), cwd=repo)
+        assert r.returncode == 0, r.stderr
+        assert "waiting for the stop of attempt 1 to finish its ladder" in r.stderr
+        assert not psutil.pid_exists(worker) or psutil.Process(worker).status() == psutil.STATUS_ZOMBIE
+        rotated = [read_json(p) for p in run_dir.glob("stop.*.json")]
+        assert [s["signal"] for s in rotated[0]["signals"]] == ["SIGINT", "SIGTERM", "SIGKILL"], rotated  # type: ignore[index]
+        assert run_json(run_dir)["attempt"] == 2
+    finally:
+        if psutil.pid_exists(worker):
+            os.kill(worker, signal.SIGKILL)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from stepwatch.monitors.detectors.storm import recompile_storm
 from stepwatch.monitors.detectors.straggler import stuck_ranks, straggler_state
+from stepwatch.monitors.snapshot.ranks import cascades, first_of
+from stepwatch.monitors.snapshot.types import Rank
 
 
 def ends(lag_by_rank: dict[int, float], steps: range = range(1, 61), base: float = 1000.0) -> dict[int, dict[int, float]]:
@@ -128,3 +130,20 @@ def test_the_ahead_rank_is_the_newest_whatever_its_place_and_figures_keep_4_deci
     assert fine["lag_s"] == 0.1235 and fine["lags_s"]["2"] == 0.1235
     jit = straggler_state(ends({0: 0.0, 1: 0.0411111, 2: 0.5}, base=0.0))
     assert jit["trip_s"] == 0.1233  # 3 x 0.0411111 = 0.1233333: 4 decimals, not 3 or 5
+
+
+def _death(rank: int, ended_at_unix: float | None, signal: str | None) -> Rank:
+    return Rank(rank=rank, local_rank=rank, pid=100 + rank, alive=False, ended_at_unix=ended_at_unix, returncode=None,
+                signal=signal, exit_source="kernel" if ended_at_unix else "torchrun", root_cause=False,
+                after_stop=False, restart_count=None, max_restarts=None, started_at_unix=None, steps=None)
+
+
+def test_a_death_whose_time_is_not_known_yet_joins_the_cascade_and_never_starts_one():
+    """A torn-down rank read from torchrun's table before its exit was recorded (no time) is no
+    first death: the timed SIGKILL of the other rank starts the cascade (a race seen under load)."""
+    untimed, killed = _death(0, None, "SIGTERM"), _death(1, 1000.0, "SIGKILL")
+    [group] = cascades([untimed, killed])
+    assert group == [killed, untimed] and first_of(group) is killed
+    apart = _death(2, 1000.0 + 60, "SIGKILL")
+    assert cascades([killed, apart]) == [[killed], [apart]]  # the control: timed deaths a minute apart are two
+    assert cascades([untimed]) == [[untimed]]  # alone, it is still a death

@@ -174,6 +174,14 @@ def test_a_job_held_in_the_queue_reads_pending_with_slurms_reason_and_stops_ther
     asyncio.run(_header_shows(run_dir, f"PENDING  job {job} "))
     r = stepwatch("launch", "run.toml", "--no-tui", cwd=run_dir.parent.parent)
     assert r.returncode == 1 and f"Slurm job {job} has not ended" in r.stderr, r.stderr  # one live attempt
+    decoy = run_dir.parent / "decoy"  # another run dir whose run.json names this job: a claim Slurm does not confirm
+    decoy.mkdir()
+    (decoy / "run.json").write_text(json.dumps({
+        "v": 1, "name": "decoy", "attempt": 1, "launched_at_unix": time.time(), "process": {"pid": None},
+        "supervisor": {"pid": None}, "scheduler": {"kind": "slurm", "job_id": job}}))
+    r = stepwatch("stop", str(decoy), timeout=60)
+    assert r.returncode != 0 and f"refusing to cancel Slurm job {job}" in r.stderr and "works in" in r.stderr, r
+    assert _status(run_dir)["scheduler"]["state"] == "PENDING"  # nothing was cancelled
     r = stepwatch("stop", str(run_dir), timeout=60)
     assert r.returncode == 0 and f"Slurm job {job} cancelled while PENDING; nothing had started" in r.stdout, r.stdout
     snap = wait_until(lambda: (s := _status(run_dir))["scheduler"]["state"] == "CANCELLED" and s, 20,

@@ -370,3 +370,42 @@ def test_push_urls_stay_out_of_the_files_other_users_read(harness: Path):
     wait_until(lambda: alert_records(run_dir, "delivery"), 30, what="the delivery record")
     assert "s3cret" not in (run_dir / "alerts.jsonl").read_text()
     assert "s3cret" not in stepwatch("status", str(run_dir), "--json").stdout
+
+
+@pytest.mark.slow
+def test_a_killed_supervisor_is_paged_and_the_runs_later_death_reaches_the_endpoint_within_10_s_once(
+        harness: Path, tmp_path: Path):
+    """The supervisor SIGKILLed (the OOM killer, kill -9), then the training process: its warden pages
+    the loss at once and the death within 10 s, once; the positive control is the supervisor's own
+    normal end (test_a_push_to_a_local_endpoint...), where the warden pages nothing."""
+    server = http.server.HTTPServer(("127.0.0.1", 0), _Hook)
+    port = server.server_address[1]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _Hook.received = []
+    truth = tmp_path / "truth.json"
+    try:
+        run_dir = launch_config(harness, "warded", [sys.executable, "tq.py", "600", "0.1", "0", "0", str(truth)],
+                                alerts={"urls": [f"json://127.0.0.1:{port}/hook"], "min_level": "warning"})
+        wait_until(lambda: status(run_dir)["step_seconds"]["n"] >= 3, 30, what="a few timed steps")
+        run = read_json(run_dir / "run.json")
+        assert run is not None
+        os.kill(run["supervisor"]["pid"], signal.SIGKILL)
+        lost: list[dict] = wait_until(lambda: [x for x in _Hook.received if "supervisor_lost" in x["title"]], 10,
+                                      what="the supervisor's loss paged")
+        assert f"supervisor (pid {run['supervisor']['pid']})" in lost[0]["message"] and "goes on" in lost[0]["message"]
+        assert not [x for x in _Hook.received if "watchdog" in x["title"]]  # the run still lives: no death yet
+        t_kill = time.monotonic()
+        os.kill(run["process"]["pid"], signal.SIGKILL)
+        deaths: list[dict] = wait_until(lambda: [x for x in _Hook.received if "watchdog" in x["title"]], 10,
+                                        what="the run's death paged with its supervisor gone")
+        assert time.monotonic() - t_kill <= 10
+        assert f"process {run['process']['pid']}" in deaths[0]["message"], deaths
+        wait_until(lambda: "the warding ends" in (run_dir / "supervisor.log").read_text(), 60,
+                   what="the warden to finish its deliveries")  # then "once" can be counted
+        assert len([x for x in _Hook.received if "watchdog" in x["title"]]) == 1, _Hook.received
+        recorded = [r["alert_kind"] for r in alert_records(run_dir)]
+        assert recorded.count("supervisor_lost") == 1 and recorded.count("watchdog") == 1, recorded
+        snap = status(run_dir)
+        assert {a["kind"] for a in snap["alerts"]} >= {"supervisor_lost", "watchdog"}  # what a view shows too
+    finally:
+        server.shutdown()

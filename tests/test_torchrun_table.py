@@ -48,12 +48,24 @@ def test_each_field_comes_from_its_own_place_and_the_root_cause_from_its_header(
         RankFailure(5, 2, -15, 77, False)]  # behind a rank prefix; no header yet: no root cause
 
 
+def test_a_table_read_half_written_names_no_failure_until_its_root_cause_is_read():
+    """torchrun prints the torn-down ranks before the root cause: a log caught mid-print must not
+    make a SIGTERMed rank the first death (it did, under load, in test_ranks)."""
+    head, tail = TABLE.split("Root Cause")
+    t = feed(head)
+    assert t.entries == [] and t.pending == [RankFailure(11, 3, 1, 40211, False)]
+    for ln in ("Root Cause" + tail).splitlines():
+        t.feed(ln)
+    assert t.entries == [RankFailure(11, 3, 1, 40211, False), RankFailure(9, 1, -9, 40209, True)]
+    assert t.pending == []
+
+
 def test_an_exit_code_needs_its_rank_line_and_a_new_header_forgets_a_pending_rank():
     assert feed("  exitcode  : -9 (pid: 1234)\n").entries == []  # no rank line before it: nothing, no crash
     t = feed("  rank      : 4 (local_rank: 0)\nRoot Cause (first observed failure):\n  exitcode  : -9 (pid: 9)\n")
     assert t.entries == []
     t = feed("  rank      : 4 (local_rank: 0)\nFailures:\n  exitcode  : -9 (pid: 9)\n")
-    assert t.entries == []
+    assert t.entries == [] and t.pending == []
     t = feed("  rank      : 4 (local_rank: 0)\n  exitcode  : 2 (pid: 9)\n  exitcode  : 3 (pid: 10)\n")
     assert t.entries == [RankFailure(4, 0, 2, 9, False)]  # one rank line, one entry
 

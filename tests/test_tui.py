@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import sys
@@ -159,6 +160,8 @@ async def test_relaunch_key_rotates_and_log_shows_only_the_new_attempt(repo: Pat
         await until(pilot, lambda: type(app.screen).__name__ == "PreflightScreen", what="the checklist")
         await until(pilot, lambda: app.screen.checklist is not None, 30, "the checklist to finish")
         assert "working tree committed" in text(app.screen.query_one("#pf-items"))
+        shown = " ".join(text(w) for w in app.screen.query("Static"))
+        assert f"command: {shlex.join([sys.executable, 'once.py'])}" in shown and "config unchanged" in shown
         await pilot.press("enter")
         await until(pilot, lambda: (read_json(run_dir / "run.json") or {}).get("attempt") == 2, 15, "attempt 2")
         await until(pilot, lambda: any("attempt 2" in str(line.text) for line in log.lines), 10, "attempt 2 in the log")

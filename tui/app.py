@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -190,14 +191,16 @@ class StepwatchApp(StepwatchAppBase):
 
     def _relaunch_confirmed(self, run_dir: Path) -> None:
         from stepwatch.launcher.config import ConfigError  # noqa: PLC0415
-        from stepwatch.launcher.launch import LaunchRefused, relaunch_config  # noqa: PLC0415
+        from stepwatch.launcher.launch import LaunchRefused  # noqa: PLC0415
+        from stepwatch.launcher.relaunch import relaunch_config  # noqa: PLC0415
 
         try:
             cfg, changes = relaunch_config(run_dir)
         except (ConfigError, LaunchRefused) as e:
             self.notify(str(e), severity="error", timeout=15)
             return
-        title = f"Relaunch {cfg.name}: " + ("; ".join(changes) if changes else "config unchanged")
+        title = (f"Relaunch {cfg.name}: " + ("; ".join(changes) if changes else "config unchanged")
+                 + f"\ncommand: {shlex.join(cfg.command)}  (cwd {cfg.cwd})")
         self.push_screen(PreflightScreen(cfg, title), lambda res: self._do_launch(cfg, res, "relaunch"))
 
     def _do_launch(self, cfg: Any, res: dict | None, action: str) -> None:

@@ -23,8 +23,9 @@ import re
 from pathlib import Path
 
 from stepwatch.monitors.parsers.hf_progress import ProgressTracker, StepAdvance, parse_progress
-from stepwatch.monitors.parsers.logformats import (MAX_LINE_CHARS, RECOGNISERS, compile_patterns, eval_metrics,
-                                                   lightning_rich, pairs, recognise, strip_escapes, user_pattern)
+from stepwatch.monitors.parsers.logformats import (MAX_LINE_CHARS, RECOGNISERS, UserPattern, compile_patterns,
+                                                   eval_metrics, lightning_rich, pairs, recognise, strip_escapes,
+                                                   user_pattern)
 from stepwatch.monitors.readers.rankprefix import rank_prefix
 from stepwatch.monitors.runfiles import RUN_JSON, read_json
 from stepwatch.monitors.stats.minmax import MinMaxSeries
@@ -55,7 +56,7 @@ class LogTracker(ProgressTracker):
     """Feed train.log's segments (as a ProgressTracker); ``format`` is the shape in force (None
     before any step), ``matched_lines`` how many of its lines moved or restated the step."""
 
-    def __init__(self, patterns: list[re.Pattern[str]] = (), **kw) -> None:  # type: ignore[assignment]
+    def __init__(self, patterns: list[UserPattern] = (), **kw) -> None:  # type: ignore[assignment]
         super().__init__(**kw)
         self.patterns = list(patterns)
         self.format: str | None = None
@@ -181,15 +182,21 @@ class LogTracker(ProgressTracker):
         return [StepAdvance(step, prev, dt, at_s, reported_dt_s)]
 
 
-def run_patterns(run_dir: Path) -> list[re.Pattern[str]]:
-    """The run config's ``[log] patterns`` as run.json records them, compiled; only from a run.json
-    this process's user owns (a regex read from another user's file could be made to take forever
-    on a log line), [] otherwise or when they do not compile."""
+def run_patterns(run_dir: Path) -> list[UserPattern]:
+    """The run config's ``[log] patterns`` as run.json records them, compiled (in RE2: linear in the line);
+    only from a run.json this process's user owns (another user's file is never trusted with what runs on
+    every log line), [] otherwise or when they do not compile."""
     try:
         run = read_json(Path(run_dir) / RUN_JSON, os.geteuid())
     except OSError:
         return []
-    log = ((run or {}).get("config") or {}).get("log") if isinstance((run or {}).get("config"), dict) else None
+    return patterns_of(run or {})
+
+
+def patterns_of(run: dict) -> list[UserPattern]:
+    """``[log] patterns`` of a run record (the supervisor's own, from its launcher), compiled; []
+    when there are none or they do not compile."""
+    log = (run.get("config") or {}).get("log") if isinstance(run.get("config"), dict) else None
     try:
         return compile_patterns(log.get("patterns", [])) if isinstance(log, dict) else []
     except ValueError:

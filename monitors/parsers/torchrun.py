@@ -64,10 +64,15 @@ class RankFailure:
 
 
 class FailureTable:
-    """Feed train.log's lines; ``entries`` holds each failure entry seen, in order."""
+    """Feed train.log's lines; ``entries`` holds each failure entry of every table whose root cause
+    was read, in order. torchrun prints the other failures before the root cause: a table read half
+    written (the log caught mid-print) would name a torn-down rank alone, so those entries wait for
+    their table's root cause (``pending``)."""
 
     def __init__(self) -> None:
         self.entries: list[RankFailure] = []
+        self.pending: list[RankFailure] = []
+        self._in_failures = False  # after a "Failures:" header, until its table's root cause
         self._root_next = False
         self._rank: tuple[int, int] | None = None
 
@@ -80,16 +85,22 @@ class FailureTable:
             self._root_next, self._rank = True, None
             return
         if _FAILURES.match(body):
-            self._root_next, self._rank = False, None
+            self._root_next, self._rank, self.pending, self._in_failures = False, None, [], True
             return
         m = _RANK.match(body)
         if m:
             self._rank = (int(m.group(1)), int(m.group(2)))
             return
         m = _EXIT.match(body)
-        if m and self._rank is not None and len(self.entries) < MAX_ENTRIES:
-            self.entries.append(RankFailure(self._rank[0], self._rank[1], int(m.group(1)), int(m.group(2)),
-                                            self._root_next))
+        if m and self._rank is not None and len(self.entries) + len(self.pending) < MAX_ENTRIES:
+            entry = RankFailure(self._rank[0], self._rank[1], int(m.group(1)), int(m.group(2)), self._root_next)
+            if self._root_next:  # the table is whole: its other failures count now
+                self.entries.extend([*self.pending, entry])
+                self.pending, self._in_failures = [], False
+            elif self._in_failures:
+                self.pending.append(entry)
+            else:
+                self.entries.append(entry)
             self._rank = None
 
     def by_pid(self) -> dict[int, RankFailure]:

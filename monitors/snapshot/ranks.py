@@ -282,10 +282,13 @@ def died(r: Rank) -> bool:
 
 
 def cascades(deaths: list[Rank]) -> list[list[Rank]]:
-    """Deaths grouped by time: one starts a group, those within CASCADE_S of it follow it."""
+    """Deaths grouped by time: one starts a group, those within CASCADE_S of it follow it. A death
+    whose time is not known yet (read from torchrun's table before the supervisor recorded the exit)
+    joins the latest group: it never starts one ahead of a death whose time is known."""
     groups: list[list[Rank]] = []
-    for r in sorted(deaths, key=lambda r: r["ended_at_unix"] or 0):
-        if groups and (r["ended_at_unix"] or 0) - (groups[-1][0]["ended_at_unix"] or 0) < CASCADE_S:
+    for r in sorted(deaths, key=lambda r: (r["ended_at_unix"] is None, r["ended_at_unix"] or 0)):
+        t, t0 = r["ended_at_unix"], groups[-1][0]["ended_at_unix"] if groups else None
+        if groups and (t is None or t0 is None or t - t0 < CASCADE_S):
             groups[-1].append(r)
         else:
             groups.append([r])

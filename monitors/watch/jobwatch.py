@@ -1,6 +1,6 @@
 """The login node's watcher of a Slurm run: ``python -m stepwatch.monitors.watch.jobwatch RUN_DIR``.
 
-Started by ``stepwatch launch`` beside the submitted job, in a session of its own (closing the
+Started by ``stepwatch launch`` beside the submitted job (the run on an inherited pipe: ``--run-fd N``), in a session of its own (closing the
 terminal or losing SSH leaves it running). Every ``[slurm] poll_s`` seconds it asks Slurm about the
 job (:func:`stepwatch.monitors.slurm.query_job`) and writes ``scheduler.json`` (atomically), then
 records and delivers the alerts only the scheduler can raise (``job_end``, ``time_limit``; the
@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Callable
 
-from stepwatch.monitors.runfiles import EXIT_JSON, RUN_JSON, SCHEDULER_JSON, read_json, utc_iso, write_json_atomic
+from stepwatch.monitors.runfiles import (
+    EXIT_JSON, RUN_JSON, SCHEDULER_JSON, read_json, read_run_fd, utc_iso, write_json_atomic,
+)
 from stepwatch.monitors.slurm import DEFAULT_POLL_S, is_ended, query_job
 from stepwatch.monitors.watch.loop import SCHEDULER_ALERT_KINDS, AlertRecorder
 
@@ -38,11 +40,11 @@ def _log(msg: str) -> None:
         pass
 
 
-def watch_job(run_dir: Path, log: Callable[[str], None] = _log, query: Callable[[str], dict[str, Any]] = query_job,
-              sleep: Callable[[float], None] = time.sleep) -> int:
-    """Watch the job of ``run_dir``'s current attempt until it ended; returns the exit status (0, or
-    2 when run.json names no Slurm job)."""
-    run = read_json(run_dir / RUN_JSON) or {}
+def watch_job(run_dir: Path, run: dict[str, Any], log: Callable[[str], None] = _log,
+              query: Callable[[str], dict[str, Any]] = query_job, sleep: Callable[[float], None] = time.sleep) -> int:
+    """Watch the job of the attempt ``run`` describes (its launcher's record: what the alerts run
+    comes from it, never from run.json; ARCHITECTURE.md R17) until it ended; returns the exit status
+    (0, or 2 when the run names no Slurm job)."""
     sch = run.get("scheduler")
     if not isinstance(sch, dict):
         sch = {}
@@ -87,10 +89,14 @@ def watch_job(run_dir: Path, log: Callable[[str], None] = _log, query: Callable[
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m stepwatch.monitors.watch.jobwatch RUN_DIR", file=sys.stderr)
+    if len(args) != 3 or args[1] != "--run-fd" or not args[2].isdigit():
+        print("usage: python -m stepwatch.monitors.watch.jobwatch RUN_DIR --run-fd N", file=sys.stderr)
         return 2
-    return watch_job(Path(args[0]).resolve())
+    run = read_run_fd(int(args[2]))
+    if run is None:
+        _log(f"no run from the launcher on descriptor {args[2]}; nothing to watch")
+        return 2
+    return watch_job(Path(args[0]).resolve(), run)
 
 
 if __name__ == "__main__":

@@ -31,10 +31,10 @@ from stepwatch.monitors.readers.textlog import LogFollower
 from stepwatch.monitors.runfiles import ALERTS_JSONL, LOG_STEPS_JSONL, TRAIN_LOG, open_append, rank_log_steps_name, read_push_urls, write_all
 from stepwatch.monitors.snapshot.model import json_safe
 from stepwatch.monitors.snapshot.observer import RunObserver
-from stepwatch.monitors.snapshot.types import Snapshot
+from stepwatch.monitors.snapshot.types import NewAlert, Snapshot
 from stepwatch.monitors.watch.stacks import STACK_KINDS, record_stack_later, stack_target
 from stepwatch.monitors.watch.delivery import Deliverer, level_of
-from stepwatch.monitors.parsers.logtracker import LogTracker, run_patterns
+from stepwatch.monitors.parsers.logtracker import LogTracker, patterns_of
 from stepwatch.monitors.watch.logsteps import LogStepTimer, RankLogTimers, encode_records
 
 #: The detector loop's period, seconds (alerts reach alerts.jsonl within about this, plus a refresh).
@@ -98,12 +98,12 @@ class AttemptFile:
 class LogTimerThread(threading.Thread):
     """Follows train.log and writes logsteps.jsonl until ``stop`` is set (then reads to the end once)."""
 
-    def __init__(self, run_dir: Path, stop: threading.Event, log: Callable[[str], None]):
+    def __init__(self, run_dir: Path, stop: threading.Event, log: Callable[[str], None], run: dict[str, Any]):
         super().__init__(name="log-step-timer", daemon=True)
         self.run_dir, self.stop, self.log = run_dir, stop, log
         self.out = AttemptFile(run_dir / LOG_STEPS_JSONL, log)
         self.follower = LogFollower(run_dir / TRAIN_LOG, keep_lines=1, from_start=True)
-        patterns = run_patterns(run_dir)
+        patterns = patterns_of(run)  # the supervisor's own record, never run.json re-read
         self.timer = LogStepTimer(LogTracker(patterns))
         self.rank_timers = RankLogTimers(patterns)  # each other rank's prefixed lines: logsteps.rank<N>.jsonl
         self.rank_out: dict[int, AttemptFile] = {}
@@ -174,17 +174,21 @@ class AlertRecorder:
                     self.kinds is not None and al["kind"] not in self.kinds):
                 self.recorded.add(al["id"])
                 continue
-            self.recorded.add(al["id"])
-            rec = {"v": 1, "kind": "alert", "id": al["id"], "alert_kind": al["kind"], "level": level_of(al["kind"]),
-                   "message": al["message"], "at": al["at"], "t": time.time(), "evidence": evidence_of(snap, al["kind"])}
-            try:
-                self.file.append_json(rec)
-            except (OSError, ValueError) as e:
-                self.log(f"could not record alert {al['id']}: {e}")
-            self.deliverer.submit(cast("dict[str, Any]", al))  # the Deliverer reads it as a plain mapping
+            self.record(al, evidence_of(snap, al["kind"]))
             if al["kind"] in STACK_KINDS and (pid := stack_target(snap, al)) is not None:
                 record_stack_later(al["id"], pid, self.file.append_json, self.log)
         return snap
+
+    def record(self, al: NewAlert, evidence: Any) -> None:
+        """Append one alert to alerts.jsonl and hand it to the Deliverer (once per id)."""
+        self.recorded.add(al["id"])
+        rec = {"v": 1, "kind": "alert", "id": al["id"], "alert_kind": al["kind"], "level": level_of(al["kind"]),
+               "message": al["message"], "at": al["at"], "t": time.time(), "evidence": evidence}
+        try:
+            self.file.append_json(rec)
+        except (OSError, ValueError) as e:
+            self.log(f"could not record alert {al['id']}: {e}")
+        self.deliverer.submit(cast("dict[str, Any]", al))  # the Deliverer reads it as a plain mapping
 
     def finish(self) -> None:
         """Wait (bounded) for the deliveries in flight, then close the file."""
@@ -200,7 +204,7 @@ def watch_attempt(run_dir: Path, run: dict[str, Any], child_done: threading.Even
     are the login node's job watcher's to record (:mod:`.jobwatch`). ``exporter`` (the Prometheus
     endpoint, :class:`stepwatch.monitors.export.prometheus.Exporter`) gets each snapshot."""
     stop_log = threading.Event()
-    timer = LogTimerThread(run_dir, stop_log, log)
+    timer = LogTimerThread(run_dir, stop_log, log, run)
     timer.start()
     recorder = AlertRecorder(run_dir, run, log, skip=SCHEDULER_ALERT_KINDS)
     try:

@@ -1,0 +1,94 @@
+"""Relaunch: the config of a run's next attempt, read only from what its owner alone can write.
+
+ARCHITECTURE.md R17: the owner's copy of the last launch (launcher/trust.py) and the config file it
+names, never run.json, which a team's group may replace in a shared runs dir.
+"""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+from typing import Any
+
+from stepwatch.launcher.config import RunConfig, config_to_json, diff_configs, load_config
+from stepwatch.launcher.launch import LaunchRefused
+from stepwatch.launcher.trust import launch_digest, private_problem, read_owner_copy, read_private_json, shared_dir_problem
+from stepwatch.monitors.runfiles import RUN_JSON, read_json
+
+
+def relaunch_config(run_dir: Path) -> tuple[RunConfig, list[str]]:
+    """The config for the next attempt of ``run_dir`` and what changed since the last one.
+
+    What runs comes from a source only the invoking user can write (launcher/trust.py): the owner's
+    copy of the last launch, and the config file it names when that file is the user's alone (as
+    ssh treats ``authorized_keys``); a run launched from flags reuses the copy's config. run.json
+    serves only where no copy exists (a launch by an older stepwatch) and the run dir and run.json
+    are the user's alone. A run.json that differs from the copy is reported among the changes and
+    ignored. Raises ConfigError / LaunchRefused.
+    """
+    source, why = read_owner_copy(run_dir)
+    tampered: list[str] = []
+    run = read_json(run_dir / RUN_JSON)
+    if source is None:
+        problem = shared_dir_problem(run_dir)
+        if problem is None:
+            source, problem = read_private_json(run_dir / RUN_JSON, str(run_dir / RUN_JSON))
+        if source is None:
+            raise LaunchRefused(
+                f"REFUSING to relaunch {run_dir.name}: what to run is read only from a place that is yours alone, "
+                f"and {why}; run.json cannot stand in for it: {problem}. Launch again from your own config "
+                f"(stepwatch launch CONFIG, or stepwatch launch --name {run_dir.name} -- CMD)")
+    elif run is not None and launch_digest(run) != source.get("digest"):
+        tampered = [f"run.json differs from what you launched ({_what_differs(source, run)}): someone changed it; "
+                    "it is ignored, and what you launched is relaunched"]
+    cfg_json = source.get("config")
+    old: dict[str, Any] = cfg_json if isinstance(cfg_json, dict) else {}
+    config_path = source.get("config_path")
+    if isinstance(config_path, str) and config_path:
+        st_problem = _config_file_problem(Path(config_path))
+        if st_problem:
+            raise LaunchRefused(f"REFUSING to relaunch {run_dir.name} from {config_path}: {st_problem}. A file others "
+                                "can write cannot say what runs as you: chmod go-w it (and its directory), or "
+                                "launch from a copy of your own")
+        cfg = load_config(config_path, runs_dir_override=run_dir.parent)
+        if cfg.name != run_dir.name:
+            raise LaunchRefused(f"the config file {config_path} now names the run {cfg.name!r}, "
+                                f"not {run_dir.name!r}; launch it as a new run instead")
+        if cfg.config_sha256 == source.get("config_sha256"):
+            changes = []
+        else:
+            changes = diff_configs({k: v for k, v in old.items() if k != "runs_dir"},
+                                   {k: v for k, v in config_to_json(cfg).items() if k != "runs_dir"})
+            changes = changes or ["config file bytes changed (sha256), settings unchanged"]
+    else:
+        from stepwatch.launcher.config import _validate  # noqa: PLC0415
+
+        data = {k: old[k] for k in ("name", "command", "cwd", "env", "shell", "preflight", "alerts", "log", "slurm",
+                                    "export") if k in old}
+        if isinstance(data.get("alerts"), dict):  # run.json names push channels, never their URLs
+            data["alerts"] = {k: v for k, v in data["alerts"].items() if k != "channels"}
+        data.setdefault("name", source.get("name") or run_dir.name)
+        data.setdefault("command", source.get("argv"))
+        data.setdefault("cwd", source.get("cwd"))
+        cfg = _validate(data, Path("/"), "your copy of the launch", runs_dir_override=run_dir.parent)
+        changes = []
+    return cfg, tampered + changes
+
+
+def _what_differs(copy: dict[str, Any], run: dict[str, Any]) -> str:
+    keys = [k for k in ("argv", "cwd", "env", "shell", "config", "config_path", "executable") if copy.get(k) != run.get(k)]
+    return "its " + ", ".join(keys) if keys else "its record of the launch"
+
+
+def _config_file_problem(path: Path) -> str | None:
+    """Why the config file at ``path`` cannot say what runs as this user (launcher/trust.py), or None."""
+    try:
+        st = path.stat()
+    except OSError as e:
+        return f"it cannot be read: {e.strerror or e}"
+    problem = private_problem(st, "the file")
+    parent = path.resolve().parent
+    dmode = parent.stat().st_mode
+    if problem is None and dmode & (stat.S_IWGRP | stat.S_IWOTH) and not dmode & stat.S_ISVTX:
+        problem = f"its directory {parent} is writable by others (mode {stat.S_IMODE(dmode):04o}): the file can be replaced"
+    return problem

@@ -6,7 +6,8 @@ and stdin from /dev/null, so closing the TUI, losing the SSH link or a SIGHUP ne
 It gets the attempt's run from its launcher over an inherited pipe (a Slurm job's supervisor reads
 run.json, checked against the digest its batch script carries: ARCHITECTURE.md R17), opens ``train.log`` for appending (the file is new: the launcher
 rotated the previous attempt's), starts the training command as its child in the child's own
-process group with stdout+stderr going straight into ``train.log`` (unmodified bytes, no pipe),
+process group with stdout+stderr going into a pipe its log pump copies into ``train.log`` unchanged
+(a full disk costs log lines, never the run: :mod:`stepwatch.monitors.watch.logpump`), starts its warden,
 completes run.json once with both pids, starts the GPU sampler and the run's monitoring (log-derived
 step times, every detector, alerts.jsonl and their delivery: :mod:`stepwatch.monitors.watch.loop`),
 reaps the child and writes ``exit.json``. On a stop request (SIGUSR1 after ``stepwatch stop`` wrote ``stop.json``; SIGTERM or
@@ -39,6 +40,7 @@ from stepwatch.monitors.proctree import HELPER_PIDS, HELPERS_LOCK, TreeRecorder,
 from stepwatch.monitors.runfiles import (
     RUN_JSON, STOP_JSON, SUPERVISOR_LOG, TRAIN_LOG, open_append, read_json, read_run_fd, utc_iso, write_json_atomic,
 )
+from stepwatch.monitors.watch.logpump import LogPump
 from stepwatch.monitors.watchdog import ProcessRef
 
 #: Set for the child unless the user set them: Rich (Lightning's default ``RichProgressBar``) then
@@ -157,16 +159,17 @@ def _start_watch(run_dir: Path, run: dict[str, Any], exit_recorded: threading.Ev
 WARDEN_ARGV = (sys.executable, "-P", "-m", "stepwatch.monitors.watch.warden")
 
 
-def _start_warden(run_dir: Path, run: dict[str, Any]) -> None:
+def _start_warden(run_dir: Path, run: dict[str, Any], output_fd: int) -> None:
     """Start the warden in a session of its own, handing it this attempt's record over a pipe (never
-    a file it would re-read); any failure is logged: the run goes on, its end paged by this process."""
+    a file it would re-read) and a copy of the run's output pipe (it pumps the output on if this
+    process dies); any failure is logged: the run goes on, its end paged by this process."""
     try:
         rfd, wfd = os.pipe()
         try:
             with HELPERS_LOCK, open(open_append(run_dir / SUPERVISOR_LOG), "ab") as wlog:
-                w = subprocess.Popen([*WARDEN_ARGV, str(run_dir), "--run-fd", str(rfd)], stdin=subprocess.DEVNULL,
-                                     stdout=wlog, stderr=wlog, start_new_session=True, close_fds=True, pass_fds=(rfd,),
-                                     cwd=str(run_dir))
+                w = subprocess.Popen([*WARDEN_ARGV, str(run_dir), "--run-fd", str(rfd), "--output-fd", str(output_fd)],
+                                     stdin=subprocess.DEVNULL, stdout=wlog, stderr=wlog, start_new_session=True,
+                                     close_fds=True, pass_fds=(rfd, output_fd), cwd=str(run_dir))
                 HELPER_PIDS.add(w.pid)  # never part of the run's tree, never signalled by a stop
         finally:
             os.close(rfd)
@@ -226,15 +229,18 @@ def supervise(run_dir: Path, run_fd: int | None = None, launch_sha256: str | Non
     supervisor_rec = {"pid": me.pid, "create_time": me.create_time(), "sid": os.getsid(0), "host": socket.gethostname()}
     t_start = time.time()
     reserve = reserve_space(run_dir, _log)
-    log = None
+    out_r = out_w = None
     try:
-        log = open(open_append(run_dir / TRAIN_LOG), "ab", buffering=0)  # never through a symlink
+        os.close(open_append(run_dir / TRAIN_LOG))  # the attempt's log exists from its start (never via a symlink)
+        out_r, out_w = os.pipe()  # the child's output: through the log pump (monitors/watch/logpump.py)
         child = subprocess.Popen(
             child_argv(run), cwd=run["cwd"], env=child_env(run), stdin=subprocess.DEVNULL,
-            stdout=log, stderr=subprocess.STDOUT, process_group=0, close_fds=True,
+            stdout=out_w, stderr=subprocess.STDOUT, process_group=0, close_fds=True,
             preexec_fn=_child_signal_defaults,
         )
     except (OSError, ValueError, subprocess.SubprocessError) as e:
+        if out_r is not None:
+            os.close(out_r)
         _log(f"could not start the command: {e}")
         run["supervisor"] = supervisor_rec
         run["process"] = {"pid": None, "create_time": None, "pgid": None, "host": supervisor_rec["host"]}
@@ -245,11 +251,13 @@ def supervise(run_dir: Path, run_fd: int | None = None, launch_sha256: str | Non
         finally:
             record_exit(run_dir, {"v": 1, "returncode": None, "signal": None, "ended_at": utc_iso(t),
                                   "ended_at_unix": t, "duration_s": 0.0, "stop_requested": False,
-                                  "error": run["start_error"], "write_errors": []}, reserve, retry_for_s=10.0, log=_log)
+                                  "error": run["start_error"], "write_errors": [], "log_lost_bytes": 0,
+                                  "log_lost_reason": None}, reserve, retry_for_s=10.0, log=_log)
         return 1
     finally:
-        if log is not None:
-            log.close()  # the child holds its own copy of the descriptor
+        if out_w is not None:
+            os.close(out_w)  # the child holds its own copy: the pipe ends when the run's writers are gone
+    pump = LogPump(out_r, run_dir / TRAIN_LOG, _log).start()
 
     try:
         ctime = psutil.Process(child.pid).create_time()
@@ -263,7 +271,7 @@ def supervise(run_dir: Path, run_fd: int | None = None, launch_sha256: str | Non
         write_json_atomic(run_dir / RUN_JSON, run, mode=0o644)
     except OSError as e:  # a full disk: the child runs all the same, supervised; exit.json says how it ended
         _log(f"could not record the pids in {RUN_JSON}: {e}")
-    _start_warden(run_dir, run)
+    _start_warden(run_dir, run, out_r)
     _log(f"started pid {child.pid}: {child_argv(run)!r}" + ("" if subreaper else " (not a child subreaper: "
          "a worker whose parent dies goes to init, and is found only while in this session)"))
 
@@ -284,13 +292,17 @@ def supervise(run_dir: Path, run_fd: int | None = None, launch_sha256: str | Non
         if stop_requested.is_set() and escalation is None:
             escalation = Escalation(run_dir, child_ref, job_id=slurm_job_id(run))
             escalation.start()
-    child_done.set()
     t_end = time.time()
+    if not pump.drain():
+        _log("the run's output pipe is still held open (a surviving worker?): its later output still goes to train.log "
+             "while this process lives")
+    child_done.set()
     sig_name = signal.Signals(-rc).name if rc < 0 else None
     exit_rec = {
         "v": 1, "returncode": rc if rc >= 0 else None, "signal": sig_name, "ended_at": utc_iso(t_end),
         "ended_at_unix": t_end, "duration_s": round(t_end - t_start, 3),
         "stop_requested": escalation is not None, "error": None, "write_errors": [],
+        "log_lost_bytes": pump.lost_bytes, "log_lost_reason": pump.lost_reason,
     }
     tree.finish(5.0)  # the last look at the tree first: once exit.json is there, what the command left behind is on record
     record_exit(run_dir, exit_rec, reserve, log=_log)

@@ -50,6 +50,33 @@ FILL_PY = textwrap.dedent('''\
     ''')
 
 
+#: A job that prints with no try/except (most do): it must print on through a full disk and exit 0.
+PRINTS_PY = textwrap.dedent('''\
+    import os, sys, time
+    from pathlib import Path
+
+    full_s = float(sys.argv[1])
+    filler = Path(os.environ["STEPWATCH_RUN_DIR"]).parent / "filler"
+    print("before the disk fills", flush=True)
+    try:  # something else on the machine fills the file system the runs dir is on
+        with open(filler, "wb") as f:
+            while True:
+                f.write(b"x" * 65536)
+    except OSError:
+        pass
+    t0, i = time.monotonic(), 0
+    while time.monotonic() - t0 < full_s:
+        print(f"line {i} " + "y" * 200, flush=True)
+        i += 1
+        time.sleep(0.01)
+    filler.unlink()  # space returns
+    for j in range(50):
+        print(f"after space returned {j}", flush=True)
+        time.sleep(0.02)
+    print("done", flush=True)
+    ''')
+
+
 def _mount_tmpfs(where: Path, size: str) -> None:
     where.mkdir(parents=True, exist_ok=True)
     r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(where)],
@@ -61,7 +88,7 @@ def _mount_tmpfs(where: Path, size: str) -> None:
 @pytest.fixture
 def small_runs(tmp_path: Path):
     """A repo whose runs dir is a 4 MiB tmpfs."""
-    repo = make_repo(tmp_path / "repo", {"fill.py": FILL_PY})
+    repo = make_repo(tmp_path / "repo", {"fill.py": FILL_PY, "prints.py": PRINTS_PY})
     runs = repo / "runs"
     _mount_tmpfs(runs, "4m")
     try:
@@ -111,7 +138,7 @@ def test_a_full_disk_records_the_end_and_fires_no_stall(small_runs: Path, tmp_pa
         text = stepwatch("status", str(run_dir)).stdout
         assert "exited with code 0" in text and "supervisor: exit.json: the file system was full" in text, text
     else:
-        assert ex["write_errors"] == []
+        assert ex["write_errors"] == [] and ex["log_lost_bytes"] == 0
 
 
 def test_exit_json_is_retried_until_the_disk_has_room(tmp_path: Path):
@@ -142,3 +169,25 @@ def test_exit_json_is_retried_until_the_disk_has_room(tmp_path: Path):
         assert got["returncode"] == 0 and len(got["write_errors"]) == 1 and "ENOSPC" in got["write_errors"][0]
     finally:
         subprocess.run(["umount", "-l", str(fs)], check=False)
+
+
+@pytest.mark.slow
+def test_a_job_that_prints_through_a_full_disk_for_a_minute_exits_0_and_the_lost_bytes_are_counted(
+        small_runs: Path):
+    """The job's output goes through the supervisor's log pump: on a full disk its prints neither
+    fail nor block, the bytes train.log could not take are counted (exit.json, status), and the log
+    resumes when space returns."""
+    r = stepwatch("launch", "--no-tui", "--name", "p", "--override", "a tiny runs dir on purpose", "--",
+                  sys.executable, "prints.py", "60", cwd=small_runs)
+    assert r.returncode == 0, r.stderr
+    run_dir = small_runs / "runs" / "p"
+    ex = wait_until(lambda: read_json(run_dir / "exit.json"), 120, interval_s=0.5, what="the end")
+    assert ex["returncode"] == 0 and ex["signal"] is None, ex
+    assert ex["log_lost_bytes"] > 100_000 and ex["log_lost_reason"] == "No space left on device", ex
+    log = (run_dir / "train.log").read_text(errors="replace")
+    assert "before the disk fills" in log and "after space returned 49" in log and log.endswith("done\n"), log[-500:]
+    snap = _status(run_dir)
+    assert snap["disk"]["log_lost_bytes"] == ex["log_lost_bytes"]
+    text = stepwatch("status", str(run_dir)).stdout
+    assert "train.log lost " in text and f"({ex['log_lost_bytes']} bytes) of the run's output" in text, text
+    assert "exited with code 0" in text

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from stepwatch.monitors.runfiles import utc_iso
 from stepwatch.monitors.snapshot.alerts import end_words
-from stepwatch.monitors.snapshot.disk import full_words
+from stepwatch.monitors.snapshot.disk import full_words, lost_words
 from stepwatch.tui.format import (NO_DYNAMO_WORDS, stack_frames, attention_words, energy_words, eta_words, health_words, no_dynamo_output,
                                   padding_words, scaling_words, scheduler_words, timing_words, tree_words,
                                   versions_words)
@@ -105,9 +105,10 @@ def status_lines(snap: Snapshot) -> list[str]:
     if snap.get("ranks") and sg.get("state") != NOT_JUDGED:
         lines.append(f"  straggler {sg.get('state')} ({sg.get('reason')})")
     disk = snap.get("disk") or {}
-    if disk.get("full") or disk.get("write_errors"):
+    if disk.get("full") or disk.get("write_errors") or disk.get("log_lost_bytes"):
         lines.append("  disk: " + "; ".join(
             ([full_words(disk)] if disk.get("full") else [])
+            + ([lost_words(disk)] if disk.get("log_lost_bytes") else [])
             + [f"supervisor: {e}" for e in disk.get("write_errors") or []]))
     ident = snap.get("identity") or {}
     if ident:

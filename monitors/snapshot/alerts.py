@@ -121,7 +121,7 @@ def alerts_for(snap: Snapshot, *, first_seen: MutableMapping[str, float],
     if disk.get("full") and (snap["state"] == RUNNING or snap.get("supervisor_alive")):
         out.append(alert(first_seen, att, "disk_full", "run_dir",
                          f"{full_words(disk)}: train.log, events and the run's records cannot grow (ENOSPC); "
-                         "free space, or the run's output is lost", None))
+                         "the run goes on, its output is counted and dropped until there is room: free space", None))
     for g in snap.get("gpu") or []:
         if str(g.get("verdict") or "").startswith("SM-busy, tensor-idle"):
             out.append(alert(first_seen, att, "gpu", f"{g.get('index')}-tensor-idle",

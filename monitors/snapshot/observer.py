@@ -260,7 +260,9 @@ class RunObserver:
         self._dynamo_part(snap, a)
         a.gpu.part(snap)
         self._log_part(snap, a, now)
-        snap["disk"] = disk_status(self.run_dir, (snap["ended"] or {}).get("write_errors"))
+        ended = snap["ended"] or {}
+        snap["disk"] = disk_status(self.run_dir, ended.get("write_errors"), ended.get("log_lost_bytes"),
+                                   ended.get("log_lost_reason"))
         snap["health"] = self.health.part(snap["state"] == RUNNING)
         snap["ranks"], snap["straggler"], snap["rank_restarts"] = a.ranks.part()
         guard_stall(snap)

@@ -36,7 +36,7 @@ def process_part(run_dir: Path, snap: Snapshot, run: dict[str, Any]) -> None:
         snap["returncode"] = ex.get("returncode")
         snap["signal"] = ex.get("signal")
         snap["ended"] = cast(Ended, {k: ex.get(k) for k in ("ended_at", "ended_at_unix", "duration_s", "stop_requested",
-                                                        "error", "write_errors")})
+                                                        "error", "write_errors", "log_lost_bytes", "log_lost_reason")})
     sup_ref = ProcessRef.from_json(run.get("supervisor"))
     snap["supervisor_alive"] = sup_ref is not None and probe(sup_ref) == ALIVE
     snap["stop"] = read_json(run_dir / STOP_JSON)

@@ -19,6 +19,10 @@ class Disk(TypedDict):
     total_bytes: int | None
     full: bool | None
     write_errors: list[str]
+    #: bytes of the run's output train.log could not take (exit.json; None until the end is recorded)
+    log_lost_bytes: int | None
+    #: why, in the file system's words (``No space left on device``), or None
+    log_lost_reason: str | None
     error: str | None
 
 

@@ -103,7 +103,8 @@ def scheduler_state(snap: Snapshot, run: dict[str, Any], exit_record: dict[str, 
         snap["state"] = EXITED
         snap["ended"] = {"ended_at": utc_iso(sch["end_unix"]) if sch["end_unix"] else None,
                          "ended_at_unix": sch["end_unix"], "duration_s": None,
-                         "stop_requested": _stop_asked(snap), "write_errors": None,
+                         "stop_requested": _stop_asked(snap), "write_errors": None, "log_lost_bytes": None,
+                         "log_lost_reason": None,
                          "error": f"Slurm ended job {sch['job_id']} {state} before the supervisor wrote exit.json"}
 
 

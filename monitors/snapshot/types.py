@@ -42,6 +42,8 @@ class Ended(TypedDict):
     stop_requested: FileValue
     error: FileValue
     write_errors: FileValue
+    log_lost_bytes: FileValue
+    log_lost_reason: FileValue
 
 
 class RankStepSummary(TypedDict):

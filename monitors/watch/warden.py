@@ -13,8 +13,9 @@ run's end, so the warden:
    code: what the supervisor recorded is not recorded again), about once a second, until the run's
    processes are gone and the end was recorded, then waits (bounded) for the deliveries.
 
-Until the supervisor is lost it imports nothing heavy and holds one descriptor (the pidfd). Its
-own diagnostics go to ``supervisor.log`` beside the supervisor's.
+It holds a copy of the run's output pipe (:mod:`.logpump`) and, once the supervisor is lost, pumps
+the output into train.log itself: the run's next print neither blocks nor dies of SIGPIPE. Until
+then it imports nothing heavy and reads nothing. Its diagnostics go to ``supervisor.log``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Callable
 
-from stepwatch.monitors.runfiles import EXIT_JSON, read_json, read_run_fd, utc_iso
+from stepwatch.monitors.runfiles import EXIT_JSON, TRAIN_LOG, read_json, read_run_fd, utc_iso
 from stepwatch.monitors.watchdog import ProcessRef, is_alive, wait_for_exit
 
 #: How often the detector loop looks once the warden took it over (s): the supervisor's own pace.
@@ -48,8 +49,10 @@ def _same_attempt(run_dir: Path, run: dict[str, Any]) -> bool:
     return (cur.get("attempt"), cur.get("launched_at_unix")) == (run.get("attempt"), run.get("launched_at_unix"))
 
 
-def ward(run_dir: Path, run: dict[str, Any], log: Callable[[str], None] = _log, loop_s: float = LOOP_S) -> int:
-    """Wait for the supervisor of ``run``; page its loss and the run's end when it dies first.
+def ward(run_dir: Path, run: dict[str, Any], log: Callable[[str], None] = _log, loop_s: float = LOOP_S,
+         output_fd: int | None = None) -> int:
+    """Wait for the supervisor of ``run``; page its loss and the run's end when it dies first, and
+    pump the run's output (``output_fd``, the read end of its pipe) into train.log from then on.
     Returns 0 (the supervisor ended normally, or the loss was handled), 2 (a record naming no
     supervisor or no process)."""
     sup, child = ProcessRef.from_json(run.get("supervisor")), ProcessRef.from_json(run.get("process"))
@@ -59,6 +62,11 @@ def ward(run_dir: Path, run: dict[str, Any], log: Callable[[str], None] = _log, 
     wait_for_exit(sup)
     if read_json(run_dir / EXIT_JSON) is not None or not _same_attempt(run_dir, run):
         return 0  # it saw the end (or a relaunch took the run dir over): nothing is left to page
+    pump = None
+    if output_fd is not None:  # first: a full pipe would block the run's next print
+        from stepwatch.monitors.watch.logpump import LogPump  # noqa: PLC0415
+
+        pump = LogPump(output_fd, run_dir / TRAIN_LOG, log).start()
     from stepwatch.monitors.snapshot.alerts import alert  # noqa: PLC0415 - only once the supervisor is lost
     from stepwatch.monitors.watch.loop import SCHEDULER_ALERT_KINDS, AlertRecorder  # noqa: PLC0415
 
@@ -91,21 +99,24 @@ def ward(run_dir: Path, run: dict[str, Any], log: Callable[[str], None] = _log, 
             wait_for_exit(child, timeout_s=loop_s, poll_s=loop_s)
     finally:
         recorder.finish()
+    if pump is not None:
+        pump.drain()
     log("the warding ends: what it recorded was handed to the channels")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 3 or args[1] != "--run-fd" or not args[2].isdigit():
-        print("usage: python -m stepwatch.monitors.watch.warden RUN_DIR --run-fd N", file=sys.stderr)
+    if len(args) not in (3, 5) or args[1] != "--run-fd" or not args[2].isdigit() or (
+            len(args) == 5 and (args[3] != "--output-fd" or not args[4].isdigit())):
+        print("usage: python -m stepwatch.monitors.watch.warden RUN_DIR --run-fd N [--output-fd M]", file=sys.stderr)
         return 2
     run = read_run_fd(int(args[2]))
     if run is None:
         _log(f"no run from the supervisor on descriptor {args[2]}; nothing to ward")
         return 2
     try:
-        return ward(Path(args[0]).resolve(), run)
+        return ward(Path(args[0]).resolve(), run, output_fd=int(args[4]) if len(args) == 5 else None)
     except Exception as e:  # noqa: BLE001 - its own log says why, never a traceback into nowhere
         _log(f"crashed: {type(e).__name__}: {e}")
         return 1

@@ -33,6 +33,8 @@ StallState = Literal["ok", "stalled", "not judged"]
 StragglerState = Literal["ok", "flagged", "not judged"]
 #: ``eta.state``: ``stalled`` when the stall detector says so (the views then show STALLED, not a time).
 EtaState = Literal["ok", "stalled", "not judged"]
+#: ``liveness.frozen.state``: ``flagged`` when a process of the run is held stopped.
+FrozenState = Literal["ok", "flagged", "not judged"]
 
 # --- the fallback detector's warm-up ------------------------------------------------------------
 WARMING: Final = "warming"

@@ -8,7 +8,9 @@ from __future__ import annotations
 import pytest
 from conftest import step_controls
 
+from stepwatch.monitors.detectors.frozen import STOPPED_S, StoppedProcess, frozen_verdict
 from stepwatch.monitors.detectors.stall import StallVerdict, stall_state
+from stepwatch.monitors.states import FLAGGED, NOT_JUDGED, OK
 from stepwatch.monitors.stats.stepstats import StepStats
 
 sc = step_controls()
@@ -74,3 +76,21 @@ def test_the_log_only_stall_guard_controls():
     assert log_only_guard(stalled, False, 2.0)[0] == "ok"
     assert log_only_guard(stalled, False, 30.0) is None
     assert log_only_guard(StallVerdict("ok", 1.0, 10.0, ""), False, 0.5) is None
+
+
+# --- frozen: a process held stopped (monitors/detectors/frozen.py) --------------------------------
+
+def test_a_process_held_stopped_past_the_threshold_is_frozen_naming_pid_and_rank():
+    stopped: list[StoppedProcess] = [{"pid": 812, "rank": 1, "name": "python", "stopped_s": 3.4}]
+    v = frozen_verdict(stopped, examined=3, running=True)
+    assert v["state"] == FLAGGED and v["processes"] == stopped
+    assert v["reason"] == "pid 812 (rank 1, python) stopped for 3 s"
+
+
+def test_a_stop_shorter_than_the_threshold_or_none_is_ok_and_nothing_examined_is_not_judged():
+    brief: list[StoppedProcess] = [{"pid": 9, "rank": None, "name": "python", "stopped_s": STOPPED_S - 0.1}]
+    assert frozen_verdict(brief, examined=1, running=True)["state"] == OK  # Ctrl-Z and fg: no freeze
+    assert frozen_verdict([], examined=2, running=True)["state"] == OK
+    v = frozen_verdict([], examined=0, running=True)
+    assert v["state"] == NOT_JUDGED and "could be examined" in v["reason"]  # never ok by default
+    assert frozen_verdict(brief, examined=1, running=False)["state"] == NOT_JUDGED

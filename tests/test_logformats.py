@@ -995,5 +995,5 @@ def test_a_run_whose_pattern_backtracks_on_a_hostile_line_stops_and_reports_as_u
         assert r.returncode == 0, (r.stdout, r.stderr)
         ex = read_json(run_dir / "exit.json")
         assert ex is not None and ex["stop_requested"] is True, ex
-    for what in ("launch", "status", "stop"):
-        assert took["hostile"][what] < took["control"][what] + 5, took
+    for what in ("launch", "status", "stop"):  # the floor: not delayed by more than a second
+        assert took["hostile"][what] < took["control"][what] + 1.0, took

@@ -362,8 +362,11 @@ def test_a_rank_that_stops_stepping_while_the_other_goes_on_is_named_with_its_st
         stuck = [a for a in snap["alerts"] if a["kind"] == "stuck_rank"]
         if not freeze:
             assert stuck == [] and snap["straggler"]["stuck"] == [], snap["straggler"]
+            assert snap["liveness"]["frozen"]["state"] == "ok" and not [a for a in snap["alerts"] if a["kind"] == "frozen"]
             return
         assert len(stuck) == 1 and stuck[0]["message"].startswith(f"rank 1 (pid {victim}) stopped stepping"), stuck
+        frozen = [a for a in snap["alerts"] if a["kind"] == "frozen"]  # held stopped: named by rank within 5 s
+        assert len(frozen) == 1 and f"pid {victim} (rank 1, " in frozen[0]["message"], frozen
         assert "before rank 0's step" in stuck[0]["message"]
         rec = wait_until(lambda: next((json.loads(ln) for ln in (run_dir / "alerts.jsonl").read_text().splitlines()
                                        if '"kind":"stack"' in ln), None), 30, interval_s=0.2, what="the rank's stack")

@@ -57,9 +57,13 @@ with open(sys.argv[1], "a") as f:
 """
 
 
+#: Prints lines no shape reads (no step, no bar): only the process itself can say it is frozen.
+SHAPELESS_PY = "import time\nfor i in range(6000):\n    print(f'hello {i}', flush=True)\n    time.sleep(0.05)\n"
+
+
 @pytest.fixture
 def harness(tmp_path: Path) -> Path:
-    return make_repo(tmp_path / "harness", {"tq.py": TQDM_PY, "ping.py": PING_PY,
+    return make_repo(tmp_path / "harness", {"tq.py": TQDM_PY, "ping.py": PING_PY, "shapeless.py": SHAPELESS_PY,
                                             "crash.py": "import sys\nprint('failing', flush=True)\nsys.exit(3)\n"})
 
 
@@ -205,14 +209,18 @@ def test_with_no_view_a_frozen_child_raises_the_stall_alert_and_runs_the_command
         got = wait_until(lambda: [p for p in pings(out) if p["kind"] == "stall"], threshold + 10, what="the stall ping")
         # the step in progress began at the last step's end, before the SIGSTOP
         assert got[0]["t"] - t_stop < threshold + 2.0, (got[0]["t"] - t_stop, threshold)
-        assert [r["alert_kind"] for r in alert_records(run_dir)] == ["stall"]
+        kinds = [r["alert_kind"] for r in alert_records(run_dir)]
+        assert "stall" in kinds and set(kinds) <= {"stall", "frozen"}, kinds  # held stopped: frozen too
     finally:
         os.kill(pid, signal.SIGCONT)
         os.kill(pid, signal.SIGKILL)
     # the stall alert stays (recorded, now inactive) after the run ended
     wait_until(lambda: read_json(run_dir / "exit.json"), 10, what="the end")
-    kinds = {a["kind"]: a for a in wait_until(lambda: len(status(run_dir)["alerts"]) >= 2 and status(run_dir)["alerts"],
-                                              10, what="stall and watchdog alerts")}
+    def with_watchdog() -> list[dict] | None:
+        alerts = status(run_dir)["alerts"]
+        return alerts if "watchdog" in {a["kind"] for a in alerts} else None
+
+    kinds = {a["kind"]: a for a in wait_until(with_watchdog, 10, what="stall and watchdog alerts")}
     assert kinds["stall"]["recorded"] and not kinds["stall"]["active"]
 
 
@@ -409,3 +417,32 @@ def test_a_killed_supervisor_is_paged_and_the_runs_later_death_reaches_the_endpo
         assert {a["kind"] for a in snap["alerts"]} >= {"supervisor_lost", "watchdog"}  # what a view shows too
     finally:
         server.shutdown()
+
+
+@pytest.mark.slow
+def test_a_stopped_process_whose_log_no_shape_reads_is_paged_frozen_naming_its_pid_within_5_s(
+        harness: Path, tmp_path: Path):
+    """No step, no bar: the stall detector cannot judge, the process state can (SIGSTOP). The control:
+    the same run printing along raises nothing for the first seconds, and after SIGCONT nothing new."""
+    out = tmp_path / "pings.jsonl"
+    run_dir = launch_config(harness, "shapeless", [sys.executable, "shapeless.py"],
+                            alerts={"command": [sys.executable, str(harness / "ping.py"), str(out)]})
+    snap = wait_until(lambda: (s := status(run_dir))["liveness"]["frozen"]["state"] == "ok" and s, 20,
+                      what="the frozen detector to judge the running process")
+    assert snap["stall"]["state"] == "not judged" and snap["alerts"] == []  # the control: healthy, no page
+    pid = read_json(run_dir / "run.json")["process"]["pid"]
+    os.kill(pid, signal.SIGSTOP)
+    t_stop = time.time()
+    try:
+        got = wait_until(lambda: [p for p in pings(out) if p["kind"] == "frozen"], 10, what="the frozen ping")
+        assert got[0]["t"] - t_stop <= 3.0 + 2.0, got[0]["t"] - t_stop
+        assert f"pid {pid} (" in got[0]["message"] and "SIGCONT" in got[0]["message"] and got[0]["level"] == "error"
+        text = stepwatch("status", str(run_dir)).stdout  # a one-shot view: the supervisor's recorded alert
+        assert "[frozen]" in text and f"pid {pid} (" in text, text
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    wait_until(lambda: status(run_dir)["liveness"]["frozen"]["state"] == "ok", 10, what="the thaw")
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: read_json(run_dir / "exit.json"), 10, what="the end")
+    kinds = [r["alert_kind"] for r in alert_records(run_dir)]
+    assert kinds.count("frozen") == 1, kinds  # once per process, not once per look

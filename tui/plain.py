@@ -26,7 +26,7 @@ from stepwatch.monitors.snapshot.metrics import metrics_words
 from stepwatch.monitors.snapshot.ranks import latest_per_rank, restarts_words
 from stepwatch.monitors.snapshot.observer import RunObserver
 from stepwatch.monitors.snapshot.types import Snapshot
-from stepwatch.monitors.states import EXITED, NOT_JUDGED, OK, RUNNING, STALLED, UNKNOWN
+from stepwatch.monitors.states import EXITED, FLAGGED, NOT_JUDGED, OK, RUNNING, STALLED, UNKNOWN
 from stepwatch.monitors.watchdog import ProcessRef, wait_for_exit
 from stepwatch.tui.safe import one_line
 
@@ -104,6 +104,9 @@ def status_lines(snap: Snapshot) -> list[str]:
     sg = snap.get("straggler") or {}
     if snap.get("ranks") and sg.get("state") != NOT_JUDGED:
         lines.append(f"  straggler {sg.get('state')} ({sg.get('reason')})")
+    frozen = (snap.get("liveness") or {}).get("frozen") or {}
+    if frozen.get("state") == FLAGGED:
+        lines.append(f"  FROZEN: {frozen.get('reason')} (held stopped: no progress until SIGCONT)")
     disk = snap.get("disk") or {}
     if disk.get("full") or disk.get("write_errors") or disk.get("log_lost_bytes"):
         lines.append("  disk: " + "; ".join(

@@ -20,6 +20,7 @@ from stepwatch.monitors.detectors.storm import recompile_storm
 from stepwatch.monitors.fold.events import unix_time
 from stepwatch.monitors.runfiles import utc_iso
 from stepwatch.monitors.snapshot.model import run_ended, shallow
+from stepwatch.monitors.detectors.frozen import who as frozen_who
 from stepwatch.monitors.snapshot.disk import end_cause, full_words
 from stepwatch.monitors.snapshot.metrics import metric_alerts
 from stepwatch.monitors.slurm import ABNORMAL_ENDS
@@ -122,6 +123,14 @@ def alerts_for(snap: Snapshot, *, first_seen: MutableMapping[str, float],
         out.append(alert(first_seen, att, "disk_full", "run_dir",
                          f"{full_words(disk)}: train.log, events and the run's records cannot grow (ENOSPC); "
                          "the run goes on, its output is counted and dropped until there is room: free space", None))
+    frozen = (snap.get("liveness") or {}).get("frozen") or {}
+    if frozen.get("state") == FLAGGED and snap["state"] == RUNNING:
+        for p in frozen.get("processes") or []:
+            out.append(alert(first_seen, att, "frozen", str(p["pid"]),
+                             f"frozen: {frozen_who(p)} is held stopped (SIGSTOP, or a job-control stop) for "
+                             f"{p['stopped_s']:.0f} s: it makes no progress until it gets SIGCONT"
+                             + ("" if (snap.get("step") or {}).get("global_step") is None
+                                else f"; the run's last step {snap['step']['global_step']}"), None))
     for g in snap.get("gpu") or []:
         if str(g.get("verdict") or "").startswith("SM-busy, tensor-idle"):
             out.append(alert(first_seen, att, "gpu", f"{g.get('index')}-tensor-idle",

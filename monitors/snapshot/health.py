@@ -18,6 +18,7 @@ import psutil
 
 from stepwatch.monitors.proctree import recorded_processes
 from stepwatch.monitors.runfiles import PROCS_JSON
+from stepwatch.monitors.detectors.frozen import StoppedProcess
 from stepwatch.monitors.snapshot.types import Health
 
 #: Processes looked at at most (a DataLoader with many workers per rank stays cheap to watch).
@@ -28,6 +29,11 @@ class TreeHealth:
     def __init__(self, run_dir: Path):
         self.procs_file = Path(run_dir) / PROCS_JSON
         self._prev: tuple[float, float] | None = None  # (monotonic s, the tree's CPU seconds)
+        #: processes of the last look the kernel holds stopped, and how long this view has seen each so
+        #: (the frozen detector's input: monotonic, so a clock step never makes a freeze)
+        self.stopped: list[StoppedProcess] = []
+        self.examined = 0
+        self._stopped_since: dict[tuple[int, float | None], float] = {}
 
     def part(self, running: bool) -> Health:
         out: Health = {"processes": 0, "cpu_cores": None, "cpu_cores_basis": None, "rss_bytes": None,
@@ -36,24 +42,33 @@ class TreeHealth:
             out["host_load_1m"] = round(os.getloadavg()[0], 2)
         except OSError:
             pass
+        self.stopped, self.examined = [], 0
         if not running:
+            self._stopped_since.clear()
             return out
         cpu_s = rss = since_start = 0.0
         n = 0
         now_wall, now = time.time(), time.monotonic()
+        still_stopped: dict[tuple[int, float | None], float] = {}
         for rp in [r for r in recorded_processes(self.procs_file) if not r.ended][:MAX_LOOKED_AT]:
             try:
                 p = psutil.Process(rp.ref.pid)
                 if abs(p.create_time() - (rp.ref.create_time or 0)) > 0.5:
                     continue  # the pid was reused: not the run's
                 with p.oneshot():
-                    ct, mem = p.cpu_times(), p.memory_info()
+                    ct, mem, status = p.cpu_times(), p.memory_info(), p.status()
             except (psutil.Error, OSError):
                 continue
             n += 1
+            if status == psutil.STATUS_STOPPED:  # not tracing-stop: a debugger or py-spy chose to look
+                key = (rp.ref.pid, rp.ref.create_time)
+                since = still_stopped[key] = self._stopped_since.get(key, now)
+                self.stopped.append({"pid": rp.ref.pid, "rank": rp.rank, "name": rp.name[:64],
+                                     "stopped_s": round(now - since, 1)})
             cpu_s += ct.user + ct.system
             rss += mem.rss
             since_start += (ct.user + ct.system) / max(now_wall - (rp.ref.create_time or now_wall), 1.0)
+        self._stopped_since, self.examined = still_stopped, n
         if not n:
             return out
         out.update(processes=n, rss_bytes=int(rss))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any, cast
 
+from stepwatch.monitors.detectors.frozen import STOPPED_S
 from stepwatch.monitors.detectors.scaling import ScalingFit
 from stepwatch.monitors.gpu.energy import EnergyMeter
 from stepwatch.monitors.snapshot.types import Energy, Padding, Scaling, Snapshot
@@ -46,6 +47,8 @@ def null_snapshot() -> Snapshot:
         "metrics": {}, "metrics_series": {},
         "health": {"processes": 0, "cpu_cores": None, "cpu_cores_basis": None, "rss_bytes": None,
                    "host_load_1m": None, "host_cores": None},
+        "liveness": {"frozen": {"state": NOT_JUDGED, "reason": "not looked at yet", "processes": [],
+                                "threshold_s": STOPPED_S}},
         "events": {"file": None, "lines": 0, "corrupt_lines": 0, "unusable_steps": 0, "dropped_events": None,
                    "resume": None},
         "histogram": {"edges_s": [], "counts": []},

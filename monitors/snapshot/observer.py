@@ -39,6 +39,7 @@ from stepwatch.monitors.snapshot.metrics import arrival_check, log_metrics, seri
 from stepwatch.monitors.snapshot.eta import ETA_RECENT_STEPS, eta_part
 from stepwatch.monitors.gpu.energy import RECENT_STEPS as ENERGY_STEPS
 from stepwatch.monitors.snapshot.gpuview import GpuView
+from stepwatch.monitors.detectors.frozen import frozen_verdict
 from stepwatch.monitors.snapshot.health import TreeHealth
 from stepwatch.monitors.parsers.traceback import traceback_last_line
 from stepwatch.monitors.readers.jsonl import EventReader
@@ -264,6 +265,8 @@ class RunObserver:
         snap["disk"] = disk_status(self.run_dir, ended.get("write_errors"), ended.get("log_lost_bytes"),
                                    ended.get("log_lost_reason"))
         snap["health"] = self.health.part(snap["state"] == RUNNING)
+        snap["liveness"] = {"frozen": frozen_verdict(self.health.stopped, self.health.examined,
+                                                     snap["state"] == RUNNING)}
         snap["ranks"], snap["straggler"], snap["rank_restarts"] = a.ranks.part()
         guard_stall(snap)
         if run_ended(snap):

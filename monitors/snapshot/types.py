@@ -20,6 +20,7 @@ from typing import Literal, NotRequired, TypedDict
 from stepwatch.monitors.snapshot.resourcetypes import (DeviceHistory, Disk, Energy, FileValue, GpuDevice, Health,
                                                        Padding, PaddingWidth, Scaling, ScalingShares, Scheduler,
                                                        Survivor)
+from stepwatch.monitors.detectors.frozen import Frozen
 from stepwatch.monitors.states import EtaState, FallbackState, RunState, StallState, StragglerState, WarmupState
 
 #: A counter read from a file: a finite number >= 0, else None (:func:`.model.count`).
@@ -312,6 +313,12 @@ class Histogram(TypedDict):
     counts: list[int]
 
 
+class Liveness(TypedDict):
+    """``liveness``: judgements of the run's processes that need no log shape (:mod:`..detectors.frozen`)."""
+
+    frozen: Frozen
+
+
 class Snapshot(TypedDict):
     """The status snapshot: every key always present (:func:`.model.null_snapshot`), in this order."""
 
@@ -354,6 +361,7 @@ class Snapshot(TypedDict):
     #: per metric name: ``[[first_step, last_step, min, max], ...]`` oldest first
     metrics_series: dict[str, list[list[float | int | None]]]
     health: Health
+    liveness: Liveness
     events: Events
     histogram: Histogram
     recent_dt: list[float]

@@ -442,27 +442,38 @@ NAN_PY = r'''
 import sys, time
 for step in range(1, 600):
     time.sleep(0.05)
-    loss = float("nan") if step >= int(sys.argv[1]) else 1.0 / step
+    nan_at, once = int(sys.argv[1]), sys.argv[2:] == ["once"]
+    loss = float("nan") if (step == nan_at if once else step >= nan_at) else 1.0 / step
     print(f"step {step} loss {loss:.4f} lr 0.0003", flush=True)
 '''
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("nan_at", [20, 10**6], ids=["loss-nan-from-step-20", "control-finite-loss"])
-def test_a_nan_loss_in_the_log_is_an_alert_recorded_by_the_supervisor(tmp_path: Path, nan_at: int):
+@pytest.mark.parametrize("nan_at, once", [(20, False), (35, True), (10**6, False)],
+                         ids=["loss-nan-from-step-20", "one-nan-at-step-35-then-finite", "control-finite-loss"])
+def test_a_nan_loss_in_the_log_is_an_alert_recorded_by_the_supervisor(tmp_path: Path, nan_at: int, once: bool):
     from conftest import wait_until
 
-    run_dir = _launch(tmp_path, "nan", {"nan.py": NAN_PY}, ["nan.py", str(nan_at)])
+    run_dir = _launch(tmp_path, "nan", {"nan.py": NAN_PY}, ["nan.py", str(nan_at), *(["once"] if once else [])])
     try:
         snap = wait_until(lambda: ((s := _status(run_dir))["step"]["global_step"] or 0) >= 30 and s, 60,
                           what="30 steps")
-        if nan_at == 20:
+        if once:  # NaN at step 35 only, finite after: named by its step, the recovery said, raised once
+            snap = wait_until(lambda: ((s := _status(run_dir))["step"]["global_step"] or 0) >= 45 and s, 60,
+                              what="45 steps")
             rec = wait_until(lambda: [json.loads(ln) for ln in (run_dir / "alerts.jsonl").read_text().splitlines()
                                       if '"nonfinite_loss"' in ln], 10, what="the supervisor's nonfinite_loss record")
-            assert rec[0]["level"] == "error" and "loss is not a number (NaN or inf) at step" in rec[0]["message"]
-            step = int(rec[0]["message"].split("at step ")[1].split(":")[0])
-            assert 20 <= step <= 30, rec[0]["message"]
-            assert snap["metrics"]["loss"] == {"step": snap["metrics"]["loss"]["step"], "value": None, "finite": False}
+            assert len(rec) == 1 and "was not a number (NaN or inf) first at step 35," in rec[0]["message"], rec
+            assert snap["metrics"]["loss"]["finite"] and snap["metrics"]["loss"]["first_nonfinite_step"] == 35
+            (al,) = [a for a in snap["alerts"] if a["kind"] == "nonfinite_loss"]
+            assert "finite again" in al["message"] and "a recovery" in al["message"], al
+        elif nan_at == 20:
+            rec = wait_until(lambda: [json.loads(ln) for ln in (run_dir / "alerts.jsonl").read_text().splitlines()
+                                      if '"nonfinite_loss"' in ln], 10, what="the supervisor's nonfinite_loss record")
+            assert rec[0]["level"] == "error" and "loss was not a number (NaN or inf) first at step 20, and it still is" \
+                in rec[0]["message"], rec[0]["message"]  # the first bad step, not the one it was noticed at
+            loss = snap["metrics"]["loss"]
+            assert (loss["value"], loss["finite"], loss["first_nonfinite_step"]) == (None, False, 20), loss
             assert "loss NaN/inf" in stepwatch_text(run_dir)
         else:
             assert snap["metrics"]["loss"]["finite"] and not snap["alerts"], snap["alerts"]

@@ -191,7 +191,8 @@ def test_the_walker_reports_what_is_not_declared(change: Callable[[dict], object
 def test_a_free_key_of_a_declared_map_is_no_finding():
     """``metrics`` and ``gpu_history`` are maps by name: any name is fine, their values are typed."""
     snap = dict(null_snapshot())
-    snap["metrics"] = {"eval/any name": {"step": None, "value": None, "finite": False}}
+    snap["metrics"] = {"eval/any name": {"step": None, "value": None, "finite": False, "nonfinite_count": 1,
+                                          "first_nonfinite_step": None}}
     snap["gpu_history"] = {"3": {"util_pct": [None, 50.0], "power_share": [0.5]}}
     assert problems(as_printed(snap)) == []
 

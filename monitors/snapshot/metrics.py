@@ -14,6 +14,7 @@ from typing import Any
 from collections.abc import Callable, Mapping, MutableMapping
 
 from stepwatch.monitors.protocol import METRICS_SHOWN_FIRST
+from stepwatch.monitors.stats.minmax import MinMaxSeries
 from stepwatch.monitors.snapshot.types import Arrival, Metric, NewAlert, Snapshot
 
 #: Names whose non-finite value is an alert: the training loss, however the program names it.
@@ -37,31 +38,42 @@ def metrics_words(metrics: Mapping[str, Metric], limit: int = 6) -> str:
 
 
 def log_metrics(last: Mapping[str, tuple[int | None, float]], event_logs: Any = None,
-                step: int | None = None) -> dict[str, Metric]:
+                step: int | None = None, series: Mapping[str, MinMaxSeries] | None = None) -> dict[str, Metric]:
     """The snapshot's ``metrics`` from the tracker's latest ``(step, value)`` per name, else from
     the emitter's latest ``log`` event (``event_logs``, a dict read from events.jsonl: only its
-    finite-or-not numbers count, at ``step``)."""
+    finite-or-not numbers count, at ``step``); each name's NaN/inf count and first such step over
+    the whole run from ``series`` (the tracker's or the fold's)."""
     if not last and isinstance(event_logs, dict):
         last = {k[:64]: (step, v if type(v) is float else float(min(max(v, -2**1000), 2**1000)))  # no OverflowError
                 for k, v in list(event_logs.items())[:MAX_LISTED] if isinstance(k, str) and type(v) in (int, float)}
     out: dict[str, Metric] = {}
     for name, (step, value) in list(last.items())[:MAX_LISTED]:
         finite = math.isfinite(value)
-        out[name] = {"step": step, "value": value if finite else None, "finite": finite}
+        ser = (series or {}).get(name)
+        out[name] = {"step": step, "value": value if finite else None, "finite": finite,
+                     "nonfinite_count": ser.nonfinite if ser is not None else int(not finite),
+                     "first_nonfinite_step": (ser.first_nonfinite_step if ser is not None
+                                              else None if finite else step)}
     return out
 
 
 def metric_alerts(snap: Snapshot, make: Callable[..., NewAlert], first_seen: MutableMapping[str, float]) -> list[NewAlert]:
-    """A ``nonfinite_loss`` alert while the latest training loss is NaN or inf (``make`` is
-    snapshot.alerts.alert); keyed by the step it was printed at."""
+    """A ``nonfinite_loss`` alert once the training loss was NaN or inf anywhere in the run, naming
+    the first such step (a finite value after it does not take it back: it is said as a recovery);
+    ``make`` is snapshot.alerts.alert; keyed by that first step, so it is raised once."""
     out: list[NewAlert] = []
     for name in LOSS_NAMES:
         m = (snap.get("metrics") or {}).get(name)
-        if m and not m["finite"]:
-            at = f" at step {m['step']}" if m["step"] is not None else ""
-            out.append(make(first_seen, snap["attempt"], "nonfinite_loss", f"{name}-{m['step']}",
-                            f"the log's {name} is not a number (NaN or inf){at}: the run has diverged; "
-                            "every step from here trains on garbage", None))
+        if not m or not m.get("nonfinite_count"):
+            continue
+        first = m.get("first_nonfinite_step")
+        at = f" first at step {first}" if first is not None else ""
+        n = m["nonfinite_count"]
+        now = ("and it still is" if not m["finite"]
+               else f"{n} such value{'s' if n > 1 else ''} so far; the latest, at step {m['step']}, is finite again "
+                    f"({m['value']:.4g}): a recovery, but the steps between trained on garbage")
+        out.append(make(first_seen, snap["attempt"], "nonfinite_loss", f"{name}-{first}",
+                        f"the log's {name} was not a number (NaN or inf){at}, {now}", None))
     return out
 
 

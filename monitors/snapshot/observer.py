@@ -368,7 +368,8 @@ class RunObserver:
                        "last_byte_age_s": a.log.last_byte_age_s, "from_start": a.log_from_start,
                        "format": a.progress.format, "matched_lines": a.progress.matched_lines,
                        "hint": log_hint(a.progress, a.ev.stats.seen > 0)}
-        snap["metrics"] = log_metrics(a.progress.last_metrics, a.ev.last_logs, a.ev.last_logs_step)
+        snap["metrics"] = log_metrics(a.progress.last_metrics, a.ev.last_logs, a.ev.last_logs_step,
+                                      a.progress.series if a.progress.last_metrics else a.ev.series)
         snap["metrics_series"] = series_part(a.progress.series or a.ev.series)  # the log, else log events
         snap["events"] = {"file": EVENTS_JSONL if a.events.exists else None, "lines": a.events.lines_read,
                           "corrupt_lines": a.events.corrupt_lines, "unusable_steps": a.ev.unusable_steps,

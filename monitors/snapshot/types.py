@@ -286,6 +286,9 @@ class Metric(TypedDict):
     step: int | None
     value: float | None
     finite: bool
+    #: NaN/inf values of this metric over the whole run, and the step of the first (0, None: none)
+    nonfinite_count: int
+    first_nonfinite_step: int | None
 
 
 class Resume(TypedDict):

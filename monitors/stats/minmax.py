@@ -34,9 +34,18 @@ class MinMaxSeries:
         self.max_bins = max(2, max_bins)
         self.bins: list[Bin] = []
         self.per_bin = 1
+        #: the whole run's NaN/inf points: how many, the step of the first (bins merge, these never do)
+        self.nonfinite = 0
+        self.first_nonfinite_step: int | None = None
+        self._first_nonfinite_is_last = False
 
     def add(self, step: int | None, value: float) -> None:
         finite = math.isfinite(value)
+        self._first_nonfinite_is_last = not finite and self.nonfinite == 0
+        if not finite:
+            self.nonfinite += 1
+            if self._first_nonfinite_is_last:
+                self.first_nonfinite_step = step
         b = self.bins[-1] if self.bins else None
         if b is not None and b.n < self.per_bin:
             b.last_step, b.last, b.n = step, value, b.n + 1
@@ -59,6 +68,8 @@ class MinMaxSeries:
             if b.n == 1:
                 b.first_step = step
             b.last_step = step
+        if self._first_nonfinite_is_last:
+            self.first_nonfinite_step = step
 
     def _merge(self) -> None:
         merged = []

@@ -456,10 +456,10 @@ def test_a_nan_loss_in_the_log_is_an_alert_recorded_by_the_supervisor(tmp_path: 
 
     run_dir = _launch(tmp_path, "nan", {"nan.py": NAN_PY}, ["nan.py", str(nan_at), *(["once"] if once else [])])
     try:
-        snap = wait_until(lambda: ((s := _status(run_dir))["step"]["global_step"] or 0) >= 30 and s, 60,
+        snap = wait_until(lambda: s if ((s := _status(run_dir))["step"]["global_step"] or 0) >= 30 else None, 60,
                           what="30 steps")
         if once:  # NaN at step 35 only, finite after: named by its step, the recovery said, raised once
-            snap = wait_until(lambda: ((s := _status(run_dir))["step"]["global_step"] or 0) >= 45 and s, 60,
+            snap = wait_until(lambda: s if ((s := _status(run_dir))["step"]["global_step"] or 0) >= 45 else None, 60,
                               what="45 steps")
             rec = wait_until(lambda: [json.loads(ln) for ln in (run_dir / "alerts.jsonl").read_text().splitlines()
                                       if '"nonfinite_loss"' in ln], 10, what="the supervisor's nonfinite_loss record")

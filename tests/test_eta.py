@@ -15,6 +15,8 @@ import pytest
 
 from conftest import make_repo, stepwatch, wait_until
 from stepwatch.monitors.runfiles import read_json
+from stepwatch.monitors.snapshot.eta import eta_part, rate_change
+from stepwatch.monitors.snapshot.types import Eta, Stall
 
 SLOWING_PY = r'''
 import json, sys, time
@@ -58,3 +60,30 @@ def test_the_eta_follows_a_20x_slowdown_within_10_steps_and_says_stalled(tmp_pat
         os.kill(pid, signal.SIGKILL)
         os.kill(pid, signal.SIGCONT)
 
+
+
+# --- the rate's change point (unit tier: monitors/snapshot/eta.py) -----------------------------------
+
+_NOT_STALLED: Stall = {"state": "ok", "reason": "", "current_step_elapsed_s": 0.0}
+
+
+def _eta(dts: list[float], step: int) -> Eta:
+    return eta_part(dts, 300, step, _NOT_STALLED, True, 1000.0)
+
+
+def test_a_20x_slowdown_moves_the_eta_after_3_slow_steps_and_the_basis_says_so():
+    fast = [0.02] * 59
+    truth = (300 - 62) * 0.4
+    assert _eta(fast + [0.4] * 2, 61)["seconds_per_step"] == pytest.approx(0.02)  # two: not yet a change
+    eta = _eta(fast + [0.4] * 3, 62)
+    assert eta["seconds_per_step"] == pytest.approx(0.4) and eta["eta_s"] == pytest.approx(truth, rel=0.10), eta
+    assert "the rate changed 20x over the last 3 steps" in (eta["basis"] or ""), eta
+    sped = _eta([0.4] * 20 + [0.02] * 3, 23)  # and back: a 20x speed-up too
+    assert sped["seconds_per_step"] == pytest.approx(0.02)
+
+
+def test_a_save_spike_or_a_mixed_run_is_no_change_of_rate():
+    assert rate_change([0.02] * 20 + [5.0]) is None  # one save: the median of the window holds
+    assert rate_change([0.02] * 20 + [5.0, 0.02, 0.4]) is None  # not all three the same way
+    assert rate_change([0.02] * 3 + [0.4] * 3) is None  # too few steps before them to judge
+    assert rate_change([0.02] * 8 + [0.05] * 3) == pytest.approx(2.5)  # the control: 2.5x is one

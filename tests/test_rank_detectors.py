@@ -3,9 +3,12 @@ point, window and floor pinned by a case on either side of it. Pure functions, e
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from stepwatch.monitors.detectors.storm import recompile_storm
 from stepwatch.monitors.detectors.straggler import stuck_ranks, straggler_state
-from stepwatch.monitors.snapshot.ranks import cascades, first_of
+from stepwatch.monitors.snapshot.ranks import RankSteps, cascades, first_of
 from stepwatch.monitors.snapshot.types import Rank
 
 
@@ -147,3 +150,23 @@ def test_a_death_whose_time_is_not_known_yet_joins_the_cascade_and_never_starts_
     apart = _death(2, 1000.0 + 60, "SIGKILL")
     assert cascades([killed, apart]) == [[killed], [apart]]  # the control: timed deaths a minute apart are two
     assert cascades([untimed]) == [[untimed]]  # alone, it is still a death
+
+
+def _rank_file(tmp_path: Path, steps: int, max_steps: int | None, run_end: bool = False) -> Path:
+    p = tmp_path / "events.rank1.jsonl"
+    lines = [{"v": 1, "kind": "run_start", "t": 1000.0, "pid": 4242, "max_steps": max_steps}]
+    lines += [{"v": 1, "kind": "step", "t": 1000.0 + s, "step": s, "dt": 1.0, "step_end": 1000.0 + s, "flags": []}
+              for s in range(1, steps + 1)]
+    lines += [{"v": 1, "kind": "run_end", "t": 2000.0}] if run_end else []
+    p.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return p
+
+
+def test_a_rank_past_its_last_planned_step_or_its_run_end_is_finished_never_stuck(tmp_path: Path):
+    """A rank that did its 600 steps and tears down (destroy_process_group, a final save) while
+    another still steps is finishing, not stuck."""
+    for steps, max_steps, run_end, finished in ((5, 5, False, True), (4, 5, False, False), (4, None, True, True),
+                                                (4, None, False, False)):
+        rs = RankSteps(_rank_file(tmp_path, steps, max_steps, run_end))
+        rs.read()
+        assert (rs.last_step, rs.finished) == (steps, finished), (steps, max_steps, run_end)

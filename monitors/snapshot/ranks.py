@@ -66,6 +66,9 @@ class RankSteps:
                 if self.pid is not None and pid != self.pid:
                     self._restart()  # torchrun restarted this rank: a new process appends to the file
                 self.pid = pid
+                self.max_steps = _int(ev.get("max_steps"), 1, 10**12)
+            if kind == "run_end":
+                self.finished = True  # its training loop ended: teardown is no stuck rank
             if kind != "step":
                 continue
             dt, step, end = _seconds(ev.get("dt")), step_no(ev.get("step")), unix_time(ev.get("step_end"))
@@ -79,6 +82,8 @@ class RankSteps:
                 while len(self.ends) > ENDS_KEPT:
                     self.ends.popitem(last=False)
             self.last_step, self.last_end = step, end
+            if step is not None and self.max_steps is not None and step >= self.max_steps:
+                self.finished = True  # its last planned step: what follows is its final save or teardown
 
     def _restart(self) -> None:
         """The rank's earlier process's steps are not this one's (its step times, its step ends)."""
@@ -86,6 +91,9 @@ class RankSteps:
         self.ends.clear()
         self.last_step: int | None = None
         self.last_end: float | None = None
+        self.max_steps: int | None = None
+        #: the rank's training steps are done (its run_end, or its last planned step): never stuck
+        self.finished = False
 
     def summary(self) -> RankStepSummary:
         st = self.stats
@@ -192,7 +200,8 @@ class RankWatch:
         verdict = cast(Straggler, straggler_state({r: rs.ends for r, rs in self.steps.items()}))
         verdict["stuck"] = cast("list[StuckRank]", stuck_ranks({r: (rs.last_step, rs.last_end, rs.stats.percentile(99))
                                         for r, rs in self.steps.items()
-                                        if latest.get(r, {}).get("alive") is not False}, time.time()))
+                                        if latest.get(r, {}).get("alive") is not False and not rs.finished},
+                                       time.time()))
         dead = sorted({d["rank"] for d in latest.values() if died(d)})
         if dead and verdict["state"] != NOT_JUDGED:  # a dead rank's old steps prove nothing now
             verdict.update(state=NOT_JUDGED, reason=f"rank(s) {', '.join(map(str, dead))} died")

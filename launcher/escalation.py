@@ -6,9 +6,7 @@ is gone (it takes over the rungs not yet sent).
 
 from __future__ import annotations
 
-import os
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
@@ -16,7 +14,7 @@ from typing import Any
 from collections.abc import Callable
 
 from stepwatch.launcher.slurm import SlurmError, scancel
-from stepwatch.monitors.runfiles import PROCS_JSON, STOP_JSON, read_json, utc_iso, write_json_atomic
+from stepwatch.monitors.runfiles import PROCS_JSON, STOP_JSON, diagnostic, read_json, utc_iso, write_json_atomic
 from stepwatch.monitors.signalling import belongs_to, in_group, owner_uid, send_signal, signal_group, signal_targets
 from stepwatch.monitors.watchdog import ProcessRef, is_alive
 
@@ -26,12 +24,8 @@ DEFAULT_GRACE_S = 30.0
 
 
 def log_line(msg: str) -> None:
-    """One line to the supervisor's own log (its stderr is ``supervisor.log``); a full disk loses
-    the line, never the supervisor."""
-    try:
-        print(f"{utc_iso(time.time())} supervisor[{os.getpid()}]: {msg}", file=sys.stderr, flush=True)
-    except (OSError, ValueError):
-        pass
+    """One line to this process's own log (:func:`~stepwatch.monitors.runfiles.diagnostic`)."""
+    diagnostic("supervisor", msg)
 
 
 class Escalation:

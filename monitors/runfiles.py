@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import sys
 import re
 import stat
 import tempfile
@@ -236,6 +237,15 @@ def append_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         write_all(fd, data)
     finally:
         os.close(fd)
+
+
+def diagnostic(role: str, msg: str) -> None:
+    """One line of a stepwatch process's own diagnostics to its stderr (``supervisor.log``,
+    ``jobwatch.log``): ``<utc> <role>[<pid>]: <msg>``. A full disk loses the line, never the process."""
+    try:
+        print(f"{utc_iso(time.time())} {role}[{os.getpid()}]: {msg}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
 
 
 def read_run_fd(fd: int) -> dict[str, Any] | None:

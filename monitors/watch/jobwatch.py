@@ -22,7 +22,7 @@ from typing import Any
 from collections.abc import Callable
 
 from stepwatch.monitors.runfiles import (
-    EXIT_JSON, RUN_JSON, SCHEDULER_JSON, read_json, read_run_fd, utc_iso, write_json_atomic,
+    EXIT_JSON, RUN_JSON, SCHEDULER_JSON, diagnostic, read_json, read_run_fd, write_json_atomic,
 )
 from stepwatch.monitors.slurm import DEFAULT_POLL_S, is_ended, query_job
 from stepwatch.monitors.watch.loop import SCHEDULER_ALERT_KINDS, AlertRecorder
@@ -34,10 +34,8 @@ UNKNOWN_POLLS_NO_EXIT = 720
 
 
 def _log(msg: str) -> None:
-    try:
-        print(f"{utc_iso(time.time())} jobwatch[{os.getpid()}]: {msg}", file=sys.stderr, flush=True)
-    except (OSError, ValueError):
-        pass
+    """One line to this process's own log (:func:`~stepwatch.monitors.runfiles.diagnostic`)."""
+    diagnostic("jobwatch", msg)
 
 
 def watch_job(run_dir: Path, run: dict[str, Any], log: Callable[[str], None] = _log,

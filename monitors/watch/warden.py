@@ -20,14 +20,13 @@ then it imports nothing heavy and reads nothing. Its diagnostics go to ``supervi
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 from collections.abc import Callable
 
-from stepwatch.monitors.runfiles import EXIT_JSON, TRAIN_LOG, read_json, read_run_fd, utc_iso
+from stepwatch.monitors.runfiles import EXIT_JSON, TRAIN_LOG, diagnostic, read_json, read_run_fd
 from stepwatch.monitors.watchdog import ProcessRef, is_alive, wait_for_exit
 
 #: How often the detector loop looks once the warden took it over (s): the supervisor's own pace.
@@ -38,10 +37,8 @@ FINAL_LOOKS = 3
 
 
 def _log(msg: str) -> None:
-    try:
-        print(f"{utc_iso(time.time())} warden[{os.getpid()}]: {msg}", file=sys.stderr, flush=True)
-    except (OSError, ValueError):
-        pass
+    """One line to this process's own log (:func:`~stepwatch.monitors.runfiles.diagnostic`)."""
+    diagnostic("warden", msg)
 
 
 def _same_attempt(run_dir: Path, run: dict[str, Any]) -> bool:

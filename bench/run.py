@@ -66,6 +66,7 @@ EXTRA_TARGETS: dict[str, tuple[float, str, str]] = {
     "exporter_cpu_share_at_5s": (0.01, "s/s", "abs"),
     "cold_status_ratio": (3.0, "x", "ratio"),
     "cold_status_peak_rss_mb": (500.0, "MB", "abs"),
+    "log_pump_ratio": (1.10, "x", "ratio"),
 }
 
 #: name -> (script, quick args, full args, quick timeout s, full timeout s, group). Benchmarks of one
@@ -84,6 +85,7 @@ BENCHES: list[tuple[str, str, list[str], list[str], float, float, str]] = [
     ("log_search", "log_search.py", ["--quick", "--repeat", "3"], [], 60, 120, "log_search"),
     ("exporter", "exporter_cost.py", ["--quick"], [], 60, 180, "exporter"),
     ("cold_status", "cold_status.py", ["--quick"], [], 90, 900, "cold_status"),
+    ("log_pump", "log_pump.py", ["--quick"], [], 60, 180, "log_pump"),
 ]
 
 
@@ -101,6 +103,7 @@ KEY_BENCH = {
     "supervisor_cpu_share": "supervisor_watch",
     "log_search_s": "log_search", "log_search_again_s": "log_search", "log_search_ratio": "log_search",
     "cold_status_ratio": "cold_status", "cold_status_peak_rss_mb": "cold_status",
+    "log_pump_ratio": "log_pump", "log_pump_mb_per_s": "log_pump",
     "exporter_cpu_s_per_scrape": "exporter", "exporter_cpu_share_at_5s": "exporter", "exporter_vs_floor": "exporter",
 }
 

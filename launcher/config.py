@@ -21,7 +21,7 @@ from typing import Any
 
 from stepwatch.launcher.slurm import SLURM_KEYS, validate_slurm_table
 from stepwatch.monitors.parsers.logformats import compile_patterns
-from stepwatch.monitors.rundirs import default_runs_dir
+from stepwatch.monitors.rundirs import RunsDirError, default_runs_dir, resolve_runs_dir
 
 TOP_KEYS = ("name", "command", "cwd", "runs_dir", "env", "shell", "preflight", "alerts", "log", "slurm", "export")
 #: ``[export]``: ``prometheus`` (HOST:PORT or HOST:FIRST-LAST, served by the supervisor) and
@@ -127,16 +127,21 @@ def _validate(data: dict[str, Any], base: Path, where: str, runs_dir_override: P
     cwd = Path(os.path.expanduser(str(data.get("cwd", ".")))) if isinstance(data.get("cwd", "."), str) else None
     if cwd is None:
         raise ConfigError(f"{where}: 'cwd' must be a path string")
-    cwd = (base / cwd).resolve()
+    if os.path.islink(base / cwd) and not os.path.exists(base / cwd):  # a loop, or a link to nothing
+        raise ConfigError(f"{where}: cwd {base / cwd} is a symlink that names no directory (a loop, or to nothing)")
+    cwd = Path(os.path.realpath(base / cwd))
     rd = data.get("runs_dir")
-    if runs_dir_override is not None:
-        runs_dir = runs_dir_override
-    elif rd is None:
-        runs_dir = (base / "runs").resolve() if where != "flags" else default_runs_dir()
-    elif isinstance(rd, str):
-        runs_dir = (base / os.path.expanduser(rd)).resolve()
-    else:
+    if rd is not None and not isinstance(rd, str):
         raise ConfigError(f"{where}: 'runs_dir' must be a path string; got {rd!r}")
+    try:
+        if runs_dir_override is not None:
+            runs_dir = runs_dir_override
+        elif rd is None:
+            runs_dir = resolve_runs_dir(base / "runs") if where != "flags" else default_runs_dir()
+        else:
+            runs_dir = resolve_runs_dir(base / os.path.expanduser(rd))
+    except RunsDirError as e:
+        raise ConfigError(str(e) if where == "flags" else f"{where}: {e}") from None
     env = data.get("env", {})
     if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
         raise ConfigError(f"{where}: 'env' must be a table of string values, e.g. env = {{ CUDA_VISIBLE_DEVICES = \"0\" }}")
@@ -216,7 +221,7 @@ def load_config(path: str | os.PathLike[str], runs_dir_override: Path | None = N
     Raises ConfigError (file missing, TOML syntax error with its line, unknown or ill-typed keys).
     ``runs_dir_override`` (the ``--runs-dir`` flag) wins over the file's ``runs_dir``.
     """
-    path = Path(path).resolve()
+    path = Path(os.path.realpath(path))  # never Path.resolve: a symlink loop is a one-line refusal below
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
@@ -258,7 +263,10 @@ def config_from_flags(command: list[str], name: str | None, cwd: str | None, run
     data: dict[str, Any] = {"name": name, "command": command, "env": env_map}
     if cwd is not None:
         data["cwd"] = cwd
-    rd = Path(runs_dir).resolve() if runs_dir else None
+    try:
+        rd = resolve_runs_dir(runs_dir) if runs_dir else None
+    except RunsDirError as e:
+        raise ConfigError(str(e)) from None
     return _validate(data, Path.cwd(), "flags", runs_dir_override=rd)
 
 

@@ -6,6 +6,7 @@ child starts: a commit that lands during a seven-hour run must not change what r
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,9 @@ class TreeState:
 
     repo_root: Path | None
     error: str | None = None
+    #: git itself failed while the tree was sampled (another user's repo: "dubious ownership"; no git
+    #: binary): ``error`` says why and the fix, and no --allow-dirty launches it (nothing was sampled)
+    unreadable: bool = False
     modified: list[str] = field(default_factory=list)
     staged: list[str] = field(default_factory=list)
     untracked: list[str] = field(default_factory=list)
@@ -61,7 +65,18 @@ def read_tree(cwd: Path, runs_dir: Path | None = None) -> TreeState:
         st = TreeState(None, error=f"{cwd} is in a bare repository (no work tree)")
         st.identity = _null_identity()
         return st
-    root = Path(repo.working_tree_dir).resolve()
+    root = Path(os.path.realpath(repo.working_tree_dir))
+    try:
+        return _sample(repo, root, runs_dir)
+    except (git.GitError, OSError) as e:  # GitCommandError, GitCommandNotFound: git refused or is missing
+        st = TreeState(root, error=_git_failure(root, e), unreadable=True)
+        st.identity = _null_identity()
+        return st
+    finally:
+        repo.close()
+
+
+def _sample(repo: git.Repo, root: Path, runs_dir: Path | None) -> TreeState:
     st = TreeState(root)
     try:
         head = repo.head.commit
@@ -107,6 +122,30 @@ def read_tree(cwd: Path, runs_dir: Path | None = None) -> TreeState:
     return st
 
 
+def _git_failure(root: Path, e: BaseException) -> str:
+    """One line: git could not read the repository at ``root``, git's own reason (asked again with a
+    plain ``git rev-parse``: a failed ``git diff`` reports "Not a git repository" for what is another
+    user's repo), and the fix when the repository is another user's."""
+    reason = ""
+    try:
+        _, _, err = git.Git(str(root)).rev_parse("--git-dir", with_extended_output=True, with_exceptions=False)
+        lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+        reason = next((ln for ln in lines if ln.startswith(("fatal:", "error:"))), lines[0] if lines else "")
+    except (git.GitError, OSError) as probe:
+        reason = str(probe)
+    if not reason:
+        reason = " ".join(str(e).split())[:300]
+    msg = f"git cannot read the repository at {root} ({reason})"
+    if "dubious ownership" in reason:
+        try:
+            owner = f"uid {root.stat().st_uid}"
+        except OSError:
+            owner = "another user"
+        msg += (f": it belongs to {owner}, not to you (uid {os.geteuid()}). Only if it is really theirs to "
+                f"trust, run: git config --global --add safe.directory {root}  (then launch again)")
+    return msg
+
+
 def _links_to(path: Path, target: Path) -> bool:
     """``path`` is a symlink to ``target`` (a link loop or a dangling link is not)."""
     try:
@@ -117,6 +156,8 @@ def _links_to(path: Path, target: Path) -> bool:
 
 def gate_message(st: TreeState, limit: int = 20) -> str:
     """The refusal text for a tree that fails the gate: names the files and the override."""
+    if st.unreadable:
+        return f"REFUSING: {st.error}"
     if st.repo_root is None or st.error:
         return (f"REFUSING: {st.error}. harness_commit would not describe this run. Commit the harness in git, "
                 f"or launch with --allow-dirty \"REASON\" to record why it may run anyway.")

@@ -78,7 +78,7 @@ def launch(cfg: RunConfig, allow_dirty: str | None = None, override: str | None 
         raise ConfigError(f"cwd does not exist or is not a directory: {cfg.cwd}")
     exe = resolve_executable(cfg)
     tree = read_tree(cfg.cwd, cfg.runs_dir)
-    if not tree.clean and allow_dirty is None:
+    if tree.unreadable or (not tree.clean and allow_dirty is None):  # git failed: nothing to launch on
         raise LaunchRefused(gate_message(tree))
     with _launch_lock(cfg):
         _refuse_if_live(cfg)
@@ -91,7 +91,7 @@ def launch(cfg: RunConfig, allow_dirty: str | None = None, override: str | None 
         # The checklist can take minutes (the test suite): sample the tree again, right before the
         # child starts, so the identity recorded is the one that runs (ARCHITECTURE.md R5).
         tree = read_tree(cfg.cwd, cfg.runs_dir)
-        if not tree.clean and allow_dirty is None:
+        if tree.unreadable or (not tree.clean and allow_dirty is None):
             raise LaunchRefused("the tree changed while the checklist ran.\n" + gate_message(tree))
         _refuse_if_live(cfg)
         return _start(cfg, exe, tree, checklist, allow_dirty, override, wait_s)
@@ -107,28 +107,65 @@ def _refuse_if_live(cfg: RunConfig) -> None:
 @contextlib.contextmanager
 def _launch_lock(cfg: RunConfig):
     """Hold ``<runs_dir>/.<name>.launch.lock`` (flock) from the guard until the supervisor recorded
-    the child's pid: two launches of one run cannot interleave. Refuses when another holds it."""
+    the child's pid: two launches of one run cannot interleave. Refuses when another holds it, and
+    a lock that is not a regular file of this user's (another user's lock would let them block every
+    launch of this name; as root, it opens anyway), checked on the descriptor before it is locked."""
+    lock = cfg.runs_dir / f".{cfg.name}.launch.lock"
     try:
         cfg.runs_dir.mkdir(parents=True, exist_ok=True)
         refuse_unsafe_dirs(cfg.runs_dir, cfg.run_dir)
-        fd = os.open(cfg.runs_dir / f".{cfg.name}.launch.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
     except OSError as e:
         if e.errno == errno.ELOOP:
-            raise LaunchRefused(f"REFUSING: {cfg.runs_dir / f'.{cfg.name}.launch.lock'} is a symlink: the launch "
+            raise LaunchRefused(f"REFUSING: {lock} is a symlink: the launch "
                                 "lock is never opened through one (it would create or lock a file where the link "
                                 "points). Remove it if it is yours, then launch again.") from None
+        why = _lock_problem(lock, e)
+        if why:
+            raise LaunchRefused(why) from None
         raise LaunchRefused(f"cannot use the runs dir {cfg.runs_dir}: {e.strerror or e}. "
                             "Choose another with --runs-dir DIR (or runs_dir in the config).") from None
     try:
+        why = _lock_not_ours(lock, os.fstat(fd))
+        if why:
+            raise LaunchRefused(why)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise LaunchRefused(f"REFUSING: another launch of {cfg.name!r} is in progress right now "
-                                f"(it holds {cfg.runs_dir / f'.{cfg.name}.launch.lock'}); wait for it, "
+                                f"(it holds {lock}); wait for it, "
                                 f"then: stepwatch status {cfg.run_dir}") from None
         yield
     finally:
         os.close(fd)
+
+
+def _lock_not_ours(lock: Path, st: os.stat_result) -> str | None:
+    """Why the launch lock (``st``: its lstat, or the opened descriptor's fstat) is not this user's
+    regular file, or None."""
+    fix = "Remove it if you may (it is only a lock), or choose another --runs-dir DIR."
+    if stat.S_ISDIR(st.st_mode):
+        return f"REFUSING: the launch lock {lock} is a directory, not a lock file. {fix}"
+    if not stat.S_ISREG(st.st_mode):
+        return f"REFUSING: the launch lock {lock} is not a regular file (mode {stat.filemode(st.st_mode)}). {fix}"
+    if st.st_uid != os.geteuid():
+        return (f"REFUSING: the launch lock {lock} belongs to uid {st.st_uid}, not to you (uid {os.geteuid()}): "
+                f"whoever holds it could block every launch of this name. {fix}")
+    return None
+
+
+def _lock_problem(lock: Path, e: OSError) -> str | None:
+    """The launch lock's own fault when opening it failed with ``e`` (it is there, and not this
+    user's regular file, or its mode denies them), or None when the fault is the runs dir's."""
+    try:
+        st = os.lstat(lock)
+    except OSError:
+        return None  # not there: creating it failed, which is the runs dir's doing
+    why = _lock_not_ours(lock, st)
+    if why or e.errno not in (errno.EACCES, errno.EPERM):  # EROFS, EIO...: the runs dir's
+        return why
+    return (f"REFUSING: cannot open the launch lock {lock}: {e.strerror or e}. Fix its mode if it is yours "
+            "(it is only a lock: remove it), or choose another --runs-dir DIR.")
 
 
 def refuse_unsafe_dirs(runs_dir: Path, run_dir: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import difflib
+import errno
 import os
 import stat
 import time
@@ -19,6 +20,57 @@ class RunNotFound(LookupError):
     """RUN names no run directory; the message says where it looked (CLI exit code 2)."""
 
 
+class RunsDirError(RunNotFound):
+    """The runs dir given is a symlink loop, or a symlink to nothing (CLI exit code 2)."""
+
+
+def resolve_runs_dir(path: str | os.PathLike[str]) -> Path:
+    """``path`` (``~`` expanded, relative to the current directory) absolute, its symlinks resolved.
+
+    A runs dir that does not exist yet is fine (a launch creates it), but never through a symlink to
+    nothing: the launch would create the directory the link names, somewhere nobody chose. Raises
+    RunsDirError for that and for a symlink loop (which Python 3.11's ``Path.resolve`` raises as a
+    RuntimeError traceback)."""
+    p = Path.cwd() / os.path.expanduser(os.fspath(path))  # never abspath: ".." after a link is the link's
+    try:
+        os.stat(p)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise RunsDirError(f"the runs dir {p} is a symlink loop: it names no directory. "
+                               "Give another with --runs-dir DIR (or runs_dir in the config).") from None
+        if e.errno == errno.ENOENT:
+            dangling = _dangling_link(p)
+            if dangling is not None:
+                link, target = dangling
+                on_way = "" if link == p else f" ({link} on its way)"
+                raise RunsDirError(f"the runs dir {p}{on_way} is a symlink to {target}, which does not exist: "
+                                   "nothing is created where a link points. Create the target, remove the link, "
+                                   "or give another with --runs-dir DIR.") from None
+    return Path(os.path.realpath(p))
+
+
+def _dangling_link(p: Path) -> tuple[Path, str] | None:
+    """The deepest part of ``p`` that is there at all (``lstat``), when it is a symlink to nothing:
+    ``(link, what it names)``; None otherwise."""
+    for q in (p, *p.parents):
+        try:
+            st = os.lstat(q)
+        except OSError:
+            continue
+        if not stat.S_ISLNK(st.st_mode) or os.path.exists(q):
+            return None
+        try:
+            return q, os.readlink(q)
+        except OSError:
+            return None
+    return None
+
+
+def shown_path(p: Path) -> str:
+    """``p`` with its symlinks resolved, for a message: never raises (a symlink loop stays as it is)."""
+    return os.path.realpath(p)
+
+
 def resolve_run(arg: str, runs_dir: Path) -> Path:
     """``arg`` as a run directory: an existing directory path with a run.json, else ``runs_dir/arg``.
 
@@ -31,12 +83,12 @@ def resolve_run(arg: str, runs_dir: Path) -> Path:
             if not (cand / RUN_JSON).is_file():  # a FIFO or a device: opening it could hang
                 raise RunNotFound(f"{cand / RUN_JSON} is not a regular file: not a run stepwatch wrote; "
                                   "nothing read from it")
-            return cand.resolve()
+            return Path(os.path.realpath(cand))
     known = [d.name for d in list_runs(runs_dir)]
     close = difflib.get_close_matches(arg, known, n=1)
     hint = (f" Did you mean {close[0]!r}?" if close else "") + (
         f" Runs under {runs_dir}: {', '.join(known[:10])}." if known else f" There are no runs under {runs_dir}.")
-    raise RunNotFound(f"no run {arg!r}: neither {p.resolve()} nor {q} is a run directory (one with a {RUN_JSON})."
+    raise RunNotFound(f"no run {arg!r}: neither {shown_path(p)} nor {q} is a run directory (one with a {RUN_JSON})."
                       f"{hint} List runs with: stepwatch runs --runs-dir DIR")
 
 
@@ -74,8 +126,9 @@ def owned_by_viewer(run_dir: Path) -> bool:
 
 
 def default_runs_dir() -> Path:
-    """``$STEPWATCH_RUNS_DIR`` or ``./runs``, absolute, relative to the shell's current directory."""
-    return Path(os.environ.get(ENV_RUNS_DIR) or "runs").resolve()
+    """``$STEPWATCH_RUNS_DIR`` or ``./runs``, absolute, relative to the shell's current directory
+    (:func:`resolve_runs_dir`: RunsDirError for a symlink loop or a symlink to nothing)."""
+    return resolve_runs_dir(os.environ.get(ENV_RUNS_DIR) or "runs")
 
 
 def live_attempt(run_dir: Path) -> tuple[str, int] | None:

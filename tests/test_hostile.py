@@ -322,6 +322,60 @@ def test_a_launch_never_opens_its_lock_through_a_symlink(tmp_path: Path):
     assert not target.exists() and not (repo / "runs" / "r").exists()
 
 
+def _lock_refusal(tmp_path: Path) -> str | None:
+    """What entering the launch lock of run ``r`` under ``tmp_path/runs`` refused with, or None."""
+    from stepwatch.launcher.config import RunConfig
+    from stepwatch.launcher.launch import LaunchRefused, _launch_lock
+
+    cfg = RunConfig(name="r", command=["true"], cwd=tmp_path, runs_dir=tmp_path / "runs")
+    try:
+        with _launch_lock(cfg):
+            return None
+    except LaunchRefused as e:
+        return str(e)
+
+
+def test_a_launch_lock_that_is_a_directory_or_no_regular_file_is_named_not_the_runs_dir(tmp_path: Path):
+    """EISDIR opening ``.r.launch.lock`` said "cannot use the runs dir X: Is a directory", blaming the runs
+    dir: the lock is named, and what it is. A FIFO opens (O_RDWR) but is refused on its descriptor."""
+    lock = tmp_path / "runs" / ".r.launch.lock"
+    lock.mkdir(parents=True)
+    why = _lock_refusal(tmp_path)
+    assert why is not None and why.startswith(f"REFUSING: the launch lock {lock} is a directory"), why
+    assert "cannot use the runs dir" not in why
+    lock.rmdir()
+    os.mkfifo(lock)
+    why = _lock_refusal(tmp_path)
+    assert why is not None and f"the launch lock {lock} is not a regular file (mode p" in why, why
+    lock.unlink()
+    assert _lock_refusal(tmp_path) is None and lock.is_file()  # positive control: the user's own lock
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a lock file to another uid (CI runs as root)")
+def test_a_launch_lock_of_another_user_is_refused_before_it_is_locked(tmp_path: Path, monkeypatch):
+    """Root opens another user's lock file anyway, and that user could hold it and block every launch
+    of the name: the descriptor's owner is checked (fstat) before flock. A non-root user's EACCES says
+    the same from an lstat, never "cannot use the runs dir"."""
+    import fcntl as fcntl_mod
+
+    lock = tmp_path / "runs" / ".r.launch.lock"
+    lock.parent.mkdir()
+    lock.write_text("")
+    os.chown(lock, 65534, 65534)
+    locked: list[int] = []
+    monkeypatch.setattr(fcntl_mod, "flock", lambda fd, op: locked.append(fd))
+    why = _lock_refusal(tmp_path)
+    assert why is not None and f"the launch lock {lock} belongs to uid 65534, not to you (uid 0)" in why, why
+    assert locked == []  # refused before flock
+    monkeypatch.undo()
+    from stepwatch.launcher.launch import _lock_problem
+
+    why = _lock_problem(lock, PermissionError(13, "Permission denied"))  # a non-root user's open: EACCES
+    assert why is not None and "belongs to uid 65534" in why, why
+    os.chown(lock, 0, 0)
+    assert _lock_refusal(tmp_path) is None  # positive control: root's own lock
+
+
 def test_a_symlink_in_the_runs_dir_is_never_listed_as_a_run(tmp_path: Path, monkeypatch, capsys):
     """``runs``, the home list and a bare ``attach`` (all monitors/rundirs.py list_runs): an entry
     that is a symlink, to a run dir elsewhere (another user's, say) or to nothing, is no run."""
@@ -348,6 +402,64 @@ def test_a_symlink_in_the_runs_dir_is_never_listed_as_a_run(tmp_path: Path, monk
     (runs / "mine").rename(elsewhere / "mine")
     os.symlink(elsewhere / "mine", runs / "mine")  # even to the viewer's own run dir: not followed
     assert list_runs(runs) == []
+
+
+def test_a_runs_dir_that_is_a_symlink_loop_or_a_link_to_nothing_is_one_line_not_a_traceback(
+        tmp_path: Path, monkeypatch, capsys):
+    """``ln -s runs5 runs5`` as the runs dir (Python 3.11's Path.resolve raises RuntimeError("Symlink
+    loop")): launch, runs, status, preflight and the rest refuse in one line, exit 2. A symlink to
+    nothing as the runs dir is refused too: a launch would create the directory the link names."""
+    from stepwatch.tui.cli import main
+
+    monkeypatch.setattr(sys, "stdout", sys.stdout)  # main() wraps both streams: put back what capsys set
+    monkeypatch.setattr(sys, "stderr", sys.stderr)
+    repo = _harness(tmp_path)
+    monkeypatch.chdir(repo)
+    loop, dangling, nowhere = repo / "runs5", repo / "dangling", tmp_path / "nowhere"
+    os.symlink("runs5", loop)
+    os.symlink(nowhere, dangling)
+    cfg = repo / "run.toml"
+    cfg.write_text('name = "r"\ncommand = ["python3", "ok.py"]\nruns_dir = "runs5"\n')
+    launch = ["launch", "--no-tui", "--name", "r", "--", sys.executable, "ok.py"]
+    for argv in (["runs"], ["status"], ["status", "r"], ["watch", "r"], ["stop", "r"], ["relaunch", "r"], ["attach"],
+                 ["preflight", str(cfg)], launch):
+        assert main([argv[0], "--runs-dir", "runs5", *argv[1:]]) == 2, argv
+        out, err = capsys.readouterr()
+        assert err.splitlines() == [f"stepwatch: the runs dir {loop} is a symlink loop: it names no directory. "
+                                    "Give another with --runs-dir DIR (or runs_dir in the config)."], (argv, err)
+    for argv in (["preflight", str(cfg)], ["launch", "--no-tui", str(cfg)]):  # the config's own runs_dir
+        assert main(argv) == 2, argv
+        assert f"{cfg}: the runs dir {loop} is a symlink loop" in capsys.readouterr().err, argv
+    monkeypatch.setenv("STEPWATCH_RUNS_DIR", "runs5")
+    assert main(["runs"]) == 2 and "is a symlink loop" in capsys.readouterr().err
+    monkeypatch.delenv("STEPWATCH_RUNS_DIR")
+    for argv in (launch, ["runs"]):
+        assert main([argv[0], "--runs-dir", "dangling", *argv[1:]]) == 2, argv
+        err = capsys.readouterr().err
+        assert err.splitlines() == [f"stepwatch: the runs dir {dangling} is a symlink to {nowhere}, which does not exist: "
+                                    "nothing is created where a link points. Create the target, remove the link, "
+                                    "or give another with --runs-dir DIR."], (argv, err)
+    assert main([launch[0], "--runs-dir", "dangling/deeper", *launch[1:]]) == 2
+    assert f"({dangling} on its way) is a symlink to {nowhere}" in capsys.readouterr().err
+    assert not nowhere.exists()
+    assert main(["status", str(loop)]) == 2  # a RUN that is a loop: named, not resolved
+    assert "no run" in capsys.readouterr().err
+
+
+@pytest.mark.system
+def test_the_cli_refuses_a_runs_dir_that_is_a_symlink_loop_or_dangles_without_a_traceback(tmp_path: Path):
+    """The same through the real entry point (``python -m stepwatch.tui.cli``): no traceback."""
+    repo = _harness(tmp_path)
+    os.symlink("runs5", repo / "runs5")
+    os.symlink(tmp_path / "nowhere", repo / "dangling")
+    for rd, words in (("runs5", f"the runs dir {repo / 'runs5'} is a symlink loop"),
+                      ("dangling", f"is a symlink to {tmp_path / 'nowhere'}, which does not exist")):
+        for argv in (("launch", "--no-tui", "--runs-dir", rd, "--", sys.executable, "ok.py"),
+                     ("runs", "--runs-dir", rd), ("status", "--runs-dir", rd)):
+            r = stepwatch(*argv, cwd=repo)
+            assert r.returncode == 2 and "Traceback" not in r.stderr and words in r.stderr, (argv, r.stderr)
+            assert len(r.stderr.splitlines()) == 1, r.stderr
+    assert not (tmp_path / "nowhere").exists()
 
 
 def test_a_line_nested_too_deep_in_acks_jsonl_is_skipped_not_a_crash(tmp_path: Path):

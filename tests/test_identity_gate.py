@@ -6,6 +6,7 @@ runs dir is left out of them by path, never by a name prefix (``runs-notes/`` be
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -81,3 +82,21 @@ def test_a_stall_needs_exactly_the_minimum_of_counted_steps(tmp_path: Path):
     finally:
         for name in ("enough", "short"):
             stepwatch("stop", str(repo / "runs" / name), "--grace", "1", timeout=30)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a repo to another uid (CI runs as root)")
+def test_a_launch_in_another_users_repo_is_one_line_through_the_real_entry_point(tmp_path: Path):
+    """git refuses another user's repo ("detected dubious ownership"): ``python -m stepwatch.tui.cli
+    launch`` as root exits 1 with one line naming the repo, git's reason and the fix; no traceback."""
+    repo = make_repo(tmp_path / "theirs", {"ok.py": "print('ok')\n"})
+    for dirpath, dirnames, filenames in os.walk(repo):
+        for n in [*dirnames, *filenames]:
+            os.lchown(os.path.join(dirpath, n), 65534, 65534)
+    os.chown(repo, 65534, 65534)
+    env = {"GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_SYSTEM": os.devnull}
+    r = stepwatch("launch", "--no-tui", "--runs-dir", str(tmp_path / "runs"), "--", sys.executable, "ok.py",
+                  cwd=repo, env=env)
+    assert r.returncode == 1 and "Traceback" not in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
+    assert f"git cannot read the repository at {repo} (fatal: detected dubious ownership" in r.stderr, r.stderr
+    assert f"git config --global --add safe.directory {repo}" in r.stderr, r.stderr
+    assert not (tmp_path / "runs" / "ok").exists()

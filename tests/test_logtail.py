@@ -247,6 +247,21 @@ def test_attach_to_old_file_reports_its_mtime(tmp_path: Path) -> None:
     assert f.last_byte_at > old + 3000
 
 
+def test_a_live_bytes_age_is_on_the_monotonic_clock(tmp_path: Path, monkeypatch) -> None:
+    """Once the follower saw a byte arrive, how long ago is timed on its monotonic clock: the wall
+    clock stepping a day ahead (or a view whose clock is not the run's) does not age the log."""
+    p = tmp_path / TRAIN_LOG
+    p.write_text("a\n")
+    f = LogFollower(p)
+    f.poll()
+    append(p, b"b\n")
+    f.poll()
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 86400.0)
+    age = f.last_byte_age_s
+    assert age is not None and age < 60, age
+
+
 def test_rotation_mid_follow_loses_no_line(tmp_path: Path) -> None:
     p = tmp_path / TRAIN_LOG
     with open(p, "w") as w:

@@ -71,3 +71,32 @@ def test_the_call_and_the_verdict_keep_their_shape():
     with pytest.raises(dataclasses.FrozenInstanceError):
         v.state = "ok"
     assert not hasattr(v, "__dict__") and v.as_dict() == {"state": "stalled", "current_step_elapsed_s": 10.0}
+
+
+def test_what_the_judge_saw_of_the_step_bounds_the_wall_clock_difference():
+    """``observed`` (at least, at most seconds on the judge's monotonic clock) clamps ``now - start``:
+    a run's clock a day behind reads the step's real length; a judge's clock behind the run's cannot
+    hide a stall; within the bounds the wall clock stands, and nothing is said."""
+    day = 86400.0
+    v = stall_state(1000.0, 1000.0 + day, FAST, observed=(1.0, 2.0))
+    assert (v.state, v.current_step_elapsed_s) == ("ok", 2.0)
+    assert v.reason == ("step in progress for 2.0 s; stalled after 3.0 s (timed on the judge's own clock: "
+                        "the run's step times are about 86398 s behind it)")
+    v = stall_state(1000.0, 1000.0 - day, FAST, observed=(20.0, 21.0))  # the run's clock ahead of the judge's
+    assert (v.state, v.current_step_elapsed_s) == ("stalled", 20.0) and v.reason.endswith("20 s ahead of it)")
+    v = stall_state(1000.0, 1001.5, FAST, observed=(1.0, 2.0))  # inside the bounds: the wall clock, exactly
+    assert (v.current_step_elapsed_s, v.reason) == (1.5, "step in progress for 1.5 s; stalled after 3.0 s")
+    assert stall_state(1000.0, 1000.0 + day, FAST, observed=(day, day + 1)).state == "stalled"  # a real day
+
+
+def test_the_observed_start_bounds_only_a_step_the_judge_saw_begin():
+    from stepwatch.monitors.snapshot.stepsource import RECORD_LATENCY_S, ObservedStart
+
+    o = ObservedStart()
+    assert o.observe(500.0, 10.0) is None  # there at the first look: the wall clock alone
+    assert o.observe(500.0, 11.0) is None
+    assert o.observe(501.0, 12.0) == (0.0, 1.0 + RECORD_LATENCY_S)  # began between the looks at 11 and 12
+    assert o.observe(501.0, 20.0) == (8.0 - RECORD_LATENCY_S, 9.0 + RECORD_LATENCY_S)
+    assert o.observe(400.0, 21.0) is None  # moved back: another source speaks; not seen begin
+    assert o.observe(None, 22.0) is None
+    assert o.observe(402.0, 23.0) == (0.0, 1.0 + RECORD_LATENCY_S)  # the first step after none

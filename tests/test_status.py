@@ -679,6 +679,60 @@ def test_a_flagged_fallback_keeps_its_onset_time_however_many_slow_steps_follow(
     assert [a for a in snap["alerts"] if a["kind"] == "fallback"] == [al]
 
 
+def _live_run_dir(path: Path, launched_at_unix: float) -> Path:
+    """A running attempt: run.json names this test's own process (alive), no exit.json yet."""
+    run_dir = _finished_run_dir(path, [], launched_at_unix)
+    (run_dir / "exit.json").unlink()
+    run = read_json(run_dir / "run.json") or {}
+    run["process"] = {"pid": os.getpid(), "create_time": psutil.Process().create_time(), "pgid": os.getpgid(0)}
+    (run_dir / "run.json").write_text(json.dumps(run))
+    return run_dir
+
+
+def test_a_view_whose_clock_runs_a_day_ahead_of_the_run_reads_no_stall_while_it_steps(tmp_path: Path):
+    """The step in progress is timed from the run's step_end (the run's clock) to the view's "now"
+    (its own): a view a day ahead read "stalled for 86400 s". A view that saw the step begin times it
+    on its monotonic clock too, and the wall-clock difference is clamped into that: no stall while
+    the run steps, whatever the skew; a step that truly runs past the threshold on the monotonic
+    clock is still a stall (the positive control), and says the clocks differ."""
+    day, t0 = 86400.0, 1_780_000_000.0  # the run's clock; the view's reads t0 + a day
+    run_dir = _live_run_dir(tmp_path / "skewed", t0)
+    mono = [5000.0]
+    obs = RunObserver(run_dir, monotonic=lambda: mono[0])
+    snap = obs.refresh(now=t0 + day)  # attached before the first step: nothing to judge
+    assert snap["state"] == "running" and snap["stall"]["state"] in ("ok", "not judged"), snap["stall"]
+    t = t0
+    for i in range(1, 41):  # one step a second, on both clocks; the view looks twice a step
+        t += 1.0
+        with open(run_dir / "events.jsonl", "a") as f:
+            f.write(json.dumps(_step(i, 1.0, t)) + "\n")
+        for _ in range(2):
+            mono[0] += 0.5
+            snap = obs.refresh(now=t + 0.5 + day)
+            assert snap["stall"]["state"] != "stalled", (i, snap["stall"])
+            assert not [a for a in snap["alerts"] if a["kind"] == "stall"], (i, snap["alerts"])
+    elapsed = snap["stall"]["current_step_elapsed_s"]
+    assert snap["stall"]["state"] == "ok" and elapsed is not None and elapsed <= 2.5, snap["stall"]
+    assert "the run's step times are about 86" in snap["stall"]["reason"], snap["stall"]["reason"]
+    for _ in range(30):  # the run stops stepping: 15 s on the monotonic clock, the threshold is 10 s
+        mono[0] += 0.5
+        snap = obs.refresh(now=t + 0.5 + day)  # the view's wall clock stands still: the monotonic one decides
+    assert snap["stall"]["state"] == "stalled", snap["stall"]
+    elapsed = snap["stall"]["current_step_elapsed_s"]
+    assert elapsed is not None and 14.0 <= elapsed <= 17.0, snap["stall"]
+    assert [a["id"] for a in snap["alerts"] if a["kind"] == "stall"] == ["a1-stall-40"], snap["alerts"]
+
+
+def test_a_one_shot_look_has_only_the_wall_clock_and_a_hung_run_reads_stalled_at_once(tmp_path: Path):
+    """The monotonic clock bounds only a step the observer saw begin: a view attached to a run hung
+    for ten minutes (a one-shot ``status``) says stalled at its first look, as it always did."""
+    t0 = 1_780_000_000.0
+    run_dir = _live_run_dir(tmp_path / "hung", t0)
+    (run_dir / "events.jsonl").write_text("".join(json.dumps(_step(i, 1.0, t0 + i)) + "\n" for i in range(1, 21)))
+    snap = RunObserver(run_dir, monotonic=lambda: 100.0).refresh(now=t0 + 20 + 600)
+    assert snap["stall"]["state"] == "stalled" and snap["stall"]["current_step_elapsed_s"] == 600.0, snap["stall"]
+
+
 def test_process_snapshot_is_the_watchdog_part_without_reading_events(tmp_path: Path):
     """`stepwatch runs` lists many runs: it takes the watchdog's keys from run.json / exit.json only."""
     from stepwatch.monitors.snapshot.observer import process_snapshot, snapshot

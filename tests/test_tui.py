@@ -19,6 +19,7 @@ from conftest import REPO_ROOT, git, make_repo, stepwatch, wait_until
 from stepwatch.monitors.runfiles import read_json
 from stepwatch.monitors.watchdog import ProcessRef, probe
 from stepwatch.tui.app import StepwatchApp
+from stepwatch.tui.screens.run import RunScreen
 
 STATIC_RUN = REPO_ROOT / "tests" / "fixtures" / "runs" / "ended-sigkill"
 
@@ -221,6 +222,46 @@ async def test_live_stall_reads_stalled_in_words(tmp_path: Path):
         await pilot.press("a")
         await until(pilot, lambda: not banner.display, 5, "the banner to go on a")
         assert "stopped as requested" in stepwatch("watch", str(run_dir)).stdout
+
+
+def _running_copy(tmp_path: Path, name: str, supervisor_alive: bool) -> Path:
+    """The static run made a running one: its training process is this test's (alive); its
+    supervisor this test's too, or the fixture's pid that no process holds (gone)."""
+    import psutil
+
+    run_dir = _copy_static(tmp_path)
+    run_dir = run_dir.rename(run_dir.with_name(name))
+    (run_dir / "exit.json").unlink()
+    run = read_json(run_dir / "run.json") or {}
+    me = {"pid": os.getpid(), "create_time": psutil.Process().create_time(), "pgid": os.getpgid(0)}
+    run["process"] = me
+    if supervisor_alive:
+        run["supervisor"] = me
+    (run_dir / "run.json").write_text(json.dumps(run))
+    sup = ProcessRef.from_json(run["supervisor"])
+    assert sup is not None and probe(sup) == ("alive" if supervisor_alive else "dead")
+    return run_dir
+
+
+@pytest.mark.parametrize("supervisor_alive", [False, True], ids=["supervisor-gone", "supervisor-alive"])
+async def test_a_running_run_whose_supervisor_is_gone_says_so_under_the_header(tmp_path: Path, supervisor_alive: bool):
+    """``status`` warned that the supervisor is gone (``supervisor_alive`` false while the run runs);
+    the run screen said nothing. It says it in a line under the header, as plain text; with a live
+    supervisor (the control) the line is not there."""
+    run_dir = _running_copy(tmp_path, "alive" if supervisor_alive else "gone", supervisor_alive)
+    app = StepwatchApp(run_dir, run_dir.parent)
+    async with app.run_test(size=(100, 30)) as pilot:
+        header, gone = app.screen.query_one("#header"), app.screen.query_one("#supervisor-gone")
+        await until(pilot, lambda: "RUNNING" in text(header), what="RUNNING in the header")
+        await pilot.pause(0.3)
+        screen = app.screen
+        assert isinstance(screen, RunScreen) and screen.snap["supervisor_alive"] is supervisor_alive
+        if supervisor_alive:
+            assert not gone.display and text(gone) == ""
+        else:
+            assert gone.display and gone.region.height >= 1
+            assert text(gone) == ("SUPERVISOR GONE (killed?): the run goes on, but no exit status will be recorded; "
+                                  "its warden (if any) pages the alerts")
 
 
 def test_layout_at_80x24_snapshot(snap_compare, tmp_path: Path):

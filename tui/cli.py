@@ -16,6 +16,7 @@ from pathlib import Path
 from stepwatch.tui.safe import SafeWriter, one_line
 from stepwatch.monitors.rundirs import (
     RunNotFound, default_runs_dir, list_runs, live_attempt, live_words, owned_by_viewer, resolve_run,
+    resolve_runs_dir, shown_path,
 )
 
 # launcher/ (GitPython) and stepwatch.monitors.snapshot.observer are imported inside the commands that use them:
@@ -29,7 +30,12 @@ def _err(msg: str) -> None:
 
 
 def _runs_dir(args: argparse.Namespace) -> Path:
-    return Path(args.runs_dir).resolve() if getattr(args, "runs_dir", None) else default_runs_dir()
+    """--runs-dir, else $STEPWATCH_RUNS_DIR or ./runs; RunsDirError (a RunNotFound): a symlink loop or to nothing."""
+    return _runs_dir_flag(args) or default_runs_dir()
+
+
+def _runs_dir_flag(args: argparse.Namespace) -> Path | None:
+    return resolve_runs_dir(args.runs_dir) if getattr(args, "runs_dir", None) else None
 
 
 def _print_launch(res, verb: str) -> None:
@@ -91,7 +97,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
             _err("give either CONFIG.toml or `-- CMD ARGS...`, not both")
             return None
         if args.config:
-            return load_config(args.config, runs_dir_override=Path(args.runs_dir).resolve() if args.runs_dir else None)
+            return load_config(args.config, runs_dir_override=_runs_dir_flag(args))
         return config_from_flags(cmd, args.name, args.cwd, args.runs_dir, args.env)
 
     return _launch_and_follow(args, make_cfg, "launched")
@@ -135,7 +141,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
         for cand in (Path(args.run).expanduser(), _runs_dir(args) / args.run):
             if cand.is_symlink():
                 raise StopError(f"{cand} is a symlink: stop signals only through the run dir itself "
-                                f"(give its real path, {cand.resolve()}, if it is yours)")
+                                f"(give its real path, {shown_path(cand)}, if it is yours)")
         run_dir = resolve_run(args.run, _runs_dir(args))
         if args.survivors:
             refuse_foreign(run_dir)
@@ -202,8 +208,8 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     from stepwatch.launcher.preflight import format_checklist, run_checklist  # noqa: PLC0415
 
     try:
-        cfg = load_config(args.config, runs_dir_override=Path(args.runs_dir).resolve() if getattr(args, "runs_dir", None) else None)
-    except ConfigError as e:
+        cfg = load_config(args.config, runs_dir_override=_runs_dir_flag(args))
+    except (ConfigError, RunNotFound) as e:
         _err(str(e))
         return EXIT_USAGE
     cl = run_checklist(cfg)
@@ -228,7 +234,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
     from stepwatch.monitors.snapshot.observer import process_snapshot  # noqa: PLC0415
     from stepwatch.tui.format import pid_or_job  # noqa: PLC0415
 
-    runs_dir = _runs_dir(args)
+    runs_dir = _runs_dir(args)  # a runs dir that is a symlink loop: RunNotFound, said by main()
     runs = list_runs(runs_dir)
     if not runs:
         print(f"no runs under {runs_dir}")
@@ -251,14 +257,10 @@ def _launched_at(run_dir: Path) -> str | None:
     return at if isinstance(at, str) else None  # a value read from a file: a {} would break the column's format
 
 
-def _pick_run(args: argparse.Namespace) -> Path | None:
-    """RUN (a run dir or a name under --runs-dir), else the newest live run, else the newest; None
-    after saying why (a usage error)."""
-    try:
-        return resolve_run(args.run, _runs_dir(args)) if args.run else _newest(args)
-    except RunNotFound as e:
-        _err(str(e))
-        return None
+def _pick_run(args: argparse.Namespace) -> Path:
+    """RUN (a run dir or a name under --runs-dir), else the newest live run, else the newest;
+    RunNotFound (main() says why: a usage error) when there is none."""
+    return resolve_run(args.run, _runs_dir(args)) if args.run else _newest(args)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -266,8 +268,6 @@ def cmd_status(args: argparse.Namespace) -> int:
     from stepwatch.monitors.snapshot.observer import RunObserver  # noqa: PLC0415
 
     run_dir = _pick_run(args)
-    if run_dir is None:
-        return EXIT_USAGE
     snap = RunObserver(run_dir).refresh()
     if args.json:
         print(json.dumps(json_safe(snap), indent=2, default=str, allow_nan=False))
@@ -296,11 +296,7 @@ def _newest(args: argparse.Namespace) -> Path:
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
-    try:
-        run_dir = resolve_run(args.run, _runs_dir(args))
-    except RunNotFound as e:
-        _err(str(e))
-        return EXIT_USAGE
+    run_dir = resolve_run(args.run, _runs_dir(args))  # RunNotFound: said by main(), exit 2
     from stepwatch.tui.plain import watch  # noqa: PLC0415
 
     return watch(run_dir, as_json=args.json, every_n_steps=args.every)
@@ -310,16 +306,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     from stepwatch.monitors.export.prometheus import export  # noqa: PLC0415
 
     run_dir = _pick_run(args)
-    if run_dir is None:
-        return EXIT_USAGE
     export(run_dir, Path(args.textfile) if args.textfile else None, args.every, sys.stdout.write)
     return EXIT_OK
 
 
 def cmd_attach(args: argparse.Namespace) -> int:
     run_dir = _pick_run(args)
-    if run_dir is None:
-        return EXIT_USAGE
     return _open_tui(run_dir, args)
 
 
@@ -450,6 +442,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout, sys.stderr = SafeWriter(sys.stdout), SafeWriter(sys.stderr)
     try:
         return args.func(args)
+    except RunNotFound as e:  # no such RUN, a runs dir that is a symlink loop or to nothing
+        _err(str(e))
+        return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

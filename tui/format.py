@@ -22,6 +22,17 @@ def no_dynamo_output(d: Dynamo | Mapping[str, Any]) -> bool:
     return not d.get("source") and all(d.get(k) is None for k in ("recompiles", "graph_breaks", "recompile_limit_hits"))
 
 
+#: The run screen's line while the run runs unwatched (``status`` says it as a WARNING line).
+SUPERVISOR_GONE_WORDS = ("SUPERVISOR GONE (killed?): the run goes on, but no exit status will be recorded; "
+                         "its warden (if any) pages the alerts")
+
+
+def supervisor_gone(snap: Snapshot) -> bool:
+    """The run runs and its supervisor is gone (``supervisor_alive`` false; a Slurm run's supervisor
+    is on another node, never judged from here)."""
+    return snap.get("state") == RUNNING and snap.get("supervisor_alive") is False and not snap.get("scheduler")
+
+
 def hms(seconds: float | None) -> str:
     """Seconds -> ``H:MM:SS`` (or ``-``)."""
     if seconds is None or not math.isfinite(seconds):

@@ -19,14 +19,14 @@ from stepwatch.monitors.runfiles import utc_iso
 from stepwatch.monitors.snapshot.alerts import end_words
 from stepwatch.monitors.snapshot.disk import full_words, lost_words
 from stepwatch.tui.format import (NO_DYNAMO_WORDS, stack_frames, attention_words, energy_words, eta_words, health_words, no_dynamo_output,
-                                  padding_words, scaling_words, scheduler_words, timing_words, tree_words,
-                                  versions_words)
+                                  padding_words, scaling_words, scheduler_words, supervisor_gone, timing_words,
+                                  tree_words, versions_words)
 from stepwatch.monitors.snapshot.model import json_safe, run_ended
 from stepwatch.monitors.snapshot.metrics import metrics_words
 from stepwatch.monitors.snapshot.ranks import latest_per_rank, restarts_words
 from stepwatch.monitors.snapshot.observer import RunObserver
 from stepwatch.monitors.snapshot.types import Snapshot
-from stepwatch.monitors.states import EXITED, FLAGGED, NOT_JUDGED, OK, RUNNING, STALLED, UNKNOWN
+from stepwatch.monitors.states import EXITED, FLAGGED, NOT_JUDGED, OK, STALLED, UNKNOWN
 from stepwatch.monitors.watchdog import ProcessRef, wait_for_exit
 from stepwatch.tui.safe import one_line
 
@@ -48,7 +48,7 @@ def status_lines(snap: Snapshot) -> list[str]:
              + (f" ({end_words(snap)})" if run_ended(snap) else "")]
     if snap.get("scheduler"):
         lines.append(f"  {scheduler_words(snap['scheduler'])}")
-    if snap["state"] == RUNNING and snap.get("supervisor_alive") is False and not snap.get("scheduler"):
+    if supervisor_gone(snap):
         lines.append("  WARNING: the supervisor is gone (killed?): the run goes on, but no exit code will be recorded "
                      "and `stop` will escalate from the command line itself")
     e = snap.get("eta") or {}

@@ -8,6 +8,13 @@ keeps a run of 0.05 s steps from reading stalled on a GC pause, yet a run that e
 and hangs reads ``stalled`` 3 s later. A first eager step of a fallback (~20x p50, ~13x p99) reads
 stalled while it runs; once it ends the fallback detector takes over.
 
+The step's elapsed time is ``now`` minus its start, both wall clock, but the start was written by
+the run (another host's clock, perhaps) and ``now`` is the judge's: a view whose clock runs a day
+ahead would read every step a day long. A judge that watched the step begin passes what its own
+monotonic clock observed (``observed``: at least, at most seconds), and the wall-clock difference is
+clamped into it: a clock skew or a clock step never makes a stall, and a step that truly runs past
+the threshold on the monotonic clock still does.
+
 Pure: no I/O, no clock reads (time is passed in).
 """
 
@@ -58,6 +65,7 @@ def stall_state(
     factor: float = STALL_FACTOR,
     floor_s: float = STALL_FLOOR_S,
     min_steps: int = STALL_MIN_STEPS,
+    observed: tuple[float, float] | None = None,
 ) -> StallVerdict:
     """Is the step in progress stuck?
 
@@ -69,11 +77,25 @@ def stall_state(
     a save or evaluation is running (:mod:`stepwatch.monitors.protocol`'s ``phase`` events); never stalled then.
 
     Stalled when ``n >= min_steps`` and elapsed > ``max(factor * p99, floor_s)`` (module docstring
-    for the numbers). Elapsed is clamped at 0 when ``now`` is before the start (clock skew).
+    for the numbers). Elapsed is clamped at 0 when ``now`` is before the start (clock skew), and into
+    ``observed`` = ``(at_least, at_most)`` seconds when given: how long the step has run as the
+    caller's monotonic clock saw it (it saw the step begin between two of its looks).
     """
     if current_step_started_at is None:
         return StallVerdict(OK, None, None, "no step start known")
-    elapsed = max(0.0, float(now) - float(current_step_started_at))
+    wall = max(0.0, float(now) - float(current_step_started_at))
+    elapsed = wall if observed is None else min(max(wall, observed[0]), observed[1])
+    v = _judge(elapsed, stats, in_phase, factor, floor_s, min_steps)
+    if abs(wall - elapsed) > floor_s:  # say it: the run's clock is not the judge's
+        how = "behind" if wall > elapsed else "ahead of"
+        v = StallVerdict(v.state, v.current_step_elapsed_s, v.threshold_s,
+                         f"{v.reason} (timed on the judge's own clock: the run's step times are about "
+                         f"{abs(wall - elapsed):.0f} s {how} it)")
+    return v
+
+
+def _judge(elapsed: float, stats: Any, in_phase: Any, factor: float, floor_s: float, min_steps: int) -> StallVerdict:
+    """The verdict for a step that has run ``elapsed`` seconds (:func:`stall_state`)."""
     n = _get(stats, "n") or 0
     p99 = _get(stats, "p99")
     if n < min_steps or p99 is None:

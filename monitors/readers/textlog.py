@@ -150,6 +150,7 @@ class LogFollower:
         self.last_lines: deque[str] = deque(maxlen=keep_lines)
         self.notes: deque[tuple[float, str]] = deque(maxlen=100)
         self.last_byte_at: float | None = None
+        self._last_byte_mono: float | None = None  # time.monotonic() of the poll that read the last live byte
         self.bytes_read = 0
         self.state: State = "waiting"
         self.behind = False
@@ -204,7 +205,11 @@ class LogFollower:
 
     @property
     def last_byte_age_s(self) -> float | None:
-        """Seconds since :attr:`last_byte_at` (wall clock), None before any byte."""
+        """Seconds since the last byte arrived, None before any byte: on the monotonic clock once this
+        follower saw a byte arrive (no clock skew nor step of the wall clock moves it), else since
+        the file's mtime at attach (wall clock: all there is)."""
+        if self._last_byte_mono is not None:
+            return max(0.0, time.monotonic() - self._last_byte_mono)
         return None if self.last_byte_at is None else max(0.0, time.time() - self.last_byte_at)
 
     def poll(self) -> list[Segment]:
@@ -375,7 +380,7 @@ class LogFollower:
             self.bytes_read += len(data)
             budget -= len(data)
             if not backfill:
-                self.last_byte_at = now
+                self.last_byte_at, self._last_byte_mono = now, time.monotonic()
             self._split(data, out, now, backfill)
         else:
             # budget exhausted: is there more?

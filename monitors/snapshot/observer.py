@@ -26,10 +26,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
+from collections.abc import Callable
 
 from stepwatch.monitors.snapshot.disk import disk_status
-from stepwatch.monitors.snapshot.stepsource import (choose, global_step, guard_stall, stall_part, step_source,
-                                                    step_started)
+from stepwatch.monitors.snapshot.stepsource import (ObservedStart, choose, global_step, guard_stall, stall_part,
+                                                    step_source, step_started)
 from stepwatch.monitors.snapshot.ranks import RankWatch
 from stepwatch.monitors.fold.events import EventsFold, step_no
 from stepwatch.monitors.fold.savedstate import load as load_saved_state, refused
@@ -117,6 +118,7 @@ class _Attempt:
         self.last_advance_at: float | None = None  # arrival of the log's last step advance (unix s)
         self.first_alert_t: dict[str, float] = {}
         self.stall_at: float | None = None
+        self.observed_start = ObservedStart()  # the step in progress as this observer saw it begin (monotonic)
         self.fallback_onset_t: float | None = None
 
     def close(self) -> None:
@@ -140,9 +142,10 @@ class RunObserver:
     after it; False folds every line (the bench's cold attach, tests that compare the two).
     """
 
-    def __init__(self, run_dir: Path, *, use_saved_state: bool = True):
+    def __init__(self, run_dir: Path, *, use_saved_state: bool = True, monotonic: Callable[[], float] = time.monotonic):
         self.run_dir = Path(run_dir)
         self.use_saved_state = use_saved_state
+        self.monotonic = monotonic  # how long it watched a step: immune to the run's clock and to clock steps
         self.survivors = CachedSurvivors(self.run_dir)  # what outlives the ended run (by recorded identity)
         self.log_lines = LogLines(self.run_dir / TRAIN_LOG)  # the whole log, for search (read on demand)
         self.health = TreeHealth(self.run_dir)  # CPU and memory of the recorded tree, the host's load
@@ -348,9 +351,10 @@ class RunObserver:
         elif timing == "approximate":
             snap["fallback"]["reason"] = ("step times are this view's own reading of train.log (no record from the "
                                           "supervisor): approximate, not judged")
-        if snap["state"] == RUNNING:
-            snap["stall"], a.stall_at = stall_part(src, step_started(src, a.last_advance_at), now, a.ev.open_phase,
-                                                   a.progress.finished, a.log.last_byte_age_s)
+        if snap["state"] == RUNNING:  # the step's start, and as this observer saw it begin (monotonic)
+            started, mono = step_started(src, a.last_advance_at), self.monotonic()
+            snap["stall"], a.stall_at = stall_part(src, started, now, a.ev.open_phase, a.progress.finished,
+                                                   a.log.last_byte_age_s, a.observed_start.observe(started, mono))
         else:
             snap["stall"]["reason"] = "the run is not running"
         snap["eta"] = eta = eta_part([r.dt_s for r in stats.recent(4 * ETA_RECENT_STEPS) if r.counted], max_steps, gs,

@@ -25,6 +25,13 @@ The rule, in plain words:
    A stall's time (``stall_at``, the alert's ``at``) is the step's start plus the threshold, from
    the files, and only for a stall that stands.
 
+   The step's start is a time the run wrote, on its own clock; the judge's "now" is its own. A judge
+   that saw the step begin (the start moved forward between two of its refreshes) also times it on
+   its monotonic clock (:class:`ObservedStart`), and the stall detector clamps the wall-clock
+   difference into that: a view whose clock runs a day ahead of the run's never reads a day-long
+   step, and the supervisor's verdicts survive a step of its wall clock. A start that was already
+   there at the first refresh (a one-shot ``status``) has only the wall clock to go by.
+
 Pure: the observer passes the folds and the clock in; nothing here reads a file.
 """
 
@@ -96,12 +103,48 @@ def step_started(src: StepSource, last_advance_at: float | None) -> float | None
     return last_advance_at
 
 
+#: How late a step's record may reach its file after the step ended, seconds: the emitter writes
+#: every 50 ms (telemetry/writer.py FLUSH_EVERY_S), the supervisor's log timer within ~16 ms of the
+#: bytes (watch/logsteps.py); with room for a slow disk. A refresh that did not see a step's record
+#: proves the step ended no earlier than this before it.
+RECORD_LATENCY_S = 1.0
+
+
+class ObservedStart:
+    """When a judge saw the step in progress begin, on its own monotonic clock: the start it last
+    saw, the refresh that first saw it and the one before it. Pure: the monotonic time is passed in."""
+
+    def __init__(self) -> None:
+        self.started: float | None = None
+        self.last_look: float | None = None  # the previous refresh, monotonic s
+        self.seen_at: float | None = None  # the refresh that first saw this start, monotonic s
+        self.before: float | None = None  # the refresh before it, which did not see it
+
+    def observe(self, started: float | None, mono: float) -> tuple[float, float] | None:
+        """``(at_least, at_most)`` seconds the step starting at ``started`` (unix s, the run's clock)
+        has run, on the monotonic clock (``mono``: this refresh's look); None when this judge did not
+        see it begin (the start was there at its first look, or moved back: a change of which steps
+        speak)."""
+        moved_on = (started is not None and self.last_look is not None
+                    and (self.started is None or started > self.started))  # None: no step before
+        if moved_on:
+            self.seen_at, self.before = mono, self.last_look
+        elif started != self.started:
+            self.seen_at = self.before = None
+        self.started, self.last_look = started, mono
+        if self.seen_at is None or self.before is None:
+            return None
+        return max(0.0, mono - self.seen_at - RECORD_LATENCY_S), mono - self.before + RECORD_LATENCY_S
+
+
 def stall_part(src: StepSource, started: float | None, now: float, open_phase: Any, bar_complete: bool,
-               last_log_byte_age_s: float | None) -> tuple[Stall, float | None]:
+               last_log_byte_age_s: float | None,
+               observed: tuple[float, float] | None = None) -> tuple[Stall, float | None]:
     """Rule 3 for a running run: ``(stall, stall_at)``. ``started``: unix s the step in progress began;
     ``open_phase``: events.jsonl's open save/eval phase; ``bar_complete`` / ``last_log_byte_age_s``:
-    train.log's bar reached its total / how long ago the log was last written."""
-    sv = stall_state(started, now, src.stats, open_phase)
+    train.log's bar reached its total / how long ago the log was last written; ``observed``: what
+    :meth:`ObservedStart.observe` said of ``started``."""
+    sv = stall_state(started, now, src.stats, open_phase, observed=observed)
     stall = cast(Stall, {**sv.as_dict(), "reason": sv.reason})
     if sv.threshold_s is None:
         stall["state"] = NOT_JUDGED

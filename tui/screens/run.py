@@ -27,7 +27,7 @@ from stepwatch.tui.messages import SnapshotReady
 from stepwatch.tui.safe import safe_text
 from stepwatch.tui.widgets.dynamo import DynamoPanel
 from stepwatch.tui.widgets.gpu import GpuPanel
-from stepwatch.tui.widgets.header import AlertBanner, RunHeader
+from stepwatch.tui.widgets.header import AlertBanner, RunHeader, SupervisorGone
 from stepwatch.tui.widgets.identity import IdentityPanel
 from stepwatch.tui.screens.modals import AlertDetails, Prompt
 from stepwatch.tui.widgets.logpanel import WINDOW_LINES, LogPanel
@@ -96,6 +96,7 @@ class RunScreen(Screen):
 
     def compose(self) -> ComposeResult:
         yield RunHeader(f" {self.run_dir.name}  reading the run's files ...", id="header")
+        yield SupervisorGone("", id="supervisor-gone")
         yield AlertBanner("", id="banner")
         yield StepPanel(id="steps")
         yield DynamoPanel(id="dynamo")
@@ -113,6 +114,7 @@ class RunScreen(Screen):
     def on_mount(self) -> None:
         self.apply_bandwidth()
         self.query_one(AlertBanner).display = False
+        self.query_one(SupervisorGone).display = False
         self._poll_files()
 
     def on_unmount(self) -> None:
@@ -147,7 +149,8 @@ class RunScreen(Screen):
         low = self.app.low_bandwidth
         now = time.monotonic()
         panels_due = not low or now - self._last_panel_t >= LOW_BANDWIDTH_PANEL_S
-        self._show_alerts(msg.snapshot)  # alerts always at once
+        self._show_alerts(msg.snapshot)  # alerts always at once, and a supervisor gone
+        self.query_one(SupervisorGone).show(msg.snapshot)
         state_changed = msg.snapshot.get("state") != self._shown_state
         if panels_due or state_changed:
             # In low-bandwidth mode everything but alerts (and a change of state) waits for the

@@ -1,4 +1,4 @@
-"""The run header: name, state, pid, elapsed, step k/N, ETA — and the alert banner."""
+"""The run header: name, state, pid, elapsed, step k/N, ETA — the supervisor-gone line and the alert banner."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from textual.widgets import Static
 
 from stepwatch.monitors.snapshot.types import Alert, Eta, Snapshot
 from stepwatch.monitors.states import RUNNING
-from stepwatch.tui.format import eta_words, hms, state_word
+from stepwatch.tui.format import SUPERVISOR_GONE_WORDS, eta_words, hms, state_word, supervisor_gone
 from stepwatch.tui.safe import safe_text
 
 
@@ -47,6 +47,18 @@ class RunHeader(Static):
         if t.plain != getattr(self, "_last", None):
             self._last = t.plain
             self.update(safe_text(t))
+
+
+class SupervisorGone(Static):
+    """Under the header while the run runs and its supervisor is gone (``status`` warns the same):
+    nobody will record the run's exit status. Hidden otherwise; updated only when it changes."""
+
+    def show(self, snap: Snapshot) -> None:
+        gone = supervisor_gone(snap)
+        if gone and getattr(self, "_last", None) != SUPERVISOR_GONE_WORDS:
+            self._last = SUPERVISOR_GONE_WORDS
+            self.update(safe_text(SUPERVISOR_GONE_WORDS))
+        self.display = gone
 
 
 #: Lines the banner wraps to at most (styles.tcss #banner max-height); a longer alert is cut there.

@@ -249,6 +249,9 @@ def test_run_survives_cli_exit_and_sighup_to_the_launching_process_group(repo: P
         ["bash", "-c", f"{sys.executable} -m stepwatch.tui.cli launch --no-tui --name r -- {sys.executable} tick.py; "
                        "sleep 300"],
         cwd=repo, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        # a login shell's SIGHUP is the default, whatever the test runner's (under nohup it is ignored,
+        # and an ignored signal stays ignored in every child: the hangup would reach nothing)
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL),
     )
     try:
         run_dir = repo / "runs" / "r"

@@ -534,7 +534,8 @@ def test_a_frozen_lightning_run_is_a_stall_at_the_last_step_its_bar_shows(tmp_pa
         epoch, n = map(int, bars[-1])
         assert snap["log"]["format"] == f"lightning_{bar}"
         assert snap["step"]["global_step"] == epoch * 500 + n, (snap["step"], bars[-2:])
-        assert [a["kind"] for a in snap["alerts"]] == ["stall"]
+        kinds = [a["kind"] for a in snap["alerts"]]  # held stopped: the frozen detector's alert may come first
+        assert "stall" in kinds and set(kinds) <= {"stall", "frozen"}, kinds
     finally:
         os.kill(pid, signal.SIGKILL)
         os.kill(pid, signal.SIGCONT)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import json
 import os
 import stat
 import subprocess
@@ -30,7 +31,7 @@ from stepwatch.launcher.trust import (
 )
 from stepwatch.monitors.runfiles import (
     ENV_ATTEMPT, ENV_RUN_DIR, PUSH_URLS_JSON, RUN_JSON, SCHEMA_VERSION, STOP_JSON, SUPERVISOR_LOG, open_append,
-    read_json, write_run_fd,
+    read_json,
     utc_iso,
     write_json_atomic,
 )
@@ -200,6 +201,15 @@ def shared_risk(runs_dir: Path, run_dir: Path) -> str | None:
             f"of the launch in {owner_copy_path(run_dir).parent}, never from run.json")
 
 
+def _hand_over(wfd: int, run: dict[str, Any]) -> None:
+    """Write ``run`` to the supervisor's inherited pipe, then close it (the supervisor reads to EOF)."""
+    try:
+        with os.fdopen(wfd, "wb") as f:
+            f.write(json.dumps(run).encode("utf-8"))
+    except OSError:
+        pass  # the supervisor died before reading: the launch says so from its log
+
+
 def next_attempt(run_dir: Path) -> int:
     """1 + the highest attempt recorded in run.json or any rotated ``run.<stamp>.json`` (a corrupt
     run.json must not restart the numbering: alert ids carry it)."""
@@ -309,8 +319,7 @@ def _start(cfg: RunConfig, exe: str, tree, checklist: Checklist, allow_dirty: st
             )
     finally:
         os.close(rfd)
-    # a supervisor that died before reading: the launch says so from its log below
-    threading.Thread(target=write_run_fd, args=(wfd, run), name=f"run-to-supervisor-{sup.pid}", daemon=True).start()
+    threading.Thread(target=_hand_over, args=(wfd, run), name=f"run-to-supervisor-{sup.pid}", daemon=True).start()
     # A TUI that launched stays open after the run: reap its supervisor when it ends (no zombie);
     # a CLI launch exits first and the supervisor is re-parented to init, which reaps it.
     threading.Thread(target=sup.wait, name=f"reap-supervisor-{sup.pid}", daemon=True).start()
@@ -363,7 +372,7 @@ def _submit(cfg: RunConfig, slurm_cfg: dict[str, Any], run: dict[str, Any], rota
                                  close_fds=True, pass_fds=(rfd,), cwd=str(run_dir))
     finally:
         os.close(rfd)
-    threading.Thread(target=write_run_fd, args=(wfd, run), name=f"run-to-jobwatch-{w.pid}", daemon=True).start()
+    threading.Thread(target=_hand_over, args=(wfd, run), name=f"run-to-jobwatch-{w.pid}", daemon=True).start()
     threading.Thread(target=w.wait, name=f"reap-jobwatch-{w.pid}", daemon=True).start()
     try:
         slurm.release(job_id)

@@ -17,6 +17,7 @@ after the grace, SIGKILL after a second grace, and records each signal in ``stop
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -38,7 +39,6 @@ from stepwatch.launcher.trust import launch_digest, read_private_json
 from stepwatch.monitors.proctree import HELPER_PIDS, HELPERS_LOCK, TreeRecorder, become_subreaper
 from stepwatch.monitors.runfiles import (
     RUN_JSON, STOP_JSON, SUPERVISOR_LOG, TRAIN_LOG, open_append, read_json, read_run_fd, utc_iso, write_json_atomic,
-    write_run_fd,
 )
 from stepwatch.monitors.watch.logpump import LogPump
 from stepwatch.monitors.watchdog import ProcessRef
@@ -178,9 +178,11 @@ def _start_warden(run_dir: Path, run: dict[str, Any], output_fd: int) -> None:
         return
 
     def hand_over() -> None:
-        why = write_run_fd(wfd, run)
-        if why:
-            _log(f"the warden did not take the run: {why}")
+        try:
+            with os.fdopen(wfd, "wb") as f:
+                f.write(json.dumps(run).encode("utf-8"))
+        except OSError as e:
+            _log(f"the warden did not take the run: {e}")
         w.wait()  # reaped here if it ends first (it normally outlives this process)
 
     threading.Thread(target=hand_over, name="warden", daemon=True).start()

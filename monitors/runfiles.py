@@ -259,17 +259,6 @@ def read_run_fd(fd: int) -> dict[str, Any] | None:
     return obj if isinstance(obj, dict) else None
 
 
-def write_run_fd(fd: int, run: dict[str, Any]) -> str | None:
-    """Hand ``run`` to a process of the run's owner on the pipe it inherited (the other end of
-    :func:`read_run_fd`), then close it; returns why it could not (the reader died first), or None."""
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(json.dumps(run).encode("utf-8"))
-    except OSError as e:
-        return str(e)
-    return None
-
-
 def read_push_urls(run_dir: str | os.PathLike[str]) -> list[str]:
     """The push URLs of this attempt (``alerts.urls.json``, written 0600 at launch), [] when none or
     when the file is not this user's own (another user's file in a shared run dir would send the

@@ -58,6 +58,11 @@ PRINTS_PY = textwrap.dedent('''\
     full_s = float(sys.argv[1])
     filler = Path(os.environ["STEPWATCH_RUN_DIR"]).parent / "filler"
     print("before the disk fills", flush=True)
+    log = Path(os.environ["STEPWATCH_RUN_DIR"]) / "train.log"
+    t0 = time.monotonic()  # the line is in the log before the disk fills (the pump is another process)
+    while b"before the disk fills" not in (log.read_bytes() if log.exists() else b""):
+        assert time.monotonic() - t0 < 60, "the log pump never wrote the first line"
+        time.sleep(0.01)
     try:  # something else on the machine fills the file system the runs dir is on
         with open(filler, "wb") as f:
             while True:

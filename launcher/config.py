@@ -21,6 +21,7 @@ from typing import Any
 
 from stepwatch.launcher.slurm import SLURM_KEYS, validate_slurm_table
 from stepwatch.monitors.parsers.logformats import compile_patterns
+from stepwatch.monitors.parsers.logtracker import log_settings
 from stepwatch.monitors.rundirs import RunsDirError, default_runs_dir, resolve_runs_dir
 
 TOP_KEYS = ("name", "command", "cwd", "runs_dir", "env", "shell", "preflight", "alerts", "log", "slurm", "export")
@@ -30,8 +31,9 @@ EXPORT_KEYS = ("prometheus", "linger_s")
 PREFLIGHT_KEYS = ("test_command", "test_timeout_s", "training_arguments", "python", "min_free_bytes")
 ALERTS_KEYS = ("command", "urls", "min_level", "rate_limit_s", "retries", "command_timeout_s")
 #: ``[log]``: the user's own step patterns (regexes with named groups step, max_steps, dt_s and any
-#: metric) and example lines the checklist tries them on before there is a log.
-LOG_KEYS = ("patterns", "examples")
+#: metric) and example lines the checklist tries them on before there is a log; what the log may not
+#: say: ``max_steps``, ``epochs`` (of an epoch-scoped counter), ``logging_steps`` (per HF log dict).
+LOG_KEYS = ("patterns", "examples", "max_steps", "epochs", "logging_steps")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -186,6 +188,10 @@ def _validate(data: dict[str, Any], base: Path, where: str, runs_dir_override: P
         raise ConfigError(f"{where}: [log] must be a table, e.g. [log] patterns = ['step (?P<step>\\d+) loss (?P<loss>\\S+)']")
     try:
         compile_patterns(log.get("patterns", []))
+    except ValueError as e:
+        raise ConfigError(f"{where} [log]: {e}") from None
+    try:
+        log_settings(log)
     except ValueError as e:
         raise ConfigError(f"{where} [log]: {e}") from None
     ex = log.get("examples", [])

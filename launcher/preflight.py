@@ -287,7 +287,7 @@ def check_log_format(cfg: RunConfig) -> Item:
     tried on the last attempt's log and on ``[log] examples``; a pattern that matches nothing it was
     tried on fails (the run's steps would go unseen), one with nothing to try on is a warning."""
     from stepwatch.monitors.parsers.logformats import compile_patterns, user_pattern  # noqa: PLC0415
-    from stepwatch.monitors.parsers.logtracker import LogTracker  # noqa: PLC0415
+    from stepwatch.monitors.parsers.logtracker import LogTracker, log_settings  # noqa: PLC0415
 
     title = "training log will be read"
     try:  # validated at config load; a config built otherwise is refused here, with the reason
@@ -297,7 +297,7 @@ def check_log_format(cfg: RunConfig) -> Item:
                                                                "matched_lines": 0, "patterns": []})
     examples = list(cfg.log.get("examples", []))
     name, lines = _earlier_log_lines(cfg.run_dir)
-    tracker = LogTracker(patterns)
+    tracker = LogTracker(patterns, log_settings(cfg.log))  # validated at config load
     for ln in lines:
         tracker.feed_text(ln)
     detail = {"earlier_log": name, "lines_tried": len(lines), "format": tracker.format,

@@ -30,6 +30,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
 
+from stepwatch.monitors.parsers.barroles import ROLE_OTHER, TRAINING_BARS, bar_role
 from stepwatch.monitors.parsers.hf_logdict import parse_log_dict, parse_train_output
 from stepwatch.monitors.readers.rankprefix import rank_prefix
 
@@ -92,6 +93,7 @@ class ProgressUpdate:
         desc: the bar's description without the trailing ``:`` (``""`` for the Trainer's bar).
         percent: the printed percentage, None without a total.
         rank: from a ``[rankN]:`` / ``[defaultN]:`` prefix, else None.
+        postfix: what ``set_postfix`` added after the rate (``, loss=0.123, lr=1e-4``), as printed.
     """
 
     step: int
@@ -103,6 +105,7 @@ class ProgressUpdate:
     desc: str = ""
     percent: int | None = None
     rank: int | None = None
+    postfix: str = ""
 
     @property
     def seconds_per_step(self) -> float | None:
@@ -157,6 +160,7 @@ def parse_progress(text: str) -> ProgressUpdate | None:
         desc=desc,
         percent=percent,
         rank=rank,
+        postfix=m.group("postfix"),
     )
 
 
@@ -202,7 +206,8 @@ class ProgressTracker:
     comes): feeding the same bar again is a no-op.
 
     Which bar is the training bar: a bar whose ``desc`` equals ``desc`` (``""`` for the HF Trainer,
-    whose bar has no description; ``None`` accepts any desc), whose iteration unit is ``it``, from
+    whose bar has no description; ``None`` accepts any desc; :data:`TRAINING_BARS` judges by the
+    description's words, :meth:`_desc_is_training`), whose iteration unit is ``it``, from
     ``rank`` (a bar with another rank prefix is ignored; unprefixed bars are accepted). Among those,
     the tracker locks onto a total: ``expected_total`` (e.g. ``max_steps`` from run_start) if given,
     else the first total seen, switching to a strictly larger total if one appears (the Trainer's
@@ -248,6 +253,7 @@ class ProgressTracker:
         self.summary: dict[str, float] | None = None
         self.finished = False
         self.other_bars = 0  # updates of bars that are not the training bar
+        self.bar_desc: str | None = None  # with desc=TRAINING_BARS: the training bar's description
         self._rejected_totals: set[int] = set()  # larger totals judged to be evaluation bars
         # first arrival of the current counter value: (at_s, poll_seq, live)
         self._first_seen: tuple[float | None, int | None, bool] | None = None
@@ -262,7 +268,10 @@ class ProgressTracker:
 
     def is_training_bar(self, u: ProgressUpdate) -> bool:
         """Whether ``u`` belongs to the training bar (see the class docstring); may lock the total."""
-        if self.desc is not None and u.desc != self.desc:
+        if self.desc == TRAINING_BARS:
+            if not self._desc_is_training(u):
+                return False
+        elif self.desc is not None and u.desc != self.desc:
             return False
         if u.iter_unit != "it":
             return False
@@ -286,6 +295,24 @@ class ProgressTracker:
             self.total = u.total
             self._first_seen = None
             self.finished = False
+            return True
+        return False
+
+    def _desc_is_training(self, u: ProgressUpdate) -> bool:
+        """``desc=TRAINING_BARS``: the first bar of a training or neutral description is locked on (its
+        desc: :attr:`bar_desc`); a bar of another description takes over when it names training and the
+        locked one does not, or when the locked bar ran to its end and this one starts (a preparation
+        bar before the training loop's). Evaluation, preprocessing and checkpoint bars never do."""
+        role = bar_role(u.desc)
+        if role == ROLE_OTHER or u.iter_unit != "it":
+            return False
+        if self.bar_desc is None or u.desc == self.bar_desc:
+            self.bar_desc = u.desc
+            return True
+        locked = bar_role(self.bar_desc)
+        if role > locked or (self.finished and role == locked and (u.total is None or u.step < u.total)):
+            self.bar_desc, self.total, self.finished, self._first_seen = u.desc, self.expected_total, False, None
+            self._rejected_totals.clear()
             return True
         return False
 

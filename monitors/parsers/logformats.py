@@ -86,6 +86,17 @@ class LineStep:
     max_steps: int | None = None
     reported_dt_s: float | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+    #: An epoch-scoped counter (Lightning's bars, timm's ``Train: 12 [  16/22``, a user pattern's
+    #: ``epoch`` group): the epoch as printed, the counter within it and its total per epoch; ``step``
+    #: is then epoch × steps_per_epoch + counter, the best this one line can say (the tracker keeps
+    #: each epoch's own length, :mod:`.epochscope`). ``epochs``: how many epochs, where the line says.
+    epoch: int | None = None
+    epoch_step: int | None = None
+    steps_per_epoch: int | None = None
+    epochs: int | None = None
+    #: Lightning with ``max_steps`` and no ``max_epochs`` (its Rich bar's ``Epoch 0/-2``): the counter's
+    #: total is min(batches per epoch, steps left), not the epoch's length alone.
+    total_is_steps_left: bool = False
 
 
 # --- nanoGPT -----------------------------------------------------------------------------------
@@ -105,7 +116,7 @@ def nanogpt(body: str) -> LineStep | None:
 
 # --- Lightning's Rich bar ------------------------------------------------------------------------
 _RICH = re.compile(
-    r"^\s*+Epoch (\d{1,9})/(\d{1,9})[━╺╸╾╼─\s]++(\d{1,12})/(\d{1,12})\s++"
+    r"^\s*+Epoch (\d{1,9})/(-?\d{1,9})[━╺╸╾╼─\s]++(\d{1,12})/(\d{1,12})\s++"
     r"(\d++:\d\d:\d\d)\s*+•\s*+(\S++)\s++([\d.]++|\?)\s*+it/s\s*+(.*)$")
 
 
@@ -116,7 +127,10 @@ def lightning_rich(body: str) -> LineStep | None:
     epoch, last_epoch, n, per_epoch = (int(m.group(i)) for i in (1, 2, 3, 4))
     if per_epoch <= 0 or n > per_epoch:
         return None
-    return LineStep(epoch * per_epoch + n, (last_epoch + 1) * per_epoch, None, pairs(m.group(8)))
+    if last_epoch < 0:  # max_epochs=-1 (max_steps only): "Epoch 0/-2", the bar's total is min(batches, steps left)
+        return LineStep(epoch * per_epoch + n, None, None, pairs(m.group(8)), epoch, n, per_epoch, None, True)
+    return LineStep(epoch * per_epoch + n, (last_epoch + 1) * per_epoch, None, pairs(m.group(8)), epoch, n, per_epoch,
+                    last_epoch + 1)
 
 
 # --- JSON per line -------------------------------------------------------------------------------
@@ -204,7 +218,9 @@ def eval_metrics(body: str) -> dict[str, float]:
 
 # --- the user's own patterns ([log] patterns in the run config) ----------------------------------
 #: Named groups a user pattern may use with a meaning of their own; any other named group is a metric.
-PATTERN_GROUPS = ("step", "max_steps", "dt_s")
+#: ``epoch`` with ``steps_per_epoch`` (the counter's total) makes ``step`` a counter within the epoch
+#: (timm's ``Train: 12 [  16/22``); ``epochs``: how many epochs the run has.
+PATTERN_GROUPS = ("step", "max_steps", "dt_s", "epoch", "steps_per_epoch", "epochs")
 MAX_PATTERNS = 16
 MAX_PATTERN_CHARS = 500
 
@@ -307,6 +323,9 @@ def compile_patterns(patterns: object) -> list[UserPattern]:
             raise ValueError(f"pattern {i} {p!r} {e}") from None
         if "step" not in rx.groupindex:
             raise ValueError(f"pattern {i} {p!r} has no (?P<step>...) group: which number is the optimizer step?")
+        if "epoch" in rx.groupindex and "steps_per_epoch" not in rx.groupindex:
+            raise ValueError(f"pattern {i} {p!r} has an (?P<epoch>...) group but no (?P<steps_per_epoch>...): "
+                             "the counter's total per epoch is what makes its step global")
         out.append(rx)
     return out
 
@@ -328,9 +347,19 @@ def user_pattern(rx: UserPattern, body: str) -> LineStep | None:
     step = int(printed)
     got = {k: to_number(v) for k, v in m.groupdict().items() if v is not None}
     ms, dt = got.pop("max_steps", None), got.pop("dt_s", None)
+    epoch, per_epoch, epochs = (_count(got.pop(k, None)) for k in ("epoch", "steps_per_epoch", "epochs"))
     got.pop("step", None)
     metrics = {k: v for k, v in got.items() if v is not None}
-    return LineStep(step, int(ms) if ms and ms.is_integer() and 0 < ms < 1e12 else None, _dt(dt), metrics)
+    max_steps = int(ms) if ms and ms.is_integer() and 0 < ms < 1e12 else None
+    if epoch is not None and per_epoch:  # a counter within the epoch
+        return LineStep(epoch * per_epoch + step, max_steps or (epochs * per_epoch if epochs else None), _dt(dt),
+                        metrics, epoch, step, per_epoch, epochs or None)
+    return LineStep(step, max_steps, _dt(dt), metrics)
+
+
+def _count(v: float | None) -> int | None:
+    """A printed count (an epoch, a total) as an int below 10**12, else None."""
+    return int(v) if v is not None and v.is_integer() and 0 <= v < 1e12 else None
 
 
 #: In the order they are tried: the most specific shape first.

@@ -20,22 +20,42 @@ from __future__ import annotations
 import math
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
+from stepwatch.monitors.parsers.epochscope import EpochScope
+from stepwatch.monitors.parsers.barroles import TRAINING_BARS
 from stepwatch.monitors.parsers.hf_progress import ProgressTracker, StepAdvance, parse_progress
-from stepwatch.monitors.parsers.logformats import (MAX_LINE_CHARS, RECOGNISERS, UserPattern, compile_patterns,
-                                                   eval_metrics, lightning_rich, pairs, recognise, strip_escapes,
-                                                   user_pattern)
+from stepwatch.monitors.parsers.logformats import (MAX_LINE_CHARS, RECOGNISERS, LineStep, UserPattern,
+                                                   compile_patterns, eval_metrics, lightning_rich, pairs, recognise,
+                                                   strip_escapes, user_pattern)
 from stepwatch.monitors.readers.rankprefix import rank_prefix
 from stepwatch.monitors.runfiles import RUN_JSON, read_json
 from stepwatch.monitors.stats.minmax import MinMaxSeries
 
-FORMAT_TQDM = "tqdm"  #: the HF Trainer's (or accelerate's, or a plain loop's) tqdm bar without a desc
-FORMAT_LIGHTNING_TQDM = "lightning_tqdm"
+FORMAT_TQDM = "tqdm"  #: a tqdm bar: the HF Trainer's, accelerate's, a plain loop's (any description)
+FORMAT_LIGHTNING_TQDM = "lightning_tqdm"  #: Lightning's TQDM bar, ``Epoch N`` (its counter restarts each epoch)
+FORMAT_EPOCH_TQDM = "tqdm_epochs"  #: a plain loop's bar per epoch (``tqdm(desc=f"Epoch {e}/{E}")``)
+FORMAT_HF_LOGDICT = "hf_logdict"  #: the HF Trainer's log dicts with no bar (``disable_tqdm=True``)
 #: Every format name, as ``status --json`` ``log.format`` says it.
-FORMATS = (FORMAT_TQDM, FORMAT_LIGHTNING_TQDM, *RECOGNISERS)
+FORMATS = (FORMAT_TQDM, FORMAT_LIGHTNING_TQDM, FORMAT_EPOCH_TQDM, FORMAT_HF_LOGDICT, *RECOGNISERS)
 
-_EPOCH_DESC = re.compile(r"^Epoch (\d{1,9})$")
+#: A bar's description that names its epoch (and how many, ``Epoch 3/10``): its counter restarts every epoch.
+_EPOCH_DESC = re.compile(r"^(?:train(?:ing)?\s*[-:]?\s*)?epoch\s*[:#]?\s*(\d{1,9})(?:\s*/\s*(\d{1,9}))?$", re.I)
+_LIGHTNING_DESC = re.compile(r"^Epoch \d{1,9}$")
+#: Text that looks like a progress bar, recognised or not (Rich's bar glyphs, a rate).
+_BAR_LIKE = re.compile(r"━|it/s|s/it")
+
+
+@dataclass(frozen=True, slots=True)
+class LogSettings:
+    """What the run config's ``[log]`` table says that the log may not: ``max_steps`` (the run's total
+    where the log never prints it), ``epochs`` (how many epochs an epoch-scoped counter runs) and
+    ``logging_steps`` (optimizer steps per printed HF Trainer log dict when no bar is drawn; 1 by default)."""
+
+    max_steps: int | None = None
+    epochs: int | None = None
+    logging_steps: int = 1
 #: The first line Lightning's Trainer prints (lightning 2.x, tests/fixtures/real/lightning_*.log).
 LIGHTNING_BANNER = "GPU available: "
 #: Metric names kept at most, and bins per metric series (the whole run: bins merge as it grows).
@@ -56,9 +76,15 @@ class LogTracker(ProgressTracker):
     """Feed train.log's segments (as a ProgressTracker); ``format`` is the shape in force (None
     before any step), ``matched_lines`` how many of its lines moved or restated the step."""
 
-    def __init__(self, patterns: list[UserPattern] = (), **kw) -> None:  # type: ignore[assignment]
+    def __init__(self, patterns: list[UserPattern] = (), settings: LogSettings | None = None,  # type: ignore[assignment]
+                 **kw) -> None:
+        kw.setdefault("desc", TRAINING_BARS)
         super().__init__(**kw)
         self.patterns = list(patterns)
+        self.settings = settings or LogSettings()
+        self.scope = EpochScope()  # an epoch-scoped counter's epochs
+        self.train_dicts = 0  # HF Trainer training log dicts (hf_logdict: each is logging_steps steps)
+        self.bar_like_seen = False  #: text that looks like a progress bar (recognised or not)
         self.format: str | None = None
         self.matched_lines = 0
         self.series: dict[str, MinMaxSeries] = {}  # the whole run per metric, min and max kept per bin
@@ -66,6 +92,7 @@ class LogTracker(ProgressTracker):
         self._line_at: tuple[float | None, int | None, bool] | None = None  # the current step's first arrival
         self._tail = False
         self.lines_seen = 0  #: complete lines fed
+        self.lines_at_other_bar: int | None = None  #: lines_seen when a bar that is not training's last moved
         self.lightning_seen = False  #: Lightning's Trainer announced itself ("GPU available: ...")
         self._relabel: list[str] | None = None  # the last log dict's names, until the bar's redraw after it
 
@@ -76,10 +103,13 @@ class LogTracker(ProgressTracker):
         if not self._tail and not getattr(seg, "is_note", False):
             self.lines_seen += 1
             self.lightning_seen = self.lightning_seen or seg.text.startswith(LIGHTNING_BANNER)
+        others = self.other_bars
         try:
             return super().feed(seg)
         finally:
             self._tail = False
+            if self.other_bars != others:
+                self.lines_at_other_bar = self.lines_seen
 
     def feed_text(self, text: str, at_s: float | None = None, *, poll_seq: int | None = None,
                   live: bool = True) -> list[StepAdvance]:
@@ -94,17 +124,25 @@ class LogTracker(ProgressTracker):
                 ls = user_pattern(rx, body) if self.format in (None, f"pattern {i}") else None
                 if ls is not None:
                     self.format = f"pattern {i}"
-                    return self._advance(ls.step, ls.max_steps, ls.reported_dt_s, ls.metrics, at_s, poll_seq, live)
+                    return self._line(ls, ls.metrics, at_s, poll_seq, live)
             if self.format is not None:
                 return []
+        if not self.bar_like_seen and _BAR_LIKE.search(body):
+            self.bar_like_seen = True
         u = parse_progress(body) if "[" in body and "]" in body else None
         if u is not None and u.total and u.iter_unit == "it" and (m := _EPOCH_DESC.match(u.desc)):
-            if self.format not in (None, FORMAT_LIGHTNING_TQDM) or u.step > u.total:
+            # Lightning's own desc is "Epoch N" exactly (the name says the likely program: the reading is the same)
+            fmt = (FORMAT_LIGHTNING_TQDM if self.lightning_seen or _LIGHTNING_DESC.match(u.desc) or
+                   self.format == FORMAT_LIGHTNING_TQDM else FORMAT_EPOCH_TQDM)
+            if self.format not in (None, fmt) or u.step > u.total:
                 return []
-            self.format = FORMAT_LIGHTNING_TQDM
-            step = int(m.group(1)) * u.total + u.step
+            self.format = fmt
+            epoch = int(m.group(1))
+            step = self.scope.global_step(epoch, u.step, u.total)
             if u.step == 0 and self.global_step is not None and step < self.global_step:
                 return []  # the bar's reset at an epoch's start, drawn before its new "Epoch N" desc
+            epochs = int(m.group(2)) if m.group(2) else self.settings.epochs
+            self.total = self.scope.total(epochs, epoch, u.total) or self.settings.max_steps
             # the postfix (Lightning's metrics) follows the rate's unit: it/s, or s/it for a step over 1 s
             postfix = body.rpartition(u.unit)[2]
             return self._advance(step, None, None, pairs(postfix), at_s, poll_seq, live)
@@ -115,18 +153,19 @@ class LogTracker(ProgressTracker):
             if ls is None or ls.step == self.global_step:
                 return []
             self.format = "lightning_rich"
-            return self._advance(ls.step, ls.max_steps, None, {}, at_s, poll_seq, live)
+            return self._line(ls, {}, at_s, poll_seq, live)
         if u is None and self.format in (None, *RECOGNISERS):
             got = recognise(body, self.format)
             if got is not None:
                 self.format = got[0]
-                ls = got[1]
-                return self._advance(ls.step, ls.max_steps, ls.reported_dt_s, ls.metrics, at_s, poll_seq, live)
+                return self._line(got[1], got[1].metrics, at_s, poll_seq, live)
             ev = eval_metrics(body)
             if ev:
                 self._record(ev)
-        if self.format not in (None, FORMAT_TQDM):
+        if self.format not in (None, FORMAT_TQDM, FORMAT_HF_LOGDICT):
             return []
+        if self.format == FORMAT_HF_LOGDICT or (self.format is None and u is None and "{" in body):
+            return self._hf_logdict(text, at_s, poll_seq, live)
 
         n_logs, bar_before = self.n_logs, self.last  # a count, not len(logs): that stops growing at keep
         # tqdm's cursor moves ride on the next line: the Trainer's eval dict comes as "\x1b[A{'eval_loss': ..."
@@ -134,6 +173,8 @@ class LogTracker(ProgressTracker):
         if advs:
             self.format = FORMAT_TQDM
             self.matched_lines += 1
+        if self.last is not bar_before and self.last is not None and self.last.postfix:
+            self._record(pairs(self.last.postfix))  # set_postfix(loss=...): the bar's own metrics
         relabel, self._relabel = self._relabel, None
         if self.n_logs != n_logs:  # a printed Trainer log dict
             d = self.logs[-1][1]
@@ -148,6 +189,41 @@ class LogTracker(ProgressTracker):
                     self.last_metrics[k] = (self.global_step, self.last_metrics[k][1])
                     self.series[k].restep_last(self.global_step)
         return advs
+
+    def _hf_logdict(self, text: str, at_s: float | None, poll_seq: int | None, live: bool) -> list[StepAdvance]:
+        """The HF Trainer with no bar (``disable_tqdm=True``): each training log dict (it has ``loss``
+        and ``epoch``; an evaluation's or the summary never) is ``logging_steps`` optimizer steps (the
+        run config's ``[log] logging_steps``, 1 by default: the dicts carry no step of their own). The
+        shape is taken at the second such dict with no training bar drawn before it."""
+        n_logs = self.n_logs
+        super().feed_text(strip_escapes(text), at_s, poll_seq=poll_seq, live=live)
+        if self.n_logs == n_logs:
+            return []
+        d = self.logs[-1][1]
+        if is_summary(d):
+            return []
+        if "loss" not in d or "epoch" not in d:  # an evaluation's dict: its metrics, no step
+            self._record(d)
+            return []
+        self.train_dicts += 1
+        if self.train_dicts < 2 or self.last is not None:
+            self._record(d)  # one dict is no shape yet (a bar may follow it), and a bar is the better signal
+            return []
+        self.format = FORMAT_HF_LOGDICT
+        return self._advance(self.train_dicts * self.settings.logging_steps, None, None, d, at_s, poll_seq, live)
+
+    def _line(self, ls: LineStep, metrics: dict[str, float], at_s: float | None, poll_seq: int | None,
+              live: bool) -> list[StepAdvance]:
+        """One line's step: an epoch-scoped counter made global (:class:`EpochScope`), its total where known."""
+        if ls.epoch is None or ls.epoch_step is None or not ls.steps_per_epoch:
+            return self._advance(ls.step, ls.max_steps, ls.reported_dt_s, metrics, at_s, poll_seq, live)
+        step = self.scope.global_step(ls.epoch, ls.epoch_step, ls.steps_per_epoch)
+        if ls.max_steps and ls.epochs is None:
+            self.total = ls.max_steps  # a pattern's own max_steps group
+        else:
+            self.total = (self.scope.total(ls.epochs or self.settings.epochs, ls.epoch, ls.steps_per_epoch,
+                                           ls.total_is_steps_left) or self.settings.max_steps)
+        return self._advance(step, None, ls.reported_dt_s, metrics, at_s, poll_seq, live)
 
     def _record(self, metrics: dict[str, float]) -> None:
         for k, v in metrics.items():
@@ -164,6 +240,8 @@ class LogTracker(ProgressTracker):
         self.matched_lines += 1
         if max_steps:
             self.total = max_steps
+        elif self.total is None and self.settings.max_steps:
+            self.total = self.settings.max_steps
         if prev is not None and step == prev:
             self._record(metrics)  # a redraw with a new postfix (Lightning prints the loss after the step)
             return []
@@ -193,6 +271,37 @@ def run_patterns(run_dir: Path) -> list[UserPattern]:
     return patterns_of(run or {})
 
 
+def run_settings(run_dir: Path) -> LogSettings:
+    """The run config's ``[log]`` settings as this user's own run.json records them (as :func:`run_patterns`)."""
+    try:
+        run = read_json(Path(run_dir) / RUN_JSON, os.geteuid())
+    except OSError:
+        return LogSettings()
+    return settings_of(run or {})
+
+
+def settings_of(run: dict) -> LogSettings:
+    """``[log]`` max_steps, epochs and logging_steps of a run record; the defaults where absent or invalid."""
+    log = (run.get("config") or {}).get("log") if isinstance(run.get("config"), dict) else None
+    try:
+        return log_settings(log) if isinstance(log, dict) else LogSettings()
+    except ValueError:
+        return LogSettings()
+
+
+def log_settings(log: dict) -> LogSettings:
+    """The ``[log]`` table's settings; ValueError naming a bad one (each a whole number from 1)."""
+    got: dict[str, int] = {}
+    for key in ("max_steps", "epochs", "logging_steps"):
+        v = log.get(key)
+        if v is None:
+            continue
+        if type(v) is not int or not 0 < v < 10**12:
+            raise ValueError(f"{key} must be a whole number from 1; got {v!r}")
+        got[key] = v
+    return LogSettings(**got)
+
+
 def patterns_of(run: dict) -> list[UserPattern]:
     """``[log] patterns`` of a run record (the supervisor's own, from its launcher), compiled; []
     when there are none or they do not compile."""
@@ -211,10 +320,16 @@ def log_hint(t: LogTracker, steps_from_events: bool) -> str | None:
     """What to do when no shape reads this log (None while one does, or the emitter speaks)."""
     if t.format is not None or steps_from_events:
         return None
-    if t.lightning_seen and t.lines_seen >= 5:
+    if t.lines_at_other_bar is not None and t.lines_seen - t.lines_at_other_bar < HINT_AFTER_LINES:
+        # a tokenizer's, a download's, a data-loading bar moved lately: training has not begun
+        return f"waiting for the first training step ({t.lines_seen} lines of preprocessing)"
+    if t.lightning_seen and t.lines_seen >= 5 and not t.bar_like_seen:
         return ("Lightning's progress bar is not in the log: its RichProgressBar draws into a file only while Rich "
                 "takes it for a terminal (stepwatch sets TTY_INTERACTIVE=1 and TTY_COMPATIBLE=1 unless the run's "
                 "env sets them); use TQDMProgressBar, or stepwatch.telemetry")
+    if t.lines_seen >= HINT_AFTER_LINES and t.bar_like_seen:
+        return (f"a progress bar is in the log but not a shape stepwatch knows ({t.lines_seen} lines): add [log] "
+                "patterns to the run config (README: Reading any training log), or use stepwatch.telemetry")
     if t.lines_seen >= HINT_AFTER_LINES:
         return (f"no known shape matched {t.lines_seen} lines of the log: add [log] patterns to the run config "
                 "(README: Reading any training log), or use stepwatch.telemetry")

@@ -148,11 +148,19 @@ def alerts_for(snap: Snapshot, *, first_seen: MutableMapping[str, float],
         if bad:
             tb = snap["log"].get("traceback_last_line")
             last = f"traceback: {tb}" if tb else f"last log line: {snap['log'].get('last_line')!r}"
+            last = f"{reached_words(snap)}{last}"
             who = f"process {snap['pid']}" if snap["pid"] is not None else "the command"
             out.append(alert(first_seen, att, "watchdog", "end",
                              f"{who} {end_words(snap)}{end_cause(snap)}{root_cause_words(snap)}; {last}",
                              ended.get("ended_at_unix")))
     return out
+
+
+def reached_words(snap: Snapshot) -> str:
+    """``the run reached step 120 of 300; `` (``of`` only where the total is known); "" before any step."""
+    st = snap.get("step") or {}
+    gs, total = st.get("global_step"), st.get("max_steps")
+    return "" if gs is None else f"the run reached step {gs}" + (f" of {total}" if total else "") + "; "
 
 
 def channel_name(url: str) -> str:

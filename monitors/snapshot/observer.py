@@ -35,14 +35,14 @@ from stepwatch.monitors.snapshot.ranks import RankWatch
 from stepwatch.monitors.fold.events import EventsFold, step_no
 from stepwatch.monitors.fold.savedstate import load as load_saved_state, refused
 from stepwatch.monitors.parsers.dynamolog import DynamoLogScanner, RecompileLimit, Recompile
-from stepwatch.monitors.parsers.logtracker import LogTracker, log_hint, run_patterns
+from stepwatch.monitors.parsers.logtracker import LogTracker, log_hint, run_patterns, run_settings
 from stepwatch.monitors.snapshot.metrics import arrival_check, log_metrics, series_part
 from stepwatch.monitors.snapshot.eta import ETA_RECENT_STEPS, eta_part
 from stepwatch.monitors.gpu.energy import RECENT_STEPS as ENERGY_STEPS
 from stepwatch.monitors.snapshot.gpuview import GpuView
 from stepwatch.monitors.detectors.frozen import frozen_verdict
 from stepwatch.monitors.snapshot.health import TreeHealth
-from stepwatch.monitors.parsers.traceback import traceback_last_line
+from stepwatch.monitors.parsers.traceback import last_text, traceback_last_line
 from stepwatch.monitors.readers.jsonl import EventReader
 from stepwatch.monitors.readers.loglines import LogLines
 from stepwatch.monitors.readers.textlog import DEFAULT_MAX_BYTES_PER_POLL, LogFollower
@@ -109,7 +109,7 @@ class _Attempt:
         self.new_lines_dropped = False  # more arrived than new_lines holds
         self.ev = EventsFold()  # what events.jsonl says (from a saved state, see refresh())
         self.ev_resume: dict[str, Any] | None = None  # the snapshot's events.resume
-        self.progress = LogTracker(run_patterns(run_dir))  # the run config's [log] patterns too
+        self.progress = LogTracker(run_patterns(run_dir), run_settings(run_dir))  # the run config's [log] too
         self.log_stats = StepStats()
         self.dynlog = DynamoLogScanner()
         self.dynlog_flushed = False
@@ -367,7 +367,7 @@ class RunObserver:
 
     def _log_part(self, snap: Snapshot, a: _Attempt, now: float) -> None:
         lines = list(a.log.last_lines)
-        last = next((ln for ln in reversed(lines) if ln.strip()), None)
+        last = last_text(lines, a.log.current_partial)
         snap["log"] = {"file": TRAIN_LOG, "last_line": last, "traceback_last_line": traceback_last_line(lines),
                        "last_byte_age_s": a.log.last_byte_age_s, "from_start": a.log_from_start,
                        "format": a.progress.format, "matched_lines": a.progress.matched_lines,

@@ -35,7 +35,7 @@ from typing import Any
 from collections.abc import Iterable
 
 from stepwatch.monitors.parsers.hf_progress import ProgressTracker, StepAdvance
-from stepwatch.monitors.parsers.logtracker import LogTracker
+from stepwatch.monitors.parsers.logtracker import LogSettings, LogTracker
 from stepwatch.monitors.protocol import FLAG_FIRST, KIND_STEP, SCHEMA_VERSION
 from stepwatch.monitors.readers.rankprefix import rank_prefix
 from stepwatch.monitors.readers.textlog import Segment
@@ -128,8 +128,9 @@ class RankLogTimers:
     MAX_RANKS = 256
     MAX_RANK = 10**5
 
-    def __init__(self, patterns=()):
+    def __init__(self, patterns=(), settings: LogSettings | None = None):
         self.patterns = list(patterns)
+        self.settings = settings
         self.timers: dict[int, LogStepTimer] = {}
 
     def feed_poll(self, segments: Iterable[Segment], partial: Segment | None) -> dict[int, list[dict[str, Any]]]:
@@ -149,7 +150,7 @@ class RankLogTimers:
             if timer is None:
                 if len(self.timers) >= self.MAX_RANKS:
                     continue
-                timer = self.timers[rank] = LogStepTimer(LogTracker(self.patterns, rank=rank), rank=rank)
+                timer = self.timers[rank] = LogStepTimer(LogTracker(self.patterns, self.settings, rank=rank), rank=rank)
             recs = timer.feed_poll(segs, tail.get(rank))
             if recs:
                 out[rank] = recs

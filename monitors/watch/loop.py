@@ -34,7 +34,7 @@ from stepwatch.monitors.snapshot.observer import RunObserver
 from stepwatch.monitors.snapshot.types import NewAlert, Snapshot
 from stepwatch.monitors.watch.stacks import STACK_KINDS, record_stack_later, stack_target
 from stepwatch.monitors.watch.delivery import Deliverer, level_of
-from stepwatch.monitors.parsers.logtracker import LogTracker, patterns_of
+from stepwatch.monitors.parsers.logtracker import LogTracker, patterns_of, settings_of
 from stepwatch.monitors.watch.logsteps import LogStepTimer, RankLogTimers, encode_records
 
 #: The detector loop's period, seconds (alerts reach alerts.jsonl within about this, plus a refresh).
@@ -104,8 +104,9 @@ class LogTimerThread(threading.Thread):
         self.out = AttemptFile(run_dir / LOG_STEPS_JSONL, log)
         self.follower = LogFollower(run_dir / TRAIN_LOG, keep_lines=1, from_start=True)
         patterns = patterns_of(run)  # the supervisor's own record, never run.json re-read
-        self.timer = LogStepTimer(LogTracker(patterns))
-        self.rank_timers = RankLogTimers(patterns)  # each other rank's prefixed lines: logsteps.rank<N>.jsonl
+        settings = settings_of(run)  # [log] max_steps, epochs, logging_steps
+        self.timer = LogStepTimer(LogTracker(patterns, settings))
+        self.rank_timers = RankLogTimers(patterns, settings)  # each other rank's prefixed lines: logsteps.rank<N>.jsonl
         self.rank_out: dict[int, AttemptFile] = {}
         self.records = 0
 

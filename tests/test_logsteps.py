@@ -10,6 +10,7 @@ import json
 import pytest
 
 from stepwatch.monitors.readers.textlog import Segment
+from stepwatch.monitors.parsers.logtracker import LogTracker
 from stepwatch.monitors.watch.logsteps import LogStepTimer, RankLogTimers, encode_records
 
 
@@ -62,8 +63,15 @@ def test_the_tail_of_a_poll_counts_and_an_interval_of_zero_times_nothing():
     assert [(r["step"], r["dt"]) for r in polls(t, [([bar(3)], 6.0)])[0]] == [(3, 0.5)]
 
 
+def single_bar_timer() -> LogStepTimer:
+    """A timer whose tracker follows one bar wherever its counter goes (the bar's description fixed): how
+    the timer handles a counter that went back, apart from telling several processes' bars apart (that is
+    tests/test_logvariants.py's: there a new bar takes over only once the old one stopped)."""
+    return LogStepTimer(LogTracker(desc=""))
+
+
 def test_a_counter_that_goes_back_starts_over_without_a_record():
-    t = LogStepTimer()
+    t = single_bar_timer()
     polls(t, [([bar(50)], 1.0), ([bar(51)], 2.0)])
     assert polls(t, [([bar(0)], 3.0)]) == [[]]  # a second train() of the same length, or a resumed run
     got = polls(t, [([bar(1)], 3.5), ([bar(2)], 4.25)])
@@ -164,8 +172,8 @@ def test_a_new_bar_that_reaches_the_last_timed_step_within_one_poll_times_nothin
     """Step 5 timed; then one poll holds a new bar (1/100) drawn up to 5/100 again: the counter is
     where the last timed step was, no interval to share (no record, no division by zero steps). The
     next advance is timed from that poll."""
-    got = polls(LogStepTimer(), [([bar(4)], 10.0), ([bar(5)], 11.0),
-                                 ([bar(1), bar(2), bar(3), bar(4), bar(5)], 12.0), ([bar(6)], 12.5)])
+    got = polls(single_bar_timer(), [([bar(4)], 10.0), ([bar(5)], 11.0),
+                                     ([bar(1), bar(2), bar(3), bar(4), bar(5)], 12.0), ([bar(6)], 12.5)])
     assert [r["step"] for r in got[1]] == [5] and got[2] == []
     assert [(r["step"], r["dt"], r["step_begin"]) for r in got[3]] == [(6, 0.5, 12.0)]
 
@@ -173,5 +181,5 @@ def test_a_new_bar_that_reaches_the_last_timed_step_within_one_poll_times_nothin
 def test_a_new_bar_below_the_last_timed_step_times_from_its_own_first_poll():
     """Step 50 timed; a second train() starts a bar at 1/100: nothing is timed across the restart;
     2/100 is timed from 1/100's poll."""
-    got = polls(LogStepTimer(), [([bar(49)], 10.0), ([bar(50)], 11.0), ([bar(1)], 30.0), ([bar(2)], 30.25)])
+    got = polls(single_bar_timer(), [([bar(49)], 10.0), ([bar(50)], 11.0), ([bar(1)], 30.0), ([bar(2)], 30.25)])
     assert got[2] == [] and [(r["step"], r["dt"]) for r in got[3]] == [(2, 0.25)]

@@ -199,6 +199,7 @@ def test_arrival_times_without_poll_numbers():
 
 def test_lightnings_tqdm_bar_made_global_its_resets_and_what_it_is_not():
     t = LogTracker()
+    t.feed_text("GPU available: False, used: False")  # Lightning's first line names the bar's program
     t.feed_text("Epoch 0:   0%|          | 0/10 [00:00<?, ?it/s]", 1.0, poll_seq=1)
     assert (t.format, t.global_step) == ("lightning_tqdm", 0)
     t.feed_text("Epoch 0:  90%|█████████ | 9/10 [00:01<00:00,  4.00it/s, v_num=0, train_loss=2.31]", 2.0, poll_seq=2)
@@ -215,6 +216,7 @@ def test_lightnings_tqdm_bar_made_global_its_resets_and_what_it_is_not():
     again.feed_text("Epoch 0:  30%|███       | 3/10 [00:01<00:01,  4.00it/s]", 2.0, poll_seq=2)
     assert again.global_step == 3  # 25 before: only a bar at 0 behind the counter is an epoch's reset
     slow = LogTracker()  # a step over 1 s: tqdm prints s/it, and the metrics follow it all the same
+    slow.feed_text("GPU available: False, used: False")
     slow.feed_text("Epoch 0:   0%|          | 0/10 [00:00<?, ?it/s]", 1.0, poll_seq=1)
     slow.feed_text("Epoch 0:  20%|██        | 2/10 [00:05<00:20,  2.50s/it, v_num=0, train_loss=2.31]", 6.0, poll_seq=2)
     assert (slow.format, slow.global_step, slow.last_metrics["train_loss"]) == ("lightning_tqdm", 2, (2, 2.31))

@@ -80,10 +80,13 @@ def test_a_bar_per_epoch_counted_from_one_is_made_global_with_its_total_from_the
 
 
 def test_lightnings_tqdm_bar_has_no_total_unless_the_config_says_how_many_epochs():
-    lines = [tqdm_bar(i, 40, f"Epoch {e}") for e in range(2) for i in range(41)]
+    lines = ["GPU available: False, used: False"] + [tqdm_bar(i, 40, f"Epoch {e}") for e in range(2) for i in range(41)]
     t = LogTracker()
     feed(t, lines)
     assert (t.format, t.global_step, t.total) == ("lightning_tqdm", 80, None)  # unknown, never 40
+    plain = LogTracker()
+    feed(plain, lines[1:])
+    assert (plain.format, plain.global_step) == ("tqdm_epochs", 80)  # the same reading, without Lightning's banner
     told = LogTracker(settings=LogSettings(epochs=3))
     feed(told, lines)
     assert (told.global_step, told.total) == (80, 120)

@@ -97,6 +97,12 @@ TIMING_WORDS = {
 }
 
 
+def streams_words(log: Mapping[str, Any]) -> str | None:
+    """``2 bars interleave in the log: the step follows the first`` when several processes draw one bar."""
+    n = log.get("streams") or 0
+    return f"{n} bars interleave in the log (one per process): the step follows the first" if n >= 2 else None
+
+
 def timing_words(snap: Snapshot) -> str | None:
     """The words for the snapshot's ``step.timing``, None when the times are exact or absent; for
     the program's own times, what the arrival of its lines says beside them."""

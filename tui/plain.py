@@ -18,7 +18,7 @@ from collections.abc import Callable
 from stepwatch.monitors.runfiles import utc_iso
 from stepwatch.monitors.snapshot.alerts import end_words
 from stepwatch.monitors.snapshot.disk import full_words, lost_words
-from stepwatch.tui.format import (NO_DYNAMO_WORDS, stack_frames, attention_words, energy_words, eta_words, health_words, no_dynamo_output,
+from stepwatch.tui.format import (NO_DYNAMO_WORDS, stack_frames, streams_words, attention_words, energy_words, eta_words, health_words, no_dynamo_output,
                                   padding_words, scaling_words, scheduler_words, supervisor_gone, timing_words,
                                   tree_words, versions_words)
 from stepwatch.monitors.snapshot.model import json_safe, run_ended
@@ -64,6 +64,8 @@ def status_lines(snap: Snapshot) -> list[str]:
                  + (f"{log['format']} ({log.get('matched_lines')} lines)" if log.get("format") else "not recognised"))
     if log.get("hint"):
         lines.append(f"  HINT: {log['hint']}")
+    if sw := streams_words(log):
+        lines.append(f"  NOTE: {sw}")
     lines.append(f"  {health_words(snap)}")
     lines.append("  " + "; ".join(w for w in (scaling_words(snap.get("scaling")), padding_words(snap.get("padding")),
                                               energy_words(snap.get("energy"))) if w))

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from stepwatch.monitors.parsers.barroles import ROLE_OTHER, TRAINING_BARS, bar_role
+from stepwatch.monitors.parsers.barstreams import BarStreams
 from stepwatch.monitors.parsers.hf_logdict import parse_log_dict, parse_train_output
 from stepwatch.monitors.readers.rankprefix import rank_prefix
 
@@ -254,6 +255,7 @@ class ProgressTracker:
         self.finished = False
         self.other_bars = 0  # updates of bars that are not the training bar
         self.bar_desc: str | None = None  # with desc=TRAINING_BARS: the training bar's description
+        self.streams = BarStreams() if desc == TRAINING_BARS else None  # several processes' bars, told apart
         self._rejected_totals: set[int] = set()  # larger totals judged to be evaluation bars
         # first arrival of the current counter value: (at_s, poll_seq, live)
         self._first_seen: tuple[float | None, int | None, bool] | None = None
@@ -295,6 +297,8 @@ class ProgressTracker:
             self.total = u.total
             self._first_seen = None
             self.finished = False
+            if self.streams is not None:
+                self.streams = BarStreams()
             return True
         return False
 
@@ -313,6 +317,7 @@ class ProgressTracker:
         if role > locked or (self.finished and role == locked and (u.total is None or u.step < u.total)):
             self.bar_desc, self.total, self.finished, self._first_seen = u.desc, self.expected_total, False, None
             self._rejected_totals.clear()
+            self.streams = BarStreams()  # another bar: its counter starts its own streams
             return True
         return False
 
@@ -345,6 +350,8 @@ class ProgressTracker:
         if not self.is_training_bar(u):
             self.other_bars += 1
             return []
+        if self.streams is not None and not self.streams.is_headline(u.step, self.finished):
+            return []  # another process's bar in the same log: its own stream, never the run's step
         self.last = u
         prev = self.global_step
         if u.total is not None and u.step >= u.total:

@@ -42,7 +42,6 @@ FORMATS = (FORMAT_TQDM, FORMAT_LIGHTNING_TQDM, FORMAT_EPOCH_TQDM, FORMAT_HF_LOGD
 
 #: A bar's description that names its epoch (and how many, ``Epoch 3/10``): its counter restarts every epoch.
 _EPOCH_DESC = re.compile(r"^(?:train(?:ing)?\s*[-:]?\s*)?epoch\s*[:#]?\s*(\d{1,9})(?:\s*/\s*(\d{1,9}))?$", re.I)
-_LIGHTNING_DESC = re.compile(r"^Epoch \d{1,9}$")
 #: Text that looks like a progress bar, recognised or not (Rich's bar glyphs, a rate).
 _BAR_LIKE = re.compile(r"━|it/s|s/it")
 
@@ -102,7 +101,6 @@ class LogTracker(ProgressTracker):
         self._tail = getattr(seg, "end", "\n") == ""
         if not self._tail and not getattr(seg, "is_note", False):
             self.lines_seen += 1
-            self.lightning_seen = self.lightning_seen or seg.text.startswith(LIGHTNING_BANNER)
         others = self.other_bars
         try:
             return super().feed(seg)
@@ -117,6 +115,8 @@ class LogTracker(ProgressTracker):
             return []
         rank, body = rank_prefix(text)
         body = strip_escapes(body)
+        if not self.lightning_seen and body.startswith(LIGHTNING_BANNER):
+            self.lightning_seen = True
         if rank not in (None, self.rank):
             return super().feed_text(text, at_s, poll_seq=poll_seq, live=live) if self.format == FORMAT_TQDM else []
         if self.patterns and (self.format is None or self.format.startswith("pattern ")) and len(body) <= MAX_LINE_CHARS:
@@ -131,9 +131,7 @@ class LogTracker(ProgressTracker):
             self.bar_like_seen = True
         u = parse_progress(body) if "[" in body and "]" in body else None
         if u is not None and u.total and u.iter_unit == "it" and (m := _EPOCH_DESC.match(u.desc)):
-            # Lightning's own desc is "Epoch N" exactly (the name says the likely program: the reading is the same)
-            fmt = (FORMAT_LIGHTNING_TQDM if self.lightning_seen or _LIGHTNING_DESC.match(u.desc) or
-                   self.format == FORMAT_LIGHTNING_TQDM else FORMAT_EPOCH_TQDM)
+            fmt = FORMAT_LIGHTNING_TQDM if self.lightning_seen else FORMAT_EPOCH_TQDM  # the same reading, named
             if self.format not in (None, fmt) or u.step > u.total:
                 return []
             self.format = fmt
@@ -143,9 +141,8 @@ class LogTracker(ProgressTracker):
                 return []  # the bar's reset at an epoch's start, drawn before its new "Epoch N" desc
             epochs = int(m.group(2)) if m.group(2) else self.settings.epochs
             self.total = self.scope.total(epochs, epoch, u.total) or self.settings.max_steps
-            # the postfix (Lightning's metrics) follows the rate's unit: it/s, or s/it for a step over 1 s
-            postfix = body.rpartition(u.unit)[2]
-            return self._advance(step, None, None, pairs(postfix), at_s, poll_seq, live)
+            # the postfix (Lightning's metrics) inside the bar's brackets: text glued after them is not its
+            return self._advance(step, None, None, pairs(u.postfix), at_s, poll_seq, live)
         if u is None and self._tail:  # a line is whole only at its newline, but for a bar drawn in place:
             # Rich writes the newline *before* its next frame, so the newest frame is the tail (a hung run's
             # last step); its step and total are whole once it matched through "it/s", its metrics may not be

@@ -371,7 +371,8 @@ class RunObserver:
         snap["log"] = {"file": TRAIN_LOG, "last_line": last, "traceback_last_line": traceback_last_line(lines),
                        "last_byte_age_s": a.log.last_byte_age_s, "from_start": a.log_from_start,
                        "format": a.progress.format, "matched_lines": a.progress.matched_lines,
-                       "hint": log_hint(a.progress, a.ev.stats.seen > 0)}
+                       "hint": log_hint(a.progress, a.ev.stats.seen > 0),
+                       "streams": a.progress.streams.interleaved if a.progress.streams is not None else 0}
         snap["metrics"] = log_metrics(a.progress.last_metrics, a.ev.last_logs, a.ev.last_logs_step,
                                       a.progress.series if a.progress.last_metrics else a.ev.series)
         snap["metrics_series"] = series_part(a.progress.series or a.ev.series)  # the log, else log events

@@ -278,6 +278,8 @@ class Log(TypedDict):
     format: str | None
     matched_lines: int
     hint: str | None
+    #: How many processes' bars interleave in this log (0: one bar at a time); the step follows the first.
+    streams: int
 
 
 class Metric(TypedDict):

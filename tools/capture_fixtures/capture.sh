@@ -13,6 +13,8 @@
 # replaces the machine paths: staging/raw -> <raw>, trainer output dir -> <run_dir>, inductor caches
 # -> <inductor_cache>, venv -> <venv>, base Python -> <python>, staging folder -> <fixtures>.
 # KEEP_RAW=1 keeps the staging folder (its path is printed).
+# ONLY="13 14 ..." runs only the numbered steps listed (the numbers of the comments below, e.g.
+# ONLY="13 14 15 16 17 18 19 20" for the captures added 2026-12-03); versions.txt is always written.
 #
 # Do not overwrite tests/fixtures/real with the output without re-checking the tests: several
 # assertions are calibrated on the captures of 2026-11-30 (counts, line numbers, digests).
@@ -46,6 +48,11 @@ RUN_DIR="$STAGE/run_dir"
 cd "$STAGE"
 unset TORCH_LOGS TORCHINDUCTOR_CACHE_DIR # set per command below, as in the original commands
 
+want() { # want N: true if step N is to run (every step when ONLY is unset or empty)
+    [ -z "${ONLY:-}" ] && return 0
+    case " $ONLY " in *" $1 "*) return 0 ;; esac
+    return 1
+}
 fresh_run_dir() { rm -rf "$RUN_DIR"; mkdir "$RUN_DIR"; }
 new_cache() { local d="$STAGE/inductor_cache_$1"; rm -rf "$d"; mkdir "$d"; echo "$d"; }
 T_ALL=$SECONDS
@@ -57,70 +64,94 @@ step() { # step NAME: prints the name and, on the next call/finish, the seconds 
 }
 
 # 1. HF Trainer, 60 steps, stdout+stderr to a file (not a TTY)
+if want 1; then
 step hf_trainer_plain.log
 fresh_run_dir
 "$PYTHON" scripts/hf_trainer_run.py --out-dir "$RUN_DIR" --steps 60 > "$RAW/hf_trainer_plain.log" 2>&1 </dev/null
+fi
 
 # 2. the same under a pseudo-TTY of 120 columns (script's own stdin is not a terminal, as in the original)
+if want 2; then
 step hf_trainer_tty.log
 fresh_run_dir
 script -q -c "stty cols 120 rows 40; $(printf %q "$PYTHON") scripts/hf_trainer_run.py --out-dir $(printf %q "$RUN_DIR") --steps 60" \
     "$RAW/hf_trainer_tty.log" </dev/null >/dev/null 2>&1
+fi
 
 # 3. a bigger model: ~1.5 s steps, the s/it form
+if want 3; then
 step hf_trainer_slow.log
 fresh_run_dir
 "$PYTHON" scripts/hf_trainer_run.py --out-dir "$RUN_DIR" --steps 20 --logging-steps 5 --hidden 320 --layers 4 \
     --seq-len 512 > "$RAW/hf_trainer_slow.log" 2>&1 </dev/null
+fi
 
 # 4. torch_compile=True, variable-length padded batches, cold inductor cache
+if want 4; then
 step hf_trainer_compile.log
 fresh_run_dir
 CACHE="$(new_cache compile)"
 TORCHINDUCTOR_CACHE_DIR="$CACHE" TORCH_LOGS="recompiles,graph_breaks" "$PYTHON" scripts/hf_trainer_run.py \
     --out-dir "$RUN_DIR" --steps 40 --compile --varlen --batch 4 --shape-log "$RAW/hf_trainer_compile_shapes.txt" \
     > "$RAW/hf_trainer_compile.log" 2>&1 </dev/null
+fi
 
 # 5. callback API facts + PrinterCallback output (disable_tqdm=True, checkpoint saves at 6 and 12)
+if want 5; then
 step "trainer_api_facts.json + hf_trainer_printer_callback.log"
 fresh_run_dir
 "$PYTHON" scripts/trainer_api_facts.py --out-dir "$RUN_DIR" --json "$RAW/trainer_api_facts.json" \
     > "$RAW/hf_trainer_printer_callback.log" 2>&1 </dev/null
+fi
 
 # 6. torch.compile(dynamic=False) into recompile_limit=4, with TORCH_LOGS, cold cache
+if want 6; then
 step "dynamo_recompiles.log + dynamo_step_times.csv + dynamo_counters.json"
 CACHE="$(new_cache recompiles)"
 TORCHINDUCTOR_CACHE_DIR="$CACHE" TORCH_LOGS="recompiles,graph_breaks" "$PYTHON" scripts/dynamo_recompile.py \
     --csv "$RAW/dynamo_step_times.csv" --counters "$RAW/dynamo_counters.json" 2> "$RAW/dynamo_recompiles.log" >/dev/null </dev/null
+fi
 
 # 7. the same without TORCH_LOGS, cold cache (its counters are not kept)
+if want 7; then
 step "dynamo_limit_default.log + dynamo_step_times_default.csv"
 WARM="$(new_cache default)"
 env -u TORCH_LOGS TORCHINDUCTOR_CACHE_DIR="$WARM" "$PYTHON" scripts/dynamo_recompile.py \
     --csv "$RAW/dynamo_step_times_default.csv" --counters "$STAGE/counters_default_not_kept.json" \
     2> "$RAW/dynamo_limit_default.log" >/dev/null </dev/null
+fi
 
 # 8. again on the cache left by 7 (warm): counters and step times only (its stderr is not kept)
+if want 8; then
 step "dynamo_counters_warmcache.json + dynamo_step_times_warmcache.csv"
+: "${WARM:?step 8 needs step 7 (ONLY=\"7 8\")}"
 env -u TORCH_LOGS TORCHINDUCTOR_CACHE_DIR="$WARM" "$PYTHON" scripts/dynamo_recompile.py \
     --csv "$RAW/dynamo_step_times_warmcache.csv" --counters "$RAW/dynamo_counters_warmcache.json" \
     2> "$STAGE/warmcache_stderr_not_kept.log" >/dev/null </dev/null
+fi
 
 # 9. per-line append+flush cost (a temp file on the staging folder's filesystem)
+if want 9; then
 step append_cost.json
 "$PYTHON" scripts/append_cost.py --file "$STAGE/append_cost.tmp" --json "$RAW/append_cost.json" >/dev/null </dev/null
+fi
 
 # 10b. torchrun, 2 ranks on gloo, rank 1 SIGKILLs itself at step 30: torchrun's failure table
+if want 10b; then
 step torchrun_sigkill_rank1.log
 "$VENV/bin/torchrun" --nproc_per_node 2 scripts/torchrun_ddp.py --steps 100 --kill-rank 1 --kill-at 30 \
     > "$RAW/torchrun_sigkill_rank1.log" 2>&1 </dev/null || true
+fi
 
 # 11. PyTorch Lightning, TQDM bar and Rich bar (Rich told to draw into the file, as the supervisor does)
+if want 11; then
 step "lightning_tqdm.log + lightning_rich.log"
 "$PYTHON" scripts/lightning_run.py > "$RAW/lightning_tqdm.log" 2>&1 </dev/null
 TTY_COMPATIBLE=1 TTY_INTERACTIVE=1 "$PYTHON" scripts/lightning_run.py --rich > "$RAW/lightning_rich.log" 2>&1 </dev/null
+fi
 
 # 12. karpathy/nanoGPT's train.py (a checkout named by $NANOGPT_DIR), tiny, CPU, synthetic data
+if want 12; then
 if [ -n "${NANOGPT_DIR:-}" ]; then
     step nanogpt_cpu.log
     mkdir -p "$STAGE/nanogpt/data" && cp "$NANOGPT_DIR"/{train,model,configurator}.py "$STAGE/nanogpt/"
@@ -131,10 +162,84 @@ if [ -n "${NANOGPT_DIR:-}" ]; then
         --gradient_accumulation_steps=1 --always_save_checkpoint=False --out_dir=out) \
         > "$RAW/nanogpt_cpu.log" 2>&1 </dev/null
 fi
+fi
+
+# 13. plain PyTorch loop, tqdm bar with desc "train" and set_postfix(loss=...) every step, 100 x 50 ms,
+#     with the program's own step-end clock (time.time() after each step)
+if want 13; then
+step "tqdm_desc_postfix.log + tqdm_desc_postfix_clock.txt"
+"$PYTHON" scripts/tqdm_loop.py --steps 100 --sleep 0.05 --clock "$RAW/tqdm_desc_postfix_clock.txt" \
+    > "$RAW/tqdm_desc_postfix.log" 2>&1 </dev/null
+fi
+
+# 14. the same loop, 3 epochs, one bar per epoch (desc "Epoch {e}", counter restarts at 0/40)
+if want 14; then
+step "tqdm_epochs.log + tqdm_epochs_clock.txt"
+"$PYTHON" scripts/tqdm_loop.py --epochs 3 --steps 40 --sleep 0.05 --clock "$RAW/tqdm_epochs_clock.txt" \
+    > "$RAW/tqdm_epochs.log" 2>&1 </dev/null
+fi
+
+# 15. two processes, each an unprefixed 300-step "train" bar (20 ms and 30 ms steps), into ONE file
+if want 15; then
+step "tqdm_two_procs.log + tqdm_two_procs_clock_proc0.txt, _proc1.txt"
+"$PYTHON" scripts/tqdm_two_procs.py --steps 300 --sleeps 0.02 0.03 --postfix-every 5 \
+    --clock "$RAW/tqdm_two_procs_clock" > "$RAW/tqdm_two_procs.log" 2>&1 </dev/null
+fi
+
+# 16. the tqdm loop SIGKILLs itself at the start of step 60 of 100: the log ends in a \r bar segment
+if want 16; then
+step "tqdm_sigkill.log + tqdm_sigkill_clock.txt"
+"$PYTHON" scripts/tqdm_loop.py --steps 100 --sleep 0.05 --kill-at 60 --clock "$RAW/tqdm_sigkill_clock.txt" \
+    > "$RAW/tqdm_sigkill.log" 2>&1 </dev/null || true
+fi
+
+# 17. Lightning with max_steps and no max_epochs (max_epochs becomes -1): Rich bar (told the file is a
+#     terminal), TQDM bar, and Lightning's default bar (no callback; rich installed -> RichProgressBar,
+#     here WITHOUT the TTY variables). 100 steps over 40-batch epochs (40 + 40 + 20), and 60 steps
+#     ending mid-epoch in 100-batch epochs (_midepoch).
+if want 17; then
+step "lightning_{rich,tqdm,default}_max_steps*.log + clocks"
+TTY_COMPATIBLE=1 TTY_INTERACTIVE=1 "$PYTHON" scripts/lightning_run.py --rich --max-steps 100 \
+    --clock "$RAW/lightning_rich_max_steps_clock.txt" > "$RAW/lightning_rich_max_steps.log" 2>&1 </dev/null
+"$PYTHON" scripts/lightning_run.py --max-steps 100 --clock "$RAW/lightning_tqdm_max_steps_clock.txt" \
+    > "$RAW/lightning_tqdm_max_steps.log" 2>&1 </dev/null
+TTY_COMPATIBLE=1 TTY_INTERACTIVE=1 "$PYTHON" scripts/lightning_run.py --rich --max-steps 60 --samples 800 \
+    > "$RAW/lightning_rich_max_steps_midepoch.log" 2>&1 </dev/null
+"$PYTHON" scripts/lightning_run.py --max-steps 60 --samples 800 \
+    > "$RAW/lightning_tqdm_max_steps_midepoch.log" 2>&1 </dev/null
+env -u TTY_COMPATIBLE -u TTY_INTERACTIVE "$PYTHON" scripts/lightning_run.py --default-bar --max-steps 100 \
+    > "$RAW/lightning_default_max_steps.log" 2>&1 </dev/null
+fi
+
+# 18. HF Trainer with disable_tqdm=True, logging_steps=1 (PrinterCallback dicts only), 30 steps over
+#     2 epochs (120 samples, batch 8 -> 15 steps per epoch), with an on_step_end clock
+if want 18; then
+step "hf_trainer_no_tqdm.log + hf_trainer_no_tqdm_clock.txt"
+fresh_run_dir
+"$PYTHON" scripts/hf_trainer_run.py --out-dir "$RUN_DIR" --steps 30 --samples 120 --logging-steps 1 --disable-tqdm \
+    --clock "$RAW/hf_trainer_no_tqdm_clock.txt" > "$RAW/hf_trainer_no_tqdm.log" 2>&1 </dev/null
+fi
+
+# 19. HF Trainer under torchrun --tee 3 (2 gloo ranks on the CPU): [default0]:/[default1]: prefixes
+#     on every line, tqdm \r segments split into lines by torchrun's tail; 30 steps, a dict every 3
+if want 19; then
+step torchrun_tee_dicts.log
+fresh_run_dir
+rm -rf "$STAGE/torchrun_logs"
+"$VENV/bin/torchrun" --nproc_per_node 2 --tee 3 --log-dir "$STAGE/torchrun_logs" scripts/hf_trainer_run.py \
+    --out-dir "$RUN_DIR" --steps 30 --logging-steps 3 > "$RAW/torchrun_tee_dicts.log" 2>&1 </dev/null
+fi
+
+# 20. OUR script printing timm train.py's Train:/Test: lines (timm not installed: see README)
+if want 20; then
+step "timm_shaped.log + timm_shaped_clock.txt"
+"$PYTHON" scripts/timm_shaped.py --epochs 3 --batches 23 --log-interval 5 --sleep 0.05 \
+    --clock "$RAW/timm_shaped_clock.txt" > "$RAW/timm_shaped.log" 2>&1 </dev/null
+fi
 
 # 10. exact package versions of the venv used (the editable stepwatch itself left out)
 step versions.txt
-"$PYTHON" -m pip freeze --exclude-editable > "$RAW/versions.txt"
+"$PYTHON" -m pip freeze --exclude-editable | grep -v " @ file://" > "$RAW/versions.txt"
 step ""
 
 # scrub: innermost paths first; <fixtures> (the staging folder) last

@@ -3,13 +3,20 @@
 No hub downloads: the model is built from a LlamaConfig, the data are random ints.
 Usage (run by tools/capture_fixtures/capture.sh, from its staging folder):
     python scripts/hf_trainer_run.py --out-dir <run_dir> [--steps 60] [--compile] [--varlen]
+        [--disable-tqdm] [--samples N] [--clock FILE]
+
+``--disable-tqdm`` sets ``disable_tqdm=True`` (no bar: PrinterCallback prints the log dicts);
+``--samples N`` sizes the dataset (default steps * batch, one epoch; fewer samples make max_steps
+span several epochs); ``--clock FILE`` adds a TrainerCallback whose on_step_end writes
+``time.time()``, one float per line (the program's own step clock). Defaults leave the run unchanged.
 """
 import argparse
 import random
+import time
 
 import torch
 from torch.utils.data import Dataset
-from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
 
 
 class SyntheticTokens(Dataset):
@@ -28,6 +35,15 @@ class SyntheticTokens(Dataset):
     def __getitem__(self, i):
         ids = self.items[i]
         return {"input_ids": ids, "labels": ids.clone()}
+
+
+class Clock(TrainerCallback):
+    def __init__(self, path):
+        self.f = open(path, "w")
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.f.write(f"{time.time()!r}\n")
+        self.f.flush()
 
 
 SHAPE_LOG = None  # optional file: one padded batch length per line, in fetch order
@@ -62,6 +78,9 @@ def main():
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--logging-steps", type=int, default=10)
     ap.add_argument("--shape-log", default=None, help="append each padded batch length to this file")
+    ap.add_argument("--disable-tqdm", action="store_true", help="disable_tqdm=True (PrinterCallback)")
+    ap.add_argument("--samples", type=int, default=None, help="dataset size (default steps * batch)")
+    ap.add_argument("--clock", default=None, help="on_step_end writes time.time() to this file")
     a = ap.parse_args()
     global SHAPE_LOG
     SHAPE_LOG = a.shape_log
@@ -77,7 +96,7 @@ def main():
         max_position_embeddings=max(256, a.seq_len),
     )
     model = LlamaForCausalLM(cfg)
-    ds = SyntheticTokens(a.steps * a.batch, a.seq_len, cfg.vocab_size, a.varlen)
+    ds = SyntheticTokens(a.samples or a.steps * a.batch, a.seq_len, cfg.vocab_size, a.varlen)
     args = TrainingArguments(
         output_dir=a.out_dir,
         max_steps=a.steps,
@@ -87,13 +106,14 @@ def main():
         logging_steps=a.logging_steps,
         save_strategy="no",
         report_to="none",
-        disable_tqdm=False,
+        disable_tqdm=a.disable_tqdm,
         use_cpu=True,
         torch_compile=a.compile,
         dataloader_num_workers=0,
         seed=0,
     )
-    trainer = Trainer(model=model, args=args, train_dataset=ds, data_collator=collate)
+    callbacks: list[TrainerCallback] | None = [Clock(a.clock)] if a.clock else None
+    trainer = Trainer(model=model, args=args, train_dataset=ds, data_collator=collate, callbacks=callbacks)
     out = trainer.train()
     print("TrainOutput:", out)
 

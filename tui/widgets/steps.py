@@ -16,7 +16,7 @@ from stepwatch.monitors.snapshot.metrics import metrics_words
 from stepwatch.monitors.snapshot.ranks import latest_per_rank, restarts_words
 from stepwatch.monitors.snapshot.types import Snapshot
 from stepwatch.monitors.states import FLAGGED, NOT_JUDGED, OK, RUNNING, STALLED, SUSPECTED, WARMING
-from stepwatch.tui.format import scaling_words, secs, timing_words
+from stepwatch.tui.format import scaling_words, secs, streams_words, timing_words
 from stepwatch.tui.widgets.base import Panel
 
 
@@ -119,6 +119,8 @@ class StepPanel(Panel):
         fmt = log.get("format") if (snap.get("step") or {}).get("source") == "log" else None
         if fmt:  # the recogniser in force and how many of the log's lines it read
             fmt = f"{fmt}, {log.get('matched_lines') or 0} lines"
+            if sw := streams_words(log):
+                fmt += f"; {sw}"
         if words or fmt:
             line += f"  ({', '.join(w for w in (words, f'log read as {fmt}' if fmt else None) if w)})"
         self._set("#step-line", Text(line))  # never markup

@@ -258,8 +258,9 @@ def check_provenance(cfg: RunConfig) -> Item:
 #: The earlier log the log-format item reads at most (bytes, lines).
 LOG_TRY_BYTES = 256 * 1024
 LOG_TRY_LINES = 2000
-SHAPES_WORDS = ("tqdm bars (HF Trainer, accelerate), Lightning's TQDM and Rich bars, nanoGPT's iter lines, "
-                "JSON lines, step N lines")
+SHAPES_WORDS = ("tqdm bars with any description and their postfix (HF Trainer, accelerate, a plain loop, one bar "
+                "per epoch), Lightning's TQDM and Rich bars (max_epochs or max_steps), the HF Trainer's log dicts "
+                "with no bar, nanoGPT's iter lines, JSON lines, step N lines")
 
 
 def _earlier_log_lines(run_dir: Path) -> tuple[str | None, list[str]]:
@@ -319,6 +320,15 @@ def check_log_format(cfg: RunConfig) -> Item:
                     detail)
     seen = (f"the last attempt's {name} reads as {tracker.format} ({tracker.matched_lines} lines)" if tracker.format
             else f"no recogniser matched the {len(lines)} line(s) of the last attempt's {name}" if name else None)
+    if not name and examples:  # no earlier log: the examples show how the run's log will be read
+        ex = LogTracker(patterns, log_settings(cfg.log))
+        for ln in examples:
+            ex.feed_text(ln)
+        detail["format"], detail["matched_lines"] = ex.format, ex.matched_lines
+        seen = (f"its {len(examples)} example(s) read as {ex.format} (step {ex.global_step}"
+                + (f" of {ex.total}" if ex.total else "") + ")" if ex.format
+                else f"no recogniser matched its {len(examples)} example(s)")
+        tracker = ex
     if untried:
         return Item("log_format", title, "warn", f"{', '.join(untried)} not tried: no earlier log of this run and no "
                     "[log] examples; add examples = [\"a line of your log\"] to check them now", detail)

@@ -155,3 +155,65 @@ def test_the_last_text_is_the_bar_being_drawn_without_its_control_codes():
     assert last_text(["Using bf16", "Epoch 0/2 ━ 1/500"], bar) == "Epoch 0/2 ━━━╸━━ 44/500 0:00:05 • 0:00:40 9.8it/s loss: 1.2"
     assert last_text(["start", "  ", ""], None) == "start"
     assert last_text([], "   ") is None and len(last_text(["x" * 5000], None) or "") == 300
+
+
+# --- the checklist tries each shape on the run's [log] examples before there is a log ------------------
+@pytest.mark.parametrize("fmt, examples", [
+    ("tqdm", [tqdm_bar(3, 50, "train", ", loss=1.23")]),
+    ("tqdm_epochs", [tqdm_bar(3, 50, "Epoch 1/3")]),
+    ("lightning_rich", [RICH.format(e=0, last=-2, n=15, per=100, loss=1.5)]),
+    ("hf_logdict", ["{'loss': '5.545', 'grad_norm': '0.6058', 'learning_rate': '0', 'epoch': '0.06667'}",
+                    "{'loss': '5.559', 'grad_norm': '0.6222', 'learning_rate': '0.0002', 'epoch': '0.1333'}"]),
+])
+def test_the_checklist_reads_each_shape_from_the_configs_examples(tmp_path, fmt, examples):
+    import sys
+
+    from stepwatch.launcher.config import config_from_flags
+    from stepwatch.launcher.preflight import check_log_format
+
+    cfg = config_from_flags([sys.executable, "t.py"], "r", str(tmp_path), str(tmp_path / "runs"))
+    cfg.log = {"examples": examples}
+    item = check_log_format(cfg)
+    assert item.status == "pass" and f"read as {fmt} (step " in item.reason and item.detail["format"] == fmt, item
+    cfg.log = {"examples": ["loading the data", "42 things done"]}  # the control: nothing a shape reads
+    item = check_log_format(cfg)
+    assert item.detail["format"] is None and "no recogniser matched its 2 example(s)" in item.reason, item
+
+
+# --- several processes' bars in one log -------------------------------------------------------------------
+def test_two_unprefixed_bars_are_two_streams_and_the_headline_never_merges_them():
+    t = LogTracker()
+    fast, slow, lines = 0, 0, []
+    for i in range(60):  # one process twice as fast as the other, both drawing "train" bars unprefixed
+        fast += 2
+        lines.append(tqdm_bar(fast, 200, "train"))
+        if i % 2 == 0:
+            slow += 2
+            lines.append(tqdm_bar(slow, 200, "train"))
+    steps = feed(t, lines)
+    assert t.streams is not None and t.streams.interleaved == 2
+    assert steps == sorted(steps) and t.global_step == 120  # the first bar's counter alone
+    assert len(t.step_times) <= 60
+
+
+def test_a_restart_hands_over_once_the_old_bar_stops_and_a_finished_bar_at_once():
+    t = LogTracker()
+    feed(t, [tqdm_bar(i, 100, "train") for i in range(1, 51)])
+    feed(t, [tqdm_bar(i, 100, "train") for i in range(1, 7)])  # a restart from 0: the old bar never moves again
+    assert t.global_step == 6 and t.streams is not None and t.streams.interleaved == 0
+    done = LogTracker()
+    feed(done, [tqdm_bar(i, 10, "train") for i in range(1, 11)])
+    assert feed(done, [tqdm_bar(1, 10, "train")]) == [1]  # a second train() after the first ended: followed at once
+
+
+def test_rank_prefixes_that_appear_mid_run_make_rank_0s_bar_the_headline():
+    t = LogTracker()
+    lines = []
+    for i in range(1, 11):  # rank 1 (faster) and rank 0 draw unprefixed bars into one log
+        lines += [tqdm_bar(2 * i, 100, "train"), tqdm_bar(i, 100, "train")]
+    feed(t, lines)
+    assert t.global_step == 20  # the first stream (rank 1's, as it happened): nothing says which is rank 0's
+    feed(t, ["[rank1]:" + tqdm_bar(22, 100, "train"), "[rank0]:" + tqdm_bar(11, 100, "train")])
+    assert t.global_step == 11  # rank 0's own prefix: its stream is the headline
+    feed(t, [tqdm_bar(24, 100, "train"), "[rank0]:" + tqdm_bar(12, 100, "train"), tqdm_bar(26, 100, "train")])
+    assert t.global_step == 12  # for good: the unprefixed faster bar never takes it back

@@ -12,7 +12,8 @@ The headline (the run's step, its step times) follows one stream, by this rule: 
 end; a new stream at once when it begins after the headline's bar reached its total (a second ``train()``),
 or after ``HANDOVER_UPDATES`` updates of the training bar in which the unfinished headline's stream did not
 move (a restart that never comes back). A stream that ran beside the headline never takes over: its steps
-would be counted twice. Standard library only.
+would be counted twice. Once a bar carries the tracker's own rank prefix (``[rank0]:``, rank prefixes
+that appear mid-run after unprefixed bars), its stream is the headline, for good. Standard library only.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class BarStreams:
     def __init__(self) -> None:
         self.streams: list[_Stream] = []
         self.headline = 0
+        self.anchored = False  # the headline is the stream of the tracker's own rank prefix
         self._updates = 0
 
     @property
@@ -46,9 +48,11 @@ class BarStreams:
         """How many streams interleave in this log (0 while one bar is drawn at a time)."""
         return sum(1 for s in self.streams if s.interleaved)
 
-    def is_headline(self, counter: int, headline_finished: bool) -> bool:
+    def is_headline(self, counter: int, headline_finished: bool, own_rank: bool = False) -> bool:
         """Route one update (``counter`` as the bar prints it); True when it is the headline stream's, whose
-        counter the run's step follows (after a hand-over too, as a counter that went back)."""
+        counter the run's step follows (after a hand-over too, as a counter that went back). ``own_rank``:
+        the update carries the tracker's own rank prefix (``[rank0]:``): its stream is the headline from now
+        on, whatever the unprefixed bars before it were (rank 0 speaks for the run)."""
         self._updates += 1
         k = self._updates
         below = [i for i, s in enumerate(self.streams) if s.counter <= counter]
@@ -71,9 +75,13 @@ class BarStreams:
             for t in newer:
                 t.interleaved = True
         if i == self.headline:
+            self.anchored = self.anchored or own_rank
+            return True
+        if own_rank:  # rank 0's own prefix names its bar: the headline from now on
+            self.headline, self.anchored = i, True
             return True
         head = self.streams[self.headline]
-        if not headline_finished and k - head.moved > HANDOVER_UPDATES and s.created > head.created:
+        if not headline_finished and not self.anchored and k - head.moved > HANDOVER_UPDATES and s.created > head.created:
             self.headline = i  # the headline's bar stopped: a restart, not a second process
             return True
         return False

@@ -350,7 +350,8 @@ class ProgressTracker:
         if not self.is_training_bar(u):
             self.other_bars += 1
             return []
-        if self.streams is not None and not self.streams.is_headline(u.step, self.finished):
+        own = u.rank is not None and u.rank == self.rank
+        if self.streams is not None and not self.streams.is_headline(u.step, self.finished, own):
             return []  # another process's bar in the same log: its own stream, never the run's step
         self.last = u
         prev = self.global_step

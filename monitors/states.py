@@ -36,6 +36,19 @@ EtaState = Literal["ok", "stalled", "not judged"]
 #: ``liveness.frozen.state``: ``flagged`` when a process of the run is held stopped.
 FrozenState = Literal["ok", "flagged", "not judged"]
 
+# --- the run's phase (what the attempt is doing: monitors/parsers/phases.py) ----------------------
+#: Before the first training step: imports, preprocessing, compilation.
+STARTING: Final = "starting"
+TRAINING: Final = "training"
+EVALUATING: Final = "evaluating"
+SAVING: Final = "saving"
+#: After the last training step: the final save, the summary, teardown.
+FINISHING: Final = "finishing"
+#: The attempt's process ended.
+ENDED: Final = "ended"
+#: ``phase.name``.
+PhaseName = Literal["starting", "training", "evaluating", "saving", "finishing", "ended"]
+
 # --- the fallback detector's warm-up ------------------------------------------------------------
 WARMING: Final = "warming"
 STEADY: Final = "steady"

@@ -281,8 +281,8 @@ def test_add_builds_the_dataclass_record():
     s.add(7, 19.5, ["save"], 26048, 26112, 1.5)
     s.add(8, 45.79, ["first"], True, -3, None)
     a, b = s.recent()
-    assert type(a) is StepRecord and a == StepRecord(7, 19.5, ("save",), 26048, 26112, 1.5, True)
-    assert hash(a) == hash(StepRecord(7, 19.5, ("save",), 26048, 26112, 1.5, True))
+    assert type(a) is StepRecord and a == StepRecord(7, 19.5, ("save",), 26048, 26112, 1.5, False)  # R18
+    assert hash(a) == hash(StepRecord(7, 19.5, ("save",), 26048, 26112, 1.5, False))
     assert repr(b) == repr(StepRecord(8, 45.79, ("first",), 1, None, None, False))
     assert dataclasses.astuple(b) == (8, 45.79, ("first",), 1, None, None, False)
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -520,3 +520,20 @@ def test_the_log_histograms_bounds_and_zero_second_steps():
     assert sub.histogram(bins=2, scale="log") == [(0.2, pytest.approx(0.4), 1), (pytest.approx(0.4), 0.8, 2)]
     one = filled([0.7, 0.7])
     assert one.histogram(scale="log") == [(0.7, 0.7, 2)]
+
+
+def test_a_step_that_held_an_evaluation_or_a_save_is_no_step_time():
+    """ARCHITECTURE.md R18: the percentiles count training intervals only; the control: a recompile
+    flag (the step trained) is counted."""
+    s = StepStats()
+    s.add(0, 9.0, ["first"])
+    for i in range(1, 21):
+        s.add(i, 0.1)
+    s.add(21, 20.0, ["save"])
+    s.add(22, 5.0, ["eval"])
+    s.add(23, 0.3, ["recompile"])
+    assert (s.n, s.max, s.excluded_first, s.excluded_phase) == (21, 0.3, 1, 2)
+    many = StepStats()
+    many.add_many([(0, 9.0, ["first"], None, None, None), (1, 20.0, ["eval", "save"], None, None, None),
+                   (2, 0.1, [], None, None, None)])
+    assert (many.n, many.max, many.excluded_phase) == (1, 0.1, 1)

@@ -36,8 +36,11 @@ def test_two_processes_bars_in_one_log_count_one_process_and_say_two_interleave(
     run_dir = repo / "runs" / "two"
     ex = wait_until(lambda: read_json(run_dir / "exit.json"), 90, interval_s=0.5, what="both processes to end")
     assert ex["returncode"] == 0, ex
-    snap = wait_until(lambda: (s := json.loads(stepwatch("status", str(run_dir), "--json").stdout))
-                      ["supervisor_alive"] is False and s, 60, what="the supervisor's last record")
+    def ended_snapshot() -> dict | None:
+        s = json.loads(stepwatch("status", str(run_dir), "--json").stdout)
+        return s if s["supervisor_alive"] is False else None
+
+    snap = wait_until(ended_snapshot, 60, what="the supervisor's last record")
     records = [json.loads(ln) for ln in (run_dir / "logsteps.jsonl").read_text().splitlines()]
     counted = [r["step"] for r in records]
     assert len(counted) <= 300 and len(counted) == len(set(counted)), len(counted)  # 336 before: both bars fed one

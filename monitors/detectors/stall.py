@@ -62,6 +62,7 @@ def stall_state(
     stats: Any,
     in_phase: Any = None,
     *,
+    phase_budget_s: float | None = None,
     factor: float = STALL_FACTOR,
     floor_s: float = STALL_FLOOR_S,
     min_steps: int = STALL_MIN_STEPS,
@@ -74,7 +75,9 @@ def stall_state(
     before the first step; None when unknown. ``now``: unix seconds (passed in; this function reads
     no clock). ``stats``: a :class:`stepwatch.monitors.stats.stepstats.StepStats` or its ``summary()`` dict — ``n``
     and ``p99`` (seconds) are read. ``in_phase``: truthy ("save", "eval", True) while the emitter says
-    a save or evaluation is running (:mod:`stepwatch.monitors.protocol`'s ``phase`` events); never stalled then.
+    a save or evaluation is running (:mod:`stepwatch.monitors.protocol`'s ``phase`` events, or the log's:
+    :mod:`stepwatch.monitors.parsers.phases`); never stalled then, unless ``phase_budget_s`` is given and the
+    step in progress has run past it (ARCHITECTURE.md R18).
 
     Stalled when ``n >= min_steps`` and elapsed > ``max(factor * p99, floor_s)`` (module docstring
     for the numbers). Elapsed is clamped at 0 when ``now`` is before the start (clock skew), and into
@@ -85,7 +88,7 @@ def stall_state(
         return StallVerdict(OK, None, None, "no step start known")
     wall = max(0.0, float(now) - float(current_step_started_at))
     elapsed = wall if observed is None else min(max(wall, observed[0]), observed[1])
-    v = _judge(elapsed, stats, in_phase, factor, floor_s, min_steps)
+    v = _judge(elapsed, stats, in_phase, factor, floor_s, min_steps, phase_budget_s)
     if abs(wall - elapsed) > floor_s:  # say it: the run's clock is not the judge's
         how = "behind" if wall > elapsed else "ahead of"
         v = StallVerdict(v.state, v.current_step_elapsed_s, v.threshold_s,
@@ -94,7 +97,8 @@ def stall_state(
     return v
 
 
-def _judge(elapsed: float, stats: Any, in_phase: Any, factor: float, floor_s: float, min_steps: int) -> StallVerdict:
+def _judge(elapsed: float, stats: Any, in_phase: Any, factor: float, floor_s: float, min_steps: int,
+           phase_budget_s: float | None = None) -> StallVerdict:
     """The verdict for a step that has run ``elapsed`` seconds (:func:`stall_state`)."""
     n = _get(stats, "n") or 0
     p99 = _get(stats, "p99")
@@ -105,7 +109,14 @@ def _judge(elapsed: float, stats: Any, in_phase: Any, factor: float, floor_s: fl
     threshold = max(factor * float(p99), floor_s)
     if in_phase:
         name = in_phase if isinstance(in_phase, str) else "save/eval"
-        return StallVerdict(OK, elapsed, threshold, f"in a {name} phase for {elapsed:.1f} s; not a stall")
+        if phase_budget_s is None:
+            return StallVerdict(OK, elapsed, threshold, f"in a {name} phase for {elapsed:.1f} s; not a stall")
+        if elapsed > phase_budget_s:
+            return StallVerdict(STALLED, elapsed, phase_budget_s,
+                                f"{name} for {elapsed:.1f} s > its budget {phase_budget_s:.0f} s (3 x the longest "
+                                "so far, at least the floor): stuck in it")
+        return StallVerdict(OK, elapsed, phase_budget_s, f"{name} for {elapsed:.1f} s; within its budget "
+                                                         f"{phase_budget_s:.0f} s, not a stall")
     if elapsed > threshold:
         return StallVerdict(
             STALLED,

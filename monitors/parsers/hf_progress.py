@@ -254,6 +254,7 @@ class ProgressTracker:
         self.summary: dict[str, float] | None = None
         self.finished = False
         self.other_bars = 0  # updates of bars that are not the training bar
+        self.last_other: ProgressUpdate | None = None
         self.bar_desc: str | None = None  # with desc=TRAINING_BARS: the training bar's description
         self.streams = BarStreams() if desc == TRAINING_BARS else None  # several processes' bars, told apart
         self._rejected_totals: set[int] = set()  # larger totals judged to be evaluation bars
@@ -349,6 +350,7 @@ class ProgressTracker:
             return []
         if not self.is_training_bar(u):
             self.other_bars += 1
+            self.last_other = u  # an evaluation's, a save's, a tokenizer's bar: what the run is doing
             return []
         own = u.rank is not None and u.rank == self.rank
         if self.streams is not None and not self.streams.is_headline(u.step, self.finished, own):

@@ -26,6 +26,7 @@ from pathlib import Path
 from stepwatch.monitors.parsers.epochscope import EpochScope
 from stepwatch.monitors.parsers.barroles import TRAINING_BARS
 from stepwatch.monitors.parsers.hf_progress import ProgressTracker, StepAdvance, parse_progress
+from stepwatch.monitors.parsers.phases import LogPhases, bar_phase, line_phase
 from stepwatch.monitors.parsers.logformats import (MAX_LINE_CHARS, RECOGNISERS, LineStep, UserPattern,
                                                    compile_patterns, eval_metrics, lightning_rich, pairs, recognise,
                                                    strip_escapes, user_pattern)
@@ -84,6 +85,7 @@ class LogTracker(ProgressTracker):
         self.scope = EpochScope()  # an epoch-scoped counter's epochs
         self.train_dicts = 0  # HF Trainer training log dicts (hf_logdict: each is logging_steps steps)
         self.bar_like_seen = False  #: text that looks like a progress bar (recognised or not)
+        self.phases = LogPhases()  #: what the run is doing, as its log says
         self.format: str | None = None
         self.matched_lines = 0
         self.series: dict[str, MinMaxSeries] = {}  # the whole run per metric, min and max kept per bin
@@ -111,6 +113,21 @@ class LogTracker(ProgressTracker):
 
     def feed_text(self, text: str, at_s: float | None = None, *, poll_seq: int | None = None,
                   live: bool = True) -> list[StepAdvance]:
+        """One segment's text (see :class:`ProgressTracker`); the phase it shows is kept (:attr:`phases`)."""
+        others = self.other_bars
+        advs = self._read(text, at_s, poll_seq=poll_seq, live=live)
+        if any(a.prev_step is None or a.step > a.prev_step for a in advs):
+            self.phases.stepped(at_s, self.finished)
+        elif self.other_bars != others and self.last_other is not None:
+            if (ph := bar_phase(self.last_other.desc, self.bar_desc)) is not None:
+                self.phases.saw(ph, at_s)
+        elif text and not advs and "%|" not in text:
+            rank, body = rank_prefix(text)
+            if rank in (None, self.rank) and (ph := line_phase(strip_escapes(body))) is not None:
+                self.phases.saw(ph, at_s)
+        return advs
+
+    def _read(self, text: str, at_s: float | None, *, poll_seq: int | None, live: bool) -> list[StepAdvance]:
         if not text:
             return []
         rank, body = rank_prefix(text)

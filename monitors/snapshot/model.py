@@ -14,7 +14,7 @@ from stepwatch.monitors.detectors.frozen import STOPPED_S
 from stepwatch.monitors.detectors.scaling import ScalingFit
 from stepwatch.monitors.gpu.energy import EnergyMeter
 from stepwatch.monitors.snapshot.types import Energy, Padding, Scaling, Snapshot
-from stepwatch.monitors.states import ALIVE, NOT_JUDGED, RUNNING, UNKNOWN
+from stepwatch.monitors.states import ALIVE, NOT_JUDGED, RUNNING, STARTING, UNKNOWN
 
 
 def null_snapshot() -> Snapshot:
@@ -50,6 +50,7 @@ def null_snapshot() -> Snapshot:
                    "host_load_1m": None, "host_cores": None},
         "liveness": {"frozen": {"state": NOT_JUDGED, "reason": "not looked at yet", "processes": [],
                                 "threshold_s": STOPPED_S}},
+        "phase": {"name": STARTING, "for_s": None, "source": None, "budget_s": None, "longest_s": {}},
         "events": {"file": None, "lines": 0, "corrupt_lines": 0, "unusable_steps": 0, "dropped_events": None,
                    "resume": None},
         "histogram": {"edges_s": [], "counts": []},

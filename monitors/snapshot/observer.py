@@ -43,6 +43,7 @@ from stepwatch.monitors.snapshot.gpuview import GpuView
 from stepwatch.monitors.detectors.frozen import frozen_verdict
 from stepwatch.monitors.snapshot.health import TreeHealth
 from stepwatch.monitors.parsers.traceback import last_text, traceback_last_line
+from stepwatch.monitors.snapshot.phase import phase_part
 from stepwatch.monitors.readers.jsonl import EventReader
 from stepwatch.monitors.readers.loglines import LogLines
 from stepwatch.monitors.readers.textlog import DEFAULT_MAX_BYTES_PER_POLL, LogFollower
@@ -270,6 +271,7 @@ class RunObserver:
         snap["health"] = self.health.part(snap["state"] == RUNNING)
         snap["liveness"] = {"frozen": frozen_verdict(self.health.stopped, self.health.examined,
                                                      snap["state"] == RUNNING)}
+        snap["phase"] = phase_part(a.ev.open_phase, a.progress.phases, run_ended(snap), now)
         snap["ranks"], snap["straggler"], snap["rank_restarts"] = a.ranks.part()
         guard_stall(snap)
         if run_ended(snap):
@@ -353,8 +355,11 @@ class RunObserver:
                                           "supervisor): approximate, not judged")
         if snap["state"] == RUNNING:  # the step's start, and as this observer saw it begin (monotonic)
             started, mono = step_started(src, a.last_advance_at), self.monotonic()
+            ph = a.progress.phases
+            log_phase = (ph.name, ph.budget_s()) if ph.budget_s() is not None else None  # an evaluation, a save
             snap["stall"], a.stall_at = stall_part(src, started, now, a.ev.open_phase, a.progress.finished,
-                                                   a.log.last_byte_age_s, a.observed_start.observe(started, mono))
+                                                   a.log.last_byte_age_s, a.observed_start.observe(started, mono),
+                                                   log_phase)
         else:
             snap["stall"]["reason"] = "the run is not running"
         snap["eta"] = eta = eta_part([r.dt_s for r in stats.recent(4 * ETA_RECENT_STEPS) if r.counted], max_steps, gs,

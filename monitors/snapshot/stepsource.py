@@ -139,16 +139,21 @@ class ObservedStart:
 
 def stall_part(src: StepSource, started: float | None, now: float, open_phase: Any, bar_complete: bool,
                last_log_byte_age_s: float | None,
-               observed: tuple[float, float] | None = None) -> tuple[Stall, float | None]:
+               observed: tuple[float, float] | None = None,
+               log_phase: tuple[str, float | None] | None = None) -> tuple[Stall, float | None]:
     """Rule 3 for a running run: ``(stall, stall_at)``. ``started``: unix s the step in progress began;
     ``open_phase``: events.jsonl's open save/eval phase; ``bar_complete`` / ``last_log_byte_age_s``:
     train.log's bar reached its total / how long ago the log was last written; ``observed``: what
-    :meth:`ObservedStart.observe` said of ``started``."""
-    sv = stall_state(started, now, src.stats, open_phase, observed=observed)
+    :meth:`ObservedStart.observe` said of ``started``; ``log_phase``: the evaluation or save the log says is
+    under way and its budget (used where events.jsonl has no phase open)."""
+    budget = None
+    if not open_phase and log_phase is not None:
+        open_phase, budget = log_phase
+    sv = stall_state(started, now, src.stats, open_phase, observed=observed, phase_budget_s=budget)
     stall = cast(Stall, {**sv.as_dict(), "reason": sv.reason})
     if sv.threshold_s is None:
         stall["state"] = NOT_JUDGED
-    elif not src.use_events and (guard := log_only_guard(sv, bar_complete, last_log_byte_age_s)):
+    elif budget is None and not src.use_events and (guard := log_only_guard(sv, bar_complete, last_log_byte_age_s)):
         stall.update(state=cast(StallState, guard[0]), reason=guard[1])
         return stall, None
     # when it became a stall, from the files: the step's start plus the threshold

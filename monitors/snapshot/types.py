@@ -21,7 +21,8 @@ from stepwatch.monitors.snapshot.resourcetypes import (DeviceHistory, Disk, Ener
                                                        Padding, PaddingWidth, Scaling, ScalingShares, Scheduler,
                                                        Survivor)
 from stepwatch.monitors.detectors.frozen import Frozen
-from stepwatch.monitors.states import EtaState, FallbackState, RunState, StallState, StragglerState, WarmupState
+from stepwatch.monitors.states import (EtaState, FallbackState, PhaseName, RunState, StallState, StragglerState,
+                                      WarmupState)
 
 #: A counter read from a file: a finite number >= 0, else None (:func:`.model.count`).
 Count = int | float | None
@@ -318,6 +319,20 @@ class Histogram(TypedDict):
     counts: list[int]
 
 
+class Phase(TypedDict):
+    """``phase``: what the attempt is doing (ARCHITECTURE.md R18), from events.jsonl's open phase or the log."""
+
+    name: PhaseName
+    #: how long it has been doing it (seconds; null when unknown)
+    for_s: float | None
+    #: "events" (the emitter's phase()), "log" (its lines and bars), "process" (it ended), or null
+    source: str | None
+    #: how long this phase may run before it is judged stuck (an evaluation's or a save's; null otherwise)
+    budget_s: float | None
+    #: the longest evaluation and save seen so far, seconds
+    longest_s: dict[str, float]
+
+
 class Liveness(TypedDict):
     """``liveness``: judgements of the run's processes that need no log shape (:mod:`..detectors.frozen`)."""
 
@@ -367,6 +382,7 @@ class Snapshot(TypedDict):
     metrics_series: dict[str, list[list[float | int | None]]]
     health: Health
     liveness: Liveness
+    phase: Phase
     events: Events
     histogram: Histogram
     recent_dt: list[float]

@@ -7,7 +7,8 @@ or from the log tailer (step and dt only; the tailer may say which step was the 
 Rules (ARCHITECTURE.md R1-R3):
 
 * The first step of each process (flag ``"first"``) carries compilation and is **excluded** from the
-  counted set. Not the slowest step: on a variable-width run an ordinary long batch can beat it.
+  counted set; so is a step whose interval held an evaluation or a save (flags ``"eval"``, ``"save"``:
+  ARCHITECTURE.md R18). Not the slowest step: on a variable-width run an ordinary long batch can beat it.
   ``n`` counts only counted steps.
 * Percentiles are **nearest-rank**: the value at 1-based rank ``ceil(p/100 * n)`` of the sorted
   counted values, so every reported number is a step that really happened.
@@ -33,13 +34,20 @@ from collections.abc import Iterable
 
 from sortedcontainers import SortedList
 
-from stepwatch.monitors.protocol import FLAG_FIRST
+from stepwatch.monitors.protocol import FLAG_EVAL, FLAG_FIRST, FLAG_SAVE
 # re-exported (`x as x`): callers import the nearest-rank helpers from here too
 from stepwatch.monitors.stats.nearest_rank import nearest_rank as nearest_rank
 from stepwatch.monitors.stats.nearest_rank import nearest_rank_index as nearest_rank_index
 
 #: The flag the emitter puts on the first step of each process (:mod:`stepwatch.monitors.protocol`).
 FIRST = FLAG_FIRST
+#: Flags of a step whose interval held an evaluation or a save: no training step time (ARCHITECTURE.md R18).
+PHASE_FLAGS = frozenset((FLAG_EVAL, FLAG_SAVE))
+
+
+def _uncounted(fl: tuple[str, ...]) -> bool:
+    """A ``first`` step, or one whose interval held an evaluation or a save."""
+    return bool(fl) and (FIRST in fl or not PHASE_FLAGS.isdisjoint(fl))
 
 #: Unit suffix of the canonical line (ARCHITECTURE.md, "Reference runs").
 UNIT = "seconds_per_optimizer_step"
@@ -136,6 +144,7 @@ class StepStats:
         self._last: float | None = None
         self._last_step: int | None = None
         self._excluded_first = 0
+        self._excluded_phase = 0
         self._seen = 0
 
     # ------------------------------------------------------------------ feeding
@@ -148,7 +157,7 @@ class StepStats:
         padded_tokens: int | None = None,
         t: float | None = None,
     ) -> bool:
-        """Add one optimizer step. Returns True when it was counted (False for a ``first`` step).
+        """Add one optimizer step. Returns True when it was counted (False for a ``first``, ``eval`` or ``save`` step).
 
         ``step``: the trainer's global_step (may start anywhere and jump; only stored).
         ``dt_s``: end-to-end seconds of the step (the step event's ``dt``, as :mod:`stepwatch.telemetry.core` measures it). Raises ValueError when
@@ -159,7 +168,7 @@ class StepStats:
         # the common cases first, each the same value (or the same error) as the general helper
         dt = dt_s if type(dt_s) is float and 0.0 <= dt_s < _INF else check_step_seconds(dt_s)
         fl = tuple(flags or ())
-        counted = FIRST not in fl
+        counted = not _uncounted(fl)
         rec: StepRecord = _RecordBuilder(  # type: ignore[assignment] - StepRecord(...), see _RecordBuilder
             step,
             dt,
@@ -179,8 +188,10 @@ class StepStats:
             self._pending.append(dt)
             self._window.append(rec)
             self._last = dt
-        else:
+        elif FIRST in fl:
             self._excluded_first += 1
+        else:
+            self._excluded_phase += 1
         return counted
 
     def add_many(self, rows: Iterable[tuple[Any, Any, Any, Any, Any, Any]]) -> int:
@@ -213,7 +224,7 @@ class StepStats:
         i = n
         while i > 0 and need > 0:
             i -= 1
-            if FIRST not in norm[i][2]:
+            if not _uncounted(norm[i][2]):
                 need -= 1
         keep = min(keep, i)
         pending = self._pending
@@ -221,6 +232,8 @@ class StepStats:
         for step, dt, fl, _tokens, _padded, _t in norm[:keep]:
             if FIRST in fl:
                 self._excluded_first += 1
+            elif _uncounted(fl):
+                self._excluded_phase += 1
             else:
                 pending.append(dt)
                 counted_n += 1
@@ -282,6 +295,11 @@ class StepStats:
     def excluded_first(self) -> int:
         """How many ``first`` steps were left out of the counted set."""
         return self._excluded_first
+
+    @property
+    def excluded_phase(self) -> int:
+        """How many steps whose interval held an evaluation or a save were left out of the counted set."""
+        return self._excluded_phase
 
     def percentile(self, p: float) -> float | None:
         """Nearest-rank ``p``-th percentile of the counted steps, seconds; None when n == 0."""

@@ -58,7 +58,16 @@ class LogStepTimer:
 
     def feed_poll(self, segments: Iterable[Segment], partial: Segment | None) -> list[dict[str, Any]]:
         """One poll's segments (and the follower's unfinished tail, if any): the step records of the
-        counter advances they hold."""
+        counter advances they hold; each carries the flags of the evaluations and saves the log showed
+        since the last record (``eval``, ``save``: ARCHITECTURE.md R18)."""
+        records = self._feed_poll(segments, partial)
+        phases = getattr(self.tracker, "phases", None)
+        if records and phases is not None and (flags := phases.take_flags()):
+            for r in records:
+                r["flags"] = [*r["flags"], *flags]
+        return records
+
+    def _feed_poll(self, segments: Iterable[Segment], partial: Segment | None) -> list[dict[str, Any]]:
         at: float | None = None
         restarted = False
         reported: list[StepAdvance] = []

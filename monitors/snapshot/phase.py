@@ -1,0 +1,30 @@
+"""The snapshot's ``phase`` part: what the attempt is doing (ARCHITECTURE.md R18).
+
+The emitter's open ``phase()`` (events.jsonl) wins where there is one; otherwise the log's
+(:class:`~stepwatch.monitors.parsers.phases.LogPhases`); an attempt whose process ended is ``ended``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from stepwatch.monitors.parsers.phases import LogPhases
+from stepwatch.monitors.protocol import FLAG_EVAL, FLAG_SAVE
+from stepwatch.monitors.snapshot.types import Phase
+from stepwatch.monitors.states import ENDED, EVALUATING, SAVING, STARTING
+
+_EVENT_PHASES = {FLAG_SAVE: SAVING, FLAG_EVAL: EVALUATING}
+
+
+def phase_part(open_phase: Any, phases: LogPhases, ended: bool, now: float) -> Phase:
+    """``phase`` from events.jsonl's open phase (``open_phase``), the log's phases and whether the process ended."""
+    longest = {k: round(v, 3) for k, v in phases.longest_s.items()}
+    if ended:
+        return cast(Phase, {"name": ENDED, "for_s": None, "source": "process", "budget_s": None, "longest_s": longest})
+    if open_phase in _EVENT_PHASES:
+        return cast(Phase, {"name": _EVENT_PHASES[open_phase], "for_s": None, "source": "events", "budget_s": None,
+                            "longest_s": longest})
+    since = phases.since_s
+    return cast(Phase, {"name": phases.name, "for_s": None if since is None else round(max(0.0, now - since), 3),
+                        "source": "log" if phases.name != STARTING or since is not None else None,
+                        "budget_s": phases.budget_s(), "longest_s": longest})

@@ -1,0 +1,117 @@
+"""What the run is doing, from its log (ARCHITECTURE.md R18): evaluations and saves told from training in
+the real captures, their intervals flagged so that no percentile counts them, and their own budgets for the
+stall detector. Unit tier."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import FIXTURES_REAL
+from stepwatch.monitors.detectors.stall import stall_state
+from stepwatch.monitors.parsers.logformats import compile_patterns
+from stepwatch.monitors.parsers.logtracker import LogSettings, LogTracker
+from stepwatch.monitors.parsers.phases import PHASE_FLOOR_S, LogPhases, bar_phase, line_phase
+from stepwatch.monitors.readers.textlog import LogFollower
+from stepwatch.monitors.snapshot.phase import phase_part
+from stepwatch.monitors.states import ENDED, EVALUATING, FINISHING, OK, SAVING, STALLED, STARTING, TRAINING
+from stepwatch.monitors.watch.logsteps import LogStepTimer
+
+
+@pytest.mark.parametrize("line, phase", [
+    ("Saving model checkpoint to out/checkpoint-50", SAVING),
+    ("saving checkpoint to out", SAVING),  # nanoGPT
+    ("Saving current state to ckpt/step_100", SAVING),  # accelerate
+    ("step 500: train loss 2.1, val loss 2.3", EVALUATING),  # nanoGPT's evaluation result
+    ("Test: [   3/3]  Time: 0.000 (0.000)  Loss:   2.508 ( 2.530)", EVALUATING),  # timm
+    ("***** Running Evaluation *****", EVALUATING),
+    ("{'eval_loss': '1.5', 'eval_runtime': '0.1', 'epoch': '0.5'}", EVALUATING),
+    ("Validation ━━━━━━━━━━━━━━━━━━╸━━ 9/10  0:00:00 • 0:00:01 1584.30it/s", EVALUATING),  # Lightning's Rich
+    ("`Trainer.fit` stopped: `max_steps=100` reached.", FINISHING),
+    ("{'train_runtime': '0.37', 'train_samples_per_second': '648.7', 'train_loss': '5.507', 'epoch': '2'}", FINISHING),
+    # the controls: training lines that name a metric of an evaluation, or a model, are no phase
+    ("val_loss: 0.640", None),  # the second row of Lightning's Rich bar, redrawn while training
+    ("iter 10: loss 2.0, time 16.12ms", None),
+    ("{'loss': '5.545', 'grad_norm': '0.6058', 'learning_rate': '0', 'epoch': '0.06667'}", None),
+    ("Loading the model from the hub", None),
+])
+def test_a_line_says_which_phase_it_starts(line, phase):
+    assert line_phase(line) == phase
+
+
+def test_a_bar_that_is_not_trainings_says_evaluating_saving_or_nothing():
+    assert bar_phase("Validation DataLoader 0", "") == EVALUATING
+    assert bar_phase("", "") == EVALUATING  # the HF Trainer's evaluation bar: its training bar's description
+    assert bar_phase("Writing model shards", "") == SAVING
+    assert bar_phase("Map", "") is None and bar_phase("Downloading", "train") is None
+
+
+def replay(name: str, tracker: LogTracker) -> tuple[LogTracker, list[dict]]:
+    """The capture through a follower and the supervisor's step timer, a segment a poll, 0.1 s apart."""
+    timer = LogStepTimer(tracker)
+    f = LogFollower(FIXTURES_REAL / name, from_start=True)
+    records = []
+    for i, seg in enumerate(f.poll()):
+        seg.at_s, seg.poll_seq = 1000.0 + i / 10, i + 1
+        records += timer.feed_poll([seg], None)
+    return tracker, records
+
+
+def test_lightnings_validation_passes_are_evaluations_and_the_steps_after_them_no_step_time():
+    t, records = replay("lightning_tqdm.log", LogTracker(settings=LogSettings(epochs=3)))
+    assert t.phases.count.get(EVALUATING) == 2  # after epochs 0 and 1 (the third runs after the last step)
+    flagged = [r["step"] for r in records if "eval" in r["flags"]]
+    assert flagged and all(s in range(41, 45) or s in range(81, 85) for s in flagged), flagged
+    assert t.phases.name == FINISHING  # the last step of the last epoch, then its validation and the end
+    unknown, _ = replay("lightning_tqdm.log", LogTracker())  # how many epochs is unknown: no step is known last
+    assert unknown.phases.count.get(EVALUATING) == 3 and unknown.phases.name == EVALUATING
+
+
+def test_nanogpts_evaluations_are_phases_and_its_iter_times_are_kept():
+    t, records = replay("nanogpt_cpu.log", LogTracker())
+    assert t.phases.count.get(EVALUATING) == 2  # step 20 and 40; step 0's is before training
+    flagged = [r["step"] for r in records if "eval" in r["flags"]]
+    assert flagged == [20, 40], flagged  # nanoGPT evaluates at iter 20 before it trains and prints iter 20
+
+
+def test_the_hf_trainers_checkpoint_bars_are_saves():
+    t, _ = replay("hf_trainer_printer_callback.log", LogTracker())
+    assert t.phases.count.get(SAVING), t.phases.count
+
+
+def test_timms_test_lines_through_a_user_pattern_are_evaluations():
+    pat = r"Train: (?P<epoch>\d+) \[\s*(?P<step>\d+)/(?P<steps_per_epoch>\d+) .*Loss: (?P<loss>[\d.]+)"
+    t, records = replay("timm_shaped.log", LogTracker(compile_patterns([pat])))
+    assert t.phases.count.get(EVALUATING) == 3 and any("eval" in r["flags"] for r in records)  # after each epoch
+
+
+def test_a_phase_learns_its_longest_and_its_budget_is_three_times_that_with_a_floor():
+    ph = LogPhases()
+    ph.saw(SAVING, 1.0)
+    assert ph.name == STARTING  # nothing interrupts training before it began
+    ph.stepped(2.0, False)
+    ph.saw(SAVING, 10.0)
+    assert (ph.name, ph.budget_s()) == (SAVING, PHASE_FLOOR_S)
+    ph.stepped(210.0, False)  # a 200 s save
+    assert ph.name == TRAINING and ph.longest_s == {SAVING: 200.0} and ph.budget_s(SAVING) == 600.0
+    assert ph.take_flags() == ["save"] and ph.take_flags() == []
+    assert ph.budget_s() is None  # training: the step budget's
+
+
+def test_a_phase_is_stuck_only_past_its_budget_and_never_at_the_step_budget():
+    summary = {"n": 50, "p99": 0.2}
+    assert stall_state(0.0, 30.0, summary).state == STALLED  # the control: 30 s with no phase is a stall
+    within = stall_state(0.0, 30.0, summary, SAVING, phase_budget_s=300.0)
+    assert within.state == OK and "within its budget 300 s" in within.reason
+    past = stall_state(0.0, 301.0, summary, SAVING, phase_budget_s=300.0)
+    assert past.state == STALLED and past.threshold_s == 300.0 and "saving for 301.0 s > its budget 300 s" in past.reason
+    assert stall_state(0.0, 3000.0, summary, "save").state == OK  # the emitter's phase: no budget, as before
+
+
+def test_the_phase_part_prefers_the_emitters_phase_and_says_ended():
+    ph = LogPhases()
+    ph.stepped(100.0, False)
+    assert phase_part(None, ph, False, 130.0) == {"name": TRAINING, "for_s": 30.0, "source": "log",
+                                                  "budget_s": None, "longest_s": {}}
+    assert phase_part("save", ph, False, 130.0)["name"] == SAVING
+    assert phase_part("save", ph, True, 130.0)["name"] == ENDED
+    assert phase_part(None, LogPhases(), False, 1.0)["source"] is None  # nothing read: no source claimed

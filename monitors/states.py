@@ -46,8 +46,9 @@ SAVING: Final = "saving"
 FINISHING: Final = "finishing"
 #: The attempt's process ended.
 ENDED: Final = "ended"
-#: ``phase.name``.
+#: ``phase.name``; every phase word in order (the exporter's ``stepwatch_phase{phase=...}``).
 PhaseName = Literal["starting", "training", "evaluating", "saving", "finishing", "ended"]
+PHASES: Final = (STARTING, TRAINING, EVALUATING, SAVING, FINISHING, ENDED)
 
 # --- the fallback detector's warm-up ------------------------------------------------------------
 WARMING: Final = "warming"

@@ -191,7 +191,8 @@ def golden(request: pytest.FixtureRequest) -> Callable[[str, str], None]:
 #: ``python -m pytest -q`` runs both.
 SYSTEM_FILES = frozenset({
     "test_e2e.py", "test_full_disk.py", "test_identity_gate.py", "test_launcher.py", "test_logpanel.py",
-    "test_prometheus.py", "test_ranks.py", "test_signals.py", "test_slurm.py", "test_supervisor_watch.py",
+    "test_prometheus.py", "test_ranks.py", "test_realvariants_live.py", "test_signals.py", "test_slurm.py",
+    "test_supervisor_watch.py",
     "test_tmux.py", "test_tui.py", "test_tui_pty.py", "test_watch.py", "test_watchdog_identity.py",
 })
 

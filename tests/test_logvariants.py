@@ -217,3 +217,13 @@ def test_rank_prefixes_that_appear_mid_run_make_rank_0s_bar_the_headline():
     assert t.global_step == 11  # rank 0's own prefix: its stream is the headline
     feed(t, [tqdm_bar(24, 100, "train"), "[rank0]:" + tqdm_bar(12, 100, "train"), tqdm_bar(26, 100, "train")])
     assert t.global_step == 12  # for good: the unprefixed faster bar never takes it back
+
+
+def test_a_rich_frame_whose_time_left_wrapped_to_the_next_row_is_read():
+    """At 80 columns a three-digit counter pushes Rich's time remaining onto the second row (seen live:
+    the step stuck at 219 for batches 100-119 of an epoch)."""
+    t = LogTracker()
+    feed(t, ["Epoch 0/-2 ━━━━━━━━━━━━━━━━━━ 120/120 0:00:06 • 0:00:00 18.84it/s loss: 0.004",
+             "Epoch 1/-2 ━━━━━━━━━━━━━╺━━━ 99/120 0:00:05 • 0:00:02 18.84it/s loss: 0.003",
+             "Epoch 1/-2 ━━━━━━━━━━━━━╺━━ 100/120 0:00:05 •        18.84it/s loss: 0.002"])
+    assert t.global_step == 220 and t.last_metrics["loss"] == (220, 0.002)

@@ -115,3 +115,25 @@ def test_the_phase_part_prefers_the_emitters_phase_and_says_ended():
     assert phase_part("save", ph, False, 130.0)["name"] == SAVING
     assert phase_part("save", ph, True, 130.0)["name"] == ENDED
     assert phase_part(None, LogPhases(), False, 1.0)["source"] is None  # nothing read: no source claimed
+
+
+def test_the_phase_is_exported_one_series_per_word_and_said_in_one_line():
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from stepwatch.monitors.export.prometheus import registry_for
+    from stepwatch.monitors.snapshot.model import null_snapshot
+    from stepwatch.tui.format import phase_words
+
+    snap = null_snapshot()
+    snap["run"], snap["phase"] = "r", {"name": SAVING, "for_s": 12.0, "source": "log", "budget_s": 300.0,
+                                       "longest_s": {SAVING: 20.0}}
+    text = generate_latest(registry_for(lambda: snap)).decode()
+    assert 'stepwatch_phase{attempt="",phase="saving",run="r"} 1.0' in text or 'phase="saving"' in text
+    got = {ln.split("phase=\"")[1].split("\"")[0]: ln.rsplit(" ", 1)[1] for ln in text.splitlines()
+           if ln.startswith("stepwatch_phase{")}
+    assert got == {"starting": "0.0", "training": "0.0", "evaluating": "0.0", "saving": "1.0", "finishing": "0.0",
+                   "ended": "0.0"}, got
+    assert "stepwatch_phase_budget_seconds" in text and isinstance(CollectorRegistry, type)
+    assert phase_words(snap["phase"]) == "saving for 12 s (budget 300 s)"
+    assert phase_words({**snap["phase"], "name": TRAINING, "for_s": 3723.0, "budget_s": None}) == "training for 1:02:03"
+    assert phase_words(None) is None

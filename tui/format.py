@@ -97,6 +97,26 @@ TIMING_WORDS = {
 }
 
 
+def phase_words(phase: Mapping[str, Any] | None) -> str | None:
+    """``saving for 12 s (budget 300 s)``, ``training for 1:02:03``; None before anything is known."""
+    if not phase or not phase.get("source"):
+        return None
+    out = str(phase.get("name"))
+    if phase.get("for_s") is not None:
+        out += f" for {duration_words(phase['for_s'])}"
+    if phase.get("budget_s") is not None:
+        out += f" (budget {phase['budget_s']:.0f} s)"
+    return out
+
+
+def duration_words(seconds: float) -> str:
+    """``12 s`` below a minute, else ``H:MM:SS``."""
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    m, sec = divmod(int(seconds), 60)
+    return f"{m // 60}:{m % 60:02d}:{sec:02d}"
+
+
 def streams_words(log: Mapping[str, Any]) -> str | None:
     """``2 bars interleave in the log: the step follows the first`` when several processes draw one bar."""
     n = log.get("streams") or 0

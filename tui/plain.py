@@ -18,7 +18,7 @@ from collections.abc import Callable
 from stepwatch.monitors.runfiles import utc_iso
 from stepwatch.monitors.snapshot.alerts import end_words
 from stepwatch.monitors.snapshot.disk import full_words, lost_words
-from stepwatch.tui.format import (NO_DYNAMO_WORDS, stack_frames, streams_words, attention_words, energy_words, eta_words, health_words, no_dynamo_output,
+from stepwatch.tui.format import (NO_DYNAMO_WORDS, stack_frames, streams_words, phase_words, attention_words, energy_words, eta_words, health_words, no_dynamo_output,
                                   padding_words, scaling_words, scheduler_words, supervisor_gone, timing_words,
                                   tree_words, versions_words)
 from stepwatch.monitors.snapshot.model import json_safe, run_ended
@@ -26,7 +26,7 @@ from stepwatch.monitors.snapshot.metrics import metrics_words
 from stepwatch.monitors.snapshot.ranks import latest_per_rank, restarts_words
 from stepwatch.monitors.snapshot.observer import RunObserver
 from stepwatch.monitors.snapshot.types import Snapshot
-from stepwatch.monitors.states import EXITED, FLAGGED, NOT_JUDGED, OK, STALLED, UNKNOWN
+from stepwatch.monitors.states import EXITED, FLAGGED, NOT_JUDGED, OK, RUNNING, STALLED, UNKNOWN
 from stepwatch.monitors.watchdog import ProcessRef, wait_for_exit
 from stepwatch.tui.safe import one_line
 
@@ -71,9 +71,11 @@ def status_lines(snap: Snapshot) -> list[str]:
                                               energy_words(snap.get("energy"))) if w))
     fb, st = snap.get("fallback") or {}, snap.get("stall") or {}
     stall = st.get("state")
+    pw = phase_words(snap.get("phase")) if snap.get("state") == RUNNING else None
     lines.append(f"  fallback {fb.get('state')}" + (f" ({fb['reason']})" if fb.get("reason") and fb.get("state") != OK else "")
                  + f"; stall {stall}" + (f" ({_fmt(st.get('current_step_elapsed_s'), 1)} s)" if stall == STALLED
-                                         else f" ({st['reason']})" if stall == NOT_JUDGED and st.get("reason") else ""))
+                                         else f" ({st['reason']})" if stall == NOT_JUDGED and st.get("reason") else "")
+                 + (f"; phase {pw}" if pw else ""))
     d = snap.get("dynamo") or {}
     if no_dynamo_output(d):
         lines.append("  " + NO_DYNAMO_WORDS)

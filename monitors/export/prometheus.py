@@ -34,7 +34,7 @@ from prometheus_client.registry import Collector
 
 from stepwatch.monitors.runfiles import write_bytes_atomic
 from stepwatch.monitors.snapshot.types import Snapshot
-from stepwatch.monitors.states import EXITED, FLAGGED, OK, RUNNING, STALLED, SUSPECTED
+from stepwatch.monitors.states import EXITED, FLAGGED, OK, PHASES, RUNNING, STALLED, SUSPECTED
 
 #: Slurm job states exported as ``stepwatch_scheduler_state{state=...}`` (1 for the current one).
 SCHEDULER_STATES = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "COMPLETED", "FAILED", "CANCELLED",
@@ -126,6 +126,11 @@ def families(snap: Snapshot) -> list[Metric]:
           "while not judged", _STALLED.get(st.get("state") or ""))
     gauge("stepwatch_current_step_elapsed_seconds", "Seconds since the last optimizer step ended",
           st.get("current_step_elapsed_s"))
+    ph = snap.get("phase") or {}
+    for name in PHASES:  # one series per phase word, 1 for the one in force (as stepwatch_scheduler_state)
+        gauge("stepwatch_phase", "1 for what the attempt is doing", 1.0 if ph.get("name") == name else 0.0, {"phase": name})
+    gauge("stepwatch_phase_seconds", "Seconds the attempt has been in its current phase", ph.get("for_s"))
+    gauge("stepwatch_phase_budget_seconds", "How long the current evaluation or save may run", ph.get("budget_s"))
     eta = snap.get("eta") or {}
     gauge("stepwatch_eta_seconds", "Seconds to the planned last step at the recent rate", eta.get("eta_s"))
     tp = snap.get("throughput") or {}

@@ -12,7 +12,8 @@ real capture under ``tests/fixtures/real/`` (its README says how it was made):
     PyTorch Lightning's ``RichProgressBar`` written to a file (the supervisor sets Rich's
     ``TTY_COMPATIBLE`` / ``TTY_INTERACTIVE`` so it prints while running):
     ``Epoch 0/2  ━━━╺━━━ 2/40 0:00:00 • 0:00:01 46.08it/s loss: 2.902``; epoch-relative counters become a
-    global step (epoch × batches per epoch + batch), and ``max_steps`` = (last epoch + 1) × batches.
+    global step (epoch × batches per epoch + batch), and ``max_steps`` = (last epoch + 1) × batches. At 80
+    columns a wide counter pushes the time remaining onto the next row: ``100/120 0:00:05 •        18.84it/s``.
 ``json``
     one JSON object per line with a step key (``step``, ``global_step``, ``iter``, ``iteration``)
     and numeric metrics; ``dt_s`` / ``step_time_s`` / ``time_ms`` are reported step times.
@@ -117,7 +118,7 @@ def nanogpt(body: str) -> LineStep | None:
 # --- Lightning's Rich bar ------------------------------------------------------------------------
 _RICH = re.compile(
     r"^\s*+Epoch (\d{1,9})/(-?\d{1,9})[━╺╸╾╼─\s]++(\d{1,12})/(\d{1,12})\s++"
-    r"(\d++:\d\d:\d\d)\s*+•\s*+(\S++)\s++([\d.]++|\?)\s*+it/s\s*+(.*)$")
+    r"(\d++:\d\d:\d\d)\s*+•\s*+(?:(\S++)\s++)?([\d.]++|\?)\s*+it/s\s*+(.*)$")
 
 
 def lightning_rich(body: str) -> LineStep | None:

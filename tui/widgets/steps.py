@@ -16,7 +16,7 @@ from stepwatch.monitors.snapshot.metrics import metrics_words
 from stepwatch.monitors.snapshot.ranks import latest_per_rank, restarts_words
 from stepwatch.monitors.snapshot.types import Snapshot
 from stepwatch.monitors.states import FLAGGED, NOT_JUDGED, OK, RUNNING, STALLED, SUSPECTED, WARMING
-from stepwatch.tui.format import scaling_words, secs, streams_words, timing_words
+from stepwatch.tui.format import phase_words, scaling_words, secs, streams_words, timing_words
 from stepwatch.tui.widgets.base import Panel
 
 
@@ -39,6 +39,8 @@ def _verdict_text(snap: Snapshot) -> Text:
         t.append(f"stall not judged ({st.get('reason') or 'no step times'})", "dim")
     if wu.get("state") == WARMING:
         t.append("  warming up", "yellow")
+    if snap.get("state") == RUNNING and (pw := phase_words(snap.get("phase"))):
+        t.append(f"  {pw}", "dim")
     return t
 
 

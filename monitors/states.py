@@ -27,8 +27,9 @@ NOT_JUDGED: Final = "not judged"
 
 #: ``fallback.state``.
 FallbackState = Literal["ok", "suspected", "flagged", "not judged"]
-#: ``stall.state``.
-StallState = Literal["ok", "stalled", "not judged"]
+#: ``stall.state``: ``suspected`` while the step runs past its budget but the processes' CPU moves (busy but
+#: silent: shown, never paged, until the busy budget).
+StallState = Literal["ok", "suspected", "stalled", "not judged"]
 #: ``straggler.state``.
 StragglerState = Literal["ok", "flagged", "not judged"]
 #: ``eta.state``: ``stalled`` when the stall detector says so (the views then show STALLED, not a time).

@@ -91,6 +91,7 @@ def test_a_phase_learns_its_longest_and_its_budget_is_three_times_that_with_a_fl
     ph.stepped(2.0, False)
     ph.saw(SAVING, 10.0)
     assert (ph.name, ph.budget_s()) == (SAVING, PHASE_FLOOR_S)
+    assert ph.take_flags() == []  # the save's interval ends at the next step: its flag waits for it
     ph.stepped(210.0, False)  # a 200 s save
     assert ph.name == TRAINING and ph.longest_s == {SAVING: 200.0} and ph.budget_s(SAVING) == 600.0
     assert ph.take_flags() == ["save"] and ph.take_flags() == []
@@ -137,3 +138,28 @@ def test_the_phase_is_exported_one_series_per_word_and_said_in_one_line():
     assert phase_words(snap["phase"]) == "saving for 12 s (budget 300 s)"
     assert phase_words({**snap["phase"], "name": TRAINING, "for_s": 3723.0, "budget_s": None}) == "training for 1:02:03"
     assert phase_words(None) is None
+
+
+# --- busy but silent: a step past its budget whose processes compute is shown, not paged ---------------
+def test_a_silent_step_whose_processes_compute_is_suspected_until_the_busy_budget():
+    from stepwatch.monitors.snapshot.stepsource import BUSY_FLOOR_S, busy_budget_s, busy_but_silent
+
+    assert busy_budget_s(0.0) == BUSY_FLOOR_S == 60.0 and busy_budget_s(50.0) == 150.0  # 3x the longest save
+    assert busy_but_silent(30.0, 0.01, 60.0) == {}  # the control: an idle tree stays stalled (stuck)
+    sus = busy_but_silent(30.0, 1.0, 60.0)
+    assert sus["state"] == "suspected" and "busy but silent: no step for 30.0 s" in sus["reason"]
+    late = busy_but_silent(61.0, 1.0, 60.0)
+    assert late["state"] == STALLED and late["threshold_s"] == 60.0 and "busy but silent for 61.0 s" in late["reason"]
+
+
+def test_a_save_announced_in_the_poll_of_the_step_before_it_flags_the_step_after_it():
+    """``step 40`` and ``saving checkpoint …`` arrive in one read (printed back to back): the save's interval
+    is step 41's, never step 40's (seen live)."""
+    from stepwatch.monitors.readers.textlog import Segment
+
+    timer = LogStepTimer(LogTracker())
+    got = []
+    for i, texts in enumerate([["step 38 loss 1.0"], ["step 39 loss 1.0"], ["step 40 loss 1.0", "saving checkpoint to x"],
+                               ["step 41 loss 1.0"], ["step 42 loss 1.0"]]):
+        got += timer.feed_poll([Segment(t, "\n", at_s=100.0 + i, poll_seq=i + 1) for t in texts], None)
+    assert [(r["step"], r["flags"]) for r in got if r["step"] >= 40] == [(40, []), (41, ["save"]), (42, [])]

@@ -26,7 +26,7 @@ from stepwatch.monitors.snapshot.metrics import metrics_words
 from stepwatch.monitors.snapshot.ranks import latest_per_rank, restarts_words
 from stepwatch.monitors.snapshot.observer import RunObserver
 from stepwatch.monitors.snapshot.types import Snapshot
-from stepwatch.monitors.states import EXITED, FLAGGED, NOT_JUDGED, OK, RUNNING, STALLED, UNKNOWN
+from stepwatch.monitors.states import EXITED, FLAGGED, NOT_JUDGED, OK, RUNNING, STALLED, SUSPECTED, UNKNOWN
 from stepwatch.monitors.watchdog import ProcessRef, wait_for_exit
 from stepwatch.tui.safe import one_line
 
@@ -74,7 +74,8 @@ def status_lines(snap: Snapshot) -> list[str]:
     pw = phase_words(snap.get("phase")) if snap.get("state") == RUNNING else None
     lines.append(f"  fallback {fb.get('state')}" + (f" ({fb['reason']})" if fb.get("reason") and fb.get("state") != OK else "")
                  + f"; stall {stall}" + (f" ({_fmt(st.get('current_step_elapsed_s'), 1)} s)" if stall == STALLED
-                                         else f" ({st['reason']})" if stall == NOT_JUDGED and st.get("reason") else "")
+                                         else f" ({st['reason']})" if stall in (NOT_JUDGED, SUSPECTED) and st.get("reason")
+                                         else "")
                  + (f"; phase {pw}" if pw else ""))
     d = snap.get("dynamo") or {}
     if no_dynamo_output(d):

@@ -40,7 +40,7 @@ from stepwatch.monitors.states import EXITED, FLAGGED, OK, PHASES, RUNNING, STAL
 SCHEDULER_STATES = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "COMPLETED", "FAILED", "CANCELLED",
                     "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "UNKNOWN")
 _FALLBACK: dict[str, float] = {OK: 0.0, SUSPECTED: 1.0, FLAGGED: 2.0}
-_STALLED: dict[str, float] = {STALLED: 1.0, OK: 0.0}
+_STALLED: dict[str, float] = {STALLED: 1.0, SUSPECTED: 0.0, OK: 0.0}  # suspected: busy but silent, no page yet
 
 
 _LABEL_OK = re.compile(r"[^A-Za-z0-9 _.+:/@-]")

@@ -77,7 +77,8 @@ class LogPhases:
     def __init__(self) -> None:
         self.name = STARTING
         self.since_s: float | None = None
-        self.since_step: set[str] = set()  #: phases seen since the last training step (its records' flags)
+        self.since_step: set[str] = set()  #: phases seen since the last training step
+        self._ready: set[str] = set()  # the flags of the steps made since the last take_flags
         self.longest_s: dict[str, float] = {}  #: the longest evaluation and save so far, seconds
         self.count: dict[str, int] = {}  #: evaluations and saves seen
 
@@ -101,10 +102,13 @@ class LogPhases:
         name = FINISHING if finished else TRAINING
         if name != self.name:
             self.name, self.since_s = name, at_s
+        self._ready |= self.since_step  # the phases before this step are its interval's: its records' flags
+        self.since_step = set()
 
     def take_flags(self) -> list[str]:
-        """The flags of the phases seen since the last call (for the step records of this interval)."""
-        flags, self.since_step = sorted(self.since_step), set()
+        """The flags of the phases that ran before the training steps seen since the last call (for those
+        steps' records); a phase seen after the last step waits for the next one."""
+        flags, self._ready = sorted(self._ready), set()
         return flags
 
     def budget_s(self, phase: str | None = None) -> float | None:

@@ -23,11 +23,15 @@ from stepwatch.monitors.snapshot.types import Health
 
 #: Processes looked at at most (a DataLoader with many workers per rank stays cheap to watch).
 MAX_LOOKED_AT = 256
+#: A view's first look at a running tree takes the processes' CPU twice, this far apart (seconds): a one-shot
+#: ``status`` then knows whether they compute now (a silent step that computes is busy, not stuck).
+FIRST_LOOK_S = 0.25
 
 
 class TreeHealth:
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, first_look_s: float = FIRST_LOOK_S):
         self.procs_file = Path(run_dir) / PROCS_JSON
+        self.first_look_s = first_look_s
         self._prev: tuple[float, float] | None = None  # (monotonic s, the tree's CPU seconds)
         #: processes of the last look the kernel holds stopped, and how long this view has seen each so
         #: (the frozen detector's input: monotonic, so a clock step never makes a freeze)
@@ -48,6 +52,7 @@ class TreeHealth:
             return out
         cpu_s = rss = since_start = 0.0
         n = 0
+        looked: list[psutil.Process] = []
         now_wall, now = time.time(), time.monotonic()
         still_stopped: dict[tuple[int, float | None], float] = {}
         for rp in [r for r in recorded_processes(self.procs_file) if not r.ended][:MAX_LOOKED_AT]:
@@ -60,6 +65,7 @@ class TreeHealth:
             except (psutil.Error, OSError):
                 continue
             n += 1
+            looked.append(p)
             if status == psutil.STATUS_STOPPED:  # not tracing-stop: a debugger or py-spy chose to look
                 key = (rp.ref.pid, rp.ref.create_time)
                 since = still_stopped[key] = self._stopped_since.get(key, now)
@@ -72,10 +78,28 @@ class TreeHealth:
         if not n:
             return out
         out.update(processes=n, rss_bytes=int(rss))
-        if self._prev is not None and now - self._prev[0] >= 0.5 and cpu_s >= self._prev[1]:
+        if self._prev is None and self.first_look_s > 0:  # a first look (a one-shot status): a second, shortly
+            # after, so that whether the processes compute right now is known (busy but silent: the stall)
+            time.sleep(self.first_look_s)
+            self._prev, cpu_s, now = (now, cpu_s), _cpu_seconds(looked, cpu_s), time.monotonic()
+            out.update(cpu_cores=round(max(0.0, cpu_s - self._prev[1]) / (now - self._prev[0]), 2),
+                       cpu_cores_basis=f"last {now - self._prev[0]:.1f} s")
+        elif self._prev is not None and now - self._prev[0] >= 0.5 and cpu_s >= self._prev[1]:
             out.update(cpu_cores=round((cpu_s - self._prev[1]) / (now - self._prev[0]), 2),
                        cpu_cores_basis=f"last {now - self._prev[0]:.0f} s")
         else:
             out.update(cpu_cores=round(since_start, 2), cpu_cores_basis="since start")
         self._prev = (now, cpu_s)
         return out
+
+
+def _cpu_seconds(procs: list[psutil.Process], before: float) -> float:
+    """The processes' CPU seconds now (one that ended keeps what it had: ``before`` is the floor)."""
+    total = 0.0
+    for p in procs:
+        try:
+            ct = p.cpu_times()
+        except (psutil.Error, OSError):
+            return before
+        total += ct.user + ct.system
+    return max(total, before)

@@ -29,7 +29,7 @@ from typing import Any, cast
 from collections.abc import Callable
 
 from stepwatch.monitors.snapshot.disk import disk_status
-from stepwatch.monitors.snapshot.stepsource import (ObservedStart, choose, global_step, guard_stall, stall_part,
+from stepwatch.monitors.snapshot.stepsource import (ObservedStart, busy_budget_s, choose, global_step, guard_stall, stall_part,
                                                     step_source, step_started)
 from stepwatch.monitors.snapshot.ranks import RankWatch
 from stepwatch.monitors.fold.events import EventsFold, step_no
@@ -261,6 +261,7 @@ class RunObserver:
         if run_ended(snap) and not a.dynlog_flushed and not a.log.behind:
             self._dynamo_events(a, a.dynlog.flush())
             a.dynlog_flushed = True
+        snap["health"] = self.health.part(snap["state"] == RUNNING)  # before the steps: the stall reads its CPU
         self._steps_part(snap, a, now)
         self._dynamo_part(snap, a)
         a.gpu.part(snap)
@@ -268,7 +269,6 @@ class RunObserver:
         ended = snap["ended"] or {}
         snap["disk"] = disk_status(self.run_dir, ended.get("write_errors"), ended.get("log_lost_bytes"),
                                    ended.get("log_lost_reason"))
-        snap["health"] = self.health.part(snap["state"] == RUNNING)
         snap["liveness"] = {"frozen": frozen_verdict(self.health.stopped, self.health.examined,
                                                      snap["state"] == RUNNING)}
         snap["phase"] = phase_part(a.ev.open_phase, a.progress.phases, run_ended(snap), now)
@@ -357,9 +357,12 @@ class RunObserver:
             started, mono = step_started(src, a.last_advance_at), self.monotonic()
             ph = a.progress.phases
             log_phase = (ph.name, ph.budget_s()) if ph.budget_s() is not None else None  # an evaluation, a save
+            h = snap["health"]  # the CPU over this observer's last look: a silent step that computes is busy
+            busy = ((h["cpu_cores"], busy_budget_s(max(ph.longest_s.values(), default=0.0)))
+                    if h["cpu_cores"] is not None and str(h["cpu_cores_basis"] or "").startswith("last") else None)
             snap["stall"], a.stall_at = stall_part(src, started, now, a.ev.open_phase, a.progress.finished,
                                                    a.log.last_byte_age_s, a.observed_start.observe(started, mono),
-                                                   log_phase)
+                                                   log_phase, busy)
         else:
             snap["stall"]["reason"] = "the run is not running"
         snap["eta"] = eta = eta_part([r.dt_s for r in stats.recent(4 * ETA_RECENT_STEPS) if r.counted], max_steps, gs,

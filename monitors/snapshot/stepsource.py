@@ -45,7 +45,7 @@ from stepwatch.monitors.fold.events import EventsFold, step_no, unix_time
 from stepwatch.monitors.parsers.logtracker import LogTracker
 from stepwatch.monitors.snapshot.disk import full_words
 from stepwatch.monitors.snapshot.types import Snapshot, Stall
-from stepwatch.monitors.states import NOT_JUDGED, STALLED, StallState
+from stepwatch.monitors.states import NOT_JUDGED, STALLED, SUSPECTED, StallState
 from stepwatch.monitors.stats.stepstats import StepStats
 
 Timing = Literal["exact", "reported", "shared", "per_update", "approximate"]
@@ -140,12 +140,14 @@ class ObservedStart:
 def stall_part(src: StepSource, started: float | None, now: float, open_phase: Any, bar_complete: bool,
                last_log_byte_age_s: float | None,
                observed: tuple[float, float] | None = None,
-               log_phase: tuple[str, float | None] | None = None) -> tuple[Stall, float | None]:
+               log_phase: tuple[str, float | None] | None = None,
+               busy: tuple[float, float] | None = None) -> tuple[Stall, float | None]:
     """Rule 3 for a running run: ``(stall, stall_at)``. ``started``: unix s the step in progress began;
     ``open_phase``: events.jsonl's open save/eval phase; ``bar_complete`` / ``last_log_byte_age_s``:
     train.log's bar reached its total / how long ago the log was last written; ``observed``: what
     :meth:`ObservedStart.observe` said of ``started``; ``log_phase``: the evaluation or save the log says is
-    under way and its budget (used where events.jsonl has no phase open)."""
+    under way and its budget (used where events.jsonl has no phase open); ``busy``: the run's processes' CPU
+    cores over the last look and the busy budget, where known (:func:`busy_but_silent`)."""
     budget = None
     if not open_phase and log_phase is not None:
         open_phase, budget = log_phase
@@ -156,9 +158,41 @@ def stall_part(src: StepSource, started: float | None, now: float, open_phase: A
     elif budget is None and not src.use_events and (guard := log_only_guard(sv, bar_complete, last_log_byte_age_s)):
         stall.update(state=cast(StallState, guard[0]), reason=guard[1])
         return stall, None
+    if sv.state == STALLED and budget is None and busy is not None and sv.current_step_elapsed_s is not None:
+        stall.update(cast(Stall, busy_but_silent(sv.current_step_elapsed_s, *busy)))
+        if stall["state"] == STALLED and started:
+            return stall, started + busy[1]
     # when it became a stall, from the files: the step's start plus the threshold
-    stall_at = (started + sv.threshold_s if sv.state == STALLED and started and sv.threshold_s else None)
+    stall_at = (started + sv.threshold_s if stall["state"] == STALLED and started and sv.threshold_s else None)
     return stall, stall_at
+
+
+#: The processes' CPU (cores, over the last look) above which a silent step is busy, not stuck.
+BUSY_CORES = 0.1
+#: A busy but silent step is judged stuck only after this long (seconds), or 3x the longest save or
+#: evaluation seen so far when that is longer (ARCHITECTURE.md R18).
+BUSY_FLOOR_S = 60.0
+
+
+def busy_budget_s(longest_phase_s: float) -> float:
+    """How long a busy but silent step may run: the longer of BUSY_FLOOR_S and 3x the longest save or eval."""
+    return max(BUSY_FLOOR_S, 3.0 * longest_phase_s)
+
+
+def busy_but_silent(elapsed_s: float, cpu_cores: float, budget_s: float) -> dict[str, Any]:
+    """A step past its stall budget: ``suspected`` (shown, not paged) while the processes' CPU moves
+    (``cpu_cores`` >= BUSY_CORES) and it has run less than ``budget_s``; stalled after that; an idle tree
+    stays stalled (no CPU and no step: stuck)."""
+    if cpu_cores < BUSY_CORES:
+        return {}
+    if elapsed_s <= budget_s:
+        return {"state": SUSPECTED, "reason": (f"busy but silent: no step for {elapsed_s:.1f} s while the processes use "
+                                               f"{cpu_cores:.2f} CPU cores (a save or an evaluation the log does not "
+                                               f"name?); judged stuck after {budget_s:.0f} s")}
+    return {"state": STALLED, "threshold_s": budget_s,
+            "reason": (f"busy but silent for {elapsed_s:.1f} s > {budget_s:.0f} s (the busy budget: the longer of "
+                       f"{BUSY_FLOOR_S:.0f} s and 3 x the longest save or evaluation): no step, no output, the CPU "
+                       f"at {cpu_cores:.2f} cores")}
 
 
 def guard_stall(snap: Snapshot) -> None:

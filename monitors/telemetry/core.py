@@ -12,7 +12,8 @@ Where the numbers come from:
 * ``step_begin`` / ``step_end`` / ``t``: ``time.time()`` (unix seconds). ``step_begin`` is the start
   of the interval ``dt`` measures: the previous step's ``step_end``, so consecutive steps tile.
 * ``run_end.step_seconds``: nearest-rank summary (:mod:`stepwatch.telemetry.stats`) of the ``dt`` of
-  every step since ``run_start`` except the first.
+  every step since ``run_start`` except the first and those whose interval held an evaluation or a save
+  (flags ``eval``, ``save``: ARCHITECTURE.md R18).
 * ``dynamo``: :mod:`stepwatch.telemetry.dynamo`, compared at most once per ``check_interval_s``.
 
 Cost per step (measured by ``bench/emitter_cost.py``): two clock reads, the step line built from a
@@ -430,8 +431,8 @@ class StepTelemetry(EventFileWriter):
                     f = str(f)
                     if f not in out_flags:
                         out_flags.append(f)
-            if not first:
-                self._dts.append(dt)
+            if not first and FLAG_EVAL not in out_flags and FLAG_SAVE not in out_flags:
+                self._dts.append(dt)  # a step that held an evaluation or a save is no step time (R18)
             self._prev_end_perf = now
             self._prev_end_wall = wall
             self._last_step = step

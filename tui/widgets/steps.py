@@ -33,6 +33,8 @@ def _verdict_text(snap: Snapshot) -> Text:
         t.append(f"STALLED {secs(st.get('current_step_elapsed_s'))} s in the current step", "bold red")
     elif st.get("state") == OK:
         t.append("no stall", "green")
+    elif st.get("state") == SUSPECTED:  # busy but silent: shown, not paged
+        t.append(f"stall SUSPECTED ({st.get('reason')})", "yellow")
     elif snap.get("state") != RUNNING:
         t.append("stall: run ended", "dim")
     else:

@@ -1,0 +1,80 @@
+"""A page means trouble, silence means health (issue 32), live: an un-instrumented loop that goes silent
+in the middle of its run, three ways. A save it announces (``saving checkpoint to …``) is a saving phase
+with a budget of its own: no stall, and the step after it is no step time. A silent stretch whose process
+computes (a save that prints nothing) is busy but silent: shown as suspected, never paged before the busy
+budget. The control: the same silence with the process idle is a stall, paged. System tier: real
+supervisors, real processes."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import make_repo, stepwatch, wait_until
+from stepwatch.monitors.runfiles import read_json
+
+LOOP_PY = '''\
+import sys, time
+mode = sys.argv[1]
+for i in range(1, 41):
+    time.sleep(0.1)
+    print(f"step {i} loss {1 / i:.4f}", flush=True)
+if mode == "saveline":  # a checkpoint the loop announces, then 10 s of silence
+    print("saving checkpoint to ckpt/step_40", flush=True)
+    time.sleep(10)
+elif mode == "busy":  # a save that prints nothing, the CPU busy for 10 s
+    t = time.monotonic()
+    while time.monotonic() - t < 10:
+        sum(range(1000))
+else:  # the control: 10 s of silence with the process idle (stuck in a wait)
+    time.sleep(10)
+for i in range(41, 61):
+    time.sleep(0.1)
+    print(f"step {i} loss {1 / i:.4f}", flush=True)
+'''
+
+
+def _status(run_dir: Path) -> dict:
+    return json.loads(stepwatch("status", str(run_dir), "--json").stdout)
+
+
+def _recorded_kinds(run_dir: Path) -> list[str]:
+    """The alerts the supervisor recorded (and so delivered) for the run."""
+    f = run_dir / "alerts.jsonl"
+    lines = f.read_text().splitlines() if f.exists() else []
+    return [rec.get("alert_kind") for rec in map(json.loads, lines) if rec.get("kind") == "alert"]
+
+
+@pytest.mark.slow
+def test_an_announced_save_and_a_busy_silence_page_nothing_and_an_idle_silence_is_a_stall(tmp_path: Path):
+    repo = make_repo(tmp_path / "repo", {"loop.py": LOOP_PY})
+    runs = {}
+    for mode in ("saveline", "busy", "idle"):
+        r = stepwatch("launch", "--no-tui", "--name", mode, "--", sys.executable, "loop.py", mode, cwd=repo)
+        assert r.returncode == 0, r.stderr
+        runs[mode] = repo / "runs" / mode
+    # in the silence, long past the step budget (max(10 x p99, 3 s)): what each run's supervisor judges
+    during = {}
+    for mode, run_dir in runs.items():
+        during[mode] = wait_until(lambda d=run_dir: (s := _status(d))["state"] == "running"
+                                  and (s["stall"].get("current_step_elapsed_s") or 0) > 6 and s or None,
+                                  60, interval_s=0.3, what=f"the {mode} run 6 s into its silence")
+    sav, busy, idle = during["saveline"]["stall"], during["busy"]["stall"], during["idle"]["stall"]
+    assert sav["state"] == "ok" and "within its budget" in sav["reason"], sav
+    assert during["saveline"]["phase"]["name"] == "saving" and during["saveline"]["phase"]["source"] == "log"
+    assert busy["state"] == "suspected" and "busy but silent" in busy["reason"], busy
+    assert idle["state"] == "stalled", idle  # the control: the same silence, idle, is a stall
+    wait_until(lambda: "stall" in _recorded_kinds(runs["idle"]), 20, what="the idle run's stall page")
+    for mode, run_dir in runs.items():
+        ex = wait_until(lambda d=run_dir: read_json(d / "exit.json"), 60, what=f"the {mode} run to end")
+        assert ex["returncode"] == 0, ex
+    assert "stall" not in _recorded_kinds(runs["saveline"]) and "stall" not in _recorded_kinds(runs["busy"])
+    end = _status(runs["saveline"])
+    records = [json.loads(ln) for ln in (runs["saveline"] / "logsteps.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "save" in r["flags"]] == [41], records[39:42]  # the save's interval
+    assert end["step_seconds"]["p50"] == pytest.approx(0.1, rel=0.1) and end["step_seconds"]["max"] < 1.0, \
+        end["step_seconds"]  # the 10 s save is no step time
+    assert end["fallback"]["state"] != "suspected", end["fallback"]

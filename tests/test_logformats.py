@@ -197,7 +197,9 @@ def test_an_uninstrumented_run_of_each_shape_gives_step_times_loss_and_a_stall(t
         series = frozen["metrics_series"]["loss"]  # the loss over steps, as printed: [first, last, min, max] bins
         assert series[-1][1] == step and series[-1][3] == pytest.approx(loss, abs=1e-4), series[-3:]
         assert [b[0] for b in series] == sorted(b[0] for b in series) and series[0][0] <= 2
-        assert [a["kind"] for a in frozen["alerts"]] == ["stall"] and f"after step {step}" in frozen["alerts"][0]["message"]
+        kinds = [a["kind"] for a in frozen["alerts"]]  # held stopped: the frozen detector's alert may come too
+        stall = [a for a in frozen["alerts"] if a["kind"] == "stall"]
+        assert stall and set(kinds) <= {"stall", "frozen"} and f"after step {step}" in stall[0]["message"], kinds
         p50 = frozen["step_seconds"]["p50"]
         if shape in ("nanogpt", "json"):  # the program's own times are the step times
             assert frozen["step"]["timing"] == "reported"
@@ -620,7 +622,9 @@ def test_an_uninstrumented_hf_trainer_run_gives_its_step_times_loss_a_stall_and_
         assert frozen["step_seconds"]["p50"] == pytest.approx(theirs[len(theirs) // 2], rel=0.1)
         losses = re.findall(r"\{'loss': '?([\d.]+)'?", text)
         assert frozen["metrics"]["loss"]["value"] == pytest.approx(float(losses[-1]), abs=1e-4)
-        assert [a["kind"] for a in frozen["alerts"]] == ["stall"] and f"after step {step}" in frozen["alerts"][0]["message"]
+        kinds = [a["kind"] for a in frozen["alerts"]]  # held stopped: the frozen detector's alert may come too
+        stall = [a for a in frozen["alerts"] if a["kind"] == "stall"]
+        assert stall and set(kinds) <= {"stall", "frozen"} and f"after step {step}" in stall[0]["message"], kinds
         metrics_line, step_line, header = asyncio.run(_tui_step_panel(run_dir, header=True))
         assert f"step {step}/150" in header, header
         assert f"loss {float(losses[-1]):.4g}" in metrics_line and "log read as tqdm, " in step_line, (metrics_line, step_line)

@@ -362,3 +362,48 @@ def test_the_hf_trainer_under_torchrun_tee_gives_rank_0s_loss_and_learning_rate_
         m = snap["metrics"].get(name)
         assert m is not None and m["step"] is not None and 0 < m["step"] <= 30, (name, snap["metrics"])
         assert m["value"] == pytest.approx(float(printed), rel=1e-3), (name, m, printed)
+
+
+# --- 4b. timm's per-epoch counter through a user pattern with an epoch group ------------------------------
+TIMM_PATTERN = r"Train: (?P<epoch>\d+) \[\s*(?P<step>\d+)/(?P<steps_per_epoch>\d+) .*Loss: (?P<loss>[\d.]+)"
+
+
+@pytest.mark.slow
+def test_a_timm_shaped_counter_through_a_pattern_with_epoch_gives_the_global_step_total_and_eta(tmp_path: Path):
+    """timm's ``Train: 1 [  16/40 ( 43%)]`` (tools/capture_fixtures/timm_shaped.py prints timm's own format
+    strings: timm itself is not installed here): its counter restarts every epoch; with the pattern's
+    ``epoch``/``steps_per_epoch`` groups and ``[log] epochs`` the step is global, the total known, the ETA
+    near the truth, and its ``Test:`` passes are evaluations (no step time)."""
+    clock = tmp_path / "clock.txt"
+    per_epoch, epochs = 40, 3
+    run_dir = _launch_config(tmp_path, "timm", {"timm_shaped.py": (CAPTURE / "timm_shaped.py").read_text()},
+                             ["timm_shaped.py", "--epochs", str(epochs), "--batches", str(per_epoch),
+                              "--log-interval", "1", "--sleep", "0.1", "--clock", str(clock)],
+                             f"[log]\npatterns = [{json.dumps(TIMM_PATTERN)}]\nepochs = {epochs}\n")
+    total = per_epoch * epochs
+    samples: list[tuple[int, float]] = []
+
+    def in_the_second_epoch():
+        s = _status(run_dir)
+        gs = s["step"]["global_step"]
+        if s["ended"] is None and gs is not None:
+            samples.append((gs, time.time()))
+        return s if s["ended"] is None and gs is not None and gs >= per_epoch + 10 and s["eta"]["state"] == "ok" else None
+
+    mid = wait_until(in_the_second_epoch, 90, interval_s=0.2, what="the run in its second epoch, an ETA judged")
+    ex = _ended(run_dir, 120, "the timm-shaped run to end")
+    assert ex["returncode"] == 0, ex
+    own_t, own_p50 = _clock(clock)
+    gs, eta_s = mid["step"]["global_step"], mid["eta"]["eta_s"]
+    truth = (total - gs) * own_p50
+    end = _status(run_dir)
+    print(f"timm pattern: at step {gs}/{total} ETA {eta_s:.2f} s vs truth {truth:.2f} s "
+          f"({100 * (eta_s / truth - 1):+.1f}%); {_p50_report(end, own_p50)}; phase counts {end['phase']}")
+    assert mid["log"]["format"] == "pattern 1" and mid["step"]["max_steps"] == total, (mid["log"], mid["step"])
+    last = re.findall(r"^Train: (\d+) \[\s*(\d+)/(\d+)", _raw_log(run_dir), re.M)[-1]
+    assert end["step"]["global_step"] == int(last[0]) * per_epoch + int(last[1]), (end["step"], last)
+    assert eta_s == pytest.approx(truth, rel=0.10), (mid["eta"], truth)
+    records = [json.loads(ln) for ln in (run_dir / "logsteps.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "eval" in r["flags"]] == [per_epoch, 2 * per_epoch], \
+        [(r["step"], r["flags"]) for r in records if r["flags"]]  # the Test: pass after epochs 0 and 1
+    assert end["step_seconds"]["p50"] == pytest.approx(own_p50, rel=0.05), _p50_report(end, own_p50)

@@ -118,7 +118,7 @@ class LogTracker(ProgressTracker):
         advs = self._read(text, at_s, poll_seq=poll_seq, live=live)
         if any(a.prev_step is None or a.step > a.prev_step for a in advs):
             self.phases.stepped(at_s, self.finished)
-        elif self.other_bars != others and self.last_other is not None:
+        elif self.other_bars != others and self.last_other is not None and self.last_other.rank in (None, self.rank):
             if (ph := bar_phase(self.last_other.desc, self.bar_desc)) is not None:
                 self.phases.saw(ph, at_s)
         elif text and not advs and "%|" not in text:

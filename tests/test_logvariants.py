@@ -227,3 +227,25 @@ def test_a_rich_frame_whose_time_left_wrapped_to_the_next_row_is_read():
              "Epoch 1/-2 ━━━━━━━━━━━━━╺━━━ 99/120 0:00:05 • 0:00:02 18.84it/s loss: 0.003",
              "Epoch 1/-2 ━━━━━━━━━━━━━╺━━ 100/120 0:00:05 •        18.84it/s loss: 0.002"])
     assert t.global_step == 220 and t.last_metrics["loss"] == (220, 0.002)
+
+
+# --- metrics behind rank prefixes, per rank -----------------------------------------------------------
+def test_each_ranks_prefixed_metrics_are_its_own_and_reach_its_ranks_entry(tmp_path):
+    from stepwatch.monitors.snapshot.ranks import RankSteps
+    from stepwatch.monitors.watch.logsteps import RankLogTimers, encode_records
+
+    timers = RankLogTimers()
+    lines = [f"[default1]:{tqdm_bar(i, 30)}" for i in range(1, 4)]
+    lines += ["[default1]:{'loss': '5.489', 'grad_norm': '0.4', 'learning_rate': '4e-05', 'epoch': '0.2'}",
+              f"[default1]:{tqdm_bar(4, 30)}", "[default0]:{'loss': '9.0', 'epoch': '0.2'}"]
+    out: list[dict] = []
+    for i, ln in enumerate(lines):
+        out += timers.feed_poll([Segment(ln, "\n", at_s=10.0 + i, poll_seq=i + 1)], None).get(1, [])
+    logs = [r for r in out if r["kind"] == "log"]
+    assert [r["logs"]["loss"] for r in logs] == [5.489] and logs[0]["rank"] == 1  # once, when it changed
+    assert logs[0]["logs"]["learning_rate"] == 4e-05 and logs[0]["step"] == 3
+    f = tmp_path / "logsteps.rank1.jsonl"
+    f.write_bytes(encode_records(out))
+    rs = RankSteps(f)
+    rs.read()
+    assert rs.summary()["metrics"]["loss"] == 5.489 and rs.summary()["last_step"] == 4  # rank 0's 9.0 is not rank 1's

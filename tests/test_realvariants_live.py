@@ -97,6 +97,18 @@ def _p50_report(snap: dict, own_p50: float) -> str:
             f"({'-' if ours is None else f'{100 * (ours / own_p50 - 1):+.2f}%'}; n={snap['step_seconds']['n']})")
 
 
+def _on_80x24(tmp_path: Path, run_dir: Path, *shown: str) -> str:
+    """The run's screen in a real 80x24 tmux pane (``stepwatch attach``): it shows every text in ``shown``
+    and no row is wider than the pane."""
+    pane = TmuxPane(tmp_path, run_dir, 80, 24)
+    try:
+        screen = pane.wait_for(lambda s: all(t in s for t in shown), 30, f"{shown} on the 80x24 screen")
+    finally:
+        pane.close()
+    assert all(len(ln) <= 80 for ln in screen.splitlines()), screen
+    return screen
+
+
 def _stall_alerts(snap: dict) -> list[dict]:
     return [a for a in snap["alerts"] if a["kind"] == "stall"]
 
@@ -168,6 +180,7 @@ def test_lightnings_default_rich_bar_with_max_steps_only_ends_at_step_300_of_300
     loss = float(re.findall(r"(?<!_)loss: ([\d.]+)", text)[-1])
     assert end["metrics"]["loss"]["value"] == pytest.approx(loss, abs=1e-3), end["metrics"]
     assert end["step_seconds"]["p50"] == pytest.approx(own_p50, rel=0.03), _p50_report(end, own_p50)
+    _on_80x24(tmp_path, run_dir, "step 300/300", "EXITED 0")
 
 
 @pytest.mark.slow
@@ -247,6 +260,7 @@ def test_the_hf_trainer_with_no_bar_gives_a_step_per_log_dict_its_own_step_time_
         end["metrics"]["loss"]["step"] == 50, end["metrics"]["loss"]
     assert "train_loss" not in end["metrics"]
     assert end["step_seconds"]["p50"] == pytest.approx(own_p50, rel=0.05), _p50_report(end, own_p50)
+    _on_80x24(tmp_path, run_dir, "step 50/?", "hf_logdict")
 
 
 # --- 4. Lightning's TQDM bar over 3 epochs: the total from [log] epochs, never a per-epoch figure -------
@@ -287,6 +301,7 @@ def test_lightnings_tqdm_bar_over_3_epochs_with_log_epochs_gives_the_total_and_a
     assert eta_s == pytest.approx(truth, rel=0.10), (mid["eta"], truth)
     loss = float(re.findall(r"Epoch 2: 100%.*?(?<!_)loss=([\d.]+)", _plain(_raw_log(run_dir)))[-1])
     assert end["metrics"]["loss"]["value"] == pytest.approx(loss, rel=1e-3, abs=1e-6), end["metrics"]
+    _on_80x24(tmp_path, run_dir, f"step {total}/{total}", "lightning_tqdm")
 
 
 @pytest.mark.slow
@@ -341,6 +356,7 @@ def test_a_run_killed_mid_bar_has_an_end_alert_naming_the_step_reached_and_its_b
     text = stepwatch("status", str(run_dir)).stdout
     assert f"the run reached step {n} of 100" in text and bar in text, text
     assert "\x1b" not in text and "\r" not in text, repr(text)
+    _on_80x24(tmp_path, run_dir, f"step {n}/100", "KILLED")
 
 
 # --- 6. the HF Trainer under torchrun --tee 3 ----------------------------------------------------------
@@ -407,3 +423,4 @@ def test_a_timm_shaped_counter_through_a_pattern_with_epoch_gives_the_global_ste
     assert [r["step"] for r in records if "eval" in r["flags"]] == [per_epoch, 2 * per_epoch], \
         [(r["step"], r["flags"]) for r in records if r["flags"]]  # the Test: pass after epochs 0 and 1
     assert end["step_seconds"]["p50"] == pytest.approx(own_p50, rel=0.05), _p50_report(end, own_p50)
+    _on_80x24(tmp_path, run_dir, f"step {end['step']['global_step']}/{total}", "pattern 1")

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import make_repo, stepwatch, wait_until
+from test_tmux import TmuxPane
 from stepwatch.monitors.runfiles import read_json
 from stepwatch.monitors.stats.nearest_rank import nearest_rank
 
@@ -49,4 +50,11 @@ def test_two_processes_bars_in_one_log_count_one_process_and_say_two_interleave(
     own = [own_p50(Path(f"{clock}_proc{i}.txt")) for i in range(2)]
     assert any(p50 == pytest.approx(o, rel=0.05) for o in own), (p50, own)  # one process's own, not a blend
     text = stepwatch("status", str(run_dir)).stdout
-    assert "2 bars interleave in the log (one per process): the step follows the first" in text, text
+    assert "2 processes' bars interleave in the log: the step follows the first" in text, text
+    pane = TmuxPane(tmp_path, run_dir, 80, 24)  # the operator's 80x24 screen says so too, whole
+    try:
+        note = "NOTE: 2 processes' bars interleave in the log: the step follows the first"
+        screen = pane.wait_for(lambda s: "step 300/300" in s and note in s, 30, "the 80x24 screen")
+    finally:
+        pane.close()
+    assert all(len(ln) <= 80 for ln in screen.splitlines()), screen

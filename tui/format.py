@@ -118,9 +118,9 @@ def duration_words(seconds: float) -> str:
 
 
 def streams_words(log: Mapping[str, Any]) -> str | None:
-    """``2 bars interleave in the log: the step follows the first`` when several processes draw one bar."""
+    """``2 processes' bars interleave in the log: the step follows the first`` (fits 80 columns with NOTE:)."""
     n = log.get("streams") or 0
-    return f"{n} bars interleave in the log (one per process): the step follows the first" if n >= 2 else None
+    return f"{n} processes' bars interleave in the log: the step follows the first" if n >= 2 else None
 
 
 def timing_words(snap: Snapshot) -> str | None:

@@ -103,7 +103,8 @@ def status_lines(snap: Snapshot) -> list[str]:
             f"rank {r['rank']} pid {r['pid']} " + ("alive" if r["alive"] else f"killed by {r['signal']}" if r["signal"]
                                                    else f"exited with code {_fmt(r['returncode'])}")
             + (f", step {_fmt(rs['last_step'])}, n={rs['n']} p50={_fmt(rs['p50'], 3)} "
-               f"p99={_fmt(rs['p99'], 3)}" if (rs := r.get("steps")) else "")
+               f"p99={_fmt(rs['p99'], 3)}" + (f", loss {rs['metrics']['loss']:.4g}" if "loss" in (rs.get("metrics") or {})
+                                              else "") if (rs := r.get("steps")) else "")
             for r in ranks[:16]) + (f"; {len(ranks) - 16} more" if len(ranks) > 16 else "")
             + restarts_words(snap.get("rank_restarts")))
     sg = snap.get("straggler") or {}

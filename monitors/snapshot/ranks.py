@@ -31,6 +31,8 @@ from stepwatch.monitors.watchdog import PID_MAX, ProcessRef, probe
 
 #: Step ends kept per rank for the straggler detector (the last this many global_steps).
 ENDS_KEPT = 512
+#: Metrics kept per rank at most (its latest log record's).
+MAX_RANK_METRICS = 32
 
 #: Deaths within this many seconds of the first one are its cascade (torchrun's teardown).
 CASCADE_S = 5.0
@@ -69,6 +71,9 @@ class RankSteps:
                 self.max_steps = _int(ev.get("max_steps"), 1, 10**12)
             if kind == "run_end":
                 self.finished = True  # its training loop ended: teardown is no stuck rank
+            if kind == "log" and isinstance(logs := ev.get("logs"), dict):  # its own metrics (loss, lr, ...)
+                self.metrics = {str(k)[:64]: float(v) for k, v in list(logs.items())[:MAX_RANK_METRICS]
+                                if type(v) in (int, float) and math.isfinite(v)}
             if kind != "step":
                 continue
             dt, step, end = _seconds(ev.get("dt")), step_no(ev.get("step")), unix_time(ev.get("step_end"))
@@ -94,11 +99,12 @@ class RankSteps:
         self.max_steps: int | None = None
         #: the rank's training steps are done (its run_end, or its last planned step): never stuck
         self.finished = False
+        self.metrics: dict[str, float] = {}  #: the rank's latest metrics (its log records)
 
     def summary(self) -> RankStepSummary:
         st = self.stats
         return {"n": st.n, "p50": st.p50, "p99": st.percentile(99), "last_step": self.last_step,
-                "last_step_end_unix": self.last_end, "source": self.source}
+                "last_step_end_unix": self.last_end, "source": self.source, "metrics": dict(self.metrics)}
 
 
 class RankWatch:

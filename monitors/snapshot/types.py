@@ -57,6 +57,8 @@ class RankStepSummary(TypedDict):
     last_step: int | None
     last_step_end_unix: float | None
     source: Literal["events", "log"]
+    #: the rank's latest metrics (its own log events, or its prefixed lines: ``[default1]:{'loss': …}``)
+    metrics: dict[str, float]
 
 
 class Rank(TypedDict):

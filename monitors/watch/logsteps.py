@@ -31,12 +31,13 @@ N) go to ``logsteps.rank<N>.jsonl``: the per-rank steps of an un-instrumented ru
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 from collections.abc import Iterable
 
 from stepwatch.monitors.parsers.hf_progress import ProgressTracker, StepAdvance
 from stepwatch.monitors.parsers.logtracker import LogSettings, LogTracker
-from stepwatch.monitors.protocol import FLAG_FIRST, KIND_STEP, SCHEMA_VERSION
+from stepwatch.monitors.protocol import FLAG_FIRST, KIND_LOG, KIND_STEP, SCHEMA_VERSION
 from stepwatch.monitors.readers.rankprefix import rank_prefix
 from stepwatch.monitors.readers.textlog import Segment
 
@@ -140,6 +141,7 @@ class RankLogTimers:
     def __init__(self, patterns=(), settings: LogSettings | None = None):
         self.patterns = list(patterns)
         self.settings = settings
+        self._sent: dict[int, dict[str, float | None]] = {}  # each rank's metrics as its last log record said
         self.timers: dict[int, LogStepTimer] = {}
 
     def feed_poll(self, segments: Iterable[Segment], partial: Segment | None) -> dict[int, list[dict[str, Any]]]:
@@ -161,9 +163,24 @@ class RankLogTimers:
                     continue
                 timer = self.timers[rank] = LogStepTimer(LogTracker(self.patterns, self.settings, rank=rank), rank=rank)
             recs = timer.feed_poll(segs, tail.get(rank))
+            at = (tail.get(rank) or segs[-1]).at_s if (segs or rank in tail) else None
+            if (log := self._metrics_record(rank, timer, at)) is not None:
+                recs.append(log)
             if recs:
                 out[rank] = recs
         return out
+
+    def _metrics_record(self, rank: int, timer: LogStepTimer, at: float | None) -> dict[str, Any] | None:
+        """A ``log`` record of the rank's latest metrics (its prefixed log dicts, its bar's postfix) when they
+        changed since its last one, else None: each rank's own loss, behind its prefix (a NaN or inf is null:
+        the file stays JSON)."""
+        latest = getattr(timer.tracker, "last_metrics", None) or {}
+        logs = {k: (v if math.isfinite(v) else None) for k, (_step, v) in latest.items()}
+        if not logs or logs == self._sent.get(rank):
+            return None
+        self._sent[rank] = logs
+        return {"v": SCHEMA_VERSION, "kind": KIND_LOG, "t": at, "step": timer.tracker.global_step, "rank": rank,
+                "logs": logs}
 
     def _rank(self, seg: Segment) -> int | None:
         text = seg.text

@@ -57,6 +57,9 @@ def ranks_text(snap: Snapshot) -> Text:
         t.append(f"{r['rank']} pid {r.get('pid') or '-'}")
         if st:
             t.append(f" step {st.get('last_step') if st.get('last_step') is not None else '-'} p50 {secs(st.get('p50'))} s")
+            loss = next((v for k in ("loss", "train_loss") if (v := (st.get("metrics") or {}).get(k)) is not None), None)
+            if loss is not None:  # the rank's own, behind its prefix
+                t.append(f" loss {loss:.4g}")
         if r.get("alive") is False:
             how = f"killed by {r['signal']}" if r.get("signal") else f"exit {r.get('returncode')}"
             t.append(f" {how}", "bold red" if r.get("signal") or r.get("returncode") else "dim")
@@ -123,8 +126,6 @@ class StepPanel(Panel):
         fmt = log.get("format") if (snap.get("step") or {}).get("source") == "log" else None
         if fmt:  # the recogniser in force and how many of the log's lines it read
             fmt = f"{fmt}, {log.get('matched_lines') or 0} lines"
-            if sw := streams_words(log):
-                fmt += f"; {sw}"
         if words or fmt:
             line += f"  ({', '.join(w for w in (words, f'log read as {fmt}' if fmt else None) if w)})"
         self._set("#step-line", Text(line))  # never markup
@@ -141,6 +142,8 @@ class StepPanel(Panel):
             tp_line.append(f"  · {scaling_words(snap['scaling']).removeprefix('scaling: ')}")
         if (snap.get("log") or {}).get("hint"):
             tp_line = Text(f"HINT: {snap['log']['hint']}", "bold yellow")
+        elif sw := streams_words(snap.get("log") or {}):  # a line of its own: the step line is cut at 80 columns
+            tp_line = Text(f"NOTE: {sw}", "bold yellow")
         self._set("#throughput", tp_line)
         ranks = self.query_one("#ranks", Static)
         ranks.display = bool(snap.get("ranks"))

@@ -249,3 +249,16 @@ def test_each_ranks_prefixed_metrics_are_its_own_and_reach_its_ranks_entry(tmp_p
     rs = RankSteps(f)
     rs.read()
     assert rs.summary()["metrics"]["loss"] == 5.489 and rs.summary()["last_step"] == 4  # rank 0's 9.0 is not rank 1's
+
+
+def test_nested_epoch_and_iteration_bars_follow_the_inner_loop():
+    """``for e in trange(3, desc="Epoch"): for b in tqdm(loader, desc="Iteration")`` (the older HF examples'
+    loop): the outer bar's counter is epochs, the inner one's the steps; the control: the outer bar alone."""
+    t = LogTracker()
+    lines = [tqdm_bar(0, 3, "Epoch")] + [tqdm_bar(i, 50, "Iteration") for i in range(1, 11)]
+    steps = feed(t, lines)
+    assert steps == list(range(11)) and (t.bar_desc, t.total) == ("Iteration", 50)  # 0: the outer bar's first draw
+    feed(t, [tqdm_bar(1, 3, "Epoch")])  # the outer bar moves on: never the step
+    assert t.global_step == 10
+    outer = LogTracker()
+    assert feed(outer, [tqdm_bar(i, 3, "Epoch") for i in range(3)]) == [0, 1, 2]

@@ -306,8 +306,9 @@ class ProgressTracker:
     def _desc_is_training(self, u: ProgressUpdate) -> bool:
         """``desc=TRAINING_BARS``: the first bar of a training or neutral description is locked on (its
         desc: :attr:`bar_desc`); a bar of another description takes over when it names training and the
-        locked one does not, or when the locked bar ran to its end and this one starts (a preparation
-        bar before the training loop's). Evaluation, preprocessing and checkpoint bars never do."""
+        locked one does not, when the locked bar ran to its end and this one starts (a preparation bar
+        before the training loop's), or when it speaks the same way with a larger total (the inner loop of
+        ``trange(3, desc="Epoch")`` around ``tqdm(loader, desc="Iteration")``). Never an eval/save bar."""
         role = bar_role(u.desc)
         if role == ROLE_OTHER or u.iter_unit != "it":
             return False
@@ -315,7 +316,8 @@ class ProgressTracker:
             self.bar_desc = u.desc
             return True
         locked = bar_role(self.bar_desc)
-        if role > locked or (self.finished and role == locked and (u.total is None or u.step < u.total)):
+        inner = role == locked and u.total is not None and self.total is not None and u.total > self.total
+        if role > locked or inner or (self.finished and role == locked and (u.total is None or u.step < u.total)):
             self.bar_desc, self.total, self.finished, self._first_seen = u.desc, self.expected_total, False, None
             self._rejected_totals.clear()
             self.streams = BarStreams()  # another bar: its counter starts its own streams

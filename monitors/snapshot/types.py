@@ -325,14 +325,10 @@ class Phase(TypedDict):
     """``phase``: what the attempt is doing (ARCHITECTURE.md R18), from events.jsonl's open phase or the log."""
 
     name: PhaseName
-    #: how long it has been doing it (seconds; null when unknown)
-    for_s: float | None
-    #: "events" (the emitter's phase()), "log" (its lines and bars), "process" (it ended), or null
-    source: str | None
-    #: how long this phase may run before it is judged stuck (an evaluation's or a save's; null otherwise)
-    budget_s: float | None
-    #: the longest evaluation and save seen so far, seconds
-    longest_s: dict[str, float]
+    for_s: float | None  #: how long it has been doing it (seconds; null when unknown)
+    source: str | None  #: "events" (the emitter's phase()), "log" (its lines, bars), "process" (it ended), null
+    budget_s: float | None  #: how long an evaluation or a save may run before it is judged stuck
+    longest_s: dict[str, float]  #: the longest evaluation and save seen so far, seconds
 
 
 class Liveness(TypedDict):

@@ -27,7 +27,7 @@ from stepwatch.monitors.stats.nearest_rank import nearest_rank
 #: An un-instrumented training loop: a tqdm bar on stderr (tqdm's defaults), its true step ends
 #: recorded by itself (perf_counter, then wall clock) into TRUTH, one JSON list at the end.
 TQDM_PY = r"""
-import json, sys, time
+import json, os, sys, time
 from tqdm import tqdm
 steps, dt, slow_after, slow_dt, truth = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
 tail_s = float(sys.argv[6]) if len(sys.argv) > 6 else 0.0
@@ -39,8 +39,9 @@ for i in range(1, steps + 1):
     time.sleep((slow_dt if slow_after and i > slow_after else dt) * (0.8 + 0.4 * ((i * 7919) % 11) / 10))
     bar.update(1)
     ends.append(time.time())
-    with open(truth, "w") as f:
+    with open(truth + ".tmp", "w") as f:  # whole or not at all: the test reads it while the run goes on
         json.dump([t0] + ends, f)
+    os.replace(truth + ".tmp", truth)
 bar.close()
 print("{'train_runtime': '1', 'train_loss': '0.5'}", flush=True)
 time.sleep(tail_s)  # a final save, quiet in the log

@@ -200,7 +200,8 @@ def test_a_frozen_lightning_rich_run_is_a_stall_at_the_last_step_its_bar_shows_p
         done = len(clock.read_text().split())
         print(f"lightning rich frozen: the bar shows step {shown} (frame {frames[-1]}), the program finished "
               f"{done}; status says {frozen['step']['global_step']}")
-        assert frames[-1][0] == 1 and frames[-1][1] >= 100 and shown in (done, done + 1), (frames[-3:], done)
+        # the bar may be a frame behind the program's own clock (Rich redraws after the step's end)
+        assert frames[-1][0] == 1 and frames[-1][1] >= 100 and shown in (done - 1, done, done + 1), (frames[-3:], done)
         assert frozen["log"]["format"] == "lightning_rich", frozen["log"]
         assert frozen["step"]["global_step"] == shown, (frozen["step"], frames[-3:])
         kinds = [a["kind"] for a in frozen["alerts"]]  # held stopped: the frozen detector's alert may come too
@@ -215,11 +216,11 @@ def test_a_frozen_lightning_rich_run_is_a_stall_at_the_last_step_its_bar_shows_p
 @pytest.mark.slow
 def test_the_hf_trainer_with_no_bar_gives_a_step_per_log_dict_its_own_step_time_and_a_stall(tmp_path: Path):
     """``disable_tqdm=True, logging_steps=1``: PrinterCallback prints one dict per optimizer step, and
-    nothing else moves. A bigger model than the default makes each step ~0.1 s on 2 cores."""
+    nothing else moves. A bigger model than the default makes each step ~0.15 s on 2 cores (the log is timed on a ~10 ms notice)."""
     clock = tmp_path / "clock.txt"
     run_dir = _launch(tmp_path, "hf", {"hf.py": HF_PY},
                       ["hf.py", "--out-dir", "out", "--steps", "50", "--disable-tqdm", "--logging-steps", "1",
-                       "--hidden", "128", "--layers", "2", "--seq-len", "256", "--clock", str(clock)])
+                       "--hidden", "128", "--layers", "2", "--seq-len", "512", "--clock", str(clock)])
 
     def judged() -> dict | None:
         s = _status(run_dir)
@@ -260,7 +261,7 @@ def test_the_hf_trainer_with_no_bar_gives_a_step_per_log_dict_its_own_step_time_
         end["metrics"]["loss"]["step"] == 50, end["metrics"]["loss"]
     assert "train_loss" not in end["metrics"]
     assert end["step_seconds"]["p50"] == pytest.approx(own_p50, rel=0.05), _p50_report(end, own_p50)
-    _on_80x24(tmp_path, run_dir, "step 50/?", "hf_logdict")
+    _on_80x24(tmp_path, run_dir, "step 50/?", "EXITED 0")
 
 
 # --- 4. Lightning's TQDM bar over 3 epochs: the total from [log] epochs, never a per-epoch figure -------

@@ -97,6 +97,16 @@ TIMING_WORDS = {
 }
 
 
+#: The names a rank's own loss goes by (its log dicts', its bar's postfix), first found first.
+RANK_LOSS_NAMES = ("loss", "train_loss")
+
+
+def rank_loss(steps: Mapping[str, Any] | None) -> float | None:
+    """A rank's own latest loss from ``ranks[].steps.metrics`` (None when it printed none)."""
+    metrics = (steps or {}).get("metrics") or {}
+    return next((metrics[k] for k in RANK_LOSS_NAMES if metrics.get(k) is not None), None)
+
+
 def phase_words(phase: Mapping[str, Any] | None) -> str | None:
     """``saving for 12 s (budget 300 s)``, ``training for 1:02:03``; None before anything is known."""
     if not phase or not phase.get("source"):

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from stepwatch.monitors.runfiles import utc_iso
 from stepwatch.monitors.snapshot.alerts import end_words
 from stepwatch.monitors.snapshot.disk import full_words, lost_words
-from stepwatch.tui.format import (NO_DYNAMO_WORDS, stack_frames, streams_words, phase_words, attention_words, energy_words, eta_words, health_words, no_dynamo_output,
+from stepwatch.tui.format import (NO_DYNAMO_WORDS, stack_frames, streams_words, phase_words, rank_loss, attention_words, energy_words, eta_words, health_words, no_dynamo_output,
                                   padding_words, scaling_words, scheduler_words, supervisor_gone, timing_words,
                                   tree_words, versions_words)
 from stepwatch.monitors.snapshot.model import json_safe, run_ended
@@ -103,8 +103,8 @@ def status_lines(snap: Snapshot) -> list[str]:
             f"rank {r['rank']} pid {r['pid']} " + ("alive" if r["alive"] else f"killed by {r['signal']}" if r["signal"]
                                                    else f"exited with code {_fmt(r['returncode'])}")
             + (f", step {_fmt(rs['last_step'])}, n={rs['n']} p50={_fmt(rs['p50'], 3)} "
-               f"p99={_fmt(rs['p99'], 3)}" + (f", loss {rs['metrics']['loss']:.4g}" if "loss" in (rs.get("metrics") or {})
-                                              else "") if (rs := r.get("steps")) else "")
+               f"p99={_fmt(rs['p99'], 3)}" + (f", loss {loss:.4g}" if (loss := rank_loss(rs)) is not None else "")
+               if (rs := r.get("steps")) else "")
             for r in ranks[:16]) + (f"; {len(ranks) - 16} more" if len(ranks) > 16 else "")
             + restarts_words(snap.get("rank_restarts")))
     sg = snap.get("straggler") or {}

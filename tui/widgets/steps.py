@@ -16,7 +16,7 @@ from stepwatch.monitors.snapshot.metrics import metrics_words
 from stepwatch.monitors.snapshot.ranks import latest_per_rank, restarts_words
 from stepwatch.monitors.snapshot.types import Snapshot
 from stepwatch.monitors.states import FLAGGED, NOT_JUDGED, OK, RUNNING, STALLED, SUSPECTED, WARMING
-from stepwatch.tui.format import phase_words, scaling_words, secs, streams_words, timing_words
+from stepwatch.tui.format import phase_words, rank_loss, scaling_words, secs, streams_words, timing_words
 from stepwatch.tui.widgets.base import Panel
 
 
@@ -57,8 +57,7 @@ def ranks_text(snap: Snapshot) -> Text:
         t.append(f"{r['rank']} pid {r.get('pid') or '-'}")
         if st:
             t.append(f" step {st.get('last_step') if st.get('last_step') is not None else '-'} p50 {secs(st.get('p50'))} s")
-            loss = next((v for k in ("loss", "train_loss") if (v := (st.get("metrics") or {}).get(k)) is not None), None)
-            if loss is not None:  # the rank's own, behind its prefix
+            if (loss := rank_loss(st)) is not None:  # the rank's own, behind its prefix
                 t.append(f" loss {loss:.4g}")
         if r.get("alive") is False:
             how = f"killed by {r['signal']}" if r.get("signal") else f"exit {r.get('returncode')}"

@@ -480,8 +480,12 @@ def test_each_prefixed_rank_gets_its_own_log_step_timer_and_rank_0_none():
             out.setdefault(rank, []).extend(recs)
     assert sorted(timers.timers) == [2, 3] and sorted(out) == [2, 3], (timers.timers, out)
     for rank in (2, 3):
-        assert [r["step"] for r in out[rank]] == [2, 3, 4, 5] and {r["rank"] for r in out[rank]} == {rank}
-        assert all(abs(r["dt"] - 1.0) < 1e-9 for r in out[rank]), out[rank]
+        steps = [r for r in out[rank] if r["kind"] == "step"]
+        assert [r["step"] for r in steps] == [2, 3, 4, 5] and {r["rank"] for r in out[rank]} == {rank}
+        assert all(abs(r["dt"] - 1.0) < 1e-9 for r in steps), out[rank]
+    # each rank's own metrics ride along as log records when they change: rank 2's loss, never rank 0's 1.0
+    assert [r["logs"]["loss"] for r in out[2] if r["kind"] == "log"] == [0.1, 0.2, 0.3, 0.4, 0.5]
+    assert not [r for r in out[3] if r["kind"] == "log"]  # a bar with no postfix: no metrics
     assert timers.timers[3].tracker.total == 5 and timers.timers[2].tracker.format == "step_line"
 
 

@@ -302,7 +302,7 @@ def test_lightnings_tqdm_bar_over_3_epochs_with_log_epochs_gives_the_total_and_a
     assert eta_s == pytest.approx(truth, rel=0.10), (mid["eta"], truth)
     loss = float(re.findall(r"Epoch 2: 100%.*?(?<!_)loss=([\d.]+)", _plain(_raw_log(run_dir)))[-1])
     assert end["metrics"]["loss"]["value"] == pytest.approx(loss, rel=1e-3, abs=1e-6), end["metrics"]
-    _on_80x24(tmp_path, run_dir, f"step {total}/{total}", "lightning_tqdm")
+    _on_80x24(tmp_path, run_dir, f"step {total}/{total}", "EXITED 0")  # the header (the step line is cut at 80)
 
 
 @pytest.mark.slow
@@ -424,4 +424,4 @@ def test_a_timm_shaped_counter_through_a_pattern_with_epoch_gives_the_global_ste
     assert [r["step"] for r in records if "eval" in r["flags"]] == [per_epoch, 2 * per_epoch], \
         [(r["step"], r["flags"]) for r in records if r["flags"]]  # the Test: pass after epochs 0 and 1
     assert end["step_seconds"]["p50"] == pytest.approx(own_p50, rel=0.05), _p50_report(end, own_p50)
-    _on_80x24(tmp_path, run_dir, f"step {end['step']['global_step']}/{total}", "pattern 1")
+    _on_80x24(tmp_path, run_dir, f"step {end['step']['global_step']}/{total}", "EXITED 0")

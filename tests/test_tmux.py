@@ -110,8 +110,10 @@ def _reverse_video_runs(row: str) -> list[str]:
 def test_the_run_screen_in_tmux_shows_every_key_and_fact_whole_or_marked_cut(pane_at, width: int, height: int):
     pane, run_dir = pane_at(width, height)
     keys = ("r relaunch", "x stop", "a ack", "q quit", "l launch", "? help")
-    shown = pane.wait_for(lambda s: "train.log" in s and all(k in s.splitlines()[-1] for k in keys),
-                          what="the run screen with every footer key on its last row")
+    # the log panel's title row drawn (not "log train.log" of the identity line, shown earlier) and the footer
+    shown = pane.wait_for(lambda s: any(r.startswith("─train.log") for r in s.splitlines())
+                          and all(k in s.splitlines()[-1] for k in keys),
+                          what="the run screen with its log panel and every footer key on its last row")
     rows = shown.splitlines()
     assert rows[0].startswith(" ended-sigkill #1  KILLED SIGKILL  pid 2147483000"), rows[0]
     assert "ETA -" in rows[0]

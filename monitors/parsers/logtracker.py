@@ -274,24 +274,19 @@ class LogTracker(ProgressTracker):
         return [StepAdvance(step, prev, dt, at_s, reported_dt_s)]
 
 
+def own_run_record(run_dir: Path) -> dict:
+    """run.json as read only when this process's user owns it (another user's file is never trusted with
+    what runs on every log line); {} otherwise."""
+    try:
+        return read_json(Path(run_dir) / RUN_JSON, os.geteuid()) or {}
+    except OSError:
+        return {}
+
+
 def run_patterns(run_dir: Path) -> list[UserPattern]:
-    """The run config's ``[log] patterns`` as run.json records them, compiled (in RE2: linear in the line);
-    only from a run.json this process's user owns (another user's file is never trusted with what runs on
-    every log line), [] otherwise or when they do not compile."""
-    try:
-        run = read_json(Path(run_dir) / RUN_JSON, os.geteuid())
-    except OSError:
-        return []
-    return patterns_of(run or {})
-
-
-def run_settings(run_dir: Path) -> LogSettings:
-    """The run config's ``[log]`` settings as this user's own run.json records them (as :func:`run_patterns`)."""
-    try:
-        run = read_json(Path(run_dir) / RUN_JSON, os.geteuid())
-    except OSError:
-        return LogSettings()
-    return settings_of(run or {})
+    """The run config's ``[log] patterns`` as this user's own run.json records them, compiled (in RE2: linear
+    in the line); [] otherwise or when they do not compile."""
+    return patterns_of(own_run_record(run_dir))
 
 
 def settings_of(run: dict) -> LogSettings:

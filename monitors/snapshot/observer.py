@@ -35,7 +35,7 @@ from stepwatch.monitors.snapshot.ranks import RankWatch
 from stepwatch.monitors.fold.events import EventsFold, step_no
 from stepwatch.monitors.fold.savedstate import load as load_saved_state, refused
 from stepwatch.monitors.parsers.dynamolog import DynamoLogScanner, RecompileLimit, Recompile
-from stepwatch.monitors.parsers.logtracker import LogTracker, log_hint, run_patterns, run_settings
+from stepwatch.monitors.parsers.logtracker import LogTracker, log_hint, own_run_record, patterns_of, settings_of
 from stepwatch.monitors.snapshot.metrics import arrival_check, log_metrics, series_part
 from stepwatch.monitors.snapshot.eta import ETA_RECENT_STEPS, eta_part
 from stepwatch.monitors.gpu.energy import RECENT_STEPS as ENERGY_STEPS
@@ -110,7 +110,8 @@ class _Attempt:
         self.new_lines_dropped = False  # more arrived than new_lines holds
         self.ev = EventsFold()  # what events.jsonl says (from a saved state, see refresh())
         self.ev_resume: dict[str, Any] | None = None  # the snapshot's events.resume
-        self.progress = LogTracker(run_patterns(run_dir), run_settings(run_dir))  # the run config's [log] too
+        own = own_run_record(run_dir)  # the run config's [log] patterns and settings, from one read
+        self.progress = LogTracker(patterns_of(own), settings_of(own))
         self.log_stats = StepStats()
         self.dynlog = DynamoLogScanner()
         self.dynlog_flushed = False

@@ -52,6 +52,14 @@ NESTED_KEYS: dict[tuple[str, str], tuple[str, ...]] = {
 FLAG_FIRST, FLAG_EVAL, FLAG_SAVE, FLAG_RECOMPILE = "first", "eval", "save", "recompile"
 FLAGS = (FLAG_FIRST, FLAG_EVAL, FLAG_SAVE, FLAG_RECOMPILE)
 
+#: Flags the supervisor puts on a log-timed step whose interval held what its liveness signals saw
+#: (ARCHITECTURE.md R18): ``stopped``, a process of the run held stopped (no training time: never counted);
+#: ``idle``, the run idle past its step budget (a stall, paged as such: the fallback detector excuses it);
+#: ``silent``, busy but silent past the step budget (a save or an evaluation the log does not name, or a
+#: slow step: counted, but alone never makes the fallback detector suspect a second mode).
+FLAG_STOPPED, FLAG_IDLE, FLAG_SILENT = "stopped", "idle", "silent"
+LIVENESS_FLAGS = (FLAG_STOPPED, FLAG_IDLE, FLAG_SILENT)
+
 #: ``phase`` event names and states.
 PHASE_NAMES = (FLAG_SAVE, FLAG_EVAL)
 PHASE_STATES = ("begin", "end")

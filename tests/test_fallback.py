@@ -80,6 +80,27 @@ def test_ok_with_isolated_slow_steps_names_them_as_not_a_second_mode():
     assert d.reason().endswith("; 2 isolated slow steps earlier (last: step 71, 40.00 s = 20.0x) — not a second mode")
 
 
+def test_a_busy_silence_alone_is_no_suspicion_but_counts_towards_a_second_mode():
+    """The supervisor flags ``silent`` the step whose interval it saw busy but silent past the step budget (an
+    unannounced save): alone it never makes the detector suspect; three slow steps, it among them, still flag."""
+    d = _steady()
+    d.add(30, SLOW, flags=["silent"])
+    assert d.state == "ok" and d.slow_steps == [30]
+    assert d.reason().endswith("1 isolated slow step earlier (last: step 30, 40.00 s = 20.0x, busy but silent: "
+                               "a save or an evaluation the log does not name?) — not a second mode")
+    d.add(31, SLOW)  # the control: a slow step the supervisor did not see silent makes the pair suspected
+    assert d.state == "suspected" and d.onset_step == 30
+    d.add(32, SLOW, flags=["silent"])
+    assert d.state == "flagged"  # an eager fallback whose steps outlast the step budget still flags
+
+
+@pytest.mark.parametrize("flag", ["stopped", "idle"])
+def test_a_step_whose_interval_held_a_stopped_process_or_a_stall_is_excused(flag):
+    d = _steady()
+    d.add(30, SLOW * 5, flags=[flag])
+    assert d.state == "ok" and d.slow_steps == [] and d.details()["excused_steps"][-1][:2] == (30, flag)
+
+
 def test_suspected_names_its_slow_steps_one_or_more():
     d = _steady()
     d.add(30, SLOW)
@@ -434,9 +455,9 @@ def test_the_warm_up_history_holds_4096_steps_not_one_more(lead, until):
 
 
 def test_two_exempt_flags_excuse_a_step_by_the_first_in_order():
-    """EXEMPT_FLAGS in order: first, recompile, save, eval. A step flagged both eval and save is
-    excused as save; one flagged recompile and first as first."""
-    assert EXEMPT_FLAGS == ("first", "recompile", "save", "eval")
+    """EXEMPT_FLAGS in order: first, recompile, save, eval, then the supervisor's stopped and idle. A step
+    flagged both eval and save is excused as save; one flagged recompile and first as first."""
+    assert EXEMPT_FLAGS == ("first", "recompile", "save", "eval", "stopped", "idle")
     d = _steady()
     assert d.add(30, SLOW, ["eval", "save"]).excused == "save"
     assert d.add(31, SLOW, ["recompile", "first"]).excused == "first"

@@ -67,6 +67,10 @@ def test_an_announced_save_and_a_busy_silence_page_nothing_and_an_idle_silence_i
     assert during["saveline"]["phase"]["name"] == "saving" and during["saveline"]["phase"]["source"] == "log"
     assert busy["state"] == "suspected" and "busy but silent" in busy["reason"], busy
     assert idle["state"] == "stalled", idle  # the control: the same silence, idle, is a stall
+    signals = {mode: during[mode]["liveness"]["signals_s"] for mode in during}  # what each verdict stands on
+    assert all(sig["output"] > 5 and sig["step"] > 5 for sig in signals.values()), signals
+    # a one-shot status knows the CPU moves now (0 s), never for how long it has not (unknown, not 0)
+    assert signals["busy"]["cpu"] == 0.0 and signals["idle"]["cpu"] is None is signals["saveline"]["cpu"], signals
     wait_until(lambda: "stall" in _recorded_kinds(runs["idle"]), 20, what="the idle run's stall page")
     for mode, run_dir in runs.items():
         ex = wait_until(lambda d=run_dir: read_json(d / "exit.json"), 60, what=f"the {mode} run to end")
@@ -78,3 +82,7 @@ def test_an_announced_save_and_a_busy_silence_page_nothing_and_an_idle_silence_i
     assert end["step_seconds"]["p50"] == pytest.approx(0.1, rel=0.1) and end["step_seconds"]["max"] < 1.0, \
         end["step_seconds"]  # the 10 s save is no step time
     assert end["fallback"]["state"] != "suspected", end["fallback"]
+    for mode, flag in (("busy", "silent"), ("idle", "idle")):  # what the supervisor saw, on the step ending it
+        recs = [json.loads(ln) for ln in (runs[mode] / "logsteps.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in recs if flag in r["flags"]] == [41], (mode, recs[39:42])
+        assert _status(runs[mode])["fallback"]["state"] == "ok", (mode, _status(runs[mode])["fallback"])

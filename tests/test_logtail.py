@@ -116,6 +116,19 @@ def test_real_compile_log_glued_record_is_one_segment_after_the_bar() -> None:
 # --------------------------------------------------------------------------- crafted files
 
 
+def test_a_rank_prefix_glued_to_a_bar_frame_starts_a_line_of_its_own(tmp_path: Path) -> None:
+    """torchrun --tee tails a rank's stdout and stderr apart: a dict line lands right after a bar frame that
+    ended in \\r (tests/fixtures/real/torchrun_tee_dicts.log). The frame is read as a bar frame (\\r), the dict
+    as its own line; a prefix at the start of a line, or after a space, stays where it is (the controls)."""
+    log = tmp_path / TRAIN_LOG
+    log.write_text("[default0]: 33%|███▎      | 10/30 [00:00<00:00, 47.25it/s][default0]:{'loss': '5.556'}\n"
+                   "[rank0]:[default0]: plain\n" "said [default1]: as text\n")
+    segs = [(s.text, s.end) for s in LogFollower(log, from_start=True).poll() if not s.is_note]
+    assert segs == [("[default0]: 33%|███▎      | 10/30 [00:00<00:00, 47.25it/s]", "\r"),
+                    ("[default0]:{'loss': '5.556'}", "\n"), ("[rank0]:[default0]: plain", "\n"),
+                    ("said [default1]: as text", "\n")]
+
+
 def test_partial_line_waits_and_is_exposed(tmp_path: Path) -> None:
     p = tmp_path / TRAIN_LOG
     p.write_bytes(b"")

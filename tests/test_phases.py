@@ -98,6 +98,30 @@ def test_a_phase_learns_its_longest_and_its_budget_is_three_times_that_with_a_fl
     assert ph.budget_s() is None  # training: the step budget's
 
 
+def test_a_view_that_reads_the_log_at_once_learns_the_saves_length_from_the_supervisors_records(tmp_path):
+    """``status`` reads the whole log in one go, so every save it sees lasts 0 s; the supervisor's records of the
+    steps whose intervals held a save say how long it took, and the budget follows (3x, with the floor)."""
+    import json
+
+    from stepwatch.monitors.fold.events import EventsFold
+    from stepwatch.monitors.readers.jsonl import EventReader
+    from stepwatch.monitors.snapshot.phase import learn_phase_lengths
+
+    f = tmp_path / "logsteps.jsonl"
+    recs = [{"v": 1, "kind": "step", "t": 100.0 + i, "step": i, "rank": 0, "dt": dt, "flags": flags}
+            for i, dt, flags in [(1, 0.1, ["first"]), (2, 0.1, []), (3, 250.0, ["save"]), (4, 0.1, []), (7, 95.0, ["first"]),
+                                 (5, 120.0, ["eval", "save"]), (6, 90.0, ["eval"])]]
+    f.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    fold = EventsFold()
+    fold.fold(EventReader(f))
+    assert fold.phase_longest_s == {"save": 250.0, "eval": 120.0}
+    ph = LogPhases()  # the control: nothing learned from the log read at once
+    assert ph.budget_s(SAVING) == PHASE_FLOOR_S
+    learn_phase_lengths(ph, fold.phase_longest_s)
+    assert ph.longest_s == {SAVING: 250.0, EVALUATING: 120.0}
+    assert ph.budget_s(SAVING) == 750.0 and ph.budget_s(EVALUATING) == 360.0
+
+
 def test_a_phase_is_stuck_only_past_its_budget_and_never_at_the_step_budget():
     summary = {"n": 50, "p99": 0.2}
     assert stall_state(0.0, 30.0, summary).state == STALLED  # the control: 30 s with no phase is a stall
@@ -140,6 +164,26 @@ def test_the_phase_is_exported_one_series_per_word_and_said_in_one_line():
     assert phase_words(None) is None
 
 
+def test_each_liveness_signal_is_exported_and_said_and_an_unknown_one_never_as_0():
+    from prometheus_client import generate_latest
+
+    from stepwatch.monitors.export.prometheus import registry_for
+    from stepwatch.monitors.snapshot.model import null_snapshot
+    from stepwatch.tui.format import liveness_words
+
+    snap = null_snapshot()
+    snap["run"] = "r"
+    text = generate_latest(registry_for(lambda: snap)).decode()
+    assert "stepwatch_liveness_seconds{" not in text  # the control: nothing known, no sample
+    assert liveness_words(snap["liveness"]) is None
+    snap["liveness"]["signals_s"] = {"cpu": 41.0, "output": 39.5, "step": None}
+    text = generate_latest(registry_for(lambda: snap)).decode()
+    got = {ln.split('signal="')[1].split('"')[0]: ln.rsplit(" ", 1)[1] for ln in text.splitlines()
+           if ln.startswith("stepwatch_liveness_seconds{")}
+    assert got == {"cpu": "41.0", "output": "39.5"}, got
+    assert liveness_words(snap["liveness"]) == "CPU moved 41 s ago, output 40 s ago"
+
+
 # --- busy but silent: a step past its budget whose processes compute is shown, not paged ---------------
 def test_a_silent_step_whose_processes_compute_is_suspected_until_the_busy_budget():
     from stepwatch.monitors.snapshot.stepsource import BUSY_FLOOR_S, busy_budget_s, busy_but_silent
@@ -163,3 +207,21 @@ def test_a_save_announced_in_the_poll_of_the_step_before_it_flags_the_step_after
                                ["step 41 loss 1.0"], ["step 42 loss 1.0"]]):
         got += timer.feed_poll([Segment(t, "\n", at_s=100.0 + i, poll_seq=i + 1) for t in texts], None)
     assert [(r["step"], r["flags"]) for r in got if r["step"] >= 40] == [(40, []), (41, ["save"]), (42, [])]
+
+
+def test_an_evaluation_and_a_save_read_in_one_poll_with_two_timed_steps_flag_only_the_first():
+    """nanoGPT prints its evaluation, ``saving checkpoint`` and then ``iter 500`` and ``iter 501`` back to back
+    under load: each step carries its own time, so only iter 500's interval held them (seen live)."""
+    from stepwatch.monitors.readers.textlog import Segment
+
+    timer = LogStepTimer(LogTracker())
+    got = []
+    polls = [["iter 498: loss 2.0, time 15.00ms, mfu 1.00%"], ["iter 499: loss 2.0, time 15.00ms, mfu 1.00%"],
+             ["step 500: train loss 2.1, val loss 2.3", "saving checkpoint to out",
+              "iter 500: loss 2.0, time 3015.00ms, mfu 1.00%", "iter 501: loss 2.0, time 15.00ms, mfu 1.00%"],
+             ["iter 502: loss 2.0, time 15.00ms, mfu 1.00%"]]
+    for i, texts in enumerate(polls):
+        got += timer.feed_poll([Segment(t, "\n", at_s=100.0 + i, poll_seq=i + 1) for t in texts], None)
+    assert [(r["step"], sorted(r["flags"])) for r in got if r["step"] >= 499] == [
+        (499, []), (500, ["eval", "save"]), (501, []), (502, [])]
+

@@ -40,9 +40,10 @@ def _launch(tmp_path: Path, name: str, files: dict[str, str], argv: list[str], e
     return repo / "runs" / name
 
 
-def _launch_config(tmp_path: Path, name: str, files: dict[str, str], argv: list[str], log_table: str) -> Path:
+def _launch_config(tmp_path: Path, name: str, files: dict[str, str], argv: list[str], log_table: str,
+                   exe: str = sys.executable) -> Path:
     """The same through a run config (``run.toml``, committed with ``files``) holding ``log_table``."""
-    command = ", ".join(json.dumps(a) for a in [sys.executable, *argv])
+    command = ", ".join(json.dumps(a) for a in [exe, *argv])
     toml = f'name = "{name}"\ncommand = [{command}]\n{log_table}'
     repo = make_repo(tmp_path / "repo", {**files, "run.toml": toml})
     r = stepwatch("launch", "--no-tui", "run.toml", cwd=repo)
@@ -362,10 +363,12 @@ def test_a_run_killed_mid_bar_has_an_end_alert_naming_the_step_reached_and_its_b
 
 # --- 6. the HF Trainer under torchrun --tee 3 ----------------------------------------------------------
 @pytest.mark.slow
-def test_the_hf_trainer_under_torchrun_tee_gives_rank_0s_loss_and_learning_rate_at_a_step(tmp_path: Path):
-    run_dir = _launch(tmp_path, "tee", {"hf.py": HF_PY},
-                      ["--nproc_per_node", "2", "--tee", "3", "hf.py", "--out-dir", "out", "--steps", "30",
-                       "--logging-steps", "3"], env={"OMP_NUM_THREADS": "1"}, exe=TORCHRUN)
+def test_the_hf_trainer_under_torchrun_tee_gives_rank_0s_loss_and_learning_rate_at_their_step(tmp_path: Path):
+    """torchrun tails a rank's stdout and stderr apart: a dict line lands glued to a bar frame, and the bar may be
+    a few steps off when it arrives. Every dict is read, and with ``[log] logging_steps`` each is at its step."""
+    run_dir = _launch_config(tmp_path, "tee", {"hf.py": HF_PY},
+                             ["--nproc_per_node", "2", "--tee", "3", "hf.py", "--out-dir", "out", "--steps", "30",
+                              "--logging-steps", "3"], "[log]\nlogging_steps = 3\n", exe=TORCHRUN)
     ex = _ended(run_dir, 120, "torchrun to end")
     raw = _raw_log(run_dir)
     dicts = re.findall(r"\[default0\]:\{'loss': '?([\d.]+)'?, 'grad_norm': '?[\d.e-]+'?, "
@@ -377,7 +380,7 @@ def test_the_hf_trainer_under_torchrun_tee_gives_rank_0s_loss_and_learning_rate_
     assert snap["log"]["format"] == "tqdm" and snap["step"]["global_step"] == 30, (snap["log"], snap["step"])
     for name, printed in (("loss", dicts[-1][0]), ("learning_rate", dicts[-1][1])):
         m = snap["metrics"].get(name)
-        assert m is not None and m["step"] is not None and 0 < m["step"] <= 30, (name, snap["metrics"])
+        assert m is not None and m["step"] == 30, (name, snap["metrics"])  # the last dict's own step
         assert m["value"] == pytest.approx(float(printed), rel=1e-3), (name, m, printed)
 
 

@@ -119,6 +119,16 @@ def phase_words(phase: Mapping[str, Any] | None) -> str | None:
     return out
 
 
+def liveness_words(liveness: Mapping[str, Any] | None) -> str | None:
+    """``CPU moved 0 s ago, output 1 s ago, step 0 s ago``: each signal the stall and frozen verdicts stand on
+    (ARCHITECTURE.md R18); None when none is known (an unknown one is left out, never shown as 0)."""
+    signals = (liveness or {}).get("signals_s") or {}
+    words = [f"{label} {duration_words(v)} ago" for key, label in (("cpu", "CPU moved"), ("output", "output"),
+                                                                   ("step", "step"))
+             if isinstance(v := signals.get(key), (int, float))]
+    return ", ".join(words) or None
+
+
 def duration_words(seconds: float) -> str:
     """``12 s`` below a minute, else ``H:MM:SS``."""
     if seconds < 60:

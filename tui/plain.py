@@ -18,7 +18,7 @@ from collections.abc import Callable
 from stepwatch.monitors.runfiles import utc_iso
 from stepwatch.monitors.snapshot.alerts import end_words
 from stepwatch.monitors.snapshot.disk import full_words, lost_words
-from stepwatch.tui.format import (NO_DYNAMO_WORDS, stack_frames, streams_words, phase_words, rank_loss, attention_words, energy_words, eta_words, health_words, no_dynamo_output,
+from stepwatch.tui.format import (NO_DYNAMO_WORDS, stack_frames, streams_words, phase_words, liveness_words, rank_loss, attention_words, energy_words, eta_words, health_words, no_dynamo_output,
                                   padding_words, scaling_words, scheduler_words, supervisor_gone, timing_words,
                                   tree_words, versions_words)
 from stepwatch.monitors.snapshot.model import json_safe, run_ended
@@ -76,7 +76,8 @@ def status_lines(snap: Snapshot) -> list[str]:
                  + f"; stall {stall}" + (f" ({_fmt(st.get('current_step_elapsed_s'), 1)} s)" if stall == STALLED
                                          else f" ({st['reason']})" if stall in (NOT_JUDGED, SUSPECTED) and st.get("reason")
                                          else "")
-                 + (f"; phase {pw}" if pw else ""))
+                 + (f"; phase {pw}" if pw else "")
+                 + (f"; {lw}" if snap.get("state") == RUNNING and (lw := liveness_words(snap.get("liveness"))) else ""))
     d = snap.get("dynamo") or {}
     if no_dynamo_output(d):
         lines.append("  " + NO_DYNAMO_WORDS)
@@ -129,6 +130,8 @@ def status_lines(snap: Snapshot) -> list[str]:
                               for ch, d in (al.get("delivered") or {}).items())
         lines.append(f"  ALERT [{al['kind']}] {al['message']}" + (f" ({', '.join(notes)})" if notes else "")
                      + (f" [delivery {delivered}]" if delivered else ""))
+        if summary := al.get("stacks_summary"):  # where each process of the tree stands (py-spy), grouped
+            lines.append(f"    stacks (py-spy): {summary}")
         if stack := al.get("stack"):  # the supervisor's py-spy dump of the rank: each thread, innermost frame first
             lines.append("    stack (py-spy): " + " | ".join(ln.strip() for ln in (stack_frames(stack) or ["-"])))
     if snap.get("survivors"):

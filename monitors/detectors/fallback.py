@@ -81,7 +81,7 @@ from typing import Any
 from collections.abc import Iterable, Mapping
 
 from stepwatch.monitors.detectors.baseline import NEIGHBORS, _VIEW_IDLE, _Baseline, _ratio, _width
-from stepwatch.monitors.protocol import FLAG_EVAL, FLAG_FIRST, FLAG_RECOMPILE, FLAG_SAVE
+from stepwatch.monitors.protocol import FLAG_EVAL, FLAG_FIRST, FLAG_RECOMPILE, FLAG_SAVE, FLAG_SILENT, FLAG_IDLE, FLAG_STOPPED
 from stepwatch.monitors.states import FLAGGED, OK, STEADY, SUSPECTED, WARMING
 from stepwatch.monitors.stats.stepstats import check_step_seconds, nearest_rank
 
@@ -106,7 +106,7 @@ FLAG_MIN_SLOW = 3
 #: needs fewer valley steps than slow steps in the flag window (a mode is separated by a valley).
 VALLEY_DIV = 2.0
 #: Flags whose steps are shown but never count (the protocol's flags), in the order they are named.
-EXEMPT_FLAGS = (FLAG_FIRST, FLAG_RECOMPILE, FLAG_SAVE, FLAG_EVAL)
+EXEMPT_FLAGS = (FLAG_FIRST, FLAG_RECOMPILE, FLAG_SAVE, FLAG_EVAL, FLAG_STOPPED, FLAG_IDLE)
 #: How many slow / excused step numbers are kept for display.
 KEEP_STEPS = 1000
 
@@ -148,6 +148,7 @@ class _Slow:
     dt_s: float
     expected_s: float
     score: float
+    silent: bool = False  # busy but silent past the step budget: counts towards a mode, never suspected alone
 
 
 class FallbackDetector:
@@ -289,7 +290,7 @@ class FallbackDetector:
                 history.append((step, dt, w, "w"))
                 v = self._warming_step(step, dt, w)
             else:
-                v = self._judged_step(step, dt, w, every)
+                v = self._judged_step(step, dt, w, every, bool(flags) and FLAG_SILENT in flags)
                 if v is None:
                     continue
                 if v.slow:
@@ -299,7 +300,8 @@ class FallbackDetector:
                 out.append((i, v))
         return out
 
-    def _judged_step(self, step: int | None, dt: float, w: float | None, every: bool) -> StepVerdict | None:
+    def _judged_step(self, step: int | None, dt: float, w: float | None, every: bool,
+                     silent: bool = False) -> StepVerdict | None:
         """A steady, counted step: judged against the baseline; a verdict when slow or ``every``."""
         base = self._base
         exp = base.expected(w)[0]
@@ -308,7 +310,7 @@ class FallbackDetector:
         self._judged += 1
         window = self._window
         if score > trip:
-            rec = _Slow(step, dt, exp, score)  # type: ignore[arg-type]
+            rec = _Slow(step, dt, exp, score, silent)  # type: ignore[arg-type]
             self._history.append((step, dt, w, "s"))
             window.append((rec, self._judged, False))
             self._on_slow(rec)
@@ -505,6 +507,8 @@ class FallbackDetector:
         if self._state == FLAGGED:
             return
         cluster = [(x, j) for x, j, _ in self._window if x is not None]
+        if len(cluster) < self.flag_min_slow and all(x.silent for x, _ in cluster):
+            return  # busy but silent (a save the log does not name): alone, no suspicion of a second mode
         valley = sum(1 for _, _, v in self._window if v)
         if self._onset is not cluster[0][0]:
             # slow steps before this cluster's onset (the cluster's own are the last len(cluster))
@@ -576,7 +580,9 @@ class FallbackDetector:
                 last = self._slow[-1]
                 tail = (
                     f"; {self._n_slow} isolated slow step{'s' if self._n_slow != 1 else ''} earlier "
-                    f"(last: step {last.step}, {last.dt_s:.2f} s = {last.score:.1f}x) — not a second mode"
+                    f"(last: step {last.step}, {last.dt_s:.2f} s = {last.score:.1f}x"
+                    + (", busy but silent: a save or an evaluation the log does not name?" if last.silent else "")
+                    + ") — not a second mode"
                 )
             mx = self._max_ok_score
             return (

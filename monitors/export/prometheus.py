@@ -10,10 +10,9 @@ writes the same text for node-exporter's textfile collector (a temp file, then a
 
 Names follow Prometheus' conventions: one ``stepwatch_`` prefix, base units (seconds, watts, ratios
 0..1), ``_total`` for counters, ``stepwatch_run_info`` for identity; labels ``run`` and ``attempt`` on
-every series, ``rank``, ``gpu``, ``kind``, ``quantile``, ``state``, ``name`` where they apply (each has
-a handful of values: no high-cardinality label). A value the snapshot does not know is absent, never 0.
-Each number is the snapshot's own: step times nearest-rank, first step excluded
-(:mod:`stepwatch.monitors.stats.stepstats`), GPU figures from NVML via gpu.jsonl.
+every series, ``rank``, ``gpu``, ``kind``, ``quantile``, ``state``, ``name``, ``phase``, ``signal`` where they
+apply (a handful of values each). A value the snapshot does not know is absent, never 0. Each number is
+the snapshot's own: step times nearest-rank, first step excluded, GPU figures from NVML via gpu.jsonl.
 """
 
 from __future__ import annotations
@@ -33,7 +32,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.registry import Collector
 
 from stepwatch.monitors.runfiles import write_bytes_atomic
-from stepwatch.monitors.snapshot.types import Snapshot
+from stepwatch.monitors.snapshot.types import LIVENESS_SIGNALS, Snapshot
 from stepwatch.monitors.states import EXITED, FLAGGED, OK, PHASES, RUNNING, STALLED, SUSPECTED
 
 #: Slurm job states exported as ``stepwatch_scheduler_state{state=...}`` (1 for the current one).
@@ -41,7 +40,6 @@ SCHEDULER_STATES = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "COMPLETE
                     "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "UNKNOWN")
 _FALLBACK: dict[str, float] = {OK: 0.0, SUSPECTED: 1.0, FLAGGED: 2.0}
 _STALLED: dict[str, float] = {STALLED: 1.0, SUSPECTED: 0.0, OK: 0.0}  # suspected: busy but silent, no page yet
-
 
 _LABEL_OK = re.compile(r"[^A-Za-z0-9 _.+:/@-]")
 _METRIC_NAME = re.compile(r"^[A-Za-z0-9_./-]{1,32}$")
@@ -131,6 +129,9 @@ def families(snap: Snapshot) -> list[Metric]:
         gauge("stepwatch_phase", "1 for what the attempt is doing", 1.0 if ph.get("name") == name else 0.0, {"phase": name})
     gauge("stepwatch_phase_seconds", "Seconds the attempt has been in its current phase", ph.get("for_s"))
     gauge("stepwatch_phase_budget_seconds", "How long the current evaluation or save may run", ph.get("budget_s"))
+    for signal in LIVENESS_SIGNALS:  # absent while unknown: no sample is ever a made-up 0
+        gauge("stepwatch_liveness_seconds", "Seconds since the run's CPU time, train.log's bytes, its step moved",
+              ((snap.get("liveness") or {}).get("signals_s") or {}).get(signal), {"signal": signal})
     eta = snap.get("eta") or {}
     gauge("stepwatch_eta_seconds", "Seconds to the planned last step at the recent rate", eta.get("eta_s"))
     tp = snap.get("throughput") or {}

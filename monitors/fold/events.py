@@ -20,7 +20,7 @@ from typing import Any
 from collections.abc import Iterator
 
 from stepwatch.monitors.protocol import (
-    EVENT_KEYS, FLAG_RECOMPILE, KIND_DYNAMO, KIND_LOG, KIND_PHASE, KIND_RUN_END, KIND_RUN_START, KIND_STEP,
+    EVENT_KEYS, FLAG_EVAL, FLAG_RECOMPILE, FLAG_SAVE, KIND_DYNAMO, KIND_LOG, KIND_PHASE, KIND_RUN_END, KIND_RUN_START, KIND_STEP,
     METRICS_SHOWN_FIRST,
 )
 from stepwatch.monitors.detectors.fallback import FallbackDetector
@@ -39,6 +39,7 @@ FEED_ROWS = 1 << 17
 #: recompiles (their global_step) remembered for the storm alert
 RECOMPILE_STEPS_KEPT = 1000
 _RANK_0 = (0, None)
+_PHASE_FLAGS = (FLAG_EVAL, FLAG_SAVE)
 _MAX_INT = 2**53  # token counts, integer seconds and step numbers read from a file stay below
 _STEP_KEYS = ("rank", "step", "dt", "flags", "tokens", "padded_tokens", "t", "step_end")
 assert set(_STEP_KEYS) <= set(EVENT_KEYS[KIND_STEP]), "a step key the protocol does not declare"
@@ -84,6 +85,9 @@ class EventsFold:
         self.slow_step_ends: dict[int, float] = {}  # insertion order: oldest first
         self.flagged_onset_end: float | None = None
         self.unusable_steps = 0
+        #: ``eval`` / ``save`` -> the longest interval of a step flagged so (seconds): how long the run's
+        #: evaluations and saves take, known to any view of the records (ARCHITECTURE.md R18)
+        self.phase_longest_s: dict[str, float] = {}
         #: step records timed as k steps sharing one log update (logsteps.jsonl ``timing: shared``)
         self.shared_steps = 0
         #: step records whose dt the program printed itself (logsteps.jsonl ``timing: reported``)
@@ -146,6 +150,10 @@ class EventsFold:
                 if type(t) is not float or not 0.0 <= t < _UNIX_MAX:
                     t = unix_time(t)
                 rows.append((step, dt, flags, tokens, padded, t))
+                if flags:
+                    for f in flags:
+                        if f in _PHASE_FLAGS and dt > self.phase_longest_s.get(f, 0.0):
+                            self.phase_longest_s[f] = float(dt)  # an interval that held it: its length at most
                 width = ev.get("width")
                 if width is not None and padded is not None:  # the batch shape: the scaling fit's point
                     bs = ev.get("batch_size")

@@ -61,7 +61,7 @@ from stepwatch.monitors.runfiles import EVENTS_JSONL, EVENTS_STATE, RUN_JSON, op
 from stepwatch.monitors.stats.minmax import Bin, MinMaxSeries
 from stepwatch.monitors.stats.stepstats import StepRecord, StepStats
 
-FORMAT = 1
+FORMAT = 2  # 2: a slow step says whether its interval was busy but silent (issue 32)
 #: How often the supervisor saves (seconds); an attach reads at most this much of the run's end.
 SAVE_EVERY_S = 30.0
 #: The supervisor waits at least this many times the cost of its last save before the next one
@@ -93,7 +93,7 @@ _OPT_NUM = (int, float, type(None))
 #: sit in several windows at once; StepStats' records in its recent and window deques), and the
 #: types of their fields, in slot order (bool is never taken for an int).
 _RECORD_FIELDS: dict[str, tuple[tuple[type, ...], ...]] = {
-    "_Slow": (_OPT_INT, _NUM, _NUM, _NUM),
+    "_Slow": (_OPT_INT, _NUM, _NUM, _NUM, (bool,)),
     "StepRecord": (_OPT_INT, _NUM, (tuple,), _OPT_INT, _OPT_INT, _OPT_NUM, (bool,)),
     "Bin": (_OPT_INT, _OPT_INT, _OPT_NUM, _OPT_NUM, _NUM, (int,), (int,)),
 }

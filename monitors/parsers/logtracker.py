@@ -90,6 +90,7 @@ class LogTracker(ProgressTracker):
         self.matched_lines = 0
         self.series: dict[str, MinMaxSeries] = {}  # the whole run per metric, min and max kept per bin
         self.last_metrics: dict[str, tuple[int | None, float]] = {}
+        self._last_dict_step: int | None = None  # the last training log dict's own step ([log] logging_steps)
         self._line_at: tuple[float | None, int | None, bool] | None = None  # the current step's first arrival
         self._tail = False
         self.lines_seen = 0  #: complete lines fed
@@ -192,7 +193,9 @@ class LogTracker(ProgressTracker):
         relabel, self._relabel = self._relabel, None
         if self.n_logs != n_logs:  # a printed Trainer log dict
             d = self.logs[-1][1]
-            if not is_summary(d):
+            if not is_summary(d) and (at := self._dict_step(d)) is not None:
+                self._record(d, at)  # [log] logging_steps: the dict's own step, whatever the bar shows
+            elif not is_summary(d):
                 self._record(d)
                 self._relabel = [k for k in d if k in self.series]
         elif relabel and self.last is not bar_before and self.global_step is not None:
@@ -239,14 +242,29 @@ class LogTracker(ProgressTracker):
                                            ls.total_is_steps_left) or self.settings.max_steps)
         return self._advance(step, None, ls.reported_dt_s, metrics, at_s, poll_seq, live)
 
-    def _record(self, metrics: dict[str, float]) -> None:
+    def _dict_step(self, d: dict) -> int | None:
+        """A training log dict's own step where ``[log] logging_steps`` (> 1) says it: the Trainer logs at each
+        multiple, so the dict after the one at step N is at N + logging_steps (the first, or one far from the
+        bar after a resume, at the multiple nearest the bar). None without it: the bar's step is the label
+        (under ``torchrun --tee`` a rank's bar and dicts are tailed apart, so the bar may be a few steps off)."""
+        every = self.settings.logging_steps
+        if every <= 1 or "loss" not in d or "epoch" not in d or self.global_step is None:
+            return None
+        bar = self.global_step
+        nxt = self._last_dict_step + every if self._last_dict_step is not None else None
+        self._last_dict_step = nxt if nxt is not None and abs(nxt - bar) <= 2 * every else max(
+            every, round(bar / every) * every)
+        return self._last_dict_step
+
+    def _record(self, metrics: dict[str, float], step: int | None = None) -> None:
+        at = self.global_step if step is None else step
         for k, v in metrics.items():
             if k not in self.series:
                 if len(self.series) >= MAX_SERIES:
                     continue
                 self.series[k] = MinMaxSeries()
-            self.series[k].add(self.global_step, v)
-            self.last_metrics[k] = (self.global_step, v)
+            self.series[k].add(at, v)
+            self.last_metrics[k] = (at, v)
 
     def _advance(self, step: int, max_steps: int | None, reported_dt_s: float | None, metrics: dict[str, float],
                  at_s: float | None, poll_seq: int | None, live: bool) -> list[StepAdvance]:

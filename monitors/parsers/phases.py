@@ -105,6 +105,12 @@ class LogPhases:
         self._ready |= self.since_step  # the phases before this step are its interval's: its records' flags
         self.since_step = set()
 
+    def learn(self, phase: str, seconds: float) -> None:
+        """An interval of ``phase`` lasted up to ``seconds`` (a flagged step's record: the supervisor timed it
+        as it happened, where a view that reads the log at once sees every phase last 0 s)."""
+        if phase in PHASE_FLAGS and seconds > self.longest_s.get(phase, 0.0):
+            self.longest_s[phase] = seconds
+
     def take_flags(self) -> list[str]:
         """The flags of the phases that ran before the training steps seen since the last call (for those
         steps' records); a phase seen after the last step waits for the next one."""

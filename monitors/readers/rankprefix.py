@@ -31,3 +31,17 @@ def rank_prefix(text: str) -> tuple[int | None, str]:
     if not m:
         return None, text
     return rank_of(m.group(0)), text[m.end():]
+
+
+_GLUED = re.compile(rf"(?<=\S){RANK_PREFIX}")
+
+
+def glued_prefix_at(text: str) -> int:
+    """Where a second line starts inside ``text``: a rank prefix glued to what precedes it (torchrun's
+    ``--tee`` tails a rank's stdout and stderr apart, so a dict line lands right after a bar frame that
+    ended in ``\r``: ``… 10/30 [00:00<00:00, 47.25it/s][default0]:{'loss': …}``); -1 when there is none."""
+    if "[default" not in text and "[rank" not in text:
+        return -1
+    lead = LEADING_PREFIXES.match(text)  # ``[rank0]:[default0]:`` is one run of prefixes, not two lines
+    m = _GLUED.search(text, max(1, lead.end() if lead else 1))
+    return m.start() if m else -1

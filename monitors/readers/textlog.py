@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Literal
 
 from stepwatch.monitors.runfiles import open_regular
+from stepwatch.monitors.readers.rankprefix import glued_prefix_at
 
 __all__ = [
     "Segment",
@@ -453,6 +454,11 @@ class LogFollower:
     def _emit_text(
         self, text: str, end: End, cut: bool, nbytes: int, out: list[Segment], now: float, backfill: bool
     ) -> None:
+        while (at := glued_prefix_at(text)) > 0:  # torchrun --tee glued two lines: the first is a bar frame
+            head, text = text[:at], text[at:]
+            head_bytes = len(head.encode("utf-8", "replace"))
+            nbytes -= head_bytes
+            self._emit_text(head, "\r", False, head_bytes, out, now, backfill)
         out.append(Segment(text, end, cut, nbytes, now, self._poll_seq, backfill))
         view = self._view
         if end == "\r":

@@ -197,8 +197,9 @@ def merge_alerts(computed: list[NewAlert], recorded: Mapping[str, dict[str, Any]
     none is recorded), or null when the run names no channel."""
     for rid, rec in recorded.items():
         shown.setdefault(rid, dict(rec))
-        if "stack" in rec:  # the supervisor's py-spy stack, recorded after the alert
-            shown[rid]["stack"] = rec["stack"]
+        for key in ("stack", "stacks_summary"):  # the supervisor's py-spy stacks, recorded after the alert
+            if key in rec:
+                shown[rid][key] = rec[key]
     active = set()
     for al in computed:
         active.add(al["id"])
@@ -224,7 +225,10 @@ def read_alert_records(reader: Any, recorded: dict[str, dict[str, Any]], deliver
                 "id": rec["id"], "kind": str(rec.get("alert_kind")), "at": str(rec.get("at")),
                 "message": str(rec.get("message")), "level": str(rec.get("level"))})
         elif rec.get("kind") == "stack" and rec["alert_id"] in recorded:
-            recorded[rec["alert_id"]]["stack"] = str(rec.get("stack"))[-4000:]
+            if isinstance(rec.get("stack"), str):
+                recorded[rec["alert_id"]]["stack"] = rec["stack"][-4000:]
+            if isinstance(rec.get("summary"), str):  # every process's stack, grouped (parsers/pystacks.py)
+                recorded[rec["alert_id"]]["stacks_summary"] = rec["summary"][:600]
         elif rec.get("kind") == "delivery":
             deliveries.setdefault(rec["alert_id"], {})[str(rec.get("channel"))] = {
                 k: shallow(rec.get(k)) for k in ("outcome", "detail", "attempts", "t")}

@@ -26,6 +26,12 @@ MAX_LOOKED_AT = 256
 #: A view's first look at a running tree takes the processes' CPU twice, this far apart (seconds): a one-shot
 #: ``status`` then knows whether they compute now (a silent step that computes is busy, not stuck).
 FIRST_LOOK_S = 0.25
+#: The tree's CPU counts as moving from this many cores (a waiting process still ticks a little: gloo's and
+#: NCCL's watchdog threads, a DataLoader's pin-memory thread).
+CPU_MOVING_CORES = 0.02
+#: A CPU that did not move is said idle only once this view watched it that long (seconds): a one-shot status
+#: knows whether the processes compute now, not for how long they have not.
+CPU_IDLE_KNOWN_S = 1.0
 
 
 class TreeHealth:
@@ -38,6 +44,10 @@ class TreeHealth:
         self.stopped: list[StoppedProcess] = []
         self.examined = 0
         self._stopped_since: dict[tuple[int, float | None], float] = {}
+        #: when (monotonic) this view last saw the tree's CPU time advance, and by its first look at least
+        self._cpu_moved_at: float | None = None
+        #: seconds since the tree's CPU time last advanced (None: not known: no process, a single look)
+        self.cpu_idle_s: float | None = None
 
     def part(self, running: bool) -> Health:
         out: Health = {"processes": 0, "cpu_cores": None, "cpu_cores_basis": None, "rss_bytes": None,
@@ -75,7 +85,9 @@ class TreeHealth:
             rss += mem.rss
             since_start += (ct.user + ct.system) / max(now_wall - (rp.ref.create_time or now_wall), 1.0)
         self._stopped_since, self.examined = still_stopped, n
+        self.cpu_idle_s = None
         if not n:
+            self._cpu_moved_at = None
             return out
         out.update(processes=n, rss_bytes=int(rss))
         if self._prev is None and self.first_look_s > 0:  # a first look (a one-shot status): a second, shortly
@@ -89,6 +101,13 @@ class TreeHealth:
                        cpu_cores_basis=f"last {now - self._prev[0]:.0f} s")
         else:
             out.update(cpu_cores=round(since_start, 2), cpu_cores_basis="since start")
+        if out["cpu_cores_basis"] != "since start":  # measured over an interval: did the CPU time move?
+            if (out["cpu_cores"] or 0.0) >= CPU_MOVING_CORES:
+                self._cpu_moved_at = now
+            elif self._cpu_moved_at is None and self._prev is not None:
+                self._cpu_moved_at = self._prev[0]  # not since this view's previous look, at least
+        if self._cpu_moved_at is not None and (self._cpu_moved_at == now or now - self._cpu_moved_at >= CPU_IDLE_KNOWN_S):
+            self.cpu_idle_s = round(max(0.0, now - self._cpu_moved_at), 1)  # a one-shot status: 0 or unknown
         self._prev = (now, cpu_s)
         return out
 

@@ -43,7 +43,7 @@ from stepwatch.monitors.snapshot.gpuview import GpuView
 from stepwatch.monitors.detectors.frozen import frozen_verdict
 from stepwatch.monitors.snapshot.health import TreeHealth
 from stepwatch.monitors.parsers.traceback import last_text, traceback_last_line
-from stepwatch.monitors.snapshot.phase import phase_part
+from stepwatch.monitors.snapshot.phase import learn_phase_lengths, phase_part
 from stepwatch.monitors.readers.jsonl import EventReader
 from stepwatch.monitors.readers.loglines import LogLines
 from stepwatch.monitors.readers.textlog import DEFAULT_MAX_BYTES_PER_POLL, LogFollower
@@ -185,6 +185,7 @@ class RunObserver:
         if a.logsteps.restarted:  # logsteps.jsonl replaced under the same attempt: fold the new one
             a.log_ev = EventsFold()
             a.log_ev.fold(a.logsteps)
+        learn_phase_lengths(a.progress.phases, a.log_ev.phase_longest_s, a.ev.phase_longest_s)
         return a
 
     def _read_log(self, a: _Attempt) -> None:
@@ -270,8 +271,11 @@ class RunObserver:
         ended = snap["ended"] or {}
         snap["disk"] = disk_status(self.run_dir, ended.get("write_errors"), ended.get("log_lost_bytes"),
                                    ended.get("log_lost_reason"))
-        snap["liveness"] = {"frozen": frozen_verdict(self.health.stopped, self.health.examined,
-                                                     snap["state"] == RUNNING)}
+        running = snap["state"] == RUNNING
+        snap["liveness"] = {"frozen": frozen_verdict(self.health.stopped, self.health.examined, running),
+                            "signals_s": {"cpu": self.health.cpu_idle_s if running else None,
+                                          "output": snap["log"].get("last_byte_age_s") if running else None,
+                                          "step": snap["stall"].get("current_step_elapsed_s") if running else None}}
         snap["phase"] = phase_part(a.ev.open_phase, a.progress.phases, run_ended(snap), now)
         snap["ranks"], snap["straggler"], snap["rank_restarts"] = a.ranks.part()
         guard_stall(snap)

@@ -7,6 +7,7 @@ The emitter's open ``phase()`` (events.jsonl) wins where there is one; otherwise
 from __future__ import annotations
 
 from typing import Any, cast
+from collections.abc import Mapping
 
 from stepwatch.monitors.parsers.phases import LogPhases
 from stepwatch.monitors.protocol import FLAG_EVAL, FLAG_SAVE
@@ -28,3 +29,12 @@ def phase_part(open_phase: Any, phases: LogPhases, ended: bool, now: float) -> P
     return cast(Phase, {"name": phases.name, "for_s": None if since is None else round(max(0.0, now - since), 3),
                         "source": "log" if phases.name != STARTING or since is not None else None,
                         "budget_s": phases.budget_s(), "longest_s": longest})
+
+
+def learn_phase_lengths(phases: LogPhases, *longest_by_flag: Mapping[str, float]) -> None:
+    """Teach the log's phases how long the evaluations and saves took from the step records flagged so
+    (``EventsFold.phase_longest_s``, seconds): the budgets then hold for a view that read the log at once."""
+    for longest in longest_by_flag:
+        for flag, seconds in longest.items():
+            if flag in _EVENT_PHASES:
+                phases.learn(_EVENT_PHASES[flag], seconds)

@@ -20,8 +20,9 @@ from typing import Literal, NotRequired, TypedDict
 from stepwatch.monitors.snapshot.resourcetypes import (DeviceHistory, Disk, Energy, FileValue, GpuDevice, Health,
                                                        Padding, PaddingWidth, Scaling, ScalingShares, Scheduler,
                                                        Survivor)
-from stepwatch.monitors.detectors.frozen import Frozen
-from stepwatch.monitors.states import (EtaState, FallbackState, PhaseName, RunState, StallState, StragglerState,
+from stepwatch.monitors.snapshot.runmodeltypes import LIVENESS_SIGNALS as LIVENESS_SIGNALS, Liveness
+from stepwatch.monitors.snapshot.runmodeltypes import LivenessSignals as LivenessSignals, Phase as Phase
+from stepwatch.monitors.states import (EtaState, FallbackState, RunState, StallState, StragglerState,
                                       WarmupState)
 
 #: A counter read from a file: a finite number >= 0, else None (:func:`.model.count`).
@@ -254,6 +255,8 @@ class Alert(NewAlert):
     level: NotRequired[str]
     #: the supervisor's Python stack taken for the alert (only once it recorded one)
     stack: NotRequired[str]
+    #: for a stall: where each process of the tree stands, grouped, the odd one out first (one line)
+    stacks_summary: NotRequired[str]
 
 
 class Identity(TypedDict, total=False):
@@ -319,22 +322,6 @@ class Events(TypedDict):
 class Histogram(TypedDict):
     edges_s: list[float]
     counts: list[int]
-
-
-class Phase(TypedDict):
-    """``phase``: what the attempt is doing (ARCHITECTURE.md R18), from events.jsonl's open phase or the log."""
-
-    name: PhaseName
-    for_s: float | None  #: how long it has been doing it (seconds; null when unknown)
-    source: str | None  #: "events" (the emitter's phase()), "log" (its lines, bars), "process" (it ended), null
-    budget_s: float | None  #: how long an evaluation or a save may run before it is judged stuck
-    longest_s: dict[str, float]  #: the longest evaluation and save seen so far, seconds
-
-
-class Liveness(TypedDict):
-    """``liveness``: judgements of the run's processes that need no log shape (:mod:`..detectors.frozen`)."""
-
-    frozen: Frozen
 
 
 class Snapshot(TypedDict):

@@ -34,19 +34,20 @@ from collections.abc import Iterable
 
 from sortedcontainers import SortedList
 
-from stepwatch.monitors.protocol import FLAG_EVAL, FLAG_FIRST, FLAG_SAVE
+from stepwatch.monitors.protocol import FLAG_EVAL, FLAG_FIRST, FLAG_SAVE, FLAG_STOPPED
 # re-exported (`x as x`): callers import the nearest-rank helpers from here too
 from stepwatch.monitors.stats.nearest_rank import nearest_rank as nearest_rank
 from stepwatch.monitors.stats.nearest_rank import nearest_rank_index as nearest_rank_index
 
 #: The flag the emitter puts on the first step of each process (:mod:`stepwatch.monitors.protocol`).
 FIRST = FLAG_FIRST
-#: Flags of a step whose interval held an evaluation or a save: no training step time (ARCHITECTURE.md R18).
-PHASE_FLAGS = frozenset((FLAG_EVAL, FLAG_SAVE))
+#: Flags of a step whose interval held an evaluation, a save or a stopped process: no training step time
+#: (ARCHITECTURE.md R18).
+PHASE_FLAGS = frozenset((FLAG_EVAL, FLAG_SAVE, FLAG_STOPPED))
 
 
 def _uncounted(fl: tuple[str, ...]) -> bool:
-    """A ``first`` step, or one whose interval held an evaluation or a save."""
+    """A ``first`` step, or one whose interval held an evaluation, a save or a stopped process."""
     return bool(fl) and (FIRST in fl or not PHASE_FLAGS.isdisjoint(fl))
 
 #: Unit suffix of the canonical line (ARCHITECTURE.md, "Reference runs").

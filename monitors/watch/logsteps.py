@@ -56,31 +56,40 @@ class LogStepTimer:
         self._last_step: int | None = None
         self._last_at: float | None = None
         self._timed_any = False
+        self._flags: list[str] = []  # the evaluations and saves that ran before the steps not yet recorded
 
     def feed_poll(self, segments: Iterable[Segment], partial: Segment | None) -> list[dict[str, Any]]:
         """One poll's segments (and the follower's unfinished tail, if any): the step records of the
         counter advances they hold; each carries the flags of the evaluations and saves the log showed
         since the last record (``eval``, ``save``: ARCHITECTURE.md R18)."""
         records = self._feed_poll(segments, partial)
-        phases = getattr(self.tracker, "phases", None)
-        if records and phases is not None and (flags := phases.take_flags()):
+        if records and self._flags:  # arrival-timed: the poll's interval held the phases, its records share it
             for r in records:
-                r["flags"] = [*r["flags"], *flags]
+                r["flags"] = [*r["flags"], *self._flags]
+        if records:
+            self._flags = []
         return records
 
     def _feed_poll(self, segments: Iterable[Segment], partial: Segment | None) -> list[dict[str, Any]]:
         at: float | None = None
         restarted = False
         reported: list[StepAdvance] = []
+        own_flags: dict[int, list[str]] = {}  # a step with its own time: the phases before it, its alone
+        phases = getattr(self.tracker, "phases", None)
         for seg in (*segments, *((partial,) if partial is not None else ())):
-            for adv in self.tracker.feed(seg):
+            advances = self.tracker.feed(seg)
+            flags = phases.take_flags() if phases is not None else []
+            for adv in advances:
                 if adv.reported_dt_s is not None and (adv.prev_step is None or adv.step > adv.prev_step):
                     reported.append(adv)  # the first printed step too: its own time is known (flagged first)
+                    own_flags[id(adv)], flags = [*self._flags, *flags], []
+                    self._flags = []
                 elif adv.prev_step is None or adv.step < adv.prev_step:
                     restarted = True
                 at = seg.at_s
+            self._flags += flags
         if reported and not restarted:
-            return self._reported(reported)
+            return self._reported(reported, own_flags)
         step = self.tracker.global_step
         if at is None or step is None:
             return []
@@ -112,7 +121,7 @@ class LogStepTimer:
                 "step_begin": begin, "step_end": end, "tokens": None, "padded_tokens": None, "flags": flags,
                 "timing": timing, "steps_in_update": k, **extra}
 
-    def _reported(self, advances: list[StepAdvance]) -> list[dict[str, Any]]:
+    def _reported(self, advances: list[StepAdvance], own_flags: dict[int, list[str]]) -> list[dict[str, Any]]:
         """One record per printed step whose time the program reported (nanoGPT's ``time``): that
         is its ``dt``; the arrival-time figure (the time since the previous printed step arrived,
         over the steps between) rides along as ``arrival_dt_s``, the check that can disagree."""
@@ -126,6 +135,7 @@ class LogStepTimer:
                        and k > 0 and at > self._last_at else None)
             dt = adv.reported_dt_s
             out.append(self._record(adv.step, dt, at - dt, at, TIMING_REPORTED, k, arrival_dt_s=arrival))
+            out[-1]["flags"] += own_flags.get(id(adv), [])
             self._last_step, self._last_at = adv.step, at
         return out
 

@@ -26,16 +26,19 @@ from pathlib import Path
 from typing import Any, Literal, cast
 from collections.abc import Callable
 
+from stepwatch.monitors.protocol import FLAG_SILENT, FLAG_IDLE, FLAG_STOPPED
 from stepwatch.monitors.readers.changes import ChangeNotifier
 from stepwatch.monitors.readers.textlog import LogFollower
 from stepwatch.monitors.runfiles import ALERTS_JSONL, LOG_STEPS_JSONL, TRAIN_LOG, open_append, rank_log_steps_name, read_push_urls, write_all
 from stepwatch.monitors.snapshot.model import json_safe
 from stepwatch.monitors.snapshot.observer import RunObserver
 from stepwatch.monitors.snapshot.types import NewAlert, Snapshot
-from stepwatch.monitors.watch.stacks import STACK_KINDS, record_stack_later, stack_target
+from stepwatch.monitors.states import FLAGGED, STALLED, SUSPECTED
+from stepwatch.monitors.watch.stacks import (PY_SPY_TIMEOUT_S, STACK_KINDS, TREE_STACK_KINDS, record_stack_later,
+                                             record_tree_stacks_later, stack_target)
 from stepwatch.monitors.watch.delivery import Deliverer, level_of
 from stepwatch.monitors.parsers.logtracker import LogTracker, patterns_of, settings_of
-from stepwatch.monitors.watch.logsteps import LogStepTimer, RankLogTimers, encode_records
+from stepwatch.monitors.watch.logsteps import TIMING_REPORTED, LogStepTimer, RankLogTimers, encode_records
 
 #: The detector loop's period, seconds (alerts reach alerts.jsonl within about this, plus a refresh).
 DETECT_EVERY_S = 1.0
@@ -95,12 +98,38 @@ class AttemptFile:
             self.fd = None
 
 
-class LogTimerThread(threading.Thread):
-    """Follows train.log and writes logsteps.jsonl until ``stop`` is set (then reads to the end once)."""
+class LivenessFlags:
+    """What the detector loop saw of the run's liveness since the log timer's last step record: the flags of
+    the interval the next record closes (``stopped``, ``idle``, ``silent``: monitors/protocol.py)."""
 
-    def __init__(self, run_dir: Path, stop: threading.Event, log: Callable[[str], None], run: dict[str, Any]):
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._flags: set[str] = set()
+
+    def note(self, snap: Snapshot) -> None:
+        stall = snap["stall"].get("state")
+        frozen = ((snap.get("liveness") or {}).get("frozen") or {}).get("state")
+        seen = {FLAG_SILENT} if stall == SUSPECTED else {FLAG_IDLE} if stall == STALLED else set()
+        seen |= {FLAG_STOPPED} if frozen == FLAGGED else set()
+        if seen:
+            with self._lock:
+                self._flags |= seen
+
+    def take(self) -> list[str]:
+        with self._lock:
+            flags, self._flags = sorted(self._flags), set()
+        return flags
+
+
+class LogTimerThread(threading.Thread):
+    """Follows train.log and writes logsteps.jsonl until ``stop`` is set (then reads to the end once); the
+    step that ends a stretch the detector loop saw stopped, stalled or busy but silent carries its flag."""
+
+    def __init__(self, run_dir: Path, stop: threading.Event, log: Callable[[str], None], run: dict[str, Any],
+                 liveness: LivenessFlags | None = None):
         super().__init__(name="log-step-timer", daemon=True)
         self.run_dir, self.stop, self.log = run_dir, stop, log
+        self.liveness = liveness or LivenessFlags()
         self.out = AttemptFile(run_dir / LOG_STEPS_JSONL, log)
         self.follower = LogFollower(run_dir / TRAIN_LOG, keep_lines=1, from_start=True)
         patterns = patterns_of(run)  # the supervisor's own record, never run.json re-read
@@ -115,6 +144,10 @@ class LogTimerThread(threading.Thread):
             segs = self.follower.poll()
             partial = self.follower.partial_segment
             recs = self.timer.feed_poll(segs, partial)
+            if recs and (held := self.liveness.take()):  # the interval these steps close held it
+                for i, r in enumerate(recs):
+                    if i == 0 or r["timing"] != TIMING_REPORTED:  # a step with its own time: the first alone
+                        r["flags"] = [*r["flags"], *held]
             self._append(self.out, recs)
             for rank, rank_recs in self.rank_timers.feed_poll(segs, partial).items():
                 if rank not in self.rank_out:
@@ -164,8 +197,9 @@ class AlertRecorder:
         self.file = AttemptFile(run_dir / ALERTS_JSONL, log)
         self.deliverer = Deliverer(run_dir, self.file.append_json, config, str(run.get("name") or run_dir.name), log=log)
         self.observer = RunObserver(run_dir, use_saved_state=False)
-        self.kinds, self.skip, self.log = kinds, skip, log
+        self.kinds, self.skip, self.log, self.run_dir = kinds, skip, log, Path(run_dir)
         self.recorded: set[str] = set()
+        self._stack_threads: list[threading.Thread] = []  # a stall's stacks, its delivery after them
 
     def detect(self) -> Snapshot:
         """One refresh; records and delivers what is new. Returns the snapshot."""
@@ -175,13 +209,16 @@ class AlertRecorder:
                     self.kinds is not None and al["kind"] not in self.kinds):
                 self.recorded.add(al["id"])
                 continue
-            self.record(al, evidence_of(snap, al["kind"]))
-            if al["kind"] in STACK_KINDS and (pid := stack_target(snap, al)) is not None:
+            self.record(al, evidence_of(snap, al["kind"]), deliver=al["kind"] not in TREE_STACK_KINDS)
+            if al["kind"] in TREE_STACK_KINDS:  # the stacks of every process first, then the page that says them
+                self._stack_threads.append(record_tree_stacks_later(
+                    cast("dict[str, Any]", al), self.run_dir, self.file.append_json, self.deliverer.submit, self.log))
+            elif al["kind"] in STACK_KINDS and (pid := stack_target(snap, al)) is not None:
                 record_stack_later(al["id"], pid, self.file.append_json, self.log)
         return snap
 
-    def record(self, al: NewAlert, evidence: Any) -> None:
-        """Append one alert to alerts.jsonl and hand it to the Deliverer (once per id)."""
+    def record(self, al: NewAlert, evidence: Any, deliver: bool = True) -> None:
+        """Append one alert to alerts.jsonl and (``deliver``) hand it to the Deliverer (once per id)."""
         self.recorded.add(al["id"])
         rec = {"v": 1, "kind": "alert", "id": al["id"], "alert_kind": al["kind"], "level": level_of(al["kind"]),
                "message": al["message"], "at": al["at"], "t": time.time(), "evidence": evidence}
@@ -189,10 +226,14 @@ class AlertRecorder:
             self.file.append_json(rec)
         except (OSError, ValueError) as e:
             self.log(f"could not record alert {al['id']}: {e}")
-        self.deliverer.submit(cast("dict[str, Any]", al))  # the Deliverer reads it as a plain mapping
+        if deliver:
+            self.deliverer.submit(cast("dict[str, Any]", al))  # the Deliverer reads it as a plain mapping
 
     def finish(self) -> None:
-        """Wait (bounded) for the deliveries in flight, then close the file."""
+        """Wait (bounded) for the stacks being taken and the deliveries in flight, then close the file."""
+        deadline = time.monotonic() + PY_SPY_TIMEOUT_S + 5
+        for t in self._stack_threads:
+            t.join(max(0.0, deadline - time.monotonic()))
         if not self.deliverer.wait(FINAL_DELIVERY_WAIT_S):
             self.log(f"deliveries still in flight after {FINAL_DELIVERY_WAIT_S:g} s; leaving them")
         self.file.close()
@@ -205,13 +246,15 @@ def watch_attempt(run_dir: Path, run: dict[str, Any], child_done: threading.Even
     are the login node's job watcher's to record (:mod:`.jobwatch`). ``exporter`` (the Prometheus
     endpoint, :class:`stepwatch.monitors.export.prometheus.Exporter`) gets each snapshot."""
     stop_log = threading.Event()
-    timer = LogTimerThread(run_dir, stop_log, log, run)
+    liveness = LivenessFlags()
+    timer = LogTimerThread(run_dir, stop_log, log, run, liveness)
     timer.start()
     recorder = AlertRecorder(run_dir, run, log, skip=SCHEDULER_ALERT_KINDS)
     try:
         while not child_done.is_set():
             try:
                 snap = recorder.detect()
+                liveness.note(snap)
                 if exporter is not None:
                     exporter.update(snap)
             except Exception as e:  # noqa: BLE001 - a detector bug must not end the watching

@@ -1,7 +1,10 @@
-"""A stuck or slow rank's current Python stack, by py-spy (a well-kept tool for exactly this), taken
-by the supervisor (the run's owner and the rank's ancestor, so ptrace is allowed) when it records a
-``stuck_rank`` or ``straggler`` alert; appended to alerts.jsonl as a ``stack`` record beside the
-alert. Without py-spy the record says so. Runs in a daemon thread: the detector loop never waits."""
+"""Python stacks by py-spy (a well-kept tool for exactly this), taken by the supervisor (the run's owner
+and the processes' ancestor, so ptrace is allowed) and appended to alerts.jsonl as a ``stack`` record
+beside the alert they explain. A ``stuck_rank`` or ``straggler`` alert gets its rank's stack; a ``stall``
+(the run confirmed stuck) gets the stacks of every live process of the tree, grouped by where each stands
+(:mod:`stepwatch.monitors.parsers.pystacks`: the odd one out named, the phase they show), and its delivery
+waits for them (bounded) so that the page says it. Without py-spy the record says so. Each runs in a daemon
+thread: the detector loop never waits."""
 
 from __future__ import annotations
 
@@ -10,16 +13,25 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 from collections.abc import Callable, Mapping
 
-from stepwatch.monitors.proctree import HELPER_PIDS, HELPERS_LOCK
+from stepwatch.monitors.parsers.pystacks import ProcessStack, group_stacks
+from stepwatch.monitors.proctree import HELPER_PIDS, HELPERS_LOCK, recorded_processes
+from stepwatch.monitors.runfiles import PROCS_JSON
+from stepwatch.monitors.watchdog import is_alive
 from stepwatch.monitors.snapshot.types import Snapshot
 
 PY_SPY_TIMEOUT_S = 20.0
 STACK_KEEP_CHARS = 8000
 STACK_KINDS = ("stuck_rank", "straggler")
+#: alert kinds that get every process's stack, grouped; their delivery waits for the stacks
+TREE_STACK_KINDS = ("stall",)
+#: processes of the tree whose stacks are taken at most, and at once
+MOST_PROCESSES = 16
+AT_ONCE = 4
 
 
 def py_spy() -> str | None:
@@ -85,5 +97,39 @@ def record_stack_later(alert_id: str, pid: int, append: Callable[[dict[str, Any]
             log(f"could not record the stack for {alert_id}: {e}")
 
     t = threading.Thread(target=run, name="py-spy", daemon=True)
+    t.start()
+    return t
+
+
+def tree_stacks(run_dir: Path) -> list[ProcessStack]:
+    """The stack of each live process of the run's recorded tree (procs.json, each checked by identity:
+    pid and create time), MOST_PROCESSES at most, AT_ONCE py-spy at a time."""
+    live = [rp for rp in recorded_processes(Path(run_dir) / PROCS_JSON) if not rp.ended and is_alive(rp.ref)]
+    live = live[:MOST_PROCESSES]
+    with ThreadPoolExecutor(AT_ONCE, thread_name_prefix="py-spy") as pool:
+        texts = list(pool.map(lambda rp: python_stack(rp.ref.pid), live))
+    return [{"pid": rp.ref.pid, "rank": rp.rank, "name": rp.name, "stack": text} for rp, text in zip(live, texts)]
+
+
+def record_tree_stacks_later(alert: Mapping[str, Any], run_dir: Path, append: Callable[[dict[str, Any]], None],
+                             deliver: Callable[[dict[str, Any]], None], log: Callable[[str], None]) -> threading.Thread:
+    """In a daemon thread: take every process's stack, append ``{"kind": "stack", "summary": ...}`` (the
+    odd one out's stack as ``stack``), then hand ``alert`` to ``deliver`` with the summary after its
+    message (delivered as it is when the stacks could not be taken)."""
+    def run() -> None:
+        summary = ""
+        try:
+            tree = tree_stacks(run_dir)
+            grouped = group_stacks(tree)
+            summary = grouped["summary"]
+            attached = next((s["stack"] for s in tree if s["pid"] == grouped["attached_pid"]), None)
+            append({"v": 1, "kind": "stack", "alert_id": alert["id"], "pid": grouped["attached_pid"],
+                    "stack": attached, "summary": summary, "phase": grouped["phase"], "groups": grouped["groups"],
+                    "t": time.time()})
+        except Exception as e:  # noqa: BLE001 - the page goes out whatever py-spy or the disk did
+            log(f"could not record the stacks for {alert['id']}: {type(e).__name__}: {e}")
+        deliver({**alert, "message": f"{alert['message']} · stacks: {summary}" if summary else alert["message"]})
+
+    t = threading.Thread(target=run, name="py-spy-tree", daemon=True)
     t.start()
     return t

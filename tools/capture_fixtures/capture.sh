@@ -14,7 +14,7 @@
 # -> <inductor_cache>, venv -> <venv>, base Python -> <python>, staging folder -> <fixtures>.
 # KEEP_RAW=1 keeps the staging folder (its path is printed).
 # ONLY="13 14 ..." runs only the numbered steps listed (the numbers of the comments below, e.g.
-# ONLY="13 14 15 16 17 18 19 20" for the captures added 2026-12-03); versions.txt is always written.
+# ONLY="13 14 15 16 17 18 19 20 21" for the captures added 2026-12-03); versions.txt is always written.
 #
 # Do not overwrite tests/fixtures/real with the output without re-checking the tests: several
 # assertions are calibrated on the captures of 2026-11-30 (counts, line numbers, digests).
@@ -235,6 +235,34 @@ if want 20; then
 step "timm_shaped.log + timm_shaped_clock.txt"
 "$PYTHON" scripts/timm_shaped.py --epochs 3 --batches 23 --log-interval 5 --sleep 0.05 \
     --clock "$RAW/timm_shaped_clock.txt" > "$RAW/timm_shaped.log" 2>&1 </dev/null
+fi
+
+# 21. py-spy dumps (--nonblocking, as the supervisor takes them) of three stuck poses of our
+#     stack_poses.py: 3 gloo ranks under torchrun where rank 1 sleeps before its all_reduce (each rank
+#     and the launcher), torch.save held on a FIFO, a DataLoader whose worker sleeps in __getitem__
+if want 21; then
+step "pyspy_gloo3_{rank0,rank1,rank2,launcher}.txt + pyspy_save.txt + pyspy_loader_{main,worker}.txt"
+spy() { "$VENV/bin/py-spy" dump --pid "$1" --nonblocking > "$RAW/$2" 2>&1 || true; }
+"$VENV/bin/torchrun" --nproc_per_node 3 scripts/stack_poses.py gloo > "$STAGE/gloo3.log" 2>&1 </dev/null &
+LAUNCHER=$!
+sleep 12  # rank 1 sleeps from about 2 s + 20 x 0.1 s on
+for pid in $(pgrep -P "$LAUNCHER"); do
+    r=$(tr '\0' '\n' < "/proc/$pid/environ" | sed -n 's/^RANK=//p')
+    spy "$pid" "pyspy_gloo3_rank$r.txt"
+done
+spy "$LAUNCHER" pyspy_gloo3_launcher.txt
+kill "$LAUNCHER"; wait "$LAUNCHER" 2>/dev/null || true
+rm -f "$STAGE/fifo"
+"$PYTHON" scripts/stack_poses.py save "$STAGE/fifo" > /dev/null 2>&1 </dev/null &
+SAVER=$!
+sleep 6; spy "$SAVER" pyspy_save.txt; kill "$SAVER"; wait "$SAVER" 2>/dev/null || true
+"$PYTHON" scripts/stack_poses.py loader > /dev/null 2>&1 </dev/null &
+LOADER=$!
+sleep 8; spy "$LOADER" pyspy_loader_main.txt
+for pid in $(pgrep -P "$LOADER"); do  # the worker asleep in __getitem__ (the other waits for work)
+    grep -q "__getitem__" <("$VENV/bin/py-spy" dump --pid "$pid" --nonblocking 2>&1) && spy "$pid" pyspy_loader_worker.txt
+done
+kill "$LOADER"; wait "$LOADER" 2>/dev/null || true
 fi
 
 # 10. exact package versions of the venv used (the editable stepwatch itself left out)

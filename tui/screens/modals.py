@@ -105,6 +105,9 @@ class AlertDetails(ModalScreen[None]):
         for a in reversed(self.alerts):  # the newest first, as the banner shows it
             t.append(one_line(f"{a.get('kind')} ({str(a.get('at'))[:19].replace('T', ' ')}Z): "), "bold")
             t.append(f"{one_line(a.get('message'))}\n")  # read from alerts.jsonl: one line, whatever it holds
+            if summary := a.get("stacks_summary"):  # every process's stack, grouped: the odd one out first
+                t.append("  where the processes stand (py-spy): ", "bold")
+                t.append(f"{one_line(summary)}\n")
             if stack := a.get("stack"):  # the supervisor's py-spy dump of the stuck or straggling rank
                 frames = stack_frames(stack, most=40)
                 t.append("  its Python stack (py-spy, innermost frame first):\n", "bold")

@@ -16,7 +16,7 @@ from stepwatch.monitors.snapshot.metrics import metrics_words
 from stepwatch.monitors.snapshot.ranks import latest_per_rank, restarts_words
 from stepwatch.monitors.snapshot.types import Snapshot
 from stepwatch.monitors.states import FLAGGED, NOT_JUDGED, OK, RUNNING, STALLED, SUSPECTED, WARMING
-from stepwatch.tui.format import phase_words, rank_loss, scaling_words, secs, streams_words, timing_words
+from stepwatch.tui.format import liveness_words, phase_words, rank_loss, scaling_words, secs, streams_words, timing_words
 from stepwatch.tui.widgets.base import Panel
 
 
@@ -43,6 +43,8 @@ def _verdict_text(snap: Snapshot) -> Text:
         t.append("  warming up", "yellow")
     if snap.get("state") == RUNNING and (pw := phase_words(snap.get("phase"))):
         t.append(f"  {pw}", "dim")
+    if snap.get("state") == RUNNING and (lw := liveness_words(snap.get("liveness"))):
+        t.append(f"  {lw}", "dim")
     return t
 
 

@@ -1,0 +1,41 @@
+"""The status snapshot's types for what the run is doing (ARCHITECTURE.md R18): its phase and the liveness
+signals and verdicts that need no log shape. Part of :mod:`.types` (which re-exports them).
+
+No ``from __future__ import annotations`` (see :mod:`.types`).
+"""
+
+from typing import TypedDict
+
+from stepwatch.monitors.detectors.frozen import Frozen
+from stepwatch.monitors.states import PhaseName
+
+
+class Phase(TypedDict):
+    """``phase``: what the attempt is doing (ARCHITECTURE.md R18), from events.jsonl's open phase or the log."""
+
+    name: PhaseName
+    for_s: float | None  #: how long it has been doing it (seconds; null when unknown)
+    source: str | None  #: "events" (the emitter's phase()), "log" (its lines, bars), "process" (it ended), null
+    budget_s: float | None  #: how long an evaluation or a save may run before it is judged stuck
+    longest_s: dict[str, float]  #: the longest evaluation and save seen so far, seconds
+
+
+class LivenessSignals(TypedDict):
+    """``liveness.signals_s``: seconds since each signal last moved, as this view saw it (None: unknown) —
+    the run's processes' CPU time (the whole recorded tree), train.log's bytes, the training step."""
+
+    cpu: float | None
+    output: float | None
+    step: float | None
+
+
+#: ``liveness.signals_s``'s keys, in order (the exporter's ``stepwatch_liveness_seconds{signal=...}``)
+LIVENESS_SIGNALS = ("cpu", "output", "step")
+
+
+class Liveness(TypedDict):
+    """``liveness``: judgements of the run's processes that need no log shape (:mod:`..detectors.frozen`), and
+    the independent signals the stall and frozen verdicts stand on (ARCHITECTURE.md R18)."""
+
+    frozen: Frozen
+    signals_s: LivenessSignals

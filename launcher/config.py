@@ -21,10 +21,12 @@ from typing import Any
 
 from stepwatch.launcher.slurm import SLURM_KEYS, validate_slurm_table
 from stepwatch.monitors.parsers.logformats import compile_patterns
+from stepwatch.monitors.detectors.stall import STALL_KEYS, stall_settings
 from stepwatch.monitors.parsers.logtracker import log_settings
 from stepwatch.monitors.rundirs import RunsDirError, default_runs_dir, resolve_runs_dir
 
-TOP_KEYS = ("name", "command", "cwd", "runs_dir", "env", "shell", "preflight", "alerts", "log", "slurm", "export")
+TOP_KEYS = ("name", "command", "cwd", "runs_dir", "env", "shell", "preflight", "alerts", "log", "stall", "slurm",
+            "export")
 #: ``[export]``: ``prometheus`` (HOST:PORT or HOST:FIRST-LAST, served by the supervisor) and
 #: ``linger_s`` (how long the endpoint stays up after the run ended, for a last scrape).
 EXPORT_KEYS = ("prometheus", "linger_s")
@@ -59,6 +61,8 @@ class RunConfig:
     preflight: dict[str, Any] = field(default_factory=dict)
     alerts: dict[str, Any] = field(default_factory=dict)
     log: dict[str, Any] = field(default_factory=dict)
+    #: ``[stall]``: the floors of the stall, busy and evaluation/save budgets (monitors/detectors/stall.py)
+    stall: dict[str, Any] = field(default_factory=dict)
     #: ``[slurm]``: submit through sbatch instead of starting here (launcher/slurm.py); None: local
     slurm: dict[str, Any] | None = None
     #: ``[export]``: the supervisor's Prometheus endpoint (monitors/export/prometheus.py)
@@ -89,6 +93,7 @@ def _unknown_keys(data: dict[str, Any], where: str) -> None:
                                    (data.get("preflight"), PREFLIGHT_KEYS, f"{where} [preflight]"),
                                    (data.get("alerts"), ALERTS_KEYS, f"{where} [alerts]"),
                                    (data.get("log"), LOG_KEYS, f"{where} [log]"),
+                                   (data.get("stall"), STALL_KEYS, f"{where} [stall]"),
                                    (data.get("slurm"), SLURM_KEYS, f"{where} [slurm]"),
                                    (data.get("export"), EXPORT_KEYS, f"{where} [export]")):
         if isinstance(table, dict):
@@ -197,13 +202,21 @@ def _validate(data: dict[str, Any], base: Path, where: str, runs_dir_override: P
     ex = log.get("examples", [])
     if not (isinstance(ex, list) and all(isinstance(x, str) for x in ex)):
         raise ConfigError(f"{where} [log]: examples must be a list of log lines (strings); got {ex!r}")
+    stall = data.get("stall", {})
+    if not isinstance(stall, dict):
+        raise ConfigError(f"{where}: [stall] must be a table, e.g. [stall] busy_floor_s = 600")
+    try:
+        stall_settings(stall)
+    except ValueError as e:
+        raise ConfigError(f"{where} [stall]: {e}") from None
     try:
         slurm = validate_slurm_table(data["slurm"], where) if "slurm" in data else None
         export = _export_table(data.get("export", {}), where)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     return RunConfig(name=name, command=list(command), cwd=cwd, runs_dir=runs_dir, env=dict(env), shell=shell,
-                     preflight=dict(preflight), alerts=dict(alerts), log=dict(log), slurm=slurm, export=export)
+                     preflight=dict(preflight), alerts=dict(alerts), log=dict(log), stall=dict(stall), slurm=slurm,
+                     export=export)
 
 
 def _export_table(table: Any, where: str) -> dict[str, Any]:
@@ -303,6 +316,7 @@ def config_to_json(cfg: RunConfig) -> dict[str, Any]:
         "name": cfg.name, "command": cfg.command, "cwd": str(cfg.cwd), "runs_dir": str(cfg.runs_dir),
         "env": cfg.env, "shell": cfg.shell, "preflight": cfg.preflight, "alerts": public_alerts(cfg.alerts),
         **({"log": cfg.log} if cfg.log else {}),  # absent when unused: a relaunch's diff stays quiet
+        **({"stall": cfg.stall} if cfg.stall else {}),
         **({"slurm": cfg.slurm} if cfg.slurm is not None else {}),
         **({"export": cfg.export} if cfg.export else {}),
     }

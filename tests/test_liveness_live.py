@@ -50,10 +50,12 @@ def _recorded_kinds(run_dir: Path) -> list[str]:
 
 @pytest.mark.slow
 def test_an_announced_save_and_a_busy_silence_page_nothing_and_an_idle_silence_is_a_stall(tmp_path: Path):
-    repo = make_repo(tmp_path / "repo", {"loop.py": LOOP_PY})
+    toml = f'name = "floor"\ncommand = [{json.dumps(sys.executable)}, "loop.py", "idle"]\n[stall]\nstep_floor_s = 30\n'
+    repo = make_repo(tmp_path / "repo", {"loop.py": LOOP_PY, "floor.toml": toml})
     runs = {}
-    for mode in ("saveline", "busy", "idle"):
-        r = stepwatch("launch", "--no-tui", "--name", mode, "--", sys.executable, "loop.py", mode, cwd=repo)
+    for mode in ("saveline", "busy", "idle", "floor"):  # floor: the idle run, its step budget's floor set to 30 s
+        argv = ["floor.toml"] if mode == "floor" else ["--name", mode, "--", sys.executable, "loop.py", mode]
+        r = stepwatch("launch", "--no-tui", *argv, cwd=repo)
         assert r.returncode == 0, r.stderr
         runs[mode] = repo / "runs" / mode
     # in the silence, long past the step budget (max(10 x p99, 3 s)): what each run's supervisor judges
@@ -67,6 +69,8 @@ def test_an_announced_save_and_a_busy_silence_page_nothing_and_an_idle_silence_i
     assert during["saveline"]["phase"]["name"] == "saving" and during["saveline"]["phase"]["source"] == "log"
     assert busy["state"] == "suspected" and "busy but silent" in busy["reason"], busy
     assert idle["state"] == "stalled", idle  # the control: the same silence, idle, is a stall
+    floor = during["floor"]["stall"]  # [stall] step_floor_s = 30: the same idle silence is within its budget
+    assert floor["state"] == "ok" and "stalled after 30.0 s" in floor["reason"], floor
     signals = {mode: during[mode]["liveness"]["signals_s"] for mode in during}  # what each verdict stands on
     assert all(sig["output"] > 5 and sig["step"] > 5 for sig in signals.values()), signals
     # a one-shot status knows the CPU moves now (0 s), never for how long it has not (unknown, not 0)
@@ -75,7 +79,8 @@ def test_an_announced_save_and_a_busy_silence_page_nothing_and_an_idle_silence_i
     for mode, run_dir in runs.items():
         ex = wait_until(lambda d=run_dir: read_json(d / "exit.json"), 60, what=f"the {mode} run to end")
         assert ex["returncode"] == 0, ex
-    assert "stall" not in _recorded_kinds(runs["saveline"]) and "stall" not in _recorded_kinds(runs["busy"])
+    assert not {"stall"} & {*_recorded_kinds(runs["saveline"]), *_recorded_kinds(runs["busy"]),
+                            *_recorded_kinds(runs["floor"])}
     end = _status(runs["saveline"])
     records = [json.loads(ln) for ln in (runs["saveline"] / "logsteps.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "save" in r["flags"]] == [41], records[39:42]  # the save's interval

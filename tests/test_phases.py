@@ -186,7 +186,8 @@ def test_each_liveness_signal_is_exported_and_said_and_an_unknown_one_never_as_0
 
 # --- busy but silent: a step past its budget whose processes compute is shown, not paged ---------------
 def test_a_silent_step_whose_processes_compute_is_suspected_until_the_busy_budget():
-    from stepwatch.monitors.snapshot.stepsource import BUSY_FLOOR_S, busy_budget_s, busy_but_silent
+    from stepwatch.monitors.detectors.stall import BUSY_FLOOR_S
+    from stepwatch.monitors.snapshot.stepsource import busy_budget_s, busy_but_silent
 
     assert busy_budget_s(0.0) == BUSY_FLOOR_S == 60.0 and busy_budget_s(50.0) == 150.0  # 3x the longest save
     assert busy_but_silent(30.0, 0.01, 60.0) == {}  # the control: an idle tree stays stalled (stuck)
@@ -224,4 +225,32 @@ def test_an_evaluation_and_a_save_read_in_one_poll_with_two_timed_steps_flag_onl
         got += timer.feed_poll([Segment(t, "\n", at_s=100.0 + i, poll_seq=i + 1) for t in texts], None)
     assert [(r["step"], sorted(r["flags"])) for r in got if r["step"] >= 499] == [
         (499, []), (500, ["eval", "save"]), (501, []), (502, [])]
+
+
+# --- [stall]: the budgets' floors, per run ------------------------------------------------------------
+def test_the_stall_table_sets_each_floor_and_a_bad_value_is_refused_naming_it(tmp_path):
+    from stepwatch.launcher.config import ConfigError, load_config
+    from stepwatch.monitors.detectors.stall import StallSettings, stall_settings_of
+    from stepwatch.monitors.snapshot.stepsource import busy_budget_s
+
+    got = stall_settings_of({"config": {"stall": {"step_floor_s": 30, "busy_floor_s": 900, "phase_floor_s": 1800.0}}})
+    assert got == StallSettings(30.0, 900.0, 1800.0)
+    assert stall_settings_of({}) == StallSettings() == stall_settings_of({"config": {"stall": {"busy_floor_s": -1}}})
+    summary = {"n": 50, "p99": 0.2}
+    assert stall_state(0.0, 10.0, summary).state == STALLED  # the control: the default floor (3 s)
+    assert stall_state(0.0, 10.0, summary, floor_s=got.step_floor_s).state == OK
+    assert busy_budget_s(100.0, got.busy_floor_s) == 900.0 and busy_budget_s(400.0, got.busy_floor_s) == 1200.0
+    ph = LogPhases()
+    ph.floor_s = got.phase_floor_s
+    ph.stepped(1.0, False)
+    ph.saw(SAVING, 2.0)
+    assert ph.budget_s() == 1800.0
+    cfg = tmp_path / "run.toml"
+    for table, words in (("[stall]\nbusy_floor_s = 0\n", "busy_floor_s must be a number of seconds from 1"),
+                         ("[stall]\nstep_floor = 30\n", "unknown key 'step_floor'"),
+                         ("stall = 5\n", "[stall] must be a table")):
+        cfg.write_text('name = "x"\ncommand = ["true"]\n' + table)
+        with pytest.raises(ConfigError) as e:
+            load_config(cfg)
+        assert words in str(e.value), (table, str(e.value))
 

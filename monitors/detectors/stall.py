@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from collections.abc import Mapping
 
+from stepwatch.monitors.parsers.phases import PHASE_FLOOR_S
 from stepwatch.monitors.states import NOT_JUDGED, OK, STALLED
 
 #: A stall: the step in progress ran longer than max(STALL_FACTOR x p99, STALL_FLOOR_S) seconds ...
@@ -31,6 +32,45 @@ STALL_FACTOR = 10.0
 STALL_FLOOR_S = 3.0
 #: ... with at least this many counted steps behind it.
 STALL_MIN_STEPS = 5
+#: A busy but silent step is judged stuck only after this long (seconds), or 3x the longest save or
+#: evaluation seen so far when that is longer (ARCHITECTURE.md R18).
+BUSY_FLOOR_S = 60.0
+#: The run config's ``[stall]`` keys, each a number of seconds (``step_floor_s`` at least 1).
+STALL_KEYS = ("step_floor_s", "busy_floor_s", "phase_floor_s")
+
+
+@dataclass(frozen=True, slots=True)
+class StallSettings:
+    """What ``[stall]`` sets for one run: the floors of the step budget (max(10 x p99, floor)), the busy budget
+    (max(floor, 3 x the longest save or evaluation)) and an evaluation's or a save's budget (the same rule)."""
+
+    step_floor_s: float = STALL_FLOOR_S
+    busy_floor_s: float = BUSY_FLOOR_S
+    phase_floor_s: float = PHASE_FLOOR_S
+
+
+def stall_settings(table: Mapping[str, Any]) -> StallSettings:
+    """The ``[stall]`` table's settings; ValueError naming a bad one (seconds, 1 to 7 days)."""
+    got: dict[str, float] = {}
+    for key in STALL_KEYS:
+        v = table.get(key)
+        if v is None:
+            continue
+        if type(v) not in (int, float) or not 1.0 <= v <= 7 * 86400:
+            raise ValueError(f"{key} must be a number of seconds from 1 to 604800; got {v!r}")
+        got[key] = float(v)
+    return StallSettings(**got)
+
+
+def stall_settings_of(run: Mapping[str, Any]) -> StallSettings:
+    """``[stall]`` of a run record (run.json's ``config``); the defaults where absent or invalid (a hostile
+    file's value is never a reason to judge differently than the defaults would)."""
+    config = run.get("config")
+    table = config.get("stall") if isinstance(config, dict) else None
+    try:
+        return stall_settings(table) if isinstance(table, dict) else StallSettings()
+    except ValueError:
+        return StallSettings()
 
 
 

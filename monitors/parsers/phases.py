@@ -81,6 +81,7 @@ class LogPhases:
         self._ready: set[str] = set()  # the flags of the steps made since the last take_flags
         self.longest_s: dict[str, float] = {}  #: the longest evaluation and save so far, seconds
         self.count: dict[str, int] = {}  #: evaluations and saves seen
+        self.floor_s = PHASE_FLOOR_S  #: the budget's floor (``[stall] phase_floor_s`` sets it per run)
 
     def saw(self, phase: str, at_s: float | None) -> None:
         """A line or a bar says ``phase``. Before the first training step nothing interrupts training, and after
@@ -123,4 +124,4 @@ class LogPhases:
         phase = phase or self.name
         if phase not in PHASE_FLAGS:
             return None
-        return max(PHASE_FLOOR_S, PHASE_BUDGET_FACTOR * self.longest_s.get(phase, 0.0))
+        return max(self.floor_s, PHASE_BUDGET_FACTOR * self.longest_s.get(phase, 0.0))

@@ -35,6 +35,7 @@ from stepwatch.monitors.snapshot.ranks import RankWatch
 from stepwatch.monitors.fold.events import EventsFold, step_no
 from stepwatch.monitors.fold.savedstate import load as load_saved_state, refused
 from stepwatch.monitors.parsers.dynamolog import DynamoLogScanner, RecompileLimit, Recompile
+from stepwatch.monitors.detectors.stall import stall_settings_of
 from stepwatch.monitors.parsers.logtracker import LogTracker, log_hint, own_run_record, patterns_of, settings_of
 from stepwatch.monitors.snapshot.metrics import arrival_check, log_metrics, series_part
 from stepwatch.monitors.snapshot.eta import ETA_RECENT_STEPS, eta_part
@@ -112,6 +113,8 @@ class _Attempt:
         self.ev_resume: dict[str, Any] | None = None  # the snapshot's events.resume
         own = own_run_record(run_dir)  # the run config's [log] patterns and settings, from one read
         self.progress = LogTracker(patterns_of(own), settings_of(own))
+        self.stall = stall_settings_of(own)  # [stall]: the floors of the budgets
+        self.progress.phases.floor_s = self.stall.phase_floor_s
         self.log_stats = StepStats()
         self.dynlog = DynamoLogScanner()
         self.dynlog_flushed = False
@@ -363,11 +366,11 @@ class RunObserver:
             ph = a.progress.phases
             log_phase = (ph.name, ph.budget_s()) if ph.budget_s() is not None else None  # an evaluation, a save
             h = snap["health"]  # the CPU over this observer's last look: a silent step that computes is busy
-            busy = ((h["cpu_cores"], busy_budget_s(max(ph.longest_s.values(), default=0.0)))
+            busy = ((h["cpu_cores"], busy_budget_s(max(ph.longest_s.values(), default=0.0), a.stall.busy_floor_s))
                     if h["cpu_cores"] is not None and str(h["cpu_cores_basis"] or "").startswith("last") else None)
             snap["stall"], a.stall_at = stall_part(src, started, now, a.ev.open_phase, a.progress.finished,
                                                    a.log.last_byte_age_s, a.observed_start.observe(started, mono),
-                                                   log_phase, busy)
+                                                   log_phase, busy, a.stall.step_floor_s)
         else:
             snap["stall"]["reason"] = "the run is not running"
         snap["eta"] = eta = eta_part([r.dt_s for r in stats.recent(4 * ETA_RECENT_STEPS) if r.counted], max_steps, gs,

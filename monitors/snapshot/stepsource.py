@@ -40,7 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
-from stepwatch.monitors.detectors.stall import log_only_guard, stall_state
+from stepwatch.monitors.detectors.stall import BUSY_FLOOR_S, STALL_FLOOR_S, log_only_guard, stall_state
 from stepwatch.monitors.fold.events import EventsFold, step_no, unix_time
 from stepwatch.monitors.parsers.logtracker import LogTracker
 from stepwatch.monitors.snapshot.disk import full_words
@@ -141,7 +141,7 @@ def stall_part(src: StepSource, started: float | None, now: float, open_phase: A
                last_log_byte_age_s: float | None,
                observed: tuple[float, float] | None = None,
                log_phase: tuple[str, float | None] | None = None,
-               busy: tuple[float, float] | None = None) -> tuple[Stall, float | None]:
+               busy: tuple[float, float] | None = None, floor_s: float = STALL_FLOOR_S) -> tuple[Stall, float | None]:
     """Rule 3 for a running run: ``(stall, stall_at)``. ``started``: unix s the step in progress began;
     ``open_phase``: events.jsonl's open save/eval phase; ``bar_complete`` / ``last_log_byte_age_s``:
     train.log's bar reached its total / how long ago the log was last written; ``observed``: what
@@ -151,7 +151,7 @@ def stall_part(src: StepSource, started: float | None, now: float, open_phase: A
     budget = None
     if not open_phase and log_phase is not None:
         open_phase, budget = log_phase
-    sv = stall_state(started, now, src.stats, open_phase, observed=observed, phase_budget_s=budget)
+    sv = stall_state(started, now, src.stats, open_phase, observed=observed, phase_budget_s=budget, floor_s=floor_s)
     stall = cast(Stall, {**sv.as_dict(), "reason": sv.reason})
     if sv.threshold_s is None:
         stall["state"] = NOT_JUDGED
@@ -169,14 +169,10 @@ def stall_part(src: StepSource, started: float | None, now: float, open_phase: A
 
 #: The processes' CPU (cores, over the last look) above which a silent step is busy, not stuck.
 BUSY_CORES = 0.1
-#: A busy but silent step is judged stuck only after this long (seconds), or 3x the longest save or
-#: evaluation seen so far when that is longer (ARCHITECTURE.md R18).
-BUSY_FLOOR_S = 60.0
-
-
-def busy_budget_s(longest_phase_s: float) -> float:
-    """How long a busy but silent step may run: the longer of BUSY_FLOOR_S and 3x the longest save or eval."""
-    return max(BUSY_FLOOR_S, 3.0 * longest_phase_s)
+def busy_budget_s(longest_phase_s: float, floor_s: float = BUSY_FLOOR_S) -> float:
+    """How long a busy but silent step may run: the longer of the floor (BUSY_FLOOR_S, or ``[stall]
+    busy_floor_s``) and 3x the longest save or eval."""
+    return max(floor_s, 3.0 * longest_phase_s)
 
 
 def busy_but_silent(elapsed_s: float, cpu_cores: float, budget_s: float) -> dict[str, Any]:
@@ -191,7 +187,7 @@ def busy_but_silent(elapsed_s: float, cpu_cores: float, budget_s: float) -> dict
                                                f"name?); judged stuck after {budget_s:.0f} s")}
     return {"state": STALLED, "threshold_s": budget_s,
             "reason": (f"busy but silent for {elapsed_s:.1f} s > {budget_s:.0f} s (the busy budget: the longer of "
-                       f"{BUSY_FLOOR_S:.0f} s and 3 x the longest save or evaluation): no step, no output, the CPU "
+                       f"its floor and 3 x the longest save or evaluation): no step, no output, the CPU "
                        f"at {cpu_cores:.2f} cores")}
 
 

@@ -204,6 +204,8 @@ for i in steps:
     last = now
 if form == "tqdm":
     bar.close()
+if form == "said":  # no total in the log, but the program says it is done before its idle teardown
+    print("Training complete.", flush=True)
 if teardown == "idle":  # joining workers, destroy_process_group, a logger's flush: waiting
     time.sleep(10)
 else:  # a final save or a summary computed, nothing printed
@@ -408,7 +410,8 @@ def test_a_two_rank_torchrun_run_whose_rank_1_finishes_5_s_earlier_pages_nothing
 #: (name, form, teardown): a total the log gives (``step N/100``, a tqdm bar at 100/100) then 10 s idle;
 #: no total (``step N``) then 10 s CPU busy, silent (busy but silent: judged stuck only at the busy budget).
 #: No total and idle is left out: nothing tells it from a hang (test_liveness_live's idle control, paged).
-TEARDOWNS = [("total-idle", "total", "idle"), ("tqdm-idle", "tqdm", "idle"), ("plain-busy", "plain", "busy")]
+TEARDOWNS = [("total-idle", "total", "idle"), ("tqdm-idle", "tqdm", "idle"), ("plain-busy", "plain", "busy"),
+             ("said-idle", "said", "idle")]
 
 
 @pytest.mark.slow

@@ -28,11 +28,14 @@ from stepwatch.monitors.watch.logsteps import LogStepTimer
     ("Validation ━━━━━━━━━━━━━━━━━━╸━━ 9/10  0:00:00 • 0:00:01 1584.30it/s", EVALUATING),  # Lightning's Rich
     ("`Trainer.fit` stopped: `max_steps=100` reached.", FINISHING),
     ("{'train_runtime': '0.37', 'train_samples_per_second': '648.7', 'train_loss': '5.507', 'epoch': '2'}", FINISHING),
+    ("Training completed. Do not forget to share your model on huggingface.co/models =)", FINISHING),  # HF Trainer
+    ("training complete", FINISHING), ("Done training in 1:02:03", FINISHING), ("Training finished.", FINISHING),
     # the controls: training lines that name a metric of an evaluation, or a model, are no phase
     ("val_loss: 0.640", None),  # the second row of Lightning's Rich bar, redrawn while training
     ("iter 10: loss 2.0, time 16.12ms", None),
     ("{'loss': '5.545', 'grad_norm': '0.6058', 'learning_rate': '0', 'epoch': '0.06667'}", None),
     ("Loading the model from the hub", None),
+    ("step 40: training is 40% done", None), ("resume training from step 40; completed steps: 40", None),
 ])
 def test_a_line_says_which_phase_it_starts(line, phase):
     assert line_phase(line) == phase

@@ -54,6 +54,8 @@ def test_the_log_only_guard_at_its_edges():
                                                          "(a save or an evaluation?): not a stall")
     assert log_only_guard(stalled, False, 3.0) is None  # written exactly the threshold ago: the stall stands
     assert log_only_guard(stalled, False, None) is None
+    assert log_only_guard(stalled, False, None, finish_line=True) == (NOT_JUDGED, "the log says training is over "
+                                                                                  "(finishing)")
     ok = stall_state(1000.0, 1001.0, FAST)
     assert log_only_guard(ok, False, 0.5) is None  # only a stalled verdict is ever set aside
     few = stall_state(1000.0, 1010.0, {"n": 2, "p99": 0.1})

@@ -171,17 +171,19 @@ def _judge(elapsed: float, stats: Any, in_phase: Any, factor: float, floor_s: fl
 
 
 def log_only_guard(verdict: StallVerdict, bar_complete: bool,
-                   last_log_byte_age_s: float | None) -> tuple[str, str] | None:
+                   last_log_byte_age_s: float | None, finish_line: bool = False) -> tuple[str, str] | None:
     """For steps seen through the log only (no emitter, so no save/eval phase events): when the
     verdict must not stand, ``(state, reason)`` to show instead, else None.
 
-    - the training bar reached its total: what follows (a final save, the summary) is no step:
-      ``not judged``;
+    - the training bar reached its total, or (``finish_line``) the log said training is over: what follows
+      (a final save, the summary, teardown) is no step: ``not judged``;
     - a stalled verdict while the log was written less than the threshold ago: a save or an
       evaluation shows no phase, but a process still writing its log is not frozen: ``ok``.
     """
     if bar_complete:
         return NOT_JUDGED, "the training bar is complete"
+    if finish_line:  # ``training complete``, the Trainer's summary: teardown, a final save, no step to come
+        return NOT_JUDGED, "the log says training is over (finishing)"
     if (verdict.state == STALLED and verdict.threshold_s is not None and last_log_byte_age_s is not None
             and last_log_byte_age_s < verdict.threshold_s):
         return OK, (f"the step runs long but the log was written {last_log_byte_age_s:.0f} s ago "

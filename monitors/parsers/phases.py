@@ -39,7 +39,9 @@ _SAVE_LINE = re.compile(r"\b(?:saving|saved|writing|wrote)\b.{0,80}?\b(?:checkpo
 _EVAL_LINE = re.compile(r"\*{3,} Running (?:Evaluation|Prediction) \*{3,}"
                         r"|^\s*+(?:Test|Eval|Evaluating|Validating|Validation)\b(?: DataLoader \d+)?\s*+[:\[━╸╺╾╼─]"
                         r"|^\s*+\{'eval_|^\s*+step \d+: train loss \S+,? val loss")
-_FINISH_LINE = re.compile(r"`Trainer\.fit` stopped|\bTrainOutput\(|^\s*+\{'train_runtime'")
+_FINISH_LINE = re.compile(r"`Trainer\.fit` stopped|\bTrainOutput\(|^\s*+\{'train_runtime'|"
+                          r"(?i:^\W*(?:training|train) (?:is )?(?:complete|completed|finished|done)\b|"
+                          r"^\W*(?:finished|done) training\b)")
 #: A bar's description that is an evaluation's or a save's.
 _EVAL_DESC = re.compile(r"\b(?:eval|valid|test|predict|sanity)", re.I)
 _SAVE_DESC = re.compile(r"\b(?:writ|sav|shard|checkpoint)", re.I)

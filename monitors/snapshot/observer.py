@@ -58,7 +58,7 @@ from stepwatch.monitors.snapshot.model import json_safe, null_snapshot, obj, run
 from stepwatch.monitors.snapshot.process import process_part
 from stepwatch.monitors.snapshot.types import (AttnImplementation, Energy, Fallback, Padding, Resume, Scaling, Snapshot,
                                                StepSeconds, Survivor, Throughput, Versions, Warmup)
-from stepwatch.monitors.states import NOT_JUDGED, RUNNING, STEADY
+from stepwatch.monitors.states import FINISHING, NOT_JUDGED, RUNNING, STEADY
 from stepwatch.monitors.stats.stepstats import StepStats
 
 __all__ = ["RunObserver", "ViewUpdate", "json_safe", "run_ended", "snapshot", "process_snapshot"]
@@ -370,7 +370,7 @@ class RunObserver:
                     if h["cpu_cores"] is not None and str(h["cpu_cores_basis"] or "").startswith("last") else None)
             snap["stall"], a.stall_at = stall_part(src, started, now, a.ev.open_phase, a.progress.finished,
                                                    a.log.last_byte_age_s, a.observed_start.observe(started, mono),
-                                                   log_phase, busy, a.stall.step_floor_s)
+                                                   log_phase, busy, a.stall.step_floor_s, ph.name == FINISHING)
         else:
             snap["stall"]["reason"] = "the run is not running"
         snap["eta"] = eta = eta_part([r.dt_s for r in stats.recent(4 * ETA_RECENT_STEPS) if r.counted], max_steps, gs,

@@ -141,7 +141,8 @@ def stall_part(src: StepSource, started: float | None, now: float, open_phase: A
                last_log_byte_age_s: float | None,
                observed: tuple[float, float] | None = None,
                log_phase: tuple[str, float | None] | None = None,
-               busy: tuple[float, float] | None = None, floor_s: float = STALL_FLOOR_S) -> tuple[Stall, float | None]:
+               busy: tuple[float, float] | None = None, floor_s: float = STALL_FLOOR_S,
+               finish_line: bool = False) -> tuple[Stall, float | None]:
     """Rule 3 for a running run: ``(stall, stall_at)``. ``started``: unix s the step in progress began;
     ``open_phase``: events.jsonl's open save/eval phase; ``bar_complete`` / ``last_log_byte_age_s``:
     train.log's bar reached its total / how long ago the log was last written; ``observed``: what
@@ -155,7 +156,8 @@ def stall_part(src: StepSource, started: float | None, now: float, open_phase: A
     stall = cast(Stall, {**sv.as_dict(), "reason": sv.reason})
     if sv.threshold_s is None:
         stall["state"] = NOT_JUDGED
-    elif budget is None and not src.use_events and (guard := log_only_guard(sv, bar_complete, last_log_byte_age_s)):
+    elif budget is None and not src.use_events and (guard := log_only_guard(sv, bar_complete, last_log_byte_age_s,
+                                                                                      finish_line)):
         stall.update(state=cast(StallState, guard[0]), reason=guard[1])
         return stall, None
     if sv.state == STALLED and budget is None and busy is not None and sv.current_step_elapsed_s is not None:

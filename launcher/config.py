@@ -326,11 +326,11 @@ def public_alerts(alerts: dict[str, Any]) -> dict[str, Any]:
     """The ``[alerts]`` table as run.json may show it to anyone who can read the run dir: the push
     URLs (tokens, passwords) replaced by their channels' names (scheme and host, ``channels``); the
     URLs themselves go to the 0600 ``alerts.urls.json`` beside it."""
-    from stepwatch.monitors.snapshot.alerts import channel_name  # noqa: PLC0415
+    from stepwatch.monitors.snapshot.alerts import push_channel_names  # noqa: PLC0415
 
     out = {k: v for k, v in alerts.items() if k != "urls"}
     if alerts.get("urls"):
-        out["channels"] = [channel_name(u) for u in alerts["urls"]]
+        out["channels"] = push_channel_names(alerts["urls"])
     return out
 
 

@@ -4,6 +4,7 @@ in --help, an empty runs dir says how to start a run."""
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from pathlib import Path
 
@@ -68,6 +69,24 @@ def test_dynamo_counts_that_nothing_reported_read_unknown_not_a_dash():
     snap["dynamo"] = {**snap["dynamo"], "recompiles": 0, "graph_breaks": None, "recompile_limit_hits": 0, "source": "log"}
     text = "\n".join(status_lines(snap))
     assert "dynamo: recompiles 0, graph breaks unknown, recompile-limit hits 0 (from log)" in text, text
+
+
+def test_plain_status_names_each_channel_and_a_failures_reason_as_one_safe_line():
+    from stepwatch.monitors.snapshot.model import null_snapshot
+    from stepwatch.tui.plain import status_lines
+
+    snap = null_snapshot()
+    snap["run"] = "r"
+    alerts: list[Any] = [{"id": "a1-stall-5", "kind": "stall", "at": "2026-12-03T18:00:00Z", "message": "alive but stuck",
+                       "recorded": True, "active": True, "acknowledged": False, "delivered": {
+                           "command": {"outcome": "failed", "detail": "exit code 127: sh: 1: ./alert_cmd.sh: not found\n\x1b[2J"},
+                           "json://127.0.0.1": {"outcome": "delivered", "detail": "accepted by the endpoint"},
+                           "json://127.0.0.1#2": {"outcome": None, "detail": "no delivery recorded"}}}]
+    snap["alerts"] = alerts
+    line = next(ln for ln in status_lines(snap) if "ALERT [stall]" in ln)
+    assert ("[delivery command: failed (exit code 127: sh: 1: ./alert_cmd.sh: not found" in line
+            and "json://127.0.0.1: delivered; json://127.0.0.1#2: not recorded]" in line), line
+    assert "\x1b" not in line and "\n" not in line  # a reason read from alerts.jsonl never moves the cursor
 
 
 TREE_PY = r'''

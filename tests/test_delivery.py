@@ -197,6 +197,40 @@ def test_a_push_arrives_with_the_alerts_title_text_and_type(tmp_path: Path, endp
     assert r.slept == []
 
 
+def test_two_urls_on_one_host_are_two_channels_each_sent_every_alert_and_named_apart(tmp_path: Path, endpoint: int):
+    """Two ntfy topics or two webhooks on one host: each gets every alert (its own rate limit), and each
+    outcome is its own; the names keep the paths (topics, tokens) out of files."""
+    from stepwatch.monitors.snapshot.alerts import channel_names, push_channel_names
+
+    r = Recorder()
+    urls = [f"json://127.0.0.1:{endpoint}/a", f"json://127.0.0.1:{endpoint}/b"]
+    d = r.deliverer(tmp_path, urls=urls, rate_limit_s=60)
+    d.submit(alert("stall", 1, "alive but stuck"))
+    assert d.wait(30)
+    assert len(_Endpoint.received) == 2, _Endpoint.received  # the control before the fix: 1, the second rate-limited
+    assert sorted(r.outcomes()) == [("json://127.0.0.1", "delivered"), ("json://127.0.0.1#2", "delivered")]
+    assert push_channel_names(urls) == ["json://127.0.0.1", "json://127.0.0.1#2"]
+    assert channel_names({"command": ["true"], "urls": urls}) == ["command", "json://127.0.0.1", "json://127.0.0.1#2"]
+    assert channel_names({"channels": ["ntfy://ntfy.sh", "ntfy://ntfy.sh#2"]}) == ["ntfy://ntfy.sh", "ntfy://ntfy.sh#2"]
+
+
+HOSTILE = "died: last line \x1b]52;c;cm0gLXJmIH4=\x07 \x1b[2J evil\u202etxt.exe zero\u200bwidth\nALERT fake"
+
+
+def test_a_page_carries_no_control_bidi_or_zero_width_character_a_log_line_held(tmp_path: Path, endpoint: int):
+    """A death alert quoting a log line with OSC 52 (a clipboard write), CSI 2J, U+202E and U+200B: none reaches
+    the push body nor the command's environment; the visible stand-ins do, and the message stays one line."""
+    out = tmp_path / "env.json"
+    r = Recorder()
+    d = r.deliverer(tmp_path, urls=[f"json://127.0.0.1:{endpoint}/hook"], command=_py(
+        f"import json, os; json.dump(os.environ['STEPWATCH_ALERT_MESSAGE'], open({str(out)!r}, 'w'))"))
+    d.submit(alert("watchdog", 1, HOSTILE))
+    assert d.wait(30) and sorted(o for _, o in r.outcomes()) == ["delivered", "delivered"], r.records
+    for got in (_Endpoint.received[0]["message"], json.loads(out.read_text())):
+        assert not {"\x1b", "\x07", "\u202e", "\u200b", "\n"} & set(got), repr(got)
+        assert got == "died: last line \u241b]52;c;cm0gLXJmIH4=\u2407 \u241b[2J evil\ufffdtxt.exe zero\ufffdwidth\u240aALERT fake"
+
+
 def test_a_refused_push_is_retried_with_back_off_then_failed(tmp_path: Path, endpoint: int):
     _Endpoint.status = 500
     r = Recorder()

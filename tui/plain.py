@@ -126,7 +126,9 @@ def status_lines(snap: Snapshot) -> list[str]:
     for al in snap.get("alerts") or []:
         notes = [n for n in ("acknowledged" if al.get("acknowledged") else None,
                               "cleared" if al.get("active") is False else None) if n]
-        delivered = "; ".join(f"{ch}: {(d or {}).get('outcome') or 'not recorded'}"
+        delivered = "; ".join(f"{ch}: {(d or {}).get('outcome') or 'not recorded'}"  # a failure with its reason
+                              + (f" ({str(d.get('detail'))[:200]})" if d and d.get("outcome") == "failed"
+                                 and d.get("detail") else "")
                               for ch, d in (al.get("delivered") or {}).items())
         lines.append(f"  ALERT [{al['kind']}] {al['message']}" + (f" ({', '.join(notes)})" if notes else "")
                      + (f" [delivery {delivered}]" if delivered else ""))

@@ -9,8 +9,8 @@ GPU names, run names, alert messages) is data. Two rules, one home:
 - **No control bytes.** ESC (OSC 52 clipboard writes, OSC 0 titles, OSC 8 links, ``ESC[2J``,
   ``ESC c``), the other C0 and C1 controls, DEL and the bidirectional overrides are replaced by a
   visible one-cell stand-in of the same length: the Control Pictures (``␛`` for ESC, ``␍`` for CR,
-  ``␀`` ...) for C0 and DEL, ``�`` for C1 and the bidi controls. Tab and newline stay where a
-  caller allows them. Same length, so a Text's styles stay on their characters.
+  ``␀`` ...) for C0 and DEL, ``�`` for C1, the bidi controls and marks and the zero-width characters
+  (``monitors/safechars.py``). Tab and newline stay where a caller allows them. Same length, so a Text's styles stay on their characters.
 - **One line stays one line.** A field shown on one line (a version, the attention backend, a run's
   name, an alert's message, a GPU's name) never starts a line of its own: :func:`one_line` shows its
   line breaks as ``␊`` / ``␍`` (and U+2028 / U+2029 as ``␤``), so ``torch 2.4\nALERT ...`` read from
@@ -21,40 +21,13 @@ GPU names, run names, alert messages) is data. Two rules, one home:
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING, Any, TextIO
+
+# the character rules have one home below the views (the supervisor's pages use them too)
+from stepwatch.monitors.safechars import one_line as one_line, visible as visible
 
 if TYPE_CHECKING:  # rich only where a Text is made: the headless commands start without it
     from rich.text import Text
-
-_C0_KEEP_NL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\x80-\x9f\u202a-\u202e\u2066-\u2069]")
-_C0_ALL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f\x80-\x9f\u202a-\u202e\u2066-\u2069]")
-
-
-def _picture(m: re.Match) -> str:
-    c = ord(m.group(0))
-    if c < 0x20:
-        return chr(0x2400 + c)  # the Control Pictures block: U+2400 + the C0 code
-    if c == 0x7F:
-        return "\u2421"  # SYMBOL FOR DELETE
-    return "\ufffd"
-
-
-def visible(s: Any, *, newlines: bool = False) -> str:
-    """``s`` as a string with every control character replaced by a visible stand-in (tab kept;
-    newlines kept only with ``newlines=True``)."""
-    s = s if isinstance(s, str) else str(s)
-    return (_C0_KEEP_NL if newlines else _C0_ALL).sub(_picture, s)
-
-
-_LINE_SEPARATORS = str.maketrans({"\u2028": "\u2424", "\u2029": "\u2424"})  # SYMBOL FOR NEWLINE
-
-
-def one_line(s: Any) -> str:
-    """``s`` as one line of visible text: :func:`visible` without newlines (LF -> ``␊``, CR -> ``␍``),
-    and the Unicode line and paragraph separators (which ``str.splitlines`` breaks at) -> ``␤``.
-    Same length as ``s``."""
-    return visible(s).translate(_LINE_SEPARATORS)
 
 
 def safe_text(value: Any, style: str = "", *, newlines: bool = False) -> Text:

@@ -172,6 +172,23 @@ def channel_name(url: str) -> str:
         return "url"
 
 
+def push_channel_names(urls: list[Any]) -> list[str]:
+    """Each push URL's channel name, one per URL and each its own (two ntfy topics or two webhooks on one host
+    are two channels, each rate-limited and reported apart): the scheme and host, then ``#2``, ``#3`` … by
+    order for a host named again. The path (a topic, a token) never shows."""
+    out: list[str] = []
+    for u in urls:
+        if not (isinstance(u, str) and u):
+            continue
+        name = base = channel_name(u)
+        n = 1
+        while name in out:
+            n += 1
+            name = f"{base}#{n}"
+        out.append(name)
+    return out
+
+
 def channel_names(alerts_config: Any) -> list[str]:
     """The delivery channels a run's ``[alerts]`` table names (run.json ``config.alerts``): read,
     never run. ``command`` for an argv, one name per push URL."""
@@ -180,7 +197,7 @@ def channel_names(alerts_config: Any) -> list[str]:
     cmd, urls, named = alerts_config.get("command"), alerts_config.get("urls"), alerts_config.get("channels")
     out = ["command"] if isinstance(cmd, list) and cmd else []
     if isinstance(urls, list):
-        out += [channel_name(u) for u in urls if isinstance(u, str) and u]
+        out += push_channel_names(urls)
     if isinstance(named, list):  # run.json: the push channels by name (the URLs stay in alerts.urls.json)
         out += [str(n) for n in named if isinstance(n, str) and n not in out]
     return out

@@ -26,7 +26,8 @@ from typing import Any
 from collections.abc import Callable
 
 from stepwatch.monitors.proctree import HELPER_PIDS, HELPERS_LOCK
-from stepwatch.monitors.snapshot.alerts import channel_name
+from stepwatch.monitors.safechars import one_line
+from stepwatch.monitors.snapshot.alerts import channel_name, push_channel_names
 
 LEVELS = ("info", "warning", "error")
 #: The level of each alert kind (stepwatch.monitors.snapshot.alerts): a dead, stuck or silently
@@ -79,8 +80,8 @@ class Deliverer:
         if self.command:
             command = self.command
             targets.append(("command", lambda a: self._run_command(command, a)))
-        for url in self.urls:
-            targets.append((channel_name(url), lambda a, u=url: self._push(u, a)))
+        for name, url in zip(push_channel_names(self.urls), self.urls):  # one rate limit per URL, never per host
+            targets.append((name, lambda a, u=url: self._push(u, a)))
         for name, fn in targets:
             if LEVELS.index(level) < LEVELS.index(self.min_level):
                 self._record(alert, name, "below_min_level", f"{level} < min_level {self.min_level}", 0)
@@ -119,7 +120,7 @@ class Deliverer:
     def _run_command(self, command: list[str], alert: dict[str, Any]) -> tuple[bool, str, int]:
         env = dict(os.environ, STEPWATCH_ALERT_ID=str(alert.get("id")), STEPWATCH_ALERT_KIND=str(alert.get("kind")),
                    STEPWATCH_ALERT_LEVEL=level_of(str(alert.get("kind"))),
-                   STEPWATCH_ALERT_MESSAGE=str(alert.get("message")), STEPWATCH_RUN=self.run_name,
+                   STEPWATCH_ALERT_MESSAGE=one_line(alert.get("message")), STEPWATCH_RUN=one_line(self.run_name),
                    STEPWATCH_RUN_DIR=str(self.run_dir))
         try:
             with HELPERS_LOCK:  # the supervisor's own helper, never a process of the run's tree
@@ -149,10 +150,11 @@ class Deliverer:
         level = level_of(str(alert.get("kind")))
         ntype = {"error": apprise.NotifyType.FAILURE, "warning": apprise.NotifyType.WARNING}.get(
             level, apprise.NotifyType.INFO)
-        title = f"stepwatch {self.run_name}: {alert.get('kind')}"
+        title = one_line(f"stepwatch {self.run_name}: {alert.get('kind')}")  # a phone shows no control, bidi or
+        # zero-width character a run dir held: each is a visible stand-in (monitors/safechars.py)
         delay = 1.0
         for attempt in range(1, self.retries + 2):
-            if ap.notify(body=str(alert.get("message")), title=title, notify_type=ntype):
+            if ap.notify(body=one_line(alert.get("message")), title=title, notify_type=ntype):
                 return True, "accepted by the endpoint", attempt
             if attempt <= self.retries:
                 self.sleep(delay)

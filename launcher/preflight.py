@@ -342,12 +342,19 @@ def check_log_format(cfg: RunConfig) -> Item:
                 "add [log] patterns for another", detail)
 
 
+def check_alert_channels(cfg: RunConfig) -> Item:
+    """Item 9: each alert channel could deliver (launcher/alertcheck.py)."""
+    from stepwatch.launcher.alertcheck import alert_channels_verdict  # noqa: PLC0415 - apprise, only when asked
+
+    return Item("alert_channels", "alert channels checked", *alert_channels_verdict(cfg))
+
+
 def run_checklist(cfg: RunConfig, tree: TreeState | None = None) -> Checklist:
     """Run every item for ``cfg`` (the test suite may take up to its timeout). Never raises."""
     tree = tree or read_tree(cfg.cwd, cfg.runs_dir)
     return Checklist([
         check_clean_tree(tree), check_test_suite(cfg), check_training_arguments(cfg), check_config(cfg),
-        check_watchdog(), check_rotation(cfg), check_provenance(cfg), check_log_format(cfg),
+        check_watchdog(), check_rotation(cfg), check_provenance(cfg), check_log_format(cfg), check_alert_channels(cfg),
     ])
 
 

@@ -7,6 +7,7 @@ Textual is imported only by the commands that open the app, so ``status``/``watc
 from __future__ import annotations
 
 import argparse
+from importlib import import_module
 import json
 import math
 import shlex
@@ -390,6 +391,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("config")
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(func=cmd_preflight)
+
+    sp = sub.add_parser("alerts", help="alerts test RUN|CONFIG: send a test page to every channel, print each outcome")
+    common(sp)
+    sp.add_argument("action", choices=["test"])
+    sp.add_argument("target", help="a run (name or dir) or a run config (.toml)")
+    sp.set_defaults(func=lambda a: import_module("stepwatch.launcher.alertcheck").alerts_test(a.target, _runs_dir_flag(a)))
 
     sp = sub.add_parser("runs", help="one line per run under the runs dir")
     common(sp)

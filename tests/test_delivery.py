@@ -231,6 +231,29 @@ def test_a_page_carries_no_control_bidi_or_zero_width_character_a_log_line_held(
         assert got == "died: last line \u241b]52;c;cm0gLXJmIH4=\u2407 \u241b[2J evil\ufffdtxt.exe zero\ufffdwidth\u240aALERT fake"
 
 
+def test_a_pages_first_line_is_host_run_state_and_step_and_its_second_the_message(tmp_path: Path, endpoint: int):
+    import re
+
+    from stepwatch.monitors.snapshot.alerts import headline_of
+    from stepwatch.monitors.snapshot.model import null_snapshot
+
+    snap = null_snapshot()
+    snap["run"], snap["state"] = "big\x1b[2Jrun", "running"
+    snap["step"] = {**snap["step"], "global_step": 40, "max_steps": 100}
+    out = tmp_path / "env.txt"
+    r = Recorder()
+    d = r.deliverer(tmp_path, urls=[f"json://127.0.0.1:{endpoint}/hook"], command=_py(
+        f"import os; open({str(out)!r}, 'w').write(os.environ['STEPWATCH_ALERT_MESSAGE'])"))
+    d.submit({**alert("stall", 1, "alive but stuck"), "headline": headline_of(snap, "gpu-node-7")})
+    assert d.wait(30)
+    for got in (_Endpoint.received[0]["message"], out.read_text()):
+        first, second = got.split("\n")
+        assert re.fullmatch(r"[^ ]+ · .+ · [A-Z]+ · step (\d+|\?)/(\d+|\?)", first), first
+        assert (first, second) == ("gpu-node-7 · big\u241b[2Jrun · RUNNING · step 40/100", "alive but stuck")
+    snap["step"] = {**snap["step"], "global_step": None, "max_steps": None}
+    assert headline_of(snap, "h").endswith(" · RUNNING · step ?/?")  # unknown is said, never a made-up 0
+
+
 def test_a_refused_push_is_retried_with_back_off_then_failed(tmp_path: Path, endpoint: int):
     _Endpoint.status = 500
     r = Recorder()

@@ -6,6 +6,7 @@ holds rank 1's own stack. System tier: a real supervisor, torchrun, py-spy."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -43,7 +44,9 @@ def test_a_stall_pages_with_every_ranks_stack_naming_the_rank_outside_the_collec
                                         if p["kind"] == "stall"), None) if pages.exists() else None,
                           90, interval_s=0.3, what="the stall's page")
         print(f"the page: {page['message']}")
-        assert "alive but stuck: no optimizer step" in page["message"] and "after step 19" in page["message"], page
+        headline, _, body = page["message"].partition("\n")
+        assert re.fullmatch(r"\S+ · gloo3 · RUNNING · step 19/\?", headline), page  # host · run · STATE · step N/M
+        assert body.startswith("alive but stuck: no optimizer step") and "after step 19" in body, page
         assert "stacks: the odd one out: rank 1 in `<module>` (stack_poses.py:" in page["message"], page
         assert "ranks 0 and 2 waiting in a collective: `all_reduce`" in page["message"], page
         recs = [json.loads(ln) for ln in (run_dir / "alerts.jsonl").read_text().splitlines()]

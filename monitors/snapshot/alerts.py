@@ -163,6 +163,14 @@ def reached_words(snap: Snapshot) -> str:
     return "" if gs is None else f"the run reached step {gs}" + (f" of {total}" if total else "") + "; "
 
 
+def headline_of(snap: Snapshot, host: str) -> str:
+    """A page's first line: ``host · run · STATE · step N/M`` (``?`` for what is not known), one line."""
+    step = snap.get("step") or {}
+    gs, most = step.get("global_step"), step.get("max_steps")
+    return " · ".join((host, str(snap.get("run") or "?"), str(snap.get("state") or "?").upper(),
+                       f"step {gs if gs is not None else '?'}/{most if most else '?'}"))
+
+
 def channel_name(url: str) -> str:
     """A push URL's scheme and host only: tokens in paths, users and passwords stay out of files."""
     try:

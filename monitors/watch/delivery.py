@@ -48,6 +48,13 @@ def level_of(kind: str) -> str:
     return KIND_LEVEL.get(kind, "warning")
 
 
+def page_text(alert: dict[str, Any]) -> str:
+    """What a page says: its headline (``host · run · STATE · step N/M``, when the supervisor gave one) on the
+    first line, the alert's message on the second; each one line of visible characters."""
+    headline = alert.get("headline")
+    return (f"{one_line(headline)}\n" if headline else "") + one_line(alert.get("message"))
+
+
 class Deliverer:
     """Delivers alerts for one attempt. ``submit(alert)`` returns at once; :meth:`wait` (at the
     end of the attempt) waits for what is in flight, bounded."""
@@ -119,8 +126,8 @@ class Deliverer:
 
     def _run_command(self, command: list[str], alert: dict[str, Any]) -> tuple[bool, str, int]:
         env = dict(os.environ, STEPWATCH_ALERT_ID=str(alert.get("id")), STEPWATCH_ALERT_KIND=str(alert.get("kind")),
-                   STEPWATCH_ALERT_LEVEL=level_of(str(alert.get("kind"))),
-                   STEPWATCH_ALERT_MESSAGE=one_line(alert.get("message")), STEPWATCH_RUN=one_line(self.run_name),
+                   STEPWATCH_ALERT_LEVEL=level_of(str(alert.get("kind"))), STEPWATCH_ALERT_MESSAGE=page_text(alert),
+                   STEPWATCH_ALERT_HEADLINE=one_line(alert.get("headline") or ""), STEPWATCH_RUN=one_line(self.run_name),
                    STEPWATCH_RUN_DIR=str(self.run_dir))
         try:
             with HELPERS_LOCK:  # the supervisor's own helper, never a process of the run's tree
@@ -154,7 +161,7 @@ class Deliverer:
         # zero-width character a run dir held: each is a visible stand-in (monitors/safechars.py)
         delay = 1.0
         for attempt in range(1, self.retries + 2):
-            if ap.notify(body=one_line(alert.get("message")), title=title, notify_type=ntype):
+            if ap.notify(body=page_text(alert), title=title, notify_type=ntype):
                 return True, "accepted by the endpoint", attempt
             if attempt <= self.retries:
                 self.sleep(delay)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import threading
 import time
 from pathlib import Path
@@ -30,6 +31,7 @@ from stepwatch.monitors.protocol import FLAG_SILENT, FLAG_IDLE, FLAG_STOPPED
 from stepwatch.monitors.readers.changes import ChangeNotifier
 from stepwatch.monitors.readers.textlog import LogFollower
 from stepwatch.monitors.runfiles import ALERTS_JSONL, LOG_STEPS_JSONL, TRAIN_LOG, open_append, rank_log_steps_name, read_push_urls, write_all
+from stepwatch.monitors.snapshot.alerts import headline_of
 from stepwatch.monitors.snapshot.model import json_safe
 from stepwatch.monitors.snapshot.observer import RunObserver
 from stepwatch.monitors.snapshot.types import NewAlert, Snapshot
@@ -200,6 +202,7 @@ class AlertRecorder:
         self.kinds, self.skip, self.log, self.run_dir = kinds, skip, log, Path(run_dir)
         self.recorded: set[str] = set()
         self._stack_threads: list[threading.Thread] = []  # a stall's stacks, its delivery after them
+        self.host = socket.gethostname()
 
     def detect(self) -> Snapshot:
         """One refresh; records and delivers what is new. Returns the snapshot."""
@@ -209,16 +212,18 @@ class AlertRecorder:
                     self.kinds is not None and al["kind"] not in self.kinds):
                 self.recorded.add(al["id"])
                 continue
-            self.record(al, evidence_of(snap, al["kind"]), deliver=al["kind"] not in TREE_STACK_KINDS)
+            page = {**al, "headline": headline_of(snap, self.host)}  # the page's first line
+            self.record(al, evidence_of(snap, al["kind"]), deliver=al["kind"] not in TREE_STACK_KINDS, page=page)
             if al["kind"] in TREE_STACK_KINDS:  # the stacks of every process first, then the page that says them
                 self._stack_threads.append(record_tree_stacks_later(
-                    cast("dict[str, Any]", al), self.run_dir, self.file.append_json, self.deliverer.submit, self.log))
+                    page, self.run_dir, self.file.append_json, self.deliverer.submit, self.log))
             elif al["kind"] in STACK_KINDS and (pid := stack_target(snap, al)) is not None:
                 record_stack_later(al["id"], pid, self.file.append_json, self.log)
         return snap
 
-    def record(self, al: NewAlert, evidence: Any, deliver: bool = True) -> None:
-        """Append one alert to alerts.jsonl and (``deliver``) hand it to the Deliverer (once per id)."""
+    def record(self, al: NewAlert, evidence: Any, deliver: bool = True, page: dict[str, Any] | None = None) -> None:
+        """Append one alert to alerts.jsonl and (``deliver``) hand it (``page``: with its headline) to the
+        Deliverer (once per id)."""
         self.recorded.add(al["id"])
         rec = {"v": 1, "kind": "alert", "id": al["id"], "alert_kind": al["kind"], "level": level_of(al["kind"]),
                "message": al["message"], "at": al["at"], "t": time.time(), "evidence": evidence}
@@ -227,7 +232,7 @@ class AlertRecorder:
         except (OSError, ValueError) as e:
             self.log(f"could not record alert {al['id']}: {e}")
         if deliver:
-            self.deliverer.submit(cast("dict[str, Any]", al))  # the Deliverer reads it as a plain mapping
+            self.deliverer.submit(page or cast("dict[str, Any]", al))  # the Deliverer reads it as a plain mapping
 
     def finish(self) -> None:
         """Wait (bounded) for the stacks being taken and the deliveries in flight, then close the file."""

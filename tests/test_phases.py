@@ -257,3 +257,19 @@ def test_the_stall_table_sets_each_floor_and_a_bad_value_is_refused_naming_it(tm
             load_config(cfg)
         assert words in str(e.value), (table, str(e.value))
 
+
+def test_an_idle_stall_is_dated_at_the_step_budget_and_a_busy_one_at_the_busy_budget():
+    """The stall alert's ``at`` is when the condition began: the step's start plus the step budget for an idle
+    silence (it was dated at the busy budget, 60 s late, whatever the CPU said), plus the busy budget for a busy one."""
+    from stepwatch.monitors.snapshot.stepsource import StepSource, stall_part
+    from stepwatch.monitors.stats.stepstats import StepStats
+
+    stats = StepStats()
+    for i in range(1, 31):
+        stats.add(i, 0.1, [])
+    src = StepSource(None, stats, "per_update", False)
+    idle, idle_at = stall_part(src, 1000.0, 1070.0, None, False, 70.0, busy=(0.0, 60.0))
+    assert idle["state"] == STALLED and idle_at == pytest.approx(1003.0), (idle, idle_at)  # the 3 s floor
+    busy, busy_at = stall_part(src, 1000.0, 1070.0, None, False, 70.0, busy=(1.0, 60.0))
+    assert busy["state"] == STALLED and busy_at == 1060.0, (busy, busy_at)
+

@@ -161,8 +161,9 @@ def stall_part(src: StepSource, started: float | None, now: float, open_phase: A
         stall.update(state=cast(StallState, guard[0]), reason=guard[1])
         return stall, None
     if sv.state == STALLED and budget is None and busy is not None and sv.current_step_elapsed_s is not None:
-        stall.update(cast(Stall, busy_but_silent(sv.current_step_elapsed_s, *busy)))
-        if stall["state"] == STALLED and started:
+        judged = busy_but_silent(sv.current_step_elapsed_s, *busy)
+        stall.update(cast(Stall, judged))
+        if judged and stall["state"] == STALLED and started:  # busy past the busy budget: stuck from there on
             return stall, started + busy[1]
     # when it became a stall, from the files: the step's start plus the threshold
     stall_at = (started + sv.threshold_s if stall["state"] == STALLED and started and sv.threshold_s else None)

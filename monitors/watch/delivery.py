@@ -48,6 +48,11 @@ def level_of(kind: str) -> str:
     return KIND_LEVEL.get(kind, "warning")
 
 
+def alert_level(alert: dict[str, Any]) -> str:
+    """The level a page goes out at: the one it carries when it is one of LEVELS, else its kind's."""
+    return alert["level"] if alert.get("level") in LEVELS else level_of(str(alert.get("kind")))
+
+
 def page_text(alert: dict[str, Any]) -> str:
     """What a page says: its headline (``host · run · STATE · step N/M``, when the supervisor gave one) on the
     first line, the alert's message on the second; each one line of visible characters."""
@@ -81,8 +86,10 @@ class Deliverer:
         self._threads: list[threading.Thread] = []
 
     def submit(self, alert: dict[str, Any]) -> None:
-        """Deliver ``alert`` ({id, kind, message, ...}) to every channel, each in a worker."""
-        level = level_of(str(alert.get("kind")))
+        """Deliver ``alert`` ({id, kind, message, ...}) to every channel, each in a worker. Its ``level`` is its
+        kind's unless it carries one (a resolution: the level of what it resolves); ``wanted`` (a finished page the
+        run's [alerts] table asked for) passes min_level."""
+        level = alert_level(alert)
         targets: list[tuple[str, Callable[[dict[str, Any]], tuple[bool, str, int]]]] = []
         if self.command:
             command = self.command
@@ -90,7 +97,7 @@ class Deliverer:
         for name, url in zip(push_channel_names(self.urls), self.urls):  # one rate limit per URL, never per host
             targets.append((name, lambda a, u=url: self._push(u, a)))
         for name, fn in targets:
-            if LEVELS.index(level) < LEVELS.index(self.min_level):
+            if LEVELS.index(level) < LEVELS.index(self.min_level) and not alert.get("wanted"):
                 self._record(alert, name, "below_min_level", f"{level} < min_level {self.min_level}", 0)
                 continue
             key = (name, str(alert.get("kind")))
@@ -126,7 +133,8 @@ class Deliverer:
 
     def _run_command(self, command: list[str], alert: dict[str, Any]) -> tuple[bool, str, int]:
         env = dict(os.environ, STEPWATCH_ALERT_ID=str(alert.get("id")), STEPWATCH_ALERT_KIND=str(alert.get("kind")),
-                   STEPWATCH_ALERT_LEVEL=level_of(str(alert.get("kind"))), STEPWATCH_ALERT_MESSAGE=page_text(alert),
+                   STEPWATCH_ALERT_LEVEL=alert_level(alert),
+                   STEPWATCH_ALERT_MESSAGE=page_text(alert),
                    STEPWATCH_ALERT_HEADLINE=one_line(alert.get("headline") or ""), STEPWATCH_RUN=one_line(self.run_name),
                    STEPWATCH_RUN_DIR=str(self.run_dir))
         try:
@@ -154,7 +162,7 @@ class Deliverer:
         ap = apprise.Apprise()
         if not ap.add(url):
             return False, f"apprise does not understand the URL ({channel_name(url)})", 0
-        level = level_of(str(alert.get("kind")))
+        level = alert_level(alert)
         ntype = {"error": apprise.NotifyType.FAILURE, "warning": apprise.NotifyType.WARNING}.get(
             level, apprise.NotifyType.INFO)
         title = one_line(f"stepwatch {self.run_name}: {alert.get('kind')}")  # a phone shows no control, bidi or

@@ -39,6 +39,7 @@ from stepwatch.monitors.states import FLAGGED, STALLED, SUSPECTED
 from stepwatch.monitors.watch.stacks import (PY_SPY_TIMEOUT_S, STACK_KINDS, TREE_STACK_KINDS, record_stack_later,
                                              record_tree_stacks_later, stack_target)
 from stepwatch.monitors.watch.delivery import Deliverer, level_of
+from stepwatch.monitors.watch.lifecycle import finished_page, resolved_page
 from stepwatch.monitors.parsers.logtracker import LogTracker, patterns_of, settings_of
 from stepwatch.monitors.watch.logsteps import TIMING_REPORTED, LogStepTimer, RankLogTimers, encode_records
 
@@ -201,6 +202,9 @@ class AlertRecorder:
         self.observer = RunObserver(run_dir, use_saved_state=False)
         self.kinds, self.skip, self.log, self.run_dir = kinds, skip, log, Path(run_dir)
         self.recorded: set[str] = set()
+        self.paged: set[str] = set()  # the alerts this recorder paged: their resolution is paged too
+        self.finished_wanted = config.get("finished") is True  # [alerts] finished = true: a page on exit 0
+        self.attempt = run.get("attempt")
         self._stack_threads: list[threading.Thread] = []  # a stall's stacks, its delivery after them
         self.host = socket.gethostname()
 
@@ -208,6 +212,10 @@ class AlertRecorder:
         """One refresh; records and delivers what is new. Returns the snapshot."""
         snap = self.observer.refresh()
         for al in snap.get("alerts") or []:
+            if al["id"] in self.paged and (page := resolved_page(cast("dict[str, Any]", al), snap, self.host,
+                                                                  time.time())) is not None:
+                self.paged.discard(al["id"])  # one resolution per page
+                self.deliverer.submit(page)
             if al["id"] in self.recorded or al.get("recorded") or al["kind"] in self.skip or (
                     self.kinds is not None and al["kind"] not in self.kinds):
                 self.recorded.add(al["id"])
@@ -225,6 +233,8 @@ class AlertRecorder:
         """Append one alert to alerts.jsonl and (``deliver``) hand it (``page``: with its headline) to the
         Deliverer (once per id)."""
         self.recorded.add(al["id"])
+        if deliver or page is not None:
+            self.paged.add(al["id"])
         rec = {"v": 1, "kind": "alert", "id": al["id"], "alert_kind": al["kind"], "level": level_of(al["kind"]),
                "message": al["message"], "at": al["at"], "t": time.time(), "evidence": evidence}
         try:
@@ -233,6 +243,11 @@ class AlertRecorder:
             self.log(f"could not record alert {al['id']}: {e}")
         if deliver:
             self.deliverer.submit(page or cast("dict[str, Any]", al))  # the Deliverer reads it as a plain mapping
+
+    def page_finished(self, snap: Snapshot) -> None:
+        """The attempt ended: a ``finished`` page when it exited 0 and the run's [alerts] table asks for one."""
+        if self.finished_wanted and (page := finished_page(snap, self.host, self.attempt)) is not None:
+            self.deliverer.submit(page)
 
     def finish(self) -> None:
         """Wait (bounded) for the stacks being taken and the deliveries in flight, then close the file."""
@@ -269,6 +284,7 @@ def watch_attempt(run_dir: Path, run: dict[str, Any], child_done: threading.Even
         timer.join(10.0)
         try:
             snap = recorder.detect()  # the end: the watchdog's verdict, the log's last steps
+            recorder.page_finished(snap)
             if exporter is not None:
                 exporter.update(snap)
         except Exception as e:  # noqa: BLE001

@@ -91,3 +91,63 @@ def test_an_announced_save_and_a_busy_silence_page_nothing_and_an_idle_silence_i
         recs = [json.loads(ln) for ln in (runs[mode] / "logsteps.jsonl").read_text().splitlines()]
         assert [r["step"] for r in recs if flag in r["flags"]] == [41], (mode, recs[39:42])
         assert _status(runs[mode])["fallback"]["state"] == "ok", (mode, _status(runs[mode])["fallback"])
+
+
+BUSY_FOREVER_PY = '''\
+import time
+def spin_in_a_save_that_never_ends():
+    while True:
+        sum(range(1000))
+for i in range(1, 31):
+    time.sleep(0.1)
+    print(f"step {i} loss {1 / i:.4f}", flush=True)
+spin_in_a_save_that_never_ends()
+'''
+
+UNREAD_PY = '''\
+import time
+for i in range(10_000):
+    time.sleep(0.2)
+    print(f"tick {i}: nothing any shape reads", flush=True)
+'''
+
+
+@pytest.mark.slow
+def test_a_busy_loop_that_stops_stepping_pages_at_its_busy_budget_with_its_stack_and_a_stop_with_no_shape_pages(
+        tmp_path: Path):
+    """Busy but silent for good: with ``[stall] busy_floor_s = 5`` the stall pages 5 s after the step began, and
+    the page names the function the process spins in (py-spy). A process whose log no shape reads, held
+    stopped: a ``frozen`` page naming its pid within 3 s + 2 s."""
+    import os
+    import signal
+    import time
+
+    toml = (f'name = "spin"\ncommand = [{json.dumps(sys.executable)}, "spin.py"]\n[stall]\nbusy_floor_s = 5\n')
+    repo = make_repo(tmp_path / "repo", {"spin.py": BUSY_FOREVER_PY, "unread.py": UNREAD_PY, "spin.toml": toml})
+    assert stepwatch("launch", "--no-tui", "spin.toml", cwd=repo).returncode == 0
+    assert stepwatch("launch", "--no-tui", "--name", "unread", "--", sys.executable, "unread.py", cwd=repo).returncode == 0
+    spin, unread = repo / "runs" / "spin", repo / "runs" / "unread"
+    try:
+        wait_until(lambda: (unread / "train.log").exists() and "tick 3" in (unread / "train.log").read_text(), 30,
+                   what="the unread run printing")
+        pid = read_json(unread / "run.json")["process"]["pid"]
+        os.kill(pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        frozen = wait_until(lambda: "frozen" in _recorded_kinds(unread) or None, 15, interval_s=0.2, what="frozen")
+        took = time.monotonic() - t0
+        recs = [json.loads(ln) for ln in (unread / "alerts.jsonl").read_text().splitlines()]
+        msg = next(r["message"] for r in recs if r.get("alert_kind") == "frozen")
+        print(f"frozen page {took:.1f} s after SIGSTOP: {msg}")
+        assert frozen and took <= 5.0 and f"pid {pid} (" in msg, (took, msg)
+        os.kill(pid, signal.SIGCONT)
+        stack = wait_until(lambda: next((json.loads(ln) for ln in (spin / "alerts.jsonl").read_text().splitlines()
+                                         if '"kind":"stack"' in ln), None) if (spin / "alerts.jsonl").exists() else None,
+                           40, interval_s=0.3, what="the spinning run's stall and its stacks")
+        stall = next(json.loads(ln) for ln in (spin / "alerts.jsonl").read_text().splitlines()
+                     if '"alert_kind":"stall"' in ln)
+        print(f"busy stall: {stall['message']} · stacks: {stack['summary']}")
+        assert "busy but silent for" in stall["message"] or "alive but stuck" in stall["message"], stall
+        assert "spin_in_a_save_that_never_ends" in stack["summary"], stack
+    finally:
+        for d in (spin, unread):
+            stepwatch("stop", str(d), "--grace", "2", timeout=60)

@@ -130,7 +130,9 @@ def test_a_busy_loop_that_stops_stepping_pages_at_its_busy_budget_with_its_stack
     try:
         wait_until(lambda: (unread / "train.log").exists() and "tick 3" in (unread / "train.log").read_text(), 30,
                    what="the unread run printing")
-        pid = read_json(unread / "run.json")["process"]["pid"]
+        run = read_json(unread / "run.json")
+        assert run is not None
+        pid = run["process"]["pid"]
         os.kill(pid, signal.SIGSTOP)
         t0 = time.monotonic()
         frozen = wait_until(lambda: "frozen" in _recorded_kinds(unread) or None, 15, interval_s=0.2, what="frozen")

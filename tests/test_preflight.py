@@ -127,7 +127,7 @@ def test_preflight_cli_exit_codes_and_launch_refusal(harness: Path):
     item = next(i for i in rec["items"] if i["id"] == "training_arguments")
     assert item["overridden"] is True
     assert {i["id"] for i in rec["items"]} == {"clean_tree", "test_suite", "training_arguments", "config", "watchdog",
-                                                 "log_rotation", "provenance", "log_format"}
+                                                 "log_rotation", "provenance", "log_format", "alert_channels"}
 
 
 @pytest.mark.system

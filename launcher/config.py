@@ -22,6 +22,7 @@ from typing import Any
 from stepwatch.launcher.slurm import SLURM_KEYS, validate_slurm_table
 from stepwatch.monitors.parsers.logformats import compile_patterns
 from stepwatch.monitors.detectors.stall import STALL_KEYS, stall_settings
+from stepwatch.monitors.watch.paging import PAGING_KEYS, check_finished, paging_settings
 from stepwatch.monitors.parsers.logtracker import log_settings
 from stepwatch.monitors.rundirs import RunsDirError, default_runs_dir, resolve_runs_dir
 
@@ -31,7 +32,7 @@ TOP_KEYS = ("name", "command", "cwd", "runs_dir", "env", "shell", "preflight", "
 #: ``linger_s`` (how long the endpoint stays up after the run ended, for a last scrape).
 EXPORT_KEYS = ("prometheus", "linger_s")
 PREFLIGHT_KEYS = ("test_command", "test_timeout_s", "training_arguments", "python", "min_free_bytes")
-ALERTS_KEYS = ("command", "urls", "min_level", "rate_limit_s", "retries", "command_timeout_s", "finished")
+ALERTS_KEYS = ("command", "urls", "min_level", "rate_limit_s", "retries", "command_timeout_s", "finished", *PAGING_KEYS)
 #: ``[log]``: the user's own step patterns (regexes with named groups step, max_steps, dt_s and any
 #: metric) and example lines the checklist tries them on before there is a log; what the log may not
 #: say: ``max_steps``, ``epochs`` (of an epoch-scoped counter), ``logging_steps`` (per HF log dict).
@@ -183,8 +184,12 @@ def _validate(data: dict[str, Any], base: Path, where: str, runs_dir_override: P
     lvl = alerts.get("min_level")
     if lvl is not None and lvl not in ("info", "warning", "error"):
         raise ConfigError(f"{where} [alerts]: min_level must be \"info\", \"warning\" or \"error\"; got {lvl!r}")
-    if "finished" in alerts and not isinstance(alerts["finished"], bool):
-        raise ConfigError(f"{where} [alerts]: finished must be true or false; got {alerts['finished']!r}")
+    try:
+        if "finished" in alerts:
+            check_finished(alerts["finished"])
+        paging_settings(alerts)  # confirm_s, channel_min_level, quiet hours, digests (monitors/watch/paging.py)
+    except ValueError as e:
+        raise ConfigError(f"{where} [alerts]: {e}") from None
     for key, hi in (("rate_limit_s", 86400), ("retries", 10), ("command_timeout_s", 600)):
         v = alerts.get(key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= hi

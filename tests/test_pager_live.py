@@ -5,9 +5,11 @@ does not ask gets no finished page. System tier: real supervisors and the alert 
 
 from __future__ import annotations
 
+import http.server
 import json
 import re
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -66,3 +68,68 @@ def test_a_stall_that_clears_pages_firing_then_resolved_and_exit_0_pages_finishe
     assert finished["message"].split("\n")[0].endswith(" · EXITED · step 80/80"), finished
     assert re.search(r"finished: exit 0 after \d+ s, 80 steps; final loss 0\.0125", finished["message"]), finished
     assert [x["kind"] for x in got["quiet"]] == ["stall", "resolved"]  # the control: finished not asked for
+
+
+HICCUP_PY = '''\
+import time
+for i in range(1, 201):
+    time.sleep(0.02)
+    if i == 60:
+        time.sleep(3)  # a hiccup: shown (past the 1 s step floor), cleared long before its 10 s window
+    if i == 150:  # (past 100 steps: the hiccup is no longer the p99 the step budget stands on)
+        time.sleep(20)  # a stall: shown at 1 s, paged once it held 10 s, resolved when step 150 comes
+    print(f"step {i}/200 loss {1 / i:.4f}", flush=True)
+'''
+
+
+class _Hook(http.server.BaseHTTPRequestHandler):
+    received: dict[str, list[dict]] = {}
+
+    def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        _Hook.received.setdefault(self.path, []).append(json.loads(body))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.mark.slow
+def test_a_hiccup_is_shown_never_paged_and_a_held_stall_pages_every_channel_once_then_resolves(tmp_path: Path):
+    server = http.server.HTTPServer(("127.0.0.1", 0), _Hook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _Hook.received = {}
+    pages = tmp_path / "pages.jsonl"
+    command = [sys.executable, str(tmp_path / "repo" / "page.py"), str(pages)]
+    urls = [f"json://127.0.0.1:{server.server_address[1]}/{topic}" for topic in ("a", "b")]
+    config = (f'name = "held"\ncommand = [{json.dumps(sys.executable)}, "loop.py"]\n[stall]\nstep_floor_s = 1\n'
+              f"[alerts]\ncommand = {json.dumps(command)}\nurls = {json.dumps(urls)}\nfinished = true\n"
+              "confirm_s = { stall = 10 }\n")
+    repo = make_repo(tmp_path / "repo", {"loop.py": HICCUP_PY, "page.py": PAGE_PY, "held.toml": config})
+    try:
+        r = stepwatch("launch", "--no-tui", "held.toml", cwd=repo)
+        assert r.returncode == 0, r.stderr
+        run_dir = repo / "runs" / "held"
+        ex = wait_until(lambda: read_json(run_dir / "exit.json"), 90, interval_s=0.5, what="the end")
+        assert ex["returncode"] == 0, ex
+        def _all() -> dict[str, list[str]] | None:
+            cmd = [json.loads(x) for x in pages.read_text().splitlines()] if pages.exists() else []
+            got = {"command": [x["kind"] for x in cmd],
+                   **{p: [m["title"].rsplit(": ", 1)[-1] for m in ms] for p, ms in _Hook.received.items()}}
+            return got if len(got) == 3 and all(len(v) >= 3 for v in got.values()) else None
+        got = wait_until(_all, 30, what="every channel's pages")
+        assert got == {"command": ["stall", "resolved", "finished"], "/a": ["stall", "resolved", "finished"],
+                       "/b": ["stall", "resolved", "finished"]}, got
+        stall = json.loads(pages.read_text().splitlines()[0])
+        assert stall["message"].split("\n")[0].endswith(" · RUNNING · step 149/200"), stall  # the held stall, not the hiccup
+        snap = json.loads(stepwatch("status", "--json", str(run_dir)).stdout)
+        hiccup, held = sorted((a for a in snap["alerts"] if a["kind"] == "stall"), key=lambda a: a["at"])
+        print({a["id"]: {c: d["outcome"] for c, d in (a["delivered"] or {}).items()} for a in (hiccup, held)})
+        assert hiccup["recorded"] and {d["outcome"] for d in hiccup["delivered"].values()} == {"not_confirmed"}
+        assert set(hiccup["delivered"]) == {"command", "json://127.0.0.1", "json://127.0.0.1#2"}
+        assert {d["outcome"] for d in held["delivered"].values()} == {"delivered"}
+        plain = stepwatch("status", str(run_dir)).stdout
+        assert "not_confirmed" in plain and "cleared before its confirmation window" in plain, plain
+    finally:
+        server.shutdown()

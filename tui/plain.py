@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any, TextIO, cast
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from stepwatch.monitors.runfiles import utc_iso
 from stepwatch.monitors.snapshot.alerts import end_words
@@ -126,10 +126,7 @@ def status_lines(snap: Snapshot) -> list[str]:
     for al in snap.get("alerts") or []:
         notes = [n for n in ("acknowledged" if al.get("acknowledged") else None,
                               "cleared" if al.get("active") is False else None) if n]
-        delivered = "; ".join(f"{ch}: {(d or {}).get('outcome') or 'not recorded'}"  # a failure with its reason
-                              + (f" ({str(d.get('detail'))[:200]})" if d and d.get("outcome") == "failed"
-                                 and d.get("detail") else "")
-                              for ch, d in (al.get("delivered") or {}).items())
+        delivered = delivery_words(al.get("delivered") or {})
         lines.append(f"  ALERT [{al['kind']}] {al['message']}" + (f" ({', '.join(notes)})" if notes else "")
                      + (f" [delivery {delivered}]" if delivered else ""))
         if summary := al.get("stacks_summary"):  # where each process of the tree stands (py-spy), grouped
@@ -267,3 +264,20 @@ def stop_lines(run_dir: Path, out: Any) -> tuple[list[str], bool]:
     if out.exit is None:
         return [*lines, f"{run_dir.name} has not ended yet; the supervisor keeps escalating"], True
     return [*lines, f"{run_dir.name} {describe_end(out.exit)}"], False
+
+
+#: The outcomes ``status`` gives with their reason: why a page failed, or why it was shown and not paged.
+REASONED_OUTCOMES = ("failed", "pending", "not_confirmed", "quiet_hours", "digested", "not_asked")
+
+
+def delivery_words(delivered: Mapping[str, Any]) -> str:
+    """Each channel's last outcome, a failure or a page held back with its reason; said once when every
+    channel reads the same (``all 3 channels: not_confirmed (cleared before …)``)."""
+    def one(d: Any) -> str:
+        d = d if isinstance(d, dict) else {}
+        outcome = d.get("outcome") or "not recorded"
+        return outcome + (f" ({str(d.get('detail'))[:200]})" if outcome in REASONED_OUTCOMES and d.get("detail") else "")
+    words = {ch: one(d) for ch, d in delivered.items()}
+    if len(words) > 1 and len(set(words.values())) == 1:
+        return f"all {len(words)} channels: {next(iter(words.values()))}"
+    return "; ".join(f"{ch}: {w}" for ch, w in words.items())

@@ -9,7 +9,9 @@ delivers at most once per ``rate_limit_s`` (W&B waits a minute between identical
 that comes and goes must not ring every time). A push is retried ``retries`` times with back-off
 (1 s, 2 s, 4 s ...). Every outcome is appended to ``alerts.jsonl`` as a ``delivery`` record:
 ``{"v":1, "kind":"delivery", "alert_id", "channel", "outcome", "detail", "attempts", "t"}`` with
-``outcome`` one of ``delivered``, ``failed``, ``rate_limited``, ``below_min_level``. A channel is
+``outcome`` one of ``delivered``, ``failed``, ``rate_limited``, ``below_min_level``, ``quiet_hours``,
+``digested`` (folded into the channel's next digest page), ``not_asked`` (a finished page this channel was
+not listed for), and from the recorder ``pending`` and ``not_confirmed`` (:mod:`.paging`). A channel is
 named without its secrets: ``command``, or the URL's scheme and host (``ntfy://ntfy.sh``).
 """
 
@@ -28,8 +30,8 @@ from collections.abc import Callable
 from stepwatch.monitors.proctree import HELPER_PIDS, HELPERS_LOCK
 from stepwatch.monitors.safechars import one_line
 from stepwatch.monitors.snapshot.alerts import channel_name, push_channel_names
+from stepwatch.monitors.watch.paging import LEVELS, digest_words, finished_channels, highest_level, paging_settings_of
 
-LEVELS = ("info", "warning", "error")
 #: The level of each alert kind (stepwatch.monitors.snapshot.alerts): a dead, stuck or silently
 #: slowed run is an error; a recompile limit, a storm or an idle tensor core a warning.
 KIND_LEVEL = {"watchdog": "error", "stall": "error", "fallback": "error", "recompile_limit": "warning",
@@ -65,9 +67,15 @@ class Deliverer:
     end of the attempt) waits for what is in flight, bounded."""
 
     def __init__(self, run_dir: Path, record: Callable[[dict[str, Any]], None], config: dict[str, Any], run_name: str,
-                 log: Callable[[str], None] = lambda m: None, sleep: Callable[[float], None] = time.sleep):
-        """``record`` appends one record to this attempt's alerts.jsonl (raises OSError)."""
+                 log: Callable[[str], None] = lambda m: None, sleep: Callable[[float], None] = time.sleep,
+                 clock: Callable[[], float] = time.monotonic,
+                 local_minute: Callable[[], int] = lambda: (lambda t: t.tm_hour * 60 + t.tm_min)(time.localtime())):
+        """``record`` appends one record to this attempt's alerts.jsonl (raises OSError); ``clock`` (seconds) times
+        rate limits and digest windows, ``local_minute`` (0..1439) places quiet hours."""
         self.run_dir, self._append, self.run_name, self.log, self.sleep = run_dir, record, run_name, log, sleep
+        self.clock, self.local_minute = clock, local_minute
+        self.paging = paging_settings_of(config)
+        self.finished_to = finished_channels(config.get("finished"))
         cmd = config.get("command")
         self.command = list(cmd) if isinstance(cmd, list) and cmd else None
         urls = config.get("urls")
@@ -84,35 +92,95 @@ class Deliverer:
         self._lock = threading.Lock()
         # daemon threads, one per delivery: a hung one never keeps the supervisor alive past wait()
         self._threads: list[threading.Thread] = []
+        self.targets: dict[str, Callable[[dict[str, Any]], tuple[bool, str, int]]] = {}
+        if self.command:
+            command = self.command
+            self.targets["command"] = lambda a: self._run_command(command, a)
+        for name, url in zip(push_channel_names(self.urls), self.urls):  # one rate limit per URL, never per host
+            self.targets[name] = lambda a, u=url: self._push(u, a)
+        self._sent: dict[str, list[float]] = {}  # per channel: when its pages went, this digest window
+        self._folded: dict[str, list[dict[str, Any]]] = {}  # per channel: what waits for its digest page
+        self._timers: dict[str, threading.Timer] = {}
+        self._digests = 0
 
     def submit(self, alert: dict[str, Any]) -> None:
         """Deliver ``alert`` ({id, kind, message, ...}) to every channel, each in a worker. Its ``level`` is its
         kind's unless it carries one (a resolution: the level of what it resolves); ``wanted`` (a finished page the
-        run's [alerts] table asked for) passes min_level."""
-        level = alert_level(alert)
-        targets: list[tuple[str, Callable[[dict[str, Any]], tuple[bool, str, int]]]] = []
-        if self.command:
-            command = self.command
-            targets.append(("command", lambda a: self._run_command(command, a)))
-        for name, url in zip(push_channel_names(self.urls), self.urls):  # one rate limit per URL, never per host
-            targets.append((name, lambda a, u=url: self._push(u, a)))
-        for name, fn in targets:
-            if LEVELS.index(level) < LEVELS.index(self.min_level) and not alert.get("wanted"):
-                self._record(alert, name, "below_min_level", f"{level} < min_level {self.min_level}", 0)
+        run's [alerts] table asked for) passes min_level, on the channels ``finished`` names."""
+        for name, fn in self.targets.items():
+            held = self._gate(alert, name)
+            if held is not None:
+                self._record(alert, name, *held, 0)
                 continue
-            key = (name, str(alert.get("kind")))
-            now = time.monotonic()
-            with self._lock:
-                last = self._last_sent.get(key)
-                if last is not None and now - last < self.rate_limit_s:
-                    self._record(alert, name, "rate_limited",
-                                 f"a {alert.get('kind')} alert went to {name} {now - last:.0f} s ago "
-                                 f"(rate_limit_s {self.rate_limit_s:g})", 0)
-                    continue
-                self._last_sent[key] = now
-            th = threading.Thread(target=self._deliver, args=(alert, name, fn), name=f"deliver-{name}", daemon=True)
+            self._start(alert, name, fn)
+
+    def _gate(self, alert: dict[str, Any], name: str) -> tuple[str, str] | None:
+        """Why ``alert`` does not go to channel ``name`` now (outcome, detail), or None: it goes."""
+        level, kind = alert_level(alert), str(alert.get("kind"))
+        wanted = bool(alert.get("wanted"))
+        if wanted and isinstance(self.finished_to, frozenset) and name not in self.finished_to:
+            return "not_asked", f"[alerts] finished lists {', '.join(sorted(self.finished_to)) or 'no channel'}"
+        floor = self.paging.channel_min_level.get(name, self.min_level)
+        if LEVELS.index(level) < LEVELS.index(floor) and not wanted:
+            return "below_min_level", f"{level} < min_level {floor}"
+        if self.paging.quiet_at(self.local_minute()) and LEVELS.index(level) < LEVELS.index(self.paging.quiet_min_level):
+            return "quiet_hours", f"{level} < quiet_min_level {self.paging.quiet_min_level} in the quiet hours"
+        now = self.clock()
+        window = self.paging.digest_window_s
+        with self._lock:
+            last = self._last_sent.get((name, kind))
+            if last is not None and now - last < self.rate_limit_s:
+                self._fold(alert, name, now)
+                return "rate_limited", (f"a {kind} alert went to {name} {now - last:.0f} s ago (rate_limit_s "
+                                        f"{self.rate_limit_s:g}); counted in its next digest")
+            sent = self._sent[name] = [t for t in self._sent.get(name, []) if now - t < window]
+            if len(sent) >= self.paging.digest_after:
+                self._fold(alert, name, now)
+                return "digested", (f"{len(sent)} pages went to {name} in {window:g} s (digest_after "
+                                    f"{self.paging.digest_after}); folded into one digest page")
+            sent.append(now)
+            self._last_sent[(name, kind)] = now
+        return None
+
+    def _fold(self, alert: dict[str, Any], name: str, now: float) -> None:
+        """Hold ``alert`` for channel ``name``'s digest page, sent when the window ends (the lock is held)."""
+        self._folded.setdefault(name, []).append(alert)
+        if name not in self._timers:
+            first = min(self._sent.get(name) or [now])
+            t = threading.Timer(max(0.0, first + self.paging.digest_window_s - now), self.flush_digest, (name,))
+            t.daemon = True
+            self._timers[name] = t
+            t.start()
+
+    def flush_digest(self, name: str) -> None:
+        """Send channel ``name`` one digest page of what was folded (its count by kind), if anything was."""
+        with self._lock:
+            folded = self._folded.pop(name, [])
+            timer = self._timers.pop(name, None)
+            self._digests += 1
+            n = self._digests
+            self._sent[name] = [self.clock()]
+        if timer is not None:
+            timer.cancel()
+        if not folded:
+            return
+        counts: dict[str, int] = {}
+        for a in folded:
+            counts[str(a.get("kind"))] = counts.get(str(a.get("kind")), 0) + 1
+        page = {"id": f"digest-{n}", "kind": "digest", "level": highest_level([alert_level(a) for a in folded]),
+                "message": digest_words(counts, self.paging.digest_window_s), "headline": folded[-1].get("headline")}
+        self._start(page, name, self.targets[name])
+
+    def _start(self, alert: dict[str, Any], name: str, fn: Callable[[dict[str, Any]], tuple[bool, str, int]]) -> None:
+        th = threading.Thread(target=self._deliver, args=(alert, name, fn), name=f"deliver-{name}", daemon=True)
+        with self._lock:
             self._threads.append(th)
-            th.start()
+        th.start()
+
+    def record_outcome(self, alert: dict[str, Any], outcome: str, detail: str) -> None:
+        """Record one outcome the recorder decided (``pending``, ``not_confirmed``) for every channel."""
+        for name in self.targets:
+            self._record(alert, name, outcome, detail, 0)
 
     def _deliver(self, alert: dict[str, Any], name: str, fn: Callable[[dict[str, Any]], tuple[bool, str, int]]) -> None:
         try:
@@ -177,8 +245,10 @@ class Deliverer:
         return False, f"the endpoint refused or did not answer, {self.retries + 1} attempts", self.retries + 1
 
     def wait(self, timeout_s: float) -> bool:
-        """Wait for the deliveries in flight, at most ``timeout_s`` in all; True when all finished
-        (the rest are daemon threads: they end with the supervisor)."""
+        """Send what waits for a digest now, then wait for the deliveries in flight, at most ``timeout_s`` in all;
+        True when all finished (the rest are daemon threads: they end with the supervisor)."""
+        for name in list(self._folded):
+            self.flush_digest(name)
         deadline = time.monotonic() + timeout_s
         for th in list(self._threads):
             th.join(max(0.0, deadline - time.monotonic()))

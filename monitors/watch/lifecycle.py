@@ -19,16 +19,21 @@ def _lasted(seconds: float) -> str:
     return f"{s} s" if s < 60 else f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
+def unix_of(at: Any) -> float | None:
+    """An alert's ``at`` (ISO 8601, ``Z``) as unix seconds; None when it is not one."""
+    try:
+        return datetime.fromisoformat(str(at).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
 def resolved_page(al: dict[str, Any], snap: Snapshot, host: str, now: float) -> dict[str, Any] | None:
     """The ``resolved`` page of a paged alert whose condition no longer holds while the run still runs (an alert
     that clears because the run ended is the end's to say); None otherwise. Its level is the alert's own, so
     every channel that got the page gets its resolution."""
     if al.get("active") is not False or snap["state"] != RUNNING:
         return None
-    try:
-        began = datetime.fromisoformat(str(al.get("at")).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        began = None
+    began = unix_of(al.get("at"))
     lasted = f" after {_lasted(now - began)}" if began is not None else ""
     return {"id": f"{al['id']}-resolved", "kind": "resolved", "level": level_of(str(al.get("kind"))),
             "message": f"resolved{lasted}: {al.get('message')}", "headline": headline_of(snap, host)}

@@ -34,12 +34,13 @@ from stepwatch.monitors.runfiles import ALERTS_JSONL, LOG_STEPS_JSONL, TRAIN_LOG
 from stepwatch.monitors.snapshot.alerts import headline_of
 from stepwatch.monitors.snapshot.model import json_safe
 from stepwatch.monitors.snapshot.observer import RunObserver
-from stepwatch.monitors.snapshot.types import NewAlert, Snapshot
+from stepwatch.monitors.snapshot.types import Alert, NewAlert, Snapshot
 from stepwatch.monitors.states import FLAGGED, STALLED, SUSPECTED
 from stepwatch.monitors.watch.stacks import (PY_SPY_TIMEOUT_S, STACK_KINDS, TREE_STACK_KINDS, record_stack_later,
                                              record_tree_stacks_later, stack_target)
 from stepwatch.monitors.watch.delivery import Deliverer, level_of
-from stepwatch.monitors.watch.lifecycle import finished_page, resolved_page
+from stepwatch.monitors.watch.lifecycle import finished_page, resolved_page, unix_of
+from stepwatch.monitors.watch.paging import paging_settings_of
 from stepwatch.monitors.parsers.logtracker import LogTracker, patterns_of, settings_of
 from stepwatch.monitors.watch.logsteps import TIMING_REPORTED, LogStepTimer, RankLogTimers, encode_records
 
@@ -203,37 +204,65 @@ class AlertRecorder:
         self.kinds, self.skip, self.log, self.run_dir = kinds, skip, log, Path(run_dir)
         self.recorded: set[str] = set()
         self.paged: set[str] = set()  # the alerts this recorder paged: their resolution is paged too
-        self.finished_wanted = config.get("finished") is True  # [alerts] finished = true: a page on exit 0
+        self.finished_wanted = config.get("finished") not in (None, False, [])  # a page on exit 0
+        self.paging = paging_settings_of(config)
+        self.pending: dict[str, float] = {}  # shown, not yet paged: alert id -> when its window ends (unix s)
         self.attempt = run.get("attempt")
         self._stack_threads: list[threading.Thread] = []  # a stall's stacks, its delivery after them
         self.host = socket.gethostname()
 
-    def detect(self) -> Snapshot:
-        """One refresh; records and delivers what is new. Returns the snapshot."""
+    def detect(self, now: float | None = None) -> Snapshot:
+        """One refresh; records what is new (shown at once) and pages what has held for its confirmation window
+        ([alerts] confirm_s, :mod:`.paging`). Returns the snapshot."""
         snap = self.observer.refresh()
+        now = time.time() if now is None else now
         for al in snap.get("alerts") or []:
             if al["id"] in self.paged and (page := resolved_page(cast("dict[str, Any]", al), snap, self.host,
-                                                                  time.time())) is not None:
+                                                                  now)) is not None:
                 self.paged.discard(al["id"])  # one resolution per page
                 self.deliverer.submit(page)
+            if al["id"] in self.pending:
+                self._confirm(al, snap, now)
             if al["id"] in self.recorded or al.get("recorded") or al["kind"] in self.skip or (
                     self.kinds is not None and al["kind"] not in self.kinds):
                 self.recorded.add(al["id"])
                 continue
-            page = {**al, "headline": headline_of(snap, self.host)}  # the page's first line
-            self.record(al, evidence_of(snap, al["kind"]), deliver=al["kind"] not in TREE_STACK_KINDS, page=page)
-            if al["kind"] in TREE_STACK_KINDS:  # the stacks of every process first, then the page that says them
-                self._stack_threads.append(record_tree_stacks_later(
-                    page, self.run_dir, self.file.append_json, self.deliverer.submit, self.log))
-            elif al["kind"] in STACK_KINDS and (pid := stack_target(snap, al)) is not None:
-                record_stack_later(al["id"], pid, self.file.append_json, self.log)
+            self.record(al, evidence_of(snap, al["kind"]), deliver=False)
+            window = self.paging.confirm_window_s(al["kind"])
+            due = (unix_of(al["at"]) or now) + window
+            self.pending[al["id"]] = due
+            if window > 0 and now < due:
+                self.deliverer.record_outcome(cast("dict[str, Any]", al), "pending",
+                                              f"shown; pages if it still holds after {window:g} s (confirm_s)")
+            self._confirm(al, snap, now)
         return snap
+
+    def _confirm(self, al: Alert, snap: Snapshot, now: float) -> None:
+        """Page a shown alert whose window has passed and that still holds; one that cleared first never pages."""
+        due = self.pending[al["id"]]
+        if not al.get("active", True):
+            del self.pending[al["id"]]
+            self.deliverer.record_outcome(cast("dict[str, Any]", al), "not_confirmed",
+                                          f"cleared before its confirmation window ended ({self.paging.confirm_window_s(al['kind']):g} s)")
+            return
+        if now < due:
+            return
+        del self.pending[al["id"]]
+        self.paged.add(al["id"])
+        page = {**al, "headline": headline_of(snap, self.host)}  # the page's first line
+        if al["kind"] in TREE_STACK_KINDS:  # the stacks of every process first, then the page that says them
+            self._stack_threads.append(record_tree_stacks_later(
+                page, self.run_dir, self.file.append_json, self.deliverer.submit, self.log))
+            return
+        self.deliverer.submit(page)
+        if al["kind"] in STACK_KINDS and (pid := stack_target(snap, al)) is not None:
+            record_stack_later(al["id"], pid, self.file.append_json, self.log)
 
     def record(self, al: NewAlert, evidence: Any, deliver: bool = True, page: dict[str, Any] | None = None) -> None:
         """Append one alert to alerts.jsonl and (``deliver``) hand it (``page``: with its headline) to the
         Deliverer (once per id)."""
         self.recorded.add(al["id"])
-        if deliver or page is not None:
+        if deliver:
             self.paged.add(al["id"])
         rec = {"v": 1, "kind": "alert", "id": al["id"], "alert_kind": al["kind"], "level": level_of(al["kind"]),
                "message": al["message"], "at": al["at"], "t": time.time(), "evidence": evidence}
@@ -245,7 +274,14 @@ class AlertRecorder:
             self.deliverer.submit(page or cast("dict[str, Any]", al))  # the Deliverer reads it as a plain mapping
 
     def page_finished(self, snap: Snapshot) -> None:
-        """The attempt ended: a ``finished`` page when it exited 0 and the run's [alerts] table asks for one."""
+        """The attempt ended: what waited for its confirmation window never pages (the end's own alert says how it
+        ended); a ``finished`` page when it exited 0 and the run's [alerts] table asks for one."""
+        for aid in list(self.pending):
+            al = next((a for a in snap.get("alerts") or [] if a["id"] == aid), None)
+            del self.pending[aid]
+            if al is not None:
+                self.deliverer.record_outcome(cast("dict[str, Any]", al), "not_confirmed",
+                                              "the attempt ended before its confirmation window did")
         if self.finished_wanted and (page := finished_page(snap, self.host, self.attempt)) is not None:
             self.deliverer.submit(page)
 

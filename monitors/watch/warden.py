@@ -64,7 +64,7 @@ def ward(run_dir: Path, run: dict[str, Any], log: Callable[[str], None] = _log, 
         from stepwatch.monitors.watch.logpump import LogPump  # noqa: PLC0415
 
         pump = LogPump(output_fd, run_dir / TRAIN_LOG, log).start()
-    from stepwatch.monitors.snapshot.alerts import alert  # noqa: PLC0415 - only once the supervisor is lost
+    from stepwatch.monitors.snapshot.alerts import alert, headline_of  # noqa: PLC0415 - only once the supervisor is lost
     from stepwatch.monitors.watch.loop import SCHEDULER_ALERT_KINDS, AlertRecorder  # noqa: PLC0415
 
     alive = is_alive(child)
@@ -72,13 +72,19 @@ def ward(run_dir: Path, run: dict[str, Any], log: Callable[[str], None] = _log, 
         + ("alive: paging the loss, and taking the watch over" if alive else "gone too: paging its end"))
     recorder = AlertRecorder(run_dir, run, log, skip=SCHEDULER_ALERT_KINDS)
     try:
-        recorder.record(alert({}, run.get("attempt"), "supervisor_lost", str(sup.pid),
-                              f"stepwatch's supervisor (pid {sup.pid}) of {run.get('name') or run_dir.name} is gone "
-                              f"(killed: the OOM killer, kill -9, a crash); the run's process {child.pid} "
-                              + ("goes on, no longer supervised: no exit status will be recorded, a stop is "
-                                 "carried out by `stepwatch stop`; its end will still be paged"
-                                 if alive else "has ended too"), time.time()),
-                        {"supervisor_pid": sup.pid, "process_pid": child.pid, "process_alive": alive})
+        lost = alert({}, run.get("attempt"), "supervisor_lost", str(sup.pid),
+                     f"stepwatch's supervisor (pid {sup.pid}) of {run.get('name') or run_dir.name} is gone "
+                     f"(killed: the OOM killer, kill -9, a crash); the run's process {child.pid} "
+                     + ("goes on, no longer supervised: no exit status will be recorded, a stop is "
+                        "carried out by `stepwatch stop`; its end will still be paged"
+                        if alive else "has ended too"), time.time())
+        try:
+            headline = headline_of(recorder.observer.refresh(), recorder.host)  # host · run · STATE · step N/M
+        except Exception as e:  # noqa: BLE001 - the page goes without its first line rather than not at all
+            log(f"no headline for the page: {type(e).__name__}: {e}")
+            headline = None
+        recorder.record(lost, {"supervisor_pid": sup.pid, "process_pid": child.pid, "process_alive": alive},
+                        page={**lost, "headline": headline})
         looks_after_end = 0
         while looks_after_end < FINAL_LOOKS:
             try:

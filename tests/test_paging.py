@@ -1,0 +1,131 @@
+"""What stands between a detector's verdict and a page (monitors/watch/paging.py, applied by the Deliverer):
+the [alerts] paging settings and their refusals, a channel's own minimum level, quiet hours, a storm folded
+into one digest page with its counts by kind, and the finished page only where it was asked for. Real
+commands as the channel; the clock and the hour are passed in."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from stepwatch.launcher.config import ConfigError, load_config
+from stepwatch.monitors.watch.delivery import Deliverer
+from stepwatch.monitors.watch.paging import PagingSettings, digest_words, paging_settings, paging_settings_of
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def deliverer(tmp_path: Path, records: list[dict], minute: int = 12 * 60, clock: Clock | None = None,
+              **config: object) -> Deliverer:
+    return Deliverer(tmp_path, records.append, dict(config), "myrun", clock=clock or Clock(), local_minute=lambda: minute)
+
+
+def page_log(tmp_path: Path) -> tuple[list[str], Path]:
+    out = tmp_path / "pages.jsonl"
+    script = ("import json, os, sys; open(sys.argv[1], 'a').write(json.dumps({'kind': os.environ['STEPWATCH_ALERT_KIND'],"
+              " 'message': os.environ['STEPWATCH_ALERT_MESSAGE']}) + '\\n')")
+    return [sys.executable, "-c", script, str(out)], out
+
+
+def outcomes(records: list[dict]) -> list[tuple[str, str, str]]:
+    return sorted((r["alert_id"], r["channel"], r["outcome"]) for r in records)
+
+
+def test_the_settings_read_and_their_refusals_name_the_key(tmp_path: Path):
+    s = paging_settings({"confirm_s": {"stall": 120, "fallback": 0}, "channel_min_level": {"command": "error"},
+                         "quiet_hours": "23:00-07:30", "quiet_min_level": "warning", "digest_after": 3,
+                         "digest_window_s": 300})
+    assert (s.confirm_window_s("stall"), s.confirm_window_s("watchdog"), s.quiet_hours, s.digest_after) == (
+        120.0, 0.0, (23 * 60, 7 * 60 + 30), 3)
+    assert [s.quiet_at(m) for m in (22 * 60 + 59, 23 * 60, 0, 7 * 60 + 29, 7 * 60 + 30, 12 * 60)] == [
+        False, True, True, True, False, False]
+    day = paging_settings({"quiet_hours": "09:00-17:00"})
+    assert [day.quiet_at(m) for m in (8 * 60 + 59, 9 * 60, 16 * 60 + 59, 17 * 60)] == [False, True, True, False]
+    for bad, words in (({"confirm_s": {"stall": -1}}, "confirm_s.stall must be a number of seconds"),
+                       ({"confirm_s": 30}, "confirm_s must be a table"),
+                       ({"channel_min_level": {"command": "loud"}}, "channel_min_level['command'] must be"),
+                       ({"quiet_hours": "25:00-07:00"}, "quiet_hours must be \"HH:MM-HH:MM\""),
+                       ({"quiet_hours": "07:00-07:00"}, "quiet_hours must be"),
+                       ({"digest_after": 0}, "digest_after must be a whole number")):
+        with pytest.raises(ValueError, match=words.replace("[", r"\[").replace("(", r"\(")):
+            paging_settings(bad)
+        assert paging_settings_of(bad) == PagingSettings()  # a hostile run.json pages as the defaults would
+    cfg = tmp_path / "run.toml"
+    cfg.write_text('name = "r"\ncommand = ["true"]\n[alerts]\ncommand = ["true"]\nquiet_hours = "late"\n')
+    with pytest.raises(ConfigError, match=r"\[alerts\]: quiet_hours must be"):
+        load_config(cfg)
+    cfg.write_text('name = "r"\ncommand = ["true"]\n[alerts]\ncommand = ["true"]\nconfirm_s = { stall = 30 }\nfinished = ["command"]\n')
+    assert load_config(cfg).alerts["confirm_s"] == {"stall": 30}
+
+
+def test_a_channel_s_own_minimum_level_holds_back_what_another_channel_gets(tmp_path: Path):
+    records: list[dict] = []
+    d = deliverer(tmp_path, records, command=["true"], urls=["json://127.0.0.1:9/hook"], min_level="info",
+                  channel_min_level={"json://127.0.0.1": "error"})
+    d.submit({"id": "gpu-1", "kind": "gpu", "message": "tensor idle"})  # a warning
+    assert d.wait(10)
+    assert outcomes(records) == [("gpu-1", "command", "delivered"), ("gpu-1", "json://127.0.0.1", "below_min_level")]
+    assert next(r for r in records if r["outcome"] == "below_min_level")["detail"] == "warning < min_level error"
+
+
+@pytest.mark.parametrize("minute, held", [(23 * 60 + 30, True), (3 * 60, True), (12 * 60, False)])
+def test_quiet_hours_hold_back_what_is_below_their_level_and_let_an_error_through(tmp_path: Path, minute: int,
+                                                                                  held: bool):
+    records: list[dict] = []
+    d = deliverer(tmp_path, records, minute=minute, command=["true"], quiet_hours="23:00-07:00")
+    d.submit({"id": "gpu-1", "kind": "gpu", "message": "tensor idle"})
+    d.submit({"id": "stall-1", "kind": "stall", "message": "alive but stuck"})
+    assert d.wait(10)
+    assert outcomes(records) == [("gpu-1", "command", "quiet_hours" if held else "delivered"),
+                                 ("stall-1", "command", "delivered")]
+
+
+def test_a_storm_is_folded_into_one_digest_page_with_its_counts_by_kind(tmp_path: Path):
+    command, out = page_log(tmp_path)
+    records: list[dict] = []
+    clock = Clock()
+    d = deliverer(tmp_path, records, clock=clock, command=command, digest_after=2, rate_limit_s=30)
+    kinds = ["straggler", "gpu", "straggler", "stall", "straggler", "straggler"]
+    for n, kind in enumerate(kinds):
+        d.submit({"id": f"{kind}-{n}", "kind": kind, "message": f"{kind} {n}"})
+    got = [(r["alert_id"], r["outcome"]) for r in records]
+    assert got == [("straggler-2", "rate_limited"), ("stall-3", "digested"), ("straggler-4", "rate_limited"),
+                   ("straggler-5", "rate_limited")], got  # two went; the third kind waits for the digest
+    d.flush_digest("command")  # the window's end
+    assert d.wait(20)
+    pages = [json.loads(x) for x in out.read_text().splitlines()]
+    assert sorted(p["kind"] for p in pages) == ["digest", "gpu", "straggler"]
+    digest = next(p for p in pages if p["kind"] == "digest")
+    assert digest["message"] == "4 more alerts in 60 s, not paged one by one: straggler 3, stall 1; status lists each"
+    assert ("digest-1", "delivered") in [(r["alert_id"], r["outcome"]) for r in records]
+    clock.t += 61  # a new window: the next alert goes on its own
+    d.submit({"id": "watchdog-9", "kind": "watchdog", "message": "exited with code 1"})
+    assert d.wait(20) and records[-1]["alert_id"] == "watchdog-9" and records[-1]["outcome"] == "delivered"
+
+
+def test_a_storm_at_the_end_of_the_attempt_still_gets_its_digest(tmp_path: Path):
+    records: list[dict] = []
+    d = deliverer(tmp_path, records, command=["true"], digest_after=1)
+    for n in range(50):
+        d.submit({"id": f"straggler-{n}", "kind": "straggler", "message": "slow rank"})
+    assert d.wait(20)  # the supervisor's last wait sends what waits
+    assert [r["alert_id"] for r in records if r["outcome"] == "delivered"] == ["straggler-0", "digest-1"]
+    assert digest_words({"straggler": 49}, 60) == ("49 more alerts in 60 s, not paged one by one: straggler 49; "
+                                                   "status lists each")
+
+
+def test_the_finished_page_goes_only_to_the_channels_that_asked(tmp_path: Path):
+    records: list[dict] = []
+    d = deliverer(tmp_path, records, command=["true"], urls=["json://127.0.0.1:9/hook"], finished=["command"])
+    d.submit({"id": "a1-finished", "kind": "finished", "level": "info", "wanted": True, "message": "finished"})
+    assert d.wait(10)
+    assert outcomes(records) == [("a1-finished", "command", "delivered"), ("a1-finished", "json://127.0.0.1", "not_asked")]

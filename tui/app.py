@@ -61,6 +61,10 @@ class StepwatchApp(StepwatchAppBase):
         Binding("question_mark", "help", "help"),
     ]
 
+    def action_help_quit(self) -> None:
+        """Ctrl-C (Textual's reflex catcher): how to quit, in this app's own keys, as plain text."""
+        self.notify("q quits stepwatch (the run keeps going; ctrl+q too)", title="Quit?")
+
     def notify(self, message: str, *, title: str = "", **kw: Any) -> None:
         """Every toast is plain text: a message may quote a run's log (markup off, controls visible)."""
         kw["markup"] = False

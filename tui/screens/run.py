@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 REFRESH_S = 1.0
 #: Lines the panel holds in tail mode (as compose gives it) and refills with when following again.
 TAIL_LINES = 1000
+#: A terminal shorter than this is short: the panels above the log give up lines so that it keeps 6 (80x24).
+SHORT_ROWS = 40
 LOW_BANDWIDTH_PANEL_S = 5.0
 
 
@@ -74,6 +76,7 @@ class RunScreen(Screen):
         Binding("F", "filter", "filter", show=False),
         Binding("f,end", "follow", "follow", show=False, priority=True),
         Binding("z", "zoom", "log full screen", show=False),
+        Binding("w", "wrap", "wrap long lines", show=False),
         Binding("g", "loss_scale", "loss plot log scale", show=False),
     ]
 
@@ -86,6 +89,7 @@ class RunScreen(Screen):
         self.seen_alerts: set[str] = set()  # alerts this screen has rung the bell for
         self._pending_lines: list[str] = []
         self._pending_reset = False
+        self._pending_attempt = False  # the reset is a new attempt's (a relaunch), not a burst of lines
         self._last_panel_t = 0.0
         self._closed = False
         self._shown_state: Any = None  # the run state the panels last showed
@@ -108,8 +112,19 @@ class RunScreen(Screen):
 
     def apply_bandwidth(self) -> None:
         """Low-bandwidth mode hides the four sparklines (the costliest cells on a slow link)."""
+        self._fit()
+
+    def _fit(self) -> None:
+        """Keep the log in view on a short terminal (styles.tcss ``RunScreen.short``): under SHORT_ROWS rows the GPU
+        and dynamo panels shrink, and while a banner or the supervisor-gone line shows, the step plots give way."""
+        short = 0 < self.size.height < SHORT_ROWS
+        self.set_class(short, "short")
+        told = self.query_one(AlertBanner).display or self.query_one(SupervisorGone).display
         for plots in self.query("StepPanel .plots"):
-            plots.display = not self.app.low_bandwidth
+            plots.display = not self.app.low_bandwidth and not (short and told)
+
+    def on_resize(self) -> None:
+        self._fit()
 
     def on_mount(self) -> None:
         self.apply_bandwidth()
@@ -142,6 +157,7 @@ class RunScreen(Screen):
             return
         if msg.attempt_changed:  # relaunched, here or elsewhere: show only the new attempt
             self._pending_lines = []
+            self._pending_attempt = True
             self.seen_alerts.clear()
         self.snap = msg.snapshot
         self._pending_lines.extend(msg.log_lines)
@@ -151,6 +167,7 @@ class RunScreen(Screen):
         panels_due = not low or now - self._last_panel_t >= LOW_BANDWIDTH_PANEL_S
         self._show_alerts(msg.snapshot)  # alerts always at once, and a supervisor gone
         self.query_one(SupervisorGone).show(msg.snapshot)
+        self._fit()
         state_changed = msg.snapshot.get("state") != self._shown_state
         if panels_due or state_changed:
             # In low-bandwidth mode everything but alerts (and a change of state) waits for the
@@ -161,8 +178,8 @@ class RunScreen(Screen):
             self.query_one(DynamoPanel).show(msg.snapshot)
             self.query_one(GpuPanel).show(msg.snapshot, plots=not low)
             self.query_one(IdentityPanel).show(msg.snapshot)
-            self._log_title(msg.snapshot)
             self._flush_log(msg.log_partial)
+            self._log_title(msg.snapshot)  # after the flush: it counts the lines held while scrolled up
             self._last_panel_t = now
         self.set_timer(REFRESH_S, self._poll_files)
 
@@ -182,14 +199,16 @@ class RunScreen(Screen):
         if panel.mode == "browse":
             title = f"{name} · {panel.label} · NOT FOLLOWING (f or End follows)"
         elif not panel.following:
-            title += " · NOT FOLLOWING (f or End follows)"
+            title += " · NOT FOLLOWING (f or End follows)" + (
+                f" · {panel.held_count:,} new line{'s' if panel.held_count != 1 else ''}" if panel.held_count else "")
         if panel.border_title != title:
             panel.border_title = title
 
     def _flush_log(self, partial: str | None) -> None:
         if self._pending_lines or self._pending_reset:
-            self.query_one(LogPanel).add_lines(self._pending_lines, reset=self._pending_reset)
-            self._pending_lines, self._pending_reset = [], False
+            self.query_one(LogPanel).add_lines(self._pending_lines, reset=self._pending_reset,
+                                               new_attempt=self._pending_attempt)
+            self._pending_lines, self._pending_reset, self._pending_attempt = [], False, False
         text = (partial or "")[-200:]
         part = self.query_one("#partial", Static)
         if text != self._partial_shown:
@@ -220,6 +239,7 @@ class RunScreen(Screen):
         for a in alerts:  # as the next snapshot will mark them
             a["acknowledged"] = True
         self.query_one(AlertBanner).show([])
+        self._fit()
 
     def action_alert_details(self) -> None:
         alerts = [a for a in self.snap.get("alerts") or [] if not a.get("acknowledged")]
@@ -292,8 +312,7 @@ class RunScreen(Screen):
     def action_follow(self) -> None:
         panel = self.query_one(LogPanel)
         if panel.mode == "tail":
-            panel.following = True
-            panel.scroll_end(animate=False)
+            panel.follow_again()
         else:
             self._follow_tail()
         self._log_title(self.snap)
@@ -305,7 +324,7 @@ class RunScreen(Screen):
         self.app.call_from_thread(self._refill, ll.lines[-TAIL_LINES:])
 
     def _refill(self, tail: list[str]) -> None:
-        self._pending_lines, self._pending_reset = [], False  # the tail holds them
+        self._pending_lines, self._pending_reset, self._pending_attempt = [], False, False  # the tail holds them
         self.query_one(LogPanel).follow(tail)
         self._log_title(self.snap)
 
@@ -314,6 +333,10 @@ class RunScreen(Screen):
         panel.log_scale = not panel.log_scale
         panel.show(self.snap, plots=not self.app.low_bandwidth)
         self.notify(f"loss plot: {'log10' if panel.log_scale else 'linear'} scale")
+
+    def action_wrap(self) -> None:
+        """``w``: long log lines wrap at the panel's width, or are cut again."""
+        self.notify("log: long lines wrap" if self.query_one(LogPanel).toggle_wrap() else "log: long lines cut")
 
     def action_zoom(self) -> None:
         """The log alone on the screen (and back): the header and the alert banner stay."""

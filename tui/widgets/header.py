@@ -62,7 +62,7 @@ class SupervisorGone(Static):
 
 
 #: Lines the banner wraps to at most (styles.tcss #banner max-height); a longer alert is cut there.
-BANNER_LINES = 5
+BANNER_LINES = 3
 
 
 class AlertBanner(Static):

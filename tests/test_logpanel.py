@@ -17,6 +17,7 @@ from conftest import REPO_ROOT, make_repo, stepwatch, wait_until
 from textual.widgets import Static
 
 from stepwatch.tui.app import StepwatchApp
+from stepwatch.tui.widgets.logpanel import LogPanel
 
 STATIC_RUN = REPO_ROOT / "tests" / "fixtures" / "runs" / "ended-sigkill"
 N_LINES = 100_000
@@ -50,8 +51,8 @@ def _launched(tmp_path: Path, name: str, source: str) -> Path:
     return repo / "runs" / name
 
 
-def _panel(app):
-    return app.screen.query_one("#log")
+def _panel(app) -> LogPanel:
+    return app.screen.query_one("#log", LogPanel)
 
 
 def _shown(app) -> list[str]:
@@ -125,9 +126,9 @@ async def test_scrolled_up_the_panel_stays_put_says_so_and_end_follows_again(tmp
             await pilot.press("pageup")
             await pilot.press("pageup")
             await until(pilot, lambda: not panel.following, what="scrolled up: not following")
-            y, n = panel.scroll_y, len(_shown(app))
-            await until(pilot, lambda: len(_shown(app)) > n + 20, what="more lines arriving")
-            assert panel.scroll_y == y  # where the operator put it
+            y, shown = panel.scroll_y, _shown(app)
+            await until(pilot, lambda: panel.held_count > 20, what="more lines arriving, held")
+            assert panel.scroll_y == y and _shown(app) == shown  # where the operator put it, the same lines
             await until(pilot, lambda: "NOT FOLLOWING (f or End follows)" in str(panel.border_title), what="the title")
             await pilot.press("end")
             await until(pilot, lambda: panel.following and "NOT FOLLOWING" not in str(panel.border_title),

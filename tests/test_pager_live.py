@@ -10,7 +10,9 @@ import json
 import re
 import sys
 import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -131,5 +133,53 @@ def test_a_hiccup_is_shown_never_paged_and_a_held_stall_pages_every_channel_once
         assert {d["outcome"] for d in held["delivered"].values()} == {"delivered"}
         plain = stepwatch("status", str(run_dir)).stdout
         assert "not_confirmed" in plain and "cleared before its confirmation window" in plain, plain
+    finally:
+        server.shutdown()
+
+
+DIES_PY = r'''
+import sys
+print("step 1/10 loss 1.0", flush=True)
+print("last words \x1b]52;c;cm0gLXJmIH4=\x07 \x1b[2J evil\u202etxt.exe zero\u200bwidth", flush=True)
+sys.exit(3)
+'''
+RAW = ("\x1b", "\x07", "\u202e", "\u200b")
+
+
+@pytest.mark.slow
+async def test_a_death_quoting_osc52_csi_bidi_and_zero_width_reaches_push_command_and_screen_as_stand_ins(
+        tmp_path: Path):
+    from stepwatch.tui.app import StepwatchApp
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), _Hook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _Hook.received = {}
+    pages = tmp_path / "pages.jsonl"
+    command = [sys.executable, str(tmp_path / "repo" / "page.py"), str(pages)]
+    config = (f'name = "dies"\ncommand = [{json.dumps(sys.executable)}, "dies.py"]\n[alerts]\n'
+              f"command = {json.dumps(command)}\nurls = {json.dumps([f'json://127.0.0.1:{server.server_address[1]}/x'])}\n")
+    repo = make_repo(tmp_path / "repo", {"dies.py": DIES_PY, "page.py": PAGE_PY, "dies.toml": config})
+    try:
+        assert stepwatch("launch", "--no-tui", "dies.toml", cwd=repo).returncode == 0
+        run_dir = repo / "runs" / "dies"
+        wait_until(lambda: pages.exists() and _Hook.received.get("/x"), 30, what="the death page on both channels")
+        pushed = _Hook.received["/x"][0]["message"]
+        env = json.loads(pages.read_text().splitlines()[0])["message"]
+        for got in (pushed, env):
+            assert "last words" in got and not any(c in got for c in RAW), repr(got)
+            # the log reader drops the escape sequences; the bidi override and the zero-width space show as visible text
+            assert re.search(r"evil(\\u202e|\ufffd)txt\.exe zero(\\u200b|\ufffd)width", got), repr(got)
+        app = StepwatchApp(run_dir, run_dir.parent)
+        async with app.run_test(size=(80, 24)) as pilot:
+            screen: Any = app.screen
+            deadline = time.monotonic() + 10
+            while "watchdog" not in str(screen.query_one("#banner").render()) and time.monotonic() < deadline:
+                await pilot.pause(0.1)
+            await pilot.press("d")  # the whole text
+            await pilot.pause(0.5)
+            shown = "".join(str(w.render()) for w in app.screen.query("Static"))
+            log = "\n".join(ln.text for ln in screen.query_one("#log").lines)
+            for got in (shown, log):
+                assert "last words" in got and not any(c in got for c in RAW), repr(got)
     finally:
         server.shutdown()

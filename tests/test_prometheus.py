@@ -102,7 +102,7 @@ def test_every_metric_the_rules_and_the_dashboard_name_is_served_and_names_pass_
     assert _missing({"stepwatch_steps_typo"}, served) == {"stepwatch_steps_typo"}  # control: a wrong name is caught
     assert 'name="loss"' in text and "bad" not in text  # a metric name the log made up is no label
     assert 'stepwatch_scheduler_state{attempt="1",run="ended-sigkill",state="RUNNING"} 1.0' in text
-    assert 'stepwatch_gpu_utilization_ratio{attempt="1",gpu="1",run="ended-sigkill"} 0.97' in text
+    assert 'stepwatch_gpu_utilization_ratio{attempt="1",gpu="1",run="ended-sigkill",source="nvml"} 0.97' in text
     promtool = _need("promtool")
     lint = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
     assert lint.returncode == 0, lint.stdout + lint.stderr
@@ -120,6 +120,31 @@ def test_an_unknown_value_is_absent_never_zero():
     snap["stall"] = {"state": "ok"}  # control: a judged stall is there, as 0
     assert re.search(r'^stepwatch_stalled\{attempt="1",run="ended-sigkill"\} 0\.0$', text_of(snap).decode(), re.M)
     assert {f.name for f in families(snap)} >= {"stepwatch_steps", "stepwatch_stalled"}
+
+
+@pytest.mark.parametrize("backend", ["replay", "nvml"])
+def test_every_gpu_and_energy_figure_says_whether_it_was_measured_or_replayed(tmp_path: Path, backend: str):
+    """The demo replays a recorded GPU on a machine without one: its watts and joules are labelled
+    source="replay" in the export, never passed off as measured. The control: gpu.jsonl as NVML writes it."""
+    from stepwatch.monitors.gpu.recorded import RecordedBackend, bundled_recording
+    from stepwatch.monitors.gpu.sampler import GpuSampler
+
+    run_dir = tmp_path / "ended-sigkill"
+    shutil.copytree(STATIC_RUN, run_dir)
+    times = iter(range(1_780_000_000, 1_780_000_030))
+    sampler = GpuSampler(run_dir, None, backend=RecordedBackend(
+        bundled_recording("synthetic_h100_healthy_compute_bound.jsonl"), loop=False), clock=lambda: float(next(times)))
+    for _ in range(30):
+        sampler.tick()
+    if backend == "nvml":  # the same readings, as the sampler records them from NVML
+        recs = [json.loads(ln) for ln in (run_dir / "gpu.jsonl").read_text().splitlines()]
+        (run_dir / "gpu.jsonl").write_text("".join(json.dumps({**r, "backend": "nvml"}) + "\n" for r in recs))
+    text = stepwatch("export", str(run_dir)).stdout
+    gpu = [ln for ln in text.splitlines() if re.match(r"stepwatch_(gpu_|energy_|tokens_per_joule)", ln)]
+    assert any(ln.startswith("stepwatch_gpu_power_watts{") for ln in gpu), text
+    assert all(f'source="{backend}"' in ln for ln in gpu), [ln for ln in gpu if f'source="{backend}"' not in ln]
+    words = stepwatch("status", str(run_dir)).stdout
+    assert ("GPU: RECORDED replay" in words) == (backend == "replay"), words
 
 
 def test_stepwatch_export_writes_the_textfile_atomically(tmp_path: Path):

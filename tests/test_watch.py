@@ -280,6 +280,16 @@ def test_demo_crash_then_a_clean_second_attempt(tmp_path: Path):
     def backends() -> set:
         return {json.loads(ln).get("backend") for ln in (run_dir / "gpu.jsonl").read_text().splitlines() if ln.strip()}
 
+    # every GPU and energy figure of `export` says where it came from: a replayed recording (no NVML here) or NVML
+    source = "replay" if all(str(b).startswith("recorded") for b in backends()) else "nvml"
+    exported = stepwatch("export", str(run_dir), cwd=tmp_path).stdout
+    gpu_samples = [ln for ln in exported.splitlines() if re.match(r"stepwatch_(gpu_|energy_|tokens_per_joule)", ln)]
+    assert gpu_samples and all(f'source="{source}"' in ln for ln in gpu_samples), gpu_samples
+    if source == "replay":
+        words = stepwatch("status", str(run_dir), cwd=tmp_path).stdout
+        assert "GPU: RECORDED replay" in words and all("energy (RECORDED replay, not this machine)" in ln
+                                                       for ln in words.splitlines() if " J/step" in ln), words
+
     second = backends()
     assert second and None not in second
     r = stepwatch("relaunch", "--no-tui", "demo", "--runs-dir", str(runs), cwd=tmp_path)

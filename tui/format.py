@@ -254,9 +254,10 @@ def padding_words(padding: Padding | None) -> str | None:
     return f"padding {100 * share:.1f}% of tokens; {100 * (pd.get('unpadded_share') or 0):.0f}% of steps unpadded{excess}"
 
 
-def energy_words(energy: Energy | None) -> str | None:
+def energy_words(energy: Energy | None, replay: str | None = None) -> str | None:
     """``energy 750 J/step, 5.46 tokens/J, 21.8 kJ this attempt (GPU0, GPU1)`` / ``energy unsupported: ...``;
-    None when there is nothing to say (no GPU at all)."""
+    None when there is nothing to say (no GPU at all). ``replay``: the recording the figures replay (the demo on a
+    machine without a GPU), said first: ``energy (RECORDED replay, not this machine) 976.2 J/step ...``."""
     e = energy or {}
     if unsupported := e.get("unsupported"):
         return None if unsupported.startswith("no GPU energy samples") else f"energy unsupported: {unsupported}"
@@ -266,7 +267,7 @@ def energy_words(energy: Energy | None) -> str | None:
     if e.get("tokens_per_joule") is not None:
         parts.append(f"{e['tokens_per_joule']:.4g} tokens/J")
     parts.append(f"{joules / 1000:.4g} kJ this attempt ({', '.join(f'GPU{i}' for i in e.get('devices') or [])})")
-    return "energy " + ", ".join(parts)
+    return "energy " + ("(RECORDED replay, not this machine) " if replay else "") + ", ".join(parts)
 
 
 def stack_frames(stack: Any, most: int = 12) -> list[str]:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from stepwatch.monitors.runfiles import utc_iso
 from stepwatch.monitors.snapshot.alerts import end_words
 from stepwatch.monitors.snapshot.disk import full_words, lost_words
+from stepwatch.monitors.snapshot.gpuview import replayed
 from stepwatch.tui.format import (NO_DYNAMO_WORDS, stack_frames, streams_words, phase_words, liveness_words, rank_loss, attention_words, energy_words, eta_words, health_words, no_dynamo_output,
                                   padding_words, scaling_words, scheduler_words, supervisor_gone, timing_words,
                                   tree_words, versions_words)
@@ -68,7 +69,7 @@ def status_lines(snap: Snapshot) -> list[str]:
         lines.append(f"  NOTE: {sw}")
     lines.append(f"  {health_words(snap)}")
     lines.append("  " + "; ".join(w for w in (scaling_words(snap.get("scaling")), padding_words(snap.get("padding")),
-                                              energy_words(snap.get("energy"))) if w))
+                                              energy_words(snap.get("energy"), replayed(snap))) if w))
     fb, st = snap.get("fallback") or {}, snap.get("stall") or {}
     stall = st.get("state")
     pw = phase_words(snap.get("phase")) if snap.get("state") == RUNNING else None

@@ -10,8 +10,8 @@ writes the same text for node-exporter's textfile collector (a temp file, then a
 
 Names follow Prometheus' conventions: one ``stepwatch_`` prefix, base units (seconds, watts, ratios
 0..1), ``_total`` for counters, ``stepwatch_run_info`` for identity; labels ``run`` and ``attempt`` on
-every series, ``rank``, ``gpu``, ``kind``, ``quantile``, ``state``, ``name``, ``phase``, ``signal`` where they
-apply (a handful of values each). A value the snapshot does not know is absent, never 0. Each number is
+every series, ``rank``, ``gpu``, ``kind``, ``quantile``, ``state``, ``name``, ``phase``, ``signal``, ``source``
+(``nvml`` or ``replay``, on every GPU and energy figure) where they apply (a handful of values each). A value the snapshot does not know is absent, never 0. Each number is
 the snapshot's own: step times nearest-rank, first step excluded, GPU figures from NVML via gpu.jsonl.
 """
 
@@ -32,6 +32,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.registry import Collector
 
 from stepwatch.monitors.runfiles import write_bytes_atomic
+from stepwatch.monitors.snapshot.gpuview import replayed
 from stepwatch.monitors.snapshot.types import LIVENESS_SIGNALS, Snapshot
 from stepwatch.monitors.states import EXITED, FLAGGED, OK, PHASES, RUNNING, STALLED, SUSPECTED
 
@@ -46,8 +47,7 @@ _METRIC_NAME = re.compile(r"^[A-Za-z0-9_./-]{1,32}$")
 
 
 def _label(v: Any) -> str:
-    """A label value read from a run's files: printable ASCII of a few safe kinds, at most 64 chars
-    (a file's bytes never reach the scraper as they are)."""
+    """A label value read from a run's files: printable ASCII of a few safe kinds, at most 64 chars."""
     return _LABEL_OK.sub("?", str(v or ""))[:64]
 
 
@@ -138,14 +138,14 @@ def families(snap: Snapshot) -> list[Metric]:
     gauge("stepwatch_tokens_per_second", "Padded tokens per second (the job's own counts)", tp.get("tokens_per_s"))
     gauge("stepwatch_real_tokens_per_second", "Real (unpadded) tokens per second", tp.get("real_tokens_per_s"))
     en = snap.get("energy") or {}
-    joules = CounterMetricFamily("stepwatch_energy_joules", "Energy of the run's GPUs this attempt (NVML's counter)",
-                                 labels=base)
+    src = {"source": "replay" if replayed(snap) else "nvml"}  # every GPU figure: NVML measured it, or a recording
+    joules = CounterMetricFamily("stepwatch_energy_joules", "Energy of the run's GPUs this attempt", labels=base + ["source"])
     if (j := _num(en.get("joules"))) is not None:
-        joules.add_metric(lv, j)
+        joules.add_metric(lv + [src["source"]], j)
     out.append(joules)
     gauge("stepwatch_energy_joules_per_step", "Joules per optimizer step (median of the recent steps)",
-          en.get("joules_per_step"))
-    gauge("stepwatch_tokens_per_joule", "Real tokens per joule over the recent steps", en.get("tokens_per_joule"))
+          en.get("joules_per_step"), src)
+    gauge("stepwatch_tokens_per_joule", "Real tokens per joule over the recent steps", en.get("tokens_per_joule"), src)
     sc = snap.get("scaling") or {}
     if sc.get("verdict") not in (None, "undetermined"):
         for term, share in (sc.get("shares") or {}).items():
@@ -182,7 +182,7 @@ def families(snap: Snapshot) -> list[Metric]:
             gauge("stepwatch_rank_step_time_p50_seconds", "A rank's median seconds per optimizer step (nearest-rank)",
                   (r.get("steps") or {}).get("p50"), {"rank": str(r["rank"])})
     for g in snap.get("gpu") or []:
-        lab = {"gpu": str(g.get("index"))}
+        lab = {"gpu": str(g.get("index")), **src}
         pct = lambda k: None if _num(g.get(k)) is None else g[k] / 100.0  # noqa: E731 - percent to a ratio
         gauge("stepwatch_gpu_utilization_ratio", "NVML utilization (kernel-active time), 0..1", pct("util_pct"), lab)
         gauge("stepwatch_gpu_sm_active_ratio", "SM activity (GPM), 0..1", pct("sm_active_pct"), lab)
@@ -192,7 +192,7 @@ def families(snap: Snapshot) -> list[Metric]:
         gauge("stepwatch_gpu_memory_used_bytes", "Device memory in use", g.get("mem_used_bytes"), lab)
         gauge("stepwatch_gpu_used_by_run", "1 when a process of the run holds the device", 1.0 if g.get("used_by_run") else 0.0, lab)
     gauge("stepwatch_gpu_visible", "GPUs NVML reports for the run (absent: NVML unavailable)",
-          len(gpu) if (gpu := snap.get("gpu")) is not None else None)
+          len(gpu) if (gpu := snap.get("gpu")) is not None else None, src)
     sch = snap.get("scheduler")
     if sch:
         for state in SCHEDULER_STATES:

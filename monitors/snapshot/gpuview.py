@@ -52,3 +52,10 @@ class GpuView:
         snap["gpu"] = cast("list[GpuDevice] | None", gpu)  # status_row: every key of GpuDevice
         snap["gpu_source"] = gpu_source(recs)
         snap["gpu_history"] = cast("dict[str, DeviceHistory]", self.history.recent(GPU_HISTORY_SHOWN))
+
+
+def replayed(snap: Snapshot) -> str | None:
+    """The recording the snapshot's GPU figures (devices, energy) replay (the demo on a machine without a GPU), or
+    None when NVML measured them: every view labels a replayed figure where it shows it."""
+    src = str(snap.get("gpu_source") or "")
+    return (src.split(":", 1)[-1] or "a recording") if src.startswith("recorded") else None

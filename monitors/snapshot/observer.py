@@ -214,7 +214,9 @@ class RunObserver:
                 a.log_stats.add(adv.step, adv.dt_s, ())
 
     def _dynamo_events(self, a: _Attempt, events: list) -> None:
-        step = self._global_step(a)
+        # the step the log itself had reached where the record lies: the same in every view, whenever it reads the
+        # record (the emitter's step is as far as events.jsonl got when this view read it: a cold status says the last)
+        step = a.progress.global_step if a.progress.global_step is not None else self._global_step(a)
         for e in events:
             if isinstance(e, RecompileLimit):
                 a.limit_hits.append((e, step, time.time()))

@@ -10,6 +10,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Sparkline, Static
 
 from stepwatch.monitors.snapshot.types import GpuDevice, Snapshot
+from stepwatch.monitors.snapshot.gpuview import replayed
 from stepwatch.tui.format import energy_words, gib, health_words
 from stepwatch.tui.safe import one_line
 from stepwatch.tui.widgets.base import Panel
@@ -53,7 +54,7 @@ class GpuPanel(Panel):
                 yield Sparkline([], id="gpu-power")
 
     def show(self, snap: Snapshot, plots: bool = True) -> None:
-        energy = energy_words(snap.get("energy"))
+        energy = energy_words(snap.get("energy"), replayed(snap))
         self._set("#health", Text(health_words(snap, basis=False) + (f" · {energy}" if energy else "")))
         gpus = snap.get("gpu")
         if not gpus:

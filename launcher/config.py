@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stepwatch.launcher.restartpolicy import RESTART_KEYS, restart_settings
 from stepwatch.launcher.slurm import SLURM_KEYS, validate_slurm_table
 from stepwatch.monitors.parsers.logformats import compile_patterns
 from stepwatch.monitors.detectors.stall import STALL_KEYS, stall_settings
@@ -26,7 +27,7 @@ from stepwatch.monitors.watch.paging import PAGING_KEYS, check_finished, paging_
 from stepwatch.monitors.parsers.logtracker import log_settings
 from stepwatch.monitors.rundirs import RunsDirError, default_runs_dir, resolve_runs_dir
 
-TOP_KEYS = ("name", "command", "cwd", "runs_dir", "env", "shell", "preflight", "alerts", "log", "stall", "slurm",
+TOP_KEYS = ("name", "command", "cwd", "runs_dir", "env", "shell", "preflight", "alerts", "log", "stall", "restart", "slurm",
             "export")
 #: ``[export]``: ``prometheus`` (HOST:PORT or HOST:FIRST-LAST, served by the supervisor) and
 #: ``linger_s`` (how long the endpoint stays up after the run ended, for a last scrape).
@@ -64,6 +65,7 @@ class RunConfig:
     log: dict[str, Any] = field(default_factory=dict)
     #: ``[stall]``: the floors of the stall, busy and evaluation/save budgets (monitors/detectors/stall.py)
     stall: dict[str, Any] = field(default_factory=dict)
+    restart: dict[str, Any] = field(default_factory=dict)
     #: ``[slurm]``: submit through sbatch instead of starting here (launcher/slurm.py); None: local
     slurm: dict[str, Any] | None = None
     #: ``[export]``: the supervisor's Prometheus endpoint (monitors/export/prometheus.py)
@@ -216,13 +218,21 @@ def _validate(data: dict[str, Any], base: Path, where: str, runs_dir_override: P
         stall_settings(stall)
     except ValueError as e:
         raise ConfigError(f"{where} [stall]: {e}") from None
+    restart = data.get("restart", {})
+    if not isinstance(restart, dict):
+        raise ConfigError(f'{where}: [restart] must be a table, e.g. [restart] mode = "observe"')
+    _check_unknown(restart, RESTART_KEYS, f"{where} [restart]")
+    try:
+        restart_settings(restart)  # launcher/restartpolicy.py
+    except ValueError as e:
+        raise ConfigError(f"{where} [restart]: {e}") from None
     try:
         slurm = validate_slurm_table(data["slurm"], where) if "slurm" in data else None
         export = _export_table(data.get("export", {}), where)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     return RunConfig(name=name, command=list(command), cwd=cwd, runs_dir=runs_dir, env=dict(env), shell=shell,
-                     preflight=dict(preflight), alerts=dict(alerts), log=dict(log), stall=dict(stall), slurm=slurm,
+                     preflight=dict(preflight), alerts=dict(alerts), log=dict(log), stall=dict(stall), restart=dict(restart), slurm=slurm,
                      export=export)
 
 
@@ -324,6 +334,7 @@ def config_to_json(cfg: RunConfig) -> dict[str, Any]:
         "env": cfg.env, "shell": cfg.shell, "preflight": cfg.preflight, "alerts": public_alerts(cfg.alerts),
         **({"log": cfg.log} if cfg.log else {}),  # absent when unused: a relaunch's diff stays quiet
         **({"stall": cfg.stall} if cfg.stall else {}),
+        **({"restart": cfg.restart} if cfg.restart else {}),
         **({"slurm": cfg.slurm} if cfg.slurm is not None else {}),
         **({"export": cfg.export} if cfg.export else {}),
     }

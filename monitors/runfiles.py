@@ -32,6 +32,8 @@ EXIT_JSON = "exit.json"
 SUPERVISOR_LOG = "supervisor.log"  # the supervisor's own diagnostics; never the child's output
 EVENTS_STATE = "events.state.json"  # the supervisor's fold of events.jsonl (monitors/fold/savedstate.py)
 ACKS_JSONL = "acks.jsonl"  # written by views; never rotated (alert ids carry the attempt)
+#: The restart policy's record (launcher/restartrun.py): every attempt's end and the last decision; never rotated.
+RESTART_JSON = "restart.json"
 LOG_STEPS_JSONL = "logsteps.jsonl"  # step records the supervisor timed from train.log (monitors/watch/logsteps.py)
 ALERTS_JSONL = "alerts.jsonl"  # the supervisor's alerts and their deliveries (monitors/watch/loop.py)
 #: The run's push URLs (they carry tokens): 0600, read by its supervisor only; run.json names the

@@ -124,6 +124,8 @@ def status_lines(snap: Snapshot) -> list[str]:
     ident = snap.get("identity") or {}
     if ident:
         lines.append(f"  commit {(ident.get('harness_commit') or 'none')[:12]} {tree_words(ident)}")
+    if rs := snap.get("restart"):  # the restart policy's last decision ([restart]), as its page said it
+        lines.append(f"  restart ({rs['mode']}, after attempt {rs['attempt']}): {rs['verdict']}: {rs['words']}")
     for al in snap.get("alerts") or []:
         notes = [n for n in ("acknowledged" if al.get("acknowledged") else None,
                               "cleared" if al.get("active") is False else None) if n]

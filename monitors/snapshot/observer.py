@@ -56,6 +56,7 @@ from stepwatch.monitors.snapshot.alerts import alerts_for, channel_names, merge_
 from stepwatch.monitors.snapshot.dynamo import dynamo_status
 from stepwatch.monitors.snapshot.model import json_safe, null_snapshot, obj, run_ended, shallow
 from stepwatch.monitors.snapshot.process import process_part
+from stepwatch.monitors.snapshot.restart import restart_part
 from stepwatch.monitors.snapshot.types import (AttnImplementation, Energy, Fallback, Padding, Resume, Scaling, Snapshot,
                                                StepSeconds, Survivor, Throughput, Versions, Warmup)
 from stepwatch.monitors.states import FINISHING, NOT_JUDGED, RUNNING, STEADY
@@ -282,6 +283,7 @@ class RunObserver:
                                           "output": snap["log"].get("last_byte_age_s") if running else None,
                                           "step": snap["stall"].get("current_step_elapsed_s") if running else None}}
         snap["phase"] = phase_part(a.ev.open_phase, a.progress.phases, run_ended(snap), now)
+        snap["restart"] = restart_part(self.run_dir)
         snap["ranks"], snap["straggler"], snap["rank_restarts"] = a.ranks.part()
         guard_stall(snap)
         if run_ended(snap):

@@ -39,3 +39,19 @@ class Liveness(TypedDict):
 
     frozen: Frozen
     signals_s: LivenessSignals
+
+
+class RestartView(TypedDict):
+    """``restart``: the restart policy's last decision (restart.json, written by the supervisor of the attempt that
+    ended; ``[restart]`` in the run config), or null when the policy is off or has not decided yet."""
+
+    verdict: str  #: "RESTART" | "STOP"
+    mode: str  #: "observe" (recorded and paged only) | "enforce"
+    cause: str  #: why the attempt ended (monitors/parsers/endcauses.py CAUSES)
+    reason: str  #: why this verdict (the rule that decided)
+    evidence: str  #: what decided the cause
+    checkpoint: str | None  #: where the next attempt resumes (null: from scratch, or STOP)
+    checkpoint_step: int | None
+    attempt: int | None  #: the attempt that ended
+    lost_steps: int | None  #: steps after the checkpoint, done again by a resumed attempt
+    words: str  #: the decision in one line, as the page said it

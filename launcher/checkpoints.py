@@ -1,0 +1,147 @@
+"""The run's checkpoints, and which of them are complete: a resume starts from the newest complete one, never from
+one being written when the run died.
+
+Complete means (ARCHITECTURE.md "The restart policy"):
+
+- the HF Trainer's ``checkpoint-N/``: its ``trainer_state.json`` parses and says ``global_step`` N, and its model
+  weights are written (``model.safetensors``, ``pytorch_model.bin``, an adapter's, or a sharded index whose every
+  shard is there) — the Trainer writes the state last, so a save cut short lacks it;
+- a Lightning ``.ckpt``: a zip archive (torch's format) whose ``data.pkl`` is listed in its central directory,
+  which is written last;
+- a torch distributed checkpoint directory: its ``.metadata`` (written by the coordinator once every rank saved);
+- ``[restart] checkpoints`` (a glob) with ``complete_marker``: a match holding that file.
+
+Read-only; a symlink is never followed (a checkpoint is what lies in the run's own output directory), and a
+directory that cannot be read is skipped, never an error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+_HF_DIR = re.compile(r"^checkpoint-(\d+)$")
+_STEP_IN_NAME = re.compile(r"(?:step[=_-]?)(\d+)|(\d+)(?!.*\d)")
+HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin", "adapter_model.safetensors", "adapter_model.bin")
+HF_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+#: At most this many entries of a directory are looked at (a huge output dir costs a bounded time).
+MAX_ENTRIES = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """One checkpoint: where, its step, its kind (``hf``, ``lightning``, ``dcp``, ``glob``), and whether it is
+    complete (``why`` not, when it is not)."""
+
+    path: Path
+    step: int
+    kind: str
+    complete: bool
+    why: str = ""
+
+
+def _is_dir(p: Path) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(p).st_mode)
+    except OSError:
+        return False
+
+
+def _is_file(p: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(p).st_mode)
+    except OSError:
+        return False
+
+
+def _entries(d: Path) -> list[str]:
+    try:
+        with os.scandir(d) as it:
+            return [e.name for _, e in zip(range(MAX_ENTRIES), it)]
+    except OSError:
+        return []
+
+
+def hf_checkpoint(d: Path, step: int) -> Checkpoint:
+    """An HF Trainer ``checkpoint-N`` directory, judged."""
+    state = d / "trainer_state.json"
+    if not _is_file(state):
+        return Checkpoint(d, step, "hf", False, "no trainer_state.json (written last: the save was cut short)")
+    try:
+        doc: Any = json.loads(state.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        return Checkpoint(d, step, "hf", False, f"trainer_state.json does not parse: {type(e).__name__}")
+    if not isinstance(doc, dict) or doc.get("global_step") != step:
+        return Checkpoint(d, step, "hf", False, f"trainer_state.json says global_step {doc.get('global_step') if isinstance(doc, dict) else '?'}")
+    names = set(_entries(d))
+    if any(w in names and _is_file(d / w) for w in HF_WEIGHTS):
+        return Checkpoint(d, step, "hf", True)
+    for index in HF_INDEXES:
+        if index in names:
+            try:
+                shards = set(json.loads((d / index).read_text(encoding="utf-8"))["weight_map"].values())
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                return Checkpoint(d, step, "hf", False, f"{index} does not parse")
+            missing = sorted(s for s in shards if not (isinstance(s, str) and _is_file(d / s)))
+            return Checkpoint(d, step, "hf", not missing, f"shards missing: {', '.join(missing[:3])}" if missing else "")
+    return Checkpoint(d, step, "hf", False, "no model weights file")
+
+
+def lightning_checkpoint(f: Path, step: int) -> Checkpoint:
+    """A Lightning ``.ckpt`` file, judged by its zip directory (written last)."""
+    try:
+        with zipfile.ZipFile(f) as z:
+            ok = any(n.endswith("/data.pkl") or n == "data.pkl" for n in z.namelist())
+    except (OSError, zipfile.BadZipFile, ValueError) as e:
+        return Checkpoint(f, step, "lightning", False, f"not a complete torch archive: {type(e).__name__}")
+    return Checkpoint(f, step, "lightning", ok, "" if ok else "no data.pkl in the archive")
+
+
+def _step_of(name: str) -> int | None:
+    m = _STEP_IN_NAME.search(name)
+    return int(m.group(1) or m.group(2)) if m else None
+
+
+def find_checkpoints(output_dir: Path | None, pattern: str | None = None, cwd: Path | None = None,
+                     marker: str | None = None) -> list[Checkpoint]:
+    """Every checkpoint under ``output_dir`` (HF ``checkpoint-N``, Lightning ``*.ckpt``, distributed checkpoints) and
+    matching ``pattern`` (a glob relative to ``cwd``; complete when it holds ``marker``), oldest step first."""
+    found: dict[Path, Checkpoint] = {}
+    if output_dir is not None and _is_dir(output_dir):
+        for name in _entries(output_dir):
+            p = output_dir / name
+            if (m := _HF_DIR.match(name)) and _is_dir(p):
+                found[p] = hf_checkpoint(p, int(m.group(1)))
+            elif name.endswith(".ckpt") and _is_file(p) and (s := _step_of(name)) is not None:
+                found[p] = lightning_checkpoint(p, s)
+            elif _is_dir(p) and ".metadata" in _entries(p) and (s := _step_of(name)) is not None:
+                found[p] = Checkpoint(p, s, "dcp", _is_file(p / ".metadata"))
+    if pattern and cwd is not None:
+        for p in sorted(cwd.glob(pattern))[:MAX_ENTRIES]:
+            if p in found or p.is_symlink() or (s := _step_of(p.name)) is None:
+                continue
+            done = bool(marker) and _is_file(p / str(marker)) if _is_dir(p) else _is_file(p)
+            found[p] = Checkpoint(p, s, "glob", done, "" if done else f"no {marker} in it")
+    return sorted(found.values(), key=lambda c: (c.step, str(c.path)))
+
+
+def newest_complete(checkpoints: list[Checkpoint]) -> Checkpoint | None:
+    """The complete checkpoint of the highest step, or None."""
+    return max((c for c in checkpoints if c.complete), key=lambda c: c.step, default=None)
+
+
+def output_dir_of(argv: list[str], cwd: Path) -> Path | None:
+    """The trainer's output directory from its command line (``--output_dir X``, ``--output-dir=X``), or None."""
+    for i, a in enumerate(argv):
+        for flag in ("--output_dir", "--output-dir", "--default_root_dir", "--trainer.default_root_dir"):
+            if a == flag and i + 1 < len(argv):
+                return cwd / argv[i + 1]
+            if a.startswith(flag + "="):
+                return cwd / a.split("=", 1)[1]
+    return None

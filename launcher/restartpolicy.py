@@ -1,0 +1,169 @@
+"""The restart policy: after an attempt ends, RESTART (from the newest complete checkpoint) or STOP, with the reason
+and its evidence. Pure: the supervisor gathers the facts (:mod:`stepwatch.monitors.parsers.endcauses`,
+:mod:`.checkpoints`) and records the decision in ``restart.json``.
+
+Configured in the run config's ``[restart]`` table::
+
+    [restart]
+    mode = "observe"        # off | observe (record and page what it would do) | enforce (do it)
+    max_restarts = 3        # restarts of one run at most
+    backoff_s = 30          # the wait before a new attempt
+    storm_attempts = 3      # this many ends within storm_window_s: STOP (a crash loop)
+    storm_window_s = 600
+    checkpoints = "out/ckpt_*"       # when the trainer's layout is not recognised (a glob from the run's cwd)
+    complete_marker = "DONE"         # ... and the file a complete one holds
+    resume = "hf"           # "hf" (--resume_from_checkpoint PATH), "lightning" (--ckpt_path PATH), or an argv
+                            # template holding {checkpoint} and/or {step}
+
+The rules, in order: a cause a restart cannot help (completed, the operator's stop, a configuration or code error)
+STOPs; so does a spent budget (``max_restarts``), a storm (``storm_attempts`` ends in ``storm_window_s``), and the
+same cause as the previous attempt with neither a newer step nor a newer complete checkpoint ("same cause, no
+progress"). Anything else RESTARTs, from the newest complete checkpoint (or from scratch when there is none).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from stepwatch.monitors.parsers.endcauses import NEVER_RESTART
+
+RESTART, STOP = "RESTART", "STOP"
+MODES = ("off", "observe", "enforce")
+RESTART_KEYS = ("mode", "max_restarts", "backoff_s", "storm_attempts", "storm_window_s", "checkpoints",
+                "complete_marker", "resume")
+_NEVER_WORDS = {"completed": "the run completed", "operator_stop": "stopped by the operator",
+                "config_error": "configuration or code error"}
+
+
+@dataclass(frozen=True, slots=True)
+class RestartSettings:
+    mode: str = "off"
+    max_restarts: int = 3
+    backoff_s: float = 30.0
+    storm_attempts: int = 3
+    storm_window_s: float = 600.0
+    checkpoints: str | None = None
+    complete_marker: str | None = None
+    resume: str | tuple[str, ...] | None = None
+
+
+def restart_settings(table: Mapping[str, Any]) -> RestartSettings:
+    """The ``[restart]`` table's settings; ValueError naming a bad one."""
+    got: dict[str, Any] = {}
+    if "mode" in table:
+        if table["mode"] not in MODES:
+            raise ValueError(f'mode must be "off", "observe" or "enforce"; got {table["mode"]!r}')
+        got["mode"] = table["mode"]
+    for key, lo, hi in (("max_restarts", 0, 1000), ("storm_attempts", 2, 1000)):
+        if key in table:
+            if type(table[key]) is not int or not lo <= table[key] <= hi:
+                raise ValueError(f"{key} must be a whole number from {lo} to {hi}; got {table[key]!r}")
+            got[key] = table[key]
+    for key in ("backoff_s", "storm_window_s"):
+        if key in table:
+            if type(table[key]) not in (int, float) or not 0 <= table[key] <= 86400:
+                raise ValueError(f"{key} must be a number of seconds from 0 to 86400; got {table[key]!r}")
+            got[key] = float(table[key])
+    for key in ("checkpoints", "complete_marker"):
+        if key in table:
+            v = table[key]
+            if not isinstance(v, str) or not v or v.startswith("/") or ".." in v.split("/"):
+                raise ValueError(f"{key} must be a relative glob or file name inside the run's cwd; got {v!r}")
+            got[key] = v
+    if "resume" in table:
+        r = table["resume"]
+        if isinstance(r, list) and r and all(isinstance(a, str) for a in r) and any(
+                "{checkpoint}" in a or "{step}" in a for a in r):
+            got["resume"] = tuple(r)
+        elif r in ("hf", "lightning"):
+            got["resume"] = r
+        else:
+            raise ValueError('resume must be "hf", "lightning" or an argv list holding {checkpoint} or {step}; '
+                             f"got {r!r}")
+    return RestartSettings(**got)
+
+
+def restart_settings_of(run: Mapping[str, Any]) -> RestartSettings:
+    """``[restart]`` of a run record (its ``config``); off where absent or invalid."""
+    config = run.get("config")
+    table = config.get("restart") if isinstance(config, dict) else None
+    try:
+        return restart_settings(table) if isinstance(table, dict) else RestartSettings()
+    except ValueError:
+        return RestartSettings()
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptEnd:
+    """One attempt's end as the policy sees it (a row of restart.json's ``attempts``)."""
+
+    attempt: int
+    cause: str
+    evidence: str
+    step: int | None
+    checkpoint: str | None  # the newest complete checkpoint after it ended
+    checkpoint_step: int | None
+    ended_at_unix: float
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    verdict: str  # RESTART | STOP
+    reason: str
+    evidence: str
+    checkpoint: str | None  # where a new attempt resumes (None: from scratch)
+    checkpoint_step: int | None
+    attempt: int  # the attempt that ended
+    lost_steps: int | None  # steps done after the checkpoint, done again by the resumed attempt
+
+    def as_record(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def decide(previous: list[AttemptEnd], this: AttemptEnd, s: RestartSettings) -> Decision:
+    """RESTART or STOP after ``this`` attempt's end, given the ``previous`` ends of the same run (oldest first)."""
+    lost = (this.step - (this.checkpoint_step or 0)) if this.step is not None else None
+
+    def verdict(v: str, reason: str) -> Decision:
+        return Decision(v, reason, this.evidence, this.checkpoint if v == RESTART else None,
+                        this.checkpoint_step if v == RESTART else None, this.attempt, lost if v == RESTART else None)
+
+    if this.cause in NEVER_RESTART:
+        return verdict(STOP, _NEVER_WORDS[this.cause])
+    if len(previous) >= s.max_restarts:
+        return verdict(STOP, f"the restart budget is spent: {len(previous)} restart(s) of max_restarts {s.max_restarts}")
+    recent = [p for p in previous if this.ended_at_unix - p.ended_at_unix <= s.storm_window_s]
+    if len(recent) + 1 >= s.storm_attempts:
+        return verdict(STOP, f"a crash loop: {len(recent) + 1} ends within {s.storm_window_s:g} s "
+                             f"(storm_attempts {s.storm_attempts})")
+    if previous and (p := previous[-1]).cause == this.cause and (this.step or -1) <= (p.step or -1) and (
+            this.checkpoint_step or -1) <= (p.checkpoint_step or -1):
+        return verdict(STOP, f"same cause, no progress: {this.cause} again at step {this.step} "
+                             f"(attempt {p.attempt} reached step {p.step})")
+    where = f"from {this.checkpoint}" if this.checkpoint else "from scratch (no complete checkpoint)"
+    return verdict(RESTART, f"{this.cause}: restart {len(previous) + 1} of {s.max_restarts}, {where}")
+
+
+def resume_argv(argv: list[str], resume: str | tuple[str, ...] | None, checkpoint: str | None,
+                step: int | None) -> list[str]:
+    """The command of a resumed attempt: ``argv`` with the resume argument set (an earlier one replaced); ``argv``
+    unchanged when there is no checkpoint or no ``resume`` rule."""
+    if checkpoint is None or resume is None:
+        return list(argv)
+    if isinstance(resume, tuple):
+        return list(argv) + [a.replace("{checkpoint}", checkpoint).replace("{step}", str(step)) for a in resume]
+    flag = {"hf": "--resume_from_checkpoint", "lightning": "--ckpt_path"}[resume]
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a == flag:
+            skip = True
+            continue
+        if a.startswith(flag + "="):
+            continue
+        out.append(a)
+    return out + [flag, checkpoint]

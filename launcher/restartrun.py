@@ -1,0 +1,154 @@
+"""The restart policy, run by the supervisor once its attempt has ended (``[restart] mode`` observe or enforce):
+gather the facts of the end (the snapshot of the run dir, the log's tail, the run's checkpoints), classify the
+cause (:mod:`stepwatch.monitors.parsers.endcauses`), decide (:mod:`.restartpolicy`), record the decision in
+``restart.json`` (every attempt's end, and the last decision; never rotated) and page it through the run's
+``[alerts]`` channels. ``observe`` stops there: it says what it would have done.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import asdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from stepwatch.launcher.checkpoints import find_checkpoints, newest_complete, output_dir_of
+from stepwatch.launcher.restartpolicy import RESTART, AttemptEnd, Decision, decide, restart_settings_of
+from stepwatch.monitors.parsers.endcauses import EndFacts, classify
+from stepwatch.monitors.runfiles import ALERTS_JSONL, RESTART_JSON, TRAIN_LOG, read_json, read_push_urls, write_json_atomic
+from stepwatch.monitors.snapshot.alerts import headline_of
+from stepwatch.monitors.snapshot.types import Snapshot
+
+#: The log's tail the end's signatures are read from.
+TAIL_BYTES = 64 * 1024
+#: Checkpoints listed in restart.json (the newest).
+LISTED_CHECKPOINTS = 8
+
+
+def log_tail(run_dir: Path) -> list[str]:
+    """The last lines of the attempt's train.log (at most TAIL_BYTES), ``\\r`` frames split; [] when unreadable."""
+    try:
+        fd = os.open(run_dir / TRAIN_LOG, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return []
+    try:
+        size = os.fstat(fd).st_size
+        os.lseek(fd, max(0, size - TAIL_BYTES), os.SEEK_SET)
+        data = os.read(fd, TAIL_BYTES)
+    finally:
+        os.close(fd)
+    return [ln for ln in data.decode("utf-8", "replace").replace("\r", "\n").split("\n") if ln.strip()]
+
+
+def previous_ends(run_dir: Path, attempt: int) -> list[AttemptEnd]:
+    """The ends of the run's earlier attempts as restart.json recorded them (a malformed row is left out)."""
+    doc = read_json(run_dir / RESTART_JSON, owner_uid=os.getuid()) or {}
+    out: list[AttemptEnd] = []
+    for row in doc.get("attempts") or []:
+        try:
+            end = AttemptEnd(**row)
+        except TypeError:
+            continue
+        if isinstance(end.attempt, int) and end.attempt < attempt:
+            out.append(end)
+    return out
+
+
+def end_of(run_dir: Path, run: dict[str, Any], snap: Snapshot) -> tuple[AttemptEnd, list[dict[str, Any]]]:
+    """This attempt's end as the policy reads it, and the checkpoints found (as listed in restart.json)."""
+    s = restart_settings_of(run)
+    cwd = Path(str(run.get("cwd") or run_dir))
+    argv = [str(a) for a in run.get("argv") or []]
+    cps = find_checkpoints(output_dir_of(argv, cwd), s.checkpoints, cwd, s.complete_marker)
+    newest = newest_complete(cps)
+    cut_short = any(not c.complete and (newest is None or c.step > newest.step) for c in cps)
+    ended = snap.get("ended") or {}
+    step = (snap.get("step") or {}).get("global_step")
+    facts = EndFacts(returncode=snap.get("returncode"), signal=snap.get("signal"),
+                     stop_requested=bool(ended.get("stop_requested")),
+                     scheduler_state=(snap.get("scheduler") or {}).get("state"),
+                     traceback_last_line=(snap.get("log") or {}).get("traceback_last_line"), log_tail=log_tail(run_dir),
+                     step=step, phase="saving" if cut_short else (snap.get("phase") or {}).get("name"),
+                     alert_kinds=frozenset(str(a.get("kind")) for a in snap.get("alerts") or []),
+                     ended=snap.get("returncode") is not None or snap.get("signal") is not None or bool(ended.get("error")))
+    cause = classify(facts)
+    end = AttemptEnd(attempt=int(run.get("attempt") or 1), cause=cause.cause, evidence=cause.evidence, step=step,
+                     checkpoint=str(newest.path) if newest else None, checkpoint_step=newest.step if newest else None,
+                     ended_at_unix=float(ended.get("ended_at_unix") or time.time()))
+    listed = [{"path": str(c.path), "step": c.step, "kind": c.kind, "complete": c.complete, "why": c.why}
+              for c in cps[-LISTED_CHECKPOINTS:]]
+    return end, listed
+
+
+def decision_words(d: Decision, mode: str, backoff_s: float) -> str:
+    """One line: ``would restart in 30 s from …/checkpoint-40 (observe mode: nothing started): killed_by_signal …``."""
+    if d.verdict == RESTART:
+        where = f"from {d.checkpoint}" if d.checkpoint else "from scratch"
+        lost = f"; {d.lost_steps} steps lost" if d.lost_steps else ""
+        head = (f"would restart {where} (observe mode: nothing started)" if mode == "observe"
+                else f"restarting in {backoff_s:g} s {where}")
+        return f"{head}: {d.reason.split(':', 1)[0]}: {d.evidence}{lost}"
+    return f"{'would stop' if mode == 'observe' else 'not restarting'}: {d.reason}; {d.evidence}"
+
+
+def decide_after(run_dir: Path, run: dict[str, Any], snap: Snapshot, log: Callable[[str], None]) -> dict[str, Any] | None:
+    """Decide after the attempt's end and record it in restart.json; the record, or None when the policy is off."""
+    s = restart_settings_of(run)
+    if s.mode == "off":
+        return None
+    end, listed = end_of(run_dir, run, snap)
+    previous = previous_ends(run_dir, end.attempt)
+    d = decide(previous, end, s)
+    record = {"v": 1, "attempts": [asdict(e) for e in [*previous, end]],
+              "decision": {**d.as_record(), "mode": s.mode, "cause": end.cause, "words": decision_words(d, s.mode, s.backoff_s),
+                           "decided_at_unix": time.time(), "backoff_s": s.backoff_s},
+              "checkpoints": listed}
+    try:
+        write_json_atomic(run_dir / RESTART_JSON, record, mode=0o644)
+    except OSError as e:
+        log(f"could not record the restart decision: {e}")
+    log(f"restart policy ({s.mode}): {record['decision']['words']}")
+    return record
+
+
+def page_decision(run_dir: Path, run: dict[str, Any], snap: Snapshot, record: dict[str, Any],
+                  log: Callable[[str], None]) -> None:
+    """Page the decision through the run's [alerts] channels (not for a completed run or the operator's stop: the
+    finished page and the stop say those), and wait for the delivery, bounded."""
+    from stepwatch.monitors.watch.delivery import Deliverer  # noqa: PLC0415
+    from stepwatch.monitors.watch.loop import AttemptFile  # noqa: PLC0415
+
+    d = record["decision"]
+    if d["cause"] in ("completed", "operator_stop"):
+        return
+    config = dict((run.get("config") or {}).get("alerts") or {})
+    config["urls"] = read_push_urls(run_dir)
+    out = AttemptFile(run_dir / ALERTS_JSONL, log)
+    try:
+        deliverer = Deliverer(run_dir, out.append_json, config, str(run.get("name") or run_dir.name), log=log)
+        deliverer.submit({"id": f"a{d['attempt']}-restart", "kind": "restart",
+                          "level": "warning" if d["verdict"] == RESTART else "error", "message": d["words"],
+                          "headline": headline_of(snap, socket.gethostname())})
+        deliverer.wait(40.0)
+    finally:
+        out.close()
+
+
+def run_policy(run_dir: Path, run: dict[str, Any], log: Callable[[str], None]) -> dict[str, Any] | None:
+    """The supervisor's call once its attempt ended: decide, record, page. Never raises; None when off."""
+    if restart_settings_of(run).mode == "off":
+        return None
+    try:
+        from stepwatch.monitors.snapshot.observer import snapshot  # noqa: PLC0415
+
+        snap = snapshot(run_dir)
+        record = decide_after(run_dir, run, snap, log)
+        if record is not None:
+            page_decision(run_dir, run, snap, record, log)
+        return record
+    except Exception as e:  # noqa: BLE001 - a policy bug must never cost the exit record or the pages
+        log(f"restart policy: {type(e).__name__}: {e}")
+        return None

@@ -1,0 +1,112 @@
+"""Why an attempt ended: one cause from its exit record, its log's tail and what the run model saw, with the
+evidence that decided it. The table of signatures lives here and nowhere else; each has a real captured example
+in ``tests/fixtures/real/`` (``death_*.log``, README there). Pure: no I/O.
+
+The causes, checked in this order (the first that fits wins):
+
+- ``completed``: exit code 0 (and no stop asked for);
+- ``operator_stop``: ``stepwatch stop`` (stop.json) ended it;
+- ``preempted`` / ``time_limit``: Slurm said PREEMPTED or TIMEOUT;
+- ``nonfinite_loss``: the loss went NaN or inf before the end (its alert);
+- ``device_oom`` / ``host_oom`` / ``collective_timeout``: the traceback's text (a CUDA allocator's out of memory;
+  the CPU allocator's or Python's MemoryError, or the kernel's OOM killer's SIGKILL where the cgroup counted one;
+  a gloo or NCCL collective that timed out);
+- ``save_crash``: it died while a checkpoint was being written (the run model's phase ``saving``);
+- ``killed_by_signal``: a signal from outside (SIGKILL, SIGTERM ...), no traceback of its own;
+- ``config_error``: an exception before the first optimizer step (a bad argument, a missing file, a shape error);
+- ``exception``: an exception after training began;
+- ``unknown``: nothing above fits (the supervisor gone, no exit record).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+CAUSES = ("completed", "operator_stop", "preempted", "time_limit", "nonfinite_loss", "device_oom", "host_oom",
+          "collective_timeout", "save_crash", "killed_by_signal", "config_error", "exception", "unknown")
+#: Causes a restart can never help: the run is done, the operator ended it, or the same code fails the same way.
+NEVER_RESTART = frozenset({"completed", "operator_stop", "config_error"})
+
+#: (cause, pattern over the log's last lines): the text a real failure prints (tests/fixtures/real/death_*.log).
+SIGNATURES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("device_oom", re.compile(r"CUDA out of memory|torch\.(cuda\.)?OutOfMemoryError|HIP out of memory|"
+                              r"XPU out of memory|MPS backend out of memory")),
+    ("host_oom", re.compile(r"DefaultCPUAllocator: can't allocate memory|^MemoryError\b|\bMemoryError: |"
+                            r"Unable to allocate [\d.]+ [KMGT]?i?B")),
+    ("collective_timeout", re.compile(r"Watchdog caught collective operation timeout|ProcessGroupNCCL.*[Tt]imeout|"
+                                      r"DistBackendError|[Gg]loo.*[Tt]imed out|[Tt]imed out .*(gloo|[Cc]ollective)|"
+                                      r"NCCL communicator was aborted|Connection closed by peer")),
+)
+#: Slurm's words for an end the scheduler caused.
+SCHEDULER_CAUSES = {"PREEMPTED": "preempted", "TIMEOUT": "time_limit", "DEADLINE": "time_limit"}
+#: How many of the log's last lines the signatures are matched against.
+TAIL_LINES = 60
+
+
+@dataclass(frozen=True, slots=True)
+class EndFacts:
+    """What is known of one attempt's end (from exit.json, stop.json, Slurm, the snapshot)."""
+
+    returncode: int | None = None
+    signal: str | None = None
+    stop_requested: bool = False
+    scheduler_state: str | None = None
+    traceback_last_line: str | None = None
+    log_tail: Sequence[str] = field(default_factory=tuple)
+    step: int | None = None  # the last optimizer step reached (None: none)
+    phase: str | None = None  # the run model's phase when it ended (``saving`` ...)
+    alert_kinds: frozenset[str] = frozenset()
+    oom_kills: int = 0  # the kernel's OOM kills counted in the run's cgroup during the attempt
+    ended: bool = True  # False: no exit record (the supervisor gone)
+
+
+@dataclass(frozen=True, slots=True)
+class EndCause:
+    """``cause`` one of CAUSES; ``evidence`` one line saying what decided it."""
+
+    cause: str
+    evidence: str
+
+
+def _matched(lines: Sequence[str]) -> tuple[str, str] | None:
+    for line in reversed(lines[-TAIL_LINES:]):
+        for cause, pattern in SIGNATURES:
+            if pattern.search(line):
+                return cause, line.strip()[:300]
+    return None
+
+
+def classify(f: EndFacts) -> EndCause:
+    """The cause of one attempt's end and its evidence (see the module's docstring for the order)."""
+    if not f.ended:
+        return EndCause("unknown", "no exit record: the supervisor is gone")
+    how = f"killed by {f.signal}" if f.signal else f"exit code {f.returncode}"
+    if f.returncode == 0 and not f.signal and not f.stop_requested:
+        return EndCause("completed", "exit code 0")
+    if f.stop_requested:
+        return EndCause("operator_stop", f"stepwatch stop ({how})")
+    if (sch := SCHEDULER_CAUSES.get(str(f.scheduler_state or ""))) is not None:
+        return EndCause(sch, f"Slurm: {f.scheduler_state} ({how})")
+    if "nonfinite_loss" in f.alert_kinds:
+        return EndCause("nonfinite_loss", f"the loss went NaN or inf before the end ({how})")
+    lines = list(f.log_tail) + ([f.traceback_last_line] if f.traceback_last_line else [])
+    if (hit := _matched(lines)) is not None:
+        return EndCause(hit[0], hit[1])
+    if f.signal == "SIGKILL" and f.oom_kills > 0:
+        return EndCause("host_oom", f"killed by SIGKILL; the kernel's OOM killer ran {f.oom_kills} time(s) in the "
+                                    "run's cgroup")
+    if f.phase == "saving":
+        return EndCause("save_crash", f"{how} while a checkpoint was being written")
+    if f.signal:
+        return EndCause("killed_by_signal", f"killed by {f.signal} from outside" + (
+            f" at step {f.step}" if f.step is not None else ""))
+    if f.traceback_last_line:
+        if f.step is None:
+            return EndCause("config_error", f"before the first step: {f.traceback_last_line.strip()[:300]}")
+        return EndCause("exception", f"at step {f.step}: {f.traceback_last_line.strip()[:300]}")
+    if f.returncode is not None:
+        return (EndCause("config_error", f"exit code {f.returncode} before the first step") if f.step is None
+                else EndCause("exception", f"exit code {f.returncode} at step {f.step}"))
+    return EndCause("unknown", how)

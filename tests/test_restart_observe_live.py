@@ -1,0 +1,79 @@
+"""The restart policy in observe mode, live (issue 34): a real run that saves a checkpoint every 20 steps and is
+SIGKILLed at step 60 while its third checkpoint is being written: restart.json records the end (a crash in the
+middle of a save) and "would restart from ckpt_40" (never ckpt_60, cut short), 20 steps lost; the decision is paged
+and `status` shows it; nothing is started. A run raising before its first step: STOP, configuration or code error.
+System tier: real supervisors, the alert command."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import make_repo, stepwatch, wait_until
+from stepwatch.monitors.runfiles import read_json
+
+SAVES_PY = r'''
+import os, signal, time
+from pathlib import Path
+for i in range(1, 101):
+    time.sleep(0.03)
+    print(f"step {i}/100 loss {1 / i:.4f}", flush=True)
+    if i % 20 == 0:
+        d = Path(f"ckpt_{i}")
+        d.mkdir()
+        (d / "weights.bin").write_bytes(b"w" * 1000)
+        if i == 60:
+            os.kill(os.getpid(), signal.SIGKILL)  # killed while the save is being written: no DONE marker
+        (d / "DONE").write_text("ok")
+'''
+
+EARLY_PY = r'''
+raise ValueError("learning_rate must be positive, got -1.0")
+'''
+
+PAGE_PY = r'''
+import json, os, sys
+with open(sys.argv[1], "a") as f:
+    f.write(json.dumps({"kind": os.environ["STEPWATCH_ALERT_KIND"], "message": os.environ["STEPWATCH_ALERT_MESSAGE"]}) + "\n")
+'''
+
+
+def _config(tmp_path: Path, name: str, script: str) -> str:
+    command = [sys.executable, str(tmp_path / "repo" / "page.py"), str(tmp_path / f"pages-{name}.jsonl")]
+    return (f'name = "{name}"\ncommand = [{json.dumps(sys.executable)}, "{script}"]\n[alerts]\n'
+            f"command = {json.dumps(command)}\n[restart]\nmode = \"observe\"\ncheckpoints = \"ckpt_*\"\n"
+            'complete_marker = "DONE"\n')
+
+
+@pytest.mark.slow
+def test_observe_mode_records_and_pages_what_it_would_do_and_starts_nothing(tmp_path: Path):
+    repo = make_repo(tmp_path / "repo", {"saves.py": SAVES_PY, "early.py": EARLY_PY, "page.py": PAGE_PY,
+                                         ".gitignore": "ckpt_*\n",
+                                         "saves.toml": _config(tmp_path, "saves", "saves.py"),
+                                         "early.toml": _config(tmp_path, "early", "early.py")})
+    for name in ("saves", "early"):
+        r = stepwatch("launch", "--no-tui", f"{name}.toml", cwd=repo)
+        assert r.returncode == 0, r.stderr
+    rec = {n: wait_until(lambda n=n: read_json(repo / "runs" / n / "restart.json"), 60, what=f"{n}'s restart.json")
+           for n in ("saves", "early")}
+    d = rec["saves"]["decision"]
+    print(json.dumps(rec, indent=1))
+    assert (d["verdict"], d["mode"], d["cause"], d["checkpoint_step"], d["lost_steps"], d["attempt"]) == (
+        "RESTART", "observe", "save_crash", 40, 20, 1), d
+    assert d["checkpoint"].endswith("/ckpt_40")
+    assert [(c["step"], c["complete"]) for c in rec["saves"]["checkpoints"]] == [(20, True), (40, True), (60, False)]
+    assert d["words"].startswith("would restart from ") and "(observe mode: nothing started)" in d["words"]
+    e = rec["early"]["decision"]
+    assert (e["verdict"], e["cause"], e["reason"]) == ("STOP", "config_error", "configuration or code error"), e
+    assert "ValueError: learning_rate must be positive, got -1.0" in e["evidence"]
+    for name, verdict in (("saves", "would restart"), ("early", "would stop")):
+        pages = wait_until(lambda n=name: [json.loads(x) for x in (tmp_path / f"pages-{n}.jsonl").read_text().splitlines()
+                                           if '"restart"' in x] if (tmp_path / f"pages-{n}.jsonl").exists() else None,
+                           30, what=f"{name}'s restart page")
+        assert verdict in pages[0]["message"].split("\n")[1], pages
+        words = stepwatch("status", str(repo / "runs" / name)).stdout
+        assert f"restart (observe, after attempt 1): {'RESTART' if name == 'saves' else 'STOP'}: {verdict}" in words, words
+        assert read_json(repo / "runs" / name / "run.json")["attempt"] == 1  # observe: nothing was started

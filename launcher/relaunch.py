@@ -63,8 +63,8 @@ def relaunch_config(run_dir: Path) -> tuple[RunConfig, list[str]]:
     else:
         from stepwatch.launcher.config import _validate  # noqa: PLC0415
 
-        data = {k: old[k] for k in ("name", "command", "cwd", "env", "shell", "preflight", "alerts", "log", "slurm",
-                                    "export") if k in old}
+        data = {k: old[k] for k in ("name", "command", "cwd", "env", "shell", "preflight", "alerts", "log", "stall",
+                                    "restart", "slurm", "export") if k in old}
         if isinstance(data.get("alerts"), dict):  # run.json names push channels, never their URLs
             data["alerts"] = {k: v for k, v in data["alerts"].items() if k != "channels"}
         data.setdefault("name", source.get("name") or run_dir.name)

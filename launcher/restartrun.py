@@ -8,7 +8,9 @@ cause (:mod:`stepwatch.monitors.parsers.endcauses`), decide (:mod:`.restartpolic
 from __future__ import annotations
 
 import os
+import shlex
 import socket
+import threading
 import time
 from dataclasses import asdict
 from collections.abc import Callable
@@ -16,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from stepwatch.launcher.checkpoints import find_checkpoints, newest_complete, output_dir_of
-from stepwatch.launcher.restartpolicy import RESTART, AttemptEnd, Decision, decide, restart_settings_of
+from stepwatch.launcher.restartpolicy import RESTART, AttemptEnd, Decision, decide, restart_settings_of, resume_argv
 from stepwatch.monitors.parsers.endcauses import EndFacts, classify
 from stepwatch.monitors.runfiles import ALERTS_JSONL, RESTART_JSON, TRAIN_LOG, read_json, read_push_urls, write_json_atomic
 from stepwatch.monitors.snapshot.alerts import headline_of
@@ -152,3 +154,40 @@ def run_policy(run_dir: Path, run: dict[str, Any], log: Callable[[str], None]) -
     except Exception as e:  # noqa: BLE001 - a policy bug must never cost the exit record or the pages
         log(f"restart policy: {type(e).__name__}: {e}")
         return None
+
+
+def enforce(run_dir: Path, run: dict[str, Any], record: dict[str, Any] | None, stop: threading.Event,
+            log: Callable[[str], None]) -> dict[str, Any] | None:
+    """``enforce`` and RESTART: after the back-off (a stop asked for meanwhile cancels it), a new attempt of the run
+    as its owner launched it (launcher/relaunch.py: never from a file others can write), its command resuming from
+    the checkpoint; the outcome added to restart.json's decision (``started`` or ``not_started`` with the reason).
+    Never raises; returns the updated record."""
+    if record is None or record["decision"]["mode"] != "enforce" or record["decision"]["verdict"] != RESTART:
+        return record
+    d = record["decision"]
+    if stop.wait(float(d.get("backoff_s") or 0.0)):
+        d["not_started"] = "the operator stopped the run during the back-off: no new attempt"
+    else:
+        try:
+            from stepwatch.launcher.launch import launch  # noqa: PLC0415
+            from stepwatch.launcher.relaunch import relaunch_config  # noqa: PLC0415
+
+            cfg, _changes = relaunch_config(run_dir)
+            s = restart_settings_of(run)
+            if cfg.shell:  # one shell string: the resume argument quoted onto its end
+                extra = resume_argv([], s.resume, d["checkpoint"], d["checkpoint_step"])
+                cfg.command = [" ".join([*cfg.command, *map(shlex.quote, extra)])]
+            else:
+                cfg.command = resume_argv(list(cfg.command), s.resume, d["checkpoint"], d["checkpoint_step"])
+            res = launch(cfg)
+            d["started"] = {"attempt": res.run.get("attempt"), "pid": (res.run.get("process") or {}).get("pid"),
+                            "argv": res.run.get("argv")}
+        except Exception as e:  # noqa: BLE001 - a refusal (dirty tree, failed checklist) is a recorded outcome
+            d["not_started"] = f"{type(e).__name__}: {str(e)[:800]}"
+    log("restart policy (enforce): " + (f"attempt {d['started']['attempt']} started" if "started" in d
+                                         else f"no new attempt: {d['not_started']}"))
+    try:
+        write_json_atomic(run_dir / RESTART_JSON, record, mode=0o644)
+    except OSError as e:
+        log(f"could not record the restart: {e}")
+    return record

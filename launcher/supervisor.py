@@ -31,7 +31,7 @@ from typing import Any
 
 import psutil
 
-from stepwatch.launcher.restartrun import run_policy
+from stepwatch.launcher.restartrun import enforce, run_policy
 from stepwatch.launcher.escalation import ESCALATION, Escalation, new_stop_record, stop_grace_s
 from stepwatch.launcher.escalation import log_line as _log
 from stepwatch.launcher.exitrecord import record_exit, reserve_space
@@ -325,11 +325,12 @@ def supervise(run_dir: Path, run_fd: int | None = None, launch_sha256: str | Non
         events_state.join(EVENTS_STATE_FINAL_S)  # the last save: an attach then reads no backlog
     if watching is not None:
         watching.join(WATCH_FINAL_S)  # the last alerts recorded and delivered (bounded)
-    run_policy(run_dir, run, _log)  # [restart]: why it ended, RESTART or STOP, in restart.json and paged
+    restart = run_policy(run_dir, run, _log)  # [restart]: why it ended, RESTART or STOP, in restart.json and paged
     if exporter is not None:  # a last scrape sees the end (stepwatch_run_ended, the exit code)
         linger = ((run.get("config") or {}).get("export") or {}).get("linger_s", EXPORT_LINGER_S)
         time.sleep(max(0.0, float(linger) - (time.time() - t_end)))
         exporter.close()
+    enforce(run_dir, run, restart, stop_requested, _log)  # enforce: the next attempt, after the back-off
     if slurm_job_id(run):  # the batch step's status is the run's: Slurm then says FAILED for a failed run
         return rc if rc >= 0 else 128 - rc
     return 0

@@ -76,4 +76,53 @@ def test_observe_mode_records_and_pages_what_it_would_do_and_starts_nothing(tmp_
         assert verdict in pages[0]["message"].split("\n")[1], pages
         words = stepwatch("status", str(repo / "runs" / name)).stdout
         assert f"restart (observe, after attempt 1): {'RESTART' if name == 'saves' else 'STOP'}: {verdict}" in words, words
-        assert read_json(repo / "runs" / name / "run.json")["attempt"] == 1  # observe: nothing was started
+        assert (read_json(repo / "runs" / name / "run.json") or {})["attempt"] == 1  # observe: nothing was started
+
+
+RESUMES_PY = r'''
+import os, signal, sys, time
+from pathlib import Path
+start = 0
+if "--resume" in sys.argv:
+    start = int(Path(sys.argv[sys.argv.index("--resume") + 1]).name.split("_")[1])
+    print(f"resuming from step {start}", flush=True)
+for i in range(start + 1, 101):
+    time.sleep(0.03)
+    print(f"step {i}/100 loss {1 / i:.4f}", flush=True)
+    if i % 20 == 0:
+        d = Path(f"ckpt_{i}")
+        d.mkdir(exist_ok=True)
+        (d / "DONE").write_text("ok")
+    if i == 57 and start == 0:
+        os.kill(os.getpid(), signal.SIGKILL)  # the first attempt dies at step 57
+'''
+
+
+@pytest.mark.slow
+def test_enforce_mode_resumes_a_killed_run_from_its_newest_complete_checkpoint_and_stops_when_it_completes(
+        tmp_path: Path):
+    config = (f'name = "res"\ncommand = [{json.dumps(sys.executable)}, "resumes.py"]\n[restart]\nmode = "enforce"\n'
+              'backoff_s = 1\ncheckpoints = "ckpt_*"\ncomplete_marker = "DONE"\nresume = ["--resume", "{checkpoint}"]\n')
+    repo = make_repo(tmp_path / "repo", {"resumes.py": RESUMES_PY, ".gitignore": "ckpt_*\n", "res.toml": config})
+    assert stepwatch("launch", "--no-tui", "res.toml", cwd=repo).returncode == 0
+    run_dir = repo / "runs" / "res"
+
+    def ended_twice() -> dict | None:
+        rec = read_json(run_dir / "restart.json")
+        return rec if rec and len(rec.get("attempts") or []) == 2 else None
+
+    rec = wait_until(ended_twice, 90, interval_s=0.5, what="two attempts ended")
+    print(json.dumps(rec, indent=1))
+    first, second = rec["attempts"]
+    assert (first["cause"], first["step"], first["checkpoint_step"]) == ("killed_by_signal", 57, 40), first
+    assert (second["cause"], second["step"]) == ("completed", 100), second
+    assert rec["decision"]["verdict"] == "STOP" and rec["decision"]["reason"] == "the run completed"
+    run = read_json(run_dir / "run.json") or {}
+    assert run["attempt"] == 2 and run["argv"][-2:] == ["--resume", str(repo / "ckpt_40")], run["argv"]
+    gap_s = run["launched_at_unix"] - first["ended_at_unix"]
+    print(f"death to the new attempt's launch: {gap_s:.1f} s (back-off 1 s)")
+    assert 1.0 <= gap_s < 30, gap_s
+    log = (run_dir / "train.log").read_text().splitlines()
+    assert log[0] == "resuming from step 40" and log[1].startswith("step 41/100"), log[:2]
+    words = stepwatch("status", str(run_dir)).stdout
+    assert "restart (enforce, after attempt 2): STOP: not restarting: the run completed" in words, words

@@ -12,7 +12,8 @@ The causes, checked in this order (the first that fits wins):
   the CPU allocator's or Python's MemoryError, or the kernel's OOM killer's SIGKILL where the cgroup counted one;
   a gloo or NCCL collective that timed out);
 - ``save_crash``: it died while a checkpoint was being written (the run model's phase ``saving``);
-- ``killed_by_signal``: a signal from outside (SIGKILL, SIGTERM ...), no traceback of its own;
+- ``killed_by_signal``: a signal from outside (SIGKILL, SIGTERM ...), no traceback of its own, or the rank torchrun's
+  failure table names as the root cause;
 - ``config_error``: an exception before the first optimizer step (a bad argument, a missing file, a shape error);
 - ``exception``: an exception after training began;
 - ``unknown``: nothing above fits (the supervisor gone, no exit record).
@@ -23,6 +24,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from stepwatch.monitors.parsers.torchrun import FailureTable, signal_name
 
 CAUSES = ("completed", "operator_stop", "preempted", "time_limit", "nonfinite_loss", "device_oom", "host_oom",
           "collective_timeout", "save_crash", "killed_by_signal", "config_error", "exception", "unknown")
@@ -94,6 +97,13 @@ def classify(f: EndFacts) -> EndCause:
     lines = list(f.log_tail) + ([f.traceback_last_line] if f.traceback_last_line else [])
     if (hit := _matched(lines)) is not None:
         return EndCause(hit[0], hit[1])
+    table = FailureTable()  # torchrun's failure table: its root cause is the rank's own end, not the launcher's
+    for line in lines[-TAIL_LINES:]:
+        table.feed(line)
+    root = next((e for e in reversed(table.entries) if e.root_cause), None)
+    if root is not None and signal_name(root.exitcode):
+        return EndCause("killed_by_signal", f"rank {root.rank} (pid {root.pid}) {root.how()}, torchrun's root cause"
+                        + (f", at step {f.step}" if f.step is not None else ""))
     if f.signal == "SIGKILL" and f.oom_kills > 0:
         return EndCause("host_oom", f"killed by SIGKILL; the kernel's OOM killer ran {f.oom_kills} time(s) in the "
                                     "run's cgroup")

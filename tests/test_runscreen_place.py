@@ -194,3 +194,24 @@ async def test_live_scrolled_up_six_pages_the_same_lines_stay_for_5_s_of_new_lin
             await until(pilot, lambda: panel.following and _visible(panel)[-1] >= newest, what="following again")
     finally:
         stepwatch("stop", str(run_dir), "--grace", "1", timeout=30)
+
+
+async def test_the_restart_policys_decision_shows_under_the_header_and_the_log_keeps_six_lines(tmp_path: Path):
+    import json
+
+    run_dir = _run(tmp_path)
+    words = "would restart from out/checkpoint-40 (observe mode: nothing started): killed_by_signal: killed by SIGKILL"
+    (run_dir / "restart.json").write_text(json.dumps({"v": 1, "attempts": [], "decision": {
+        "verdict": "RESTART", "mode": "observe", "cause": "killed_by_signal", "reason": "r", "evidence": "e",
+        "checkpoint": "out/checkpoint-40", "checkpoint_step": 40, "attempt": 1, "lost_steps": 17,
+        "words": words + "\x1b[2J"}}))
+    app = StepwatchApp(run_dir, run_dir.parent)
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen: Any = app.screen
+        line = screen.query_one("#restart")
+        await until(pilot, lambda: line.display, what="the restart line")
+        await pilot.pause(0.3)
+        text = " ".join(str(line.render()).split())
+        assert text.startswith("RESTART POLICY (observe, after attempt 1): RESTART: would restart from "), text
+        assert "\x1b" not in text and "␛[2J" in text  # a file's bytes shown, never obeyed
+        assert len(_visible(_panel(app))) >= 6 and screen.query_one("#banner").display

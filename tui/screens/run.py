@@ -27,7 +27,7 @@ from stepwatch.tui.messages import SnapshotReady
 from stepwatch.tui.safe import safe_text
 from stepwatch.tui.widgets.dynamo import DynamoPanel
 from stepwatch.tui.widgets.gpu import GpuPanel
-from stepwatch.tui.widgets.header import AlertBanner, RunHeader, SupervisorGone
+from stepwatch.tui.widgets.header import AlertBanner, RestartLine, RunHeader, SupervisorGone
 from stepwatch.tui.widgets.identity import IdentityPanel
 from stepwatch.tui.screens.modals import AlertDetails, Prompt
 from stepwatch.tui.widgets.logpanel import WINDOW_LINES, LogPanel
@@ -101,6 +101,7 @@ class RunScreen(Screen):
     def compose(self) -> ComposeResult:
         yield RunHeader(f" {self.run_dir.name}  reading the run's files ...", id="header")
         yield SupervisorGone("", id="supervisor-gone")
+        yield RestartLine("", id="restart")
         yield AlertBanner("", id="banner")
         yield StepPanel(id="steps")
         yield DynamoPanel(id="dynamo")
@@ -119,7 +120,7 @@ class RunScreen(Screen):
         and dynamo panels shrink, and while a banner or the supervisor-gone line shows, the step plots give way."""
         short = 0 < self.size.height < SHORT_ROWS
         self.set_class(short, "short")
-        told = self.query_one(AlertBanner).display or self.query_one(SupervisorGone).display
+        told = any(self.query_one(w).display for w in (AlertBanner, SupervisorGone, RestartLine))
         for plots in self.query("StepPanel .plots"):
             plots.display = not self.app.low_bandwidth and not (short and told)
 
@@ -130,6 +131,7 @@ class RunScreen(Screen):
         self.apply_bandwidth()
         self.query_one(AlertBanner).display = False
         self.query_one(SupervisorGone).display = False
+        self.query_one(RestartLine).display = False
         self._poll_files()
 
     def on_unmount(self) -> None:
@@ -167,6 +169,7 @@ class RunScreen(Screen):
         panels_due = not low or now - self._last_panel_t >= LOW_BANDWIDTH_PANEL_S
         self._show_alerts(msg.snapshot)  # alerts always at once, and a supervisor gone
         self.query_one(SupervisorGone).show(msg.snapshot)
+        self.query_one(RestartLine).show(msg.snapshot)
         self._fit()
         state_changed = msg.snapshot.get("state") != self._shown_state
         if panels_due or state_changed:

@@ -61,6 +61,20 @@ class SupervisorGone(Static):
         self.display = gone
 
 
+class RestartLine(Static):
+    """Under the header once the restart policy decided (``[restart]``; the snapshot's ``restart``): its verdict
+    in the words its page said; hidden otherwise, updated only when it changes."""
+
+    def show(self, snap: Snapshot) -> None:
+        rs = snap.get("restart")
+        words = (f"RESTART POLICY ({rs['mode']}, after attempt {rs['attempt']}): {rs['verdict']}: {rs['words']}"
+                 if rs else None)
+        if words and words != getattr(self, "_last", None):
+            self._last = words
+            self.update(safe_text(words))
+        self.display = bool(words)
+
+
 #: Lines the banner wraps to at most (styles.tcss #banner max-height); a longer alert is cut there.
 BANNER_LINES = 3
 

@@ -23,7 +23,7 @@ from stepwatch.launcher.slurm import SlurmError, job_mismatch, scancel, slurm_jo
 from stepwatch.launcher.escalation import ESCALATION, Escalation
 from stepwatch.monitors.fold.events import unix_time
 from stepwatch.monitors.signalling import belongs_to, owner_uid, send_signal
-from stepwatch.monitors.runfiles import EXIT_JSON, RUN_JSON, STOP_JSON, read_json, utc_iso, write_json_atomic
+from stepwatch.monitors.runfiles import EXIT_JSON, RESTART_JSON, RUN_JSON, STOP_JSON, read_json, utc_iso, write_json_atomic
 from stepwatch.monitors.rundirs import foreign_records
 from stepwatch.monitors.rundirs import run_survivors as run_survivors  # re-exported for the CLI
 from stepwatch.monitors.watchdog import ProcessRef, is_alive, wait_for_exit
@@ -71,6 +71,7 @@ class StopOutcome:
     waited: bool
     ended: bool = False  # the process is gone (exit may still be None when the supervisor was gone)
     supervisor_gone: bool = False
+    restart_cancelled: bool = False  # the restart policy's pending new attempt was called off
 
 
 def refuse_foreign(run_dir: Path) -> None:
@@ -144,7 +145,13 @@ def request_stop(run_dir: Path, grace_s: float = 30.0, reason: str | None = None
                         f"{run_dir.name}, but it does not belong to the run dir's owner (uid {uid}) "
                         "or has no recorded create time")
     if not is_alive(proc):
-        return StopOutcome(True, read_json(run_dir / EXIT_JSON), read_json(run_dir / STOP_JSON), False)
+        cancelled = False
+        if sup is not None and belongs_to(sup, uid) and restart_pending(run_dir):  # [restart] enforce, backing off
+            pin.check()
+            send_signal(sup, signal.SIGUSR1, uid)  # the supervisor cancels the next attempt (launcher/restartrun.py)
+            cancelled = True
+        return StopOutcome(True, read_json(run_dir / EXIT_JSON), read_json(run_dir / STOP_JSON), False,
+                           restart_cancelled=cancelled)
     sup_alive = belongs_to(sup, uid) if sup is not None else False
     current = read_json(run_dir / STOP_JSON)
     in_progress = current is not None and current.get("ended_by") is None and (
@@ -272,3 +279,10 @@ def kill_survivors(run_dir: Path) -> list[dict]:
         if send_signal(ProcessRef(p["pid"], p["create_time"]), signal.SIGKILL, uid):
             killed.append(p)
     return killed
+
+
+def restart_pending(run_dir: Path) -> bool:
+    """The restart policy decided RESTART in enforce mode and has neither started the next attempt nor given up."""
+    d = (read_json(run_dir / RESTART_JSON) or {}).get("decision")
+    return isinstance(d, dict) and d.get("mode") == "enforce" and d.get("verdict") == "RESTART" and not (
+        "started" in d or "not_started" in d)

@@ -126,3 +126,48 @@ def test_enforce_mode_resumes_a_killed_run_from_its_newest_complete_checkpoint_a
     assert log[0] == "resuming from step 40" and log[1].startswith("step 41/100"), log[:2]
     words = stepwatch("status", str(run_dir)).stdout
     assert "restart (enforce, after attempt 2): STOP: not restarting: the run completed" in words, words
+
+
+SAME_PY = r'''
+import time
+for i in range(1, 101):
+    time.sleep(0.02)
+    print(f"step {i}/100 loss {1 / i:.4f}", flush=True)
+    if i == 10:
+        raise ValueError("bad batch at step 10")
+'''
+
+
+@pytest.mark.slow
+def test_enforce_mode_stops_after_two_attempts_that_fail_the_same_way_at_the_same_step(tmp_path: Path):
+    config = (f'name = "same"\ncommand = [{json.dumps(sys.executable)}, "same.py"]\n[restart]\nmode = "enforce"\n'
+              "backoff_s = 0\n")
+    repo = make_repo(tmp_path / "repo", {"same.py": SAME_PY, "same.toml": config})
+    assert stepwatch("launch", "--no-tui", "same.toml", cwd=repo).returncode == 0
+    run_dir = repo / "runs" / "same"
+
+    def stopped() -> dict | None:
+        rec = read_json(run_dir / "restart.json")
+        return rec if rec and rec["decision"]["verdict"] == "STOP" else None
+
+    rec = wait_until(stopped, 90, interval_s=0.5, what="the policy to stop")
+    assert [(a["attempt"], a["cause"], a["step"]) for a in rec["attempts"]] == [(1, "exception", 10), (2, "exception", 10)]
+    assert rec["decision"]["reason"] == "same cause, no progress: exception again at step 10 (attempt 1 reached step 10)"
+    assert "ValueError: bad batch at step 10" in rec["decision"]["evidence"]
+    assert (read_json(run_dir / "run.json") or {})["attempt"] == 2  # no third attempt
+
+
+@pytest.mark.slow
+def test_a_stop_during_the_back_off_cancels_the_pending_restart(tmp_path: Path):
+    config = (f'name = "cancel"\ncommand = [{json.dumps(sys.executable)}, "resumes.py"]\n[restart]\nmode = "enforce"\n'
+              'backoff_s = 60\ncheckpoints = "ckpt_*"\ncomplete_marker = "DONE"\nresume = ["--resume", "{checkpoint}"]\n')
+    repo = make_repo(tmp_path / "repo", {"resumes.py": RESUMES_PY, ".gitignore": "ckpt_*\n", "cancel.toml": config})
+    assert stepwatch("launch", "--no-tui", "cancel.toml", cwd=repo).returncode == 0
+    run_dir = repo / "runs" / "cancel"
+    wait_until(lambda: (read_json(run_dir / "restart.json") or {}).get("decision"), 60, what="the decision")
+    r = stepwatch("stop", str(run_dir))
+    assert r.returncode == 0 and "its pending restart is cancelled" in r.stdout, (r.stdout, r.stderr)
+    d = wait_until(lambda: (rec := (read_json(run_dir / "restart.json") or {}).get("decision")) and "not_started" in rec
+                   and rec, 15, what="the cancellation recorded")
+    assert d["not_started"] == "the operator stopped the run during the back-off: no new attempt", d
+    assert (read_json(run_dir / "run.json") or {})["attempt"] == 1

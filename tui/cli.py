@@ -164,7 +164,8 @@ def cmd_stop(args: argparse.Namespace) -> int:
         _err(str(e))
         return EXIT_FAILED
     if out.already_ended:
-        print(f"{run_dir.name} already ended: {describe_end(out.exit)}; nothing to stop")
+        print(f"{run_dir.name} already ended: {describe_end(out.exit)}; "
+              + ("its pending restart is cancelled" if out.restart_cancelled else "nothing to stop"))
         _warn_survivors(run_dir)
         return EXIT_OK
     if not out.waited:

@@ -3,6 +3,7 @@ of the table with its evidence, and the order that decides between them."""
 
 from __future__ import annotations
 
+import json
 
 import pytest
 
@@ -44,3 +45,32 @@ def test_a_run_killed_mid_bar_with_no_traceback_of_its_own_is_killed_from_outsid
 ])
 def test_the_order_of_the_table(facts: EndFacts, cause: str):
     assert classify(facts).cause == cause
+
+
+EXITS = json.loads((REAL / "death_exits.json").read_text())
+
+
+@pytest.mark.parametrize("name, step, cause, evidence", [
+    ("death_valueerror_step10.log", 9, "exception", "at step 9: ValueError: demo: bad batch at step 10"),
+    ("death_before_first_step.log", None, "config_error", "before the first step: IndexError: index out of range in self"),
+    ("death_cpu_oom.log", 3, "host_oom", "DefaultCPUAllocator: can't allocate memory: you tried to allocate"),
+    ("death_gloo_timeout.log", 5, "collective_timeout", "Timed out waiting 5000ms for recv operation to complete"),
+])
+def test_each_real_death_is_classified_with_its_evidence(name: str, step: int | None, cause: str, evidence: str):
+    got = classify(facts_of(name, returncode=EXITS[name]["returncode"], signal=EXITS[name]["signal"], step=step))
+    assert got.cause == cause and evidence in got.evidence, got
+
+
+def test_a_real_nan_loss_run_is_flagged_and_its_death_is_the_nan_not_the_signal(tmp_path):
+    import shutil
+
+    from stepwatch.monitors.snapshot.observer import snapshot
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(REAL.parent / "runs" / "ended-sigkill", run_dir)
+    (run_dir / "events.jsonl").write_text("")  # the log alone speaks
+    shutil.copyfile(REAL / "death_nan_loss.log", run_dir / "train.log")
+    kinds = frozenset(a["kind"] for a in snapshot(run_dir)["alerts"])
+    assert "nonfinite_loss" in kinds, kinds
+    assert classify(EndFacts(signal="SIGKILL", alert_kinds=kinds, step=20)).cause == "nonfinite_loss"
+    assert classify(EndFacts(returncode=EXITS["death_nan_loss.log"]["returncode"], alert_kinds=kinds)).cause == "completed"

@@ -167,7 +167,10 @@ def test_a_stop_during_the_back_off_cancels_the_pending_restart(tmp_path: Path):
     wait_until(lambda: (read_json(run_dir / "restart.json") or {}).get("decision"), 60, what="the decision")
     r = stepwatch("stop", str(run_dir))
     assert r.returncode == 0 and "its pending restart is cancelled" in r.stdout, (r.stdout, r.stderr)
-    d = wait_until(lambda: (rec := (read_json(run_dir / "restart.json") or {}).get("decision")) and "not_started" in rec
-                   and rec, 15, what="the cancellation recorded")
+    def cancelled() -> dict | None:
+        rec = (read_json(run_dir / "restart.json") or {}).get("decision")
+        return rec if isinstance(rec, dict) and "not_started" in rec else None
+
+    d = wait_until(cancelled, 15, what="the cancellation recorded")
     assert d["not_started"] == "the operator stopped the run during the back-off: no new attempt", d
     assert (read_json(run_dir / "run.json") or {})["attempt"] == 1

@@ -14,7 +14,8 @@
 # -> <inductor_cache>, venv -> <venv>, base Python -> <python>, staging folder -> <fixtures>.
 # KEEP_RAW=1 keeps the staging folder (its path is printed).
 # ONLY="13 14 ..." runs only the numbered steps listed (the numbers of the comments below, e.g.
-# ONLY="13 14 15 16 17 18 19 20 21" for the captures added 2026-12-03); versions.txt is always written.
+# ONLY="13 14 15 16 17 18 19 20 21" for the captures added 2026-12-03, ONLY="22" for the death_* ones);
+# versions.txt is always written.
 #
 # Do not overwrite tests/fixtures/real with the output without re-checking the tests: several
 # assertions are calibrated on the captures of 2026-11-30 (counts, line numbers, digests).
@@ -263,6 +264,47 @@ for pid in $(pgrep -P "$LOADER"); do  # the worker asleep in __getitem__ (the ot
     grep -q "__getitem__" <("$VENV/bin/py-spy" dump --pid "$pid" --nonblocking 2>&1) && spy "$pid" pyspy_loader_worker.txt
 done
 kill "$LOADER"; wait "$LOADER" 2>/dev/null || true
+fi
+
+# 22. runs that END in different ways (ours: deaths.py): a callback's ValueError at step 10, an
+#     IndexError before the first step, a CPU allocation failure, a gloo all_reduce timeout under
+#     torchrun --tee 3, a nan loss (lr 1e6); each exit status into death_exits.json ("signal" from
+#     bash's 128+N status). Then save_steps=20 to the end, and SIGKILLed mid-save of checkpoint-40:
+#     the listing of both output dirs (the two runs' own logs are not kept)
+if want 22; then
+step "death_*.log + death_exits.json + hf_checkpoints_save20.json"
+EXITS="$STAGE/death_exits.txt"
+: > "$EXITS"
+died() { # died FILE CMD...: CMD's stdout+stderr into $RAW/FILE, its exit status into $EXITS
+    local f="$1" rc=0
+    shift
+    "$@" > "$RAW/$f" 2>&1 </dev/null || rc=$?
+    echo "$f $rc" >> "$EXITS"
+}
+fresh_run_dir
+died death_valueerror_step10.log "$PYTHON" scripts/deaths.py valueerror-at 10 --out-dir "$RUN_DIR"
+fresh_run_dir
+died death_before_first_step.log "$PYTHON" scripts/deaths.py before-first-step --out-dir "$RUN_DIR"
+died death_cpu_oom.log "$PYTHON" scripts/deaths.py cpu-oom
+rm -rf "$STAGE/torchrun_logs_gloo"
+died death_gloo_timeout.log "$VENV/bin/torchrun" --nproc_per_node 2 --tee 3 --log-dir "$STAGE/torchrun_logs_gloo" \
+    scripts/deaths.py gloo-timeout
+fresh_run_dir
+died death_nan_loss.log "$PYTHON" scripts/deaths.py nan-loss --out-dir "$RUN_DIR"
+"$PYTHON" - "$EXITS" "$RAW/death_exits.json" <<'EOF'
+import json, signal, sys
+exits = {}
+for line in open(sys.argv[1]):
+    name, rc = line.split()
+    rc = int(rc)
+    exits[name] = {"returncode": rc, "signal": signal.Signals(rc - 128).name if rc > 128 else None}
+with open(sys.argv[2], "w") as f:
+    json.dump(exits, f, indent=2)
+    f.write("\n")
+EOF
+fresh_run_dir
+"$PYTHON" scripts/deaths.py save-steps --out-dir "$RUN_DIR" --json "$RAW/hf_checkpoints_save20.json" \
+    --logs-dir "$STAGE" > "$STAGE/save_steps_driver.log" 2>&1 </dev/null
 fi
 
 # 10. exact package versions of the venv used (the editable stepwatch itself left out)

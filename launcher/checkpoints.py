@@ -11,7 +11,8 @@ Complete means (ARCHITECTURE.md "The restart policy"):
 - a torch distributed checkpoint directory: its ``.metadata`` (written by the coordinator once every rank saved);
 - ``[restart] checkpoints`` (a glob) with ``complete_marker``: a match holding that file.
 
-Read-only; a symlink is never followed (a checkpoint is what lies in the run's own output directory), and a
+Read-only; a symlink is never followed (a checkpoint is what lies in the run's own output directory), a
+checkpoint another user owns or can write is never complete (a resume unpickles it as the owner), and a
 directory that cannot be read is skipped, never an error.
 """
 
@@ -108,6 +109,20 @@ def _step_of(name: str) -> int | None:
     return int(m.group(1) or m.group(2)) if m else None
 
 
+def _foreign(c: Checkpoint) -> Checkpoint:
+    """``c``, or ``c`` not complete when another user owns it or can write it: a resume loads it (a pickle) with the
+    owner's rights, so a checkpoint a group member could have planted or changed is never chosen."""
+    try:
+        st = os.lstat(c.path)
+    except OSError:
+        return Checkpoint(c.path, c.step, c.kind, False, "cannot be examined")
+    if st.st_uid != os.getuid():
+        return Checkpoint(c.path, c.step, c.kind, False, f"owned by uid {st.st_uid}, not by the run's owner")
+    if st.st_mode & 0o022:
+        return Checkpoint(c.path, c.step, c.kind, False, "others can write it (mode %o)" % (st.st_mode & 0o777))
+    return c
+
+
 def find_checkpoints(output_dir: Path | None, pattern: str | None = None, cwd: Path | None = None,
                      marker: str | None = None) -> list[Checkpoint]:
     """Every checkpoint under ``output_dir`` (HF ``checkpoint-N``, Lightning ``*.ckpt``, distributed checkpoints) and
@@ -128,7 +143,7 @@ def find_checkpoints(output_dir: Path | None, pattern: str | None = None, cwd: P
                 continue
             done = bool(marker) and _is_file(p / str(marker)) if _is_dir(p) else _is_file(p)
             found[p] = Checkpoint(p, s, "glob", done, "" if done else f"no {marker} in it")
-    return sorted(found.values(), key=lambda c: (c.step, str(c.path)))
+    return sorted((_foreign(c) if c.complete else c for c in found.values()), key=lambda c: (c.step, str(c.path)))
 
 
 def newest_complete(checkpoints: list[Checkpoint]) -> Checkpoint | None:

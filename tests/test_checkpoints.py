@@ -82,3 +82,13 @@ def test_the_output_directory_comes_from_the_command_line():
     assert output_dir_of(["python", "run_clm.py", "--output_dir", "out/a"], cwd) == cwd / "out/a"
     assert output_dir_of(["python", "t.py", "--output-dir=out/b"], cwd) == cwd / "out/b"
     assert output_dir_of(["python", "t.py"], cwd) is None
+
+
+def test_a_checkpoint_another_user_owns_or_can_write_is_never_chosen(tmp_path: Path):
+    out = _as_left(tmp_path, "complete_run")
+    os.chown(out / "checkpoint-60", 65534, 65534)  # nobody's: planted by another user (the tests run as root)
+    os.chmod(out / "checkpoint-40", 0o775)  # a group member could have changed it
+    got = {c.path.name: (c.complete, c.why) for c in find_checkpoints(out)}
+    assert got == {"checkpoint-20": (True, ""), "checkpoint-40": (False, "others can write it (mode 775)"),
+                   "checkpoint-60": (False, "owned by uid 65534, not by the run's owner")}
+    assert (newest := newest_complete(find_checkpoints(out))) is not None and newest.step == 20

@@ -66,6 +66,8 @@ class RunConfig:
     #: ``[stall]``: the floors of the stall, busy and evaluation/save budgets (monitors/detectors/stall.py)
     stall: dict[str, Any] = field(default_factory=dict)
     restart: dict[str, Any] = field(default_factory=dict)
+    #: set by the restart policy for the attempt it starts: the checkpoint it resumes from, and its step
+    resumed_from: dict[str, Any] | None = None
     #: ``[slurm]``: submit through sbatch instead of starting here (launcher/slurm.py); None: local
     slurm: dict[str, Any] | None = None
     #: ``[export]``: the supervisor's Prometheus endpoint (monitors/export/prometheus.py)

@@ -295,6 +295,7 @@ def _start(cfg: RunConfig, exe: str, tree, checklist: Checklist, allow_dirty: st
         "identity": tree.identity,
         "preflight": checklist.to_json(override_reason=override, allow_dirty_reason=allow_dirty),
         "allow_dirty_reason": allow_dirty,
+        "resumed_from": cfg.resumed_from,
         "rotated_previous": [[str(a.name), str(b.name)] for a, b in rotated],
         "launched_by": {"pid": os.getpid(), "user": _user()},
         "supervisor": {"pid": None, "create_time": None, "sid": None, "host": None},

@@ -179,6 +179,8 @@ def enforce(run_dir: Path, run: dict[str, Any], record: dict[str, Any] | None, s
                 cfg.command = [" ".join([*cfg.command, *map(shlex.quote, extra)])]
             else:
                 cfg.command = resume_argv(list(cfg.command), s.resume, d["checkpoint"], d["checkpoint_step"])
+            cfg.resumed_from = ({"checkpoint": d["checkpoint"], "step": d["checkpoint_step"], "after_attempt": d["attempt"]}
+                                if d["checkpoint"] else None)
             res = launch(cfg)
             d["started"] = {"attempt": res.run.get("attempt"), "pid": (res.run.get("process") or {}).get("pid"),
                             "argv": res.run.get("argv")}

@@ -183,3 +183,14 @@ def test_a_new_bar_below_the_last_timed_step_times_from_its_own_first_poll():
     2/100 is timed from 1/100's poll."""
     got = polls(single_bar_timer(), [([bar(49)], 10.0), ([bar(50)], 11.0), ([bar(1)], 30.0), ([bar(2)], 30.25)])
     assert got[2] == [] and [(r["step"], r["dt"]) for r in got[3]] == [(2, 0.25)]
+
+
+def test_a_resumed_attempts_jump_over_its_restored_steps_is_one_step_not_41():
+    """The HF Trainer resumed from checkpoint-40 draws 0/80, then 41/80 once step 41 ran (capture: the live restart
+    test): the restored steps are not this attempt's; step 41 gets the whole interval. The control: a run that was
+    not resumed shares the jump's interval among its steps, as before."""
+    resumed = polls(LogStepTimer(resume_step=40), [([bar(0, 80)], 10.0), ([bar(41, 80)], 10.6), ([bar(42, 80)], 10.8)])
+    assert [(r["step"], round(r["dt"], 3), r["timing"]) for p in resumed for r in p] == [
+        (41, 0.6, "per_update"), (42, 0.2, "per_update")]
+    fresh = polls(LogStepTimer(), [([bar(0, 80)], 10.0), ([bar(41, 80)], 10.6)])
+    assert len(fresh[1]) == 41 and fresh[1][0]["timing"] == "shared"

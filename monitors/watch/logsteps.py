@@ -50,9 +50,12 @@ class LogStepTimer:
     """Turns each poll's segments into step records (see the module docstring). Pure: time comes
     from the segments' ``at_s`` (the arrival of the poll that read them)."""
 
-    def __init__(self, tracker: ProgressTracker | None = None, rank: int = 0):
+    def __init__(self, tracker: ProgressTracker | None = None, rank: int = 0, resume_step: int | None = None):
+        """``resume_step``: the attempt resumes from a checkpoint of that step (run.json ``resumed_from``): its
+        bar's first jump (HF's ``0/80`` then ``41/80``) holds the restored steps, which this attempt did not run."""
         self.tracker = tracker or LogTracker(rank=rank)
         self.rank = rank
+        self.resume_step = resume_step
         self._last_step: int | None = None
         self._last_at: float | None = None
         self._timed_any = False
@@ -96,7 +99,8 @@ class LogStepTimer:
         if self._last_step is None or self._last_at is None or step <= self._last_step:
             # the first advance, or the counter back at or below the last timed step (a new bar: a
             # second train(), a resume): the next advance is timed from here
-            self._last_step, self._last_at = step, at
+            first = self._last_step is None
+            self._last_step, self._last_at = (max(step, self.resume_step or 0) if first else step), at
             return []
         k = step - self._last_step
         interval = at - self._last_at

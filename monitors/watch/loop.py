@@ -138,7 +138,9 @@ class LogTimerThread(threading.Thread):
         self.follower = LogFollower(run_dir / TRAIN_LOG, keep_lines=1, from_start=True)
         patterns = patterns_of(run)  # the supervisor's own record, never run.json re-read
         settings = settings_of(run)  # [log] max_steps, epochs, logging_steps
-        self.timer = LogStepTimer(LogTracker(patterns, settings))
+        resumed = run.get("resumed_from")  # the restart policy resumed this attempt from a checkpoint of that step
+        resume_step = resumed.get("step") if isinstance(resumed, dict) and type(resumed.get("step")) is int else None
+        self.timer = LogStepTimer(LogTracker(patterns, settings), resume_step=resume_step)
         self.rank_timers = RankLogTimers(patterns, settings)  # each other rank's prefixed lines: logsteps.rank<N>.jsonl
         self.rank_out: dict[int, AttemptFile] = {}
         self.records = 0

@@ -69,13 +69,32 @@ def _entries(d: Path) -> list[str]:
         return []
 
 
+#: A checkpoint's JSON (trainer_state.json, a shard index) larger than this is not read: not a checkpoint's.
+MAX_JSON_BYTES = 64 * 1024 * 1024
+
+
+class NotRead(ValueError):
+    """A file a checkpoint's judge refused to read."""
+
+
+def _small_json(p: Path) -> Any:
+    """``p``'s JSON, read only when it is a regular file of at most MAX_JSON_BYTES (a planted 50 GB file or a FIFO
+    costs nothing); ValueError otherwise."""
+    st = os.lstat(p)
+    if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_JSON_BYTES:
+        raise NotRead(f"{p.name} is not a regular file of at most {MAX_JSON_BYTES} bytes: not read")
+    return json.loads(p.read_text(encoding="utf-8"))
+
+
 def hf_checkpoint(d: Path, step: int) -> Checkpoint:
     """An HF Trainer ``checkpoint-N`` directory, judged."""
     state = d / "trainer_state.json"
     if not _is_file(state):
         return Checkpoint(d, step, "hf", False, "no trainer_state.json (written last: the save was cut short)")
     try:
-        doc: Any = json.loads(state.read_text(encoding="utf-8"))
+        doc: Any = _small_json(state)
+    except NotRead as e:
+        return Checkpoint(d, step, "hf", False, str(e))
     except (OSError, ValueError) as e:
         return Checkpoint(d, step, "hf", False, f"trainer_state.json does not parse: {type(e).__name__}")
     if not isinstance(doc, dict) or doc.get("global_step") != step:
@@ -86,7 +105,7 @@ def hf_checkpoint(d: Path, step: int) -> Checkpoint:
     for index in HF_INDEXES:
         if index in names:
             try:
-                shards = set(json.loads((d / index).read_text(encoding="utf-8"))["weight_map"].values())
+                shards = set(_small_json(d / index)["weight_map"].values())
             except (OSError, ValueError, KeyError, TypeError, AttributeError):
                 return Checkpoint(d, step, "hf", False, f"{index} does not parse")
             missing = sorted(s for s in shards if not (isinstance(s, str) and _is_file(d / s)))
@@ -131,6 +150,13 @@ def find_checkpoints(output_dir: Path | None, pattern: str | None = None, cwd: P
     if output_dir is not None and _is_dir(output_dir):
         for name in _entries(output_dir):
             p = output_dir / name
+            if not _owned(p):  # another user's entry is never read (its size, its pickle): named, not judged
+                m = _HF_DIR.match(name)
+                step = int(m.group(1)) if m else _step_of(name)
+                if step is not None:
+                    found[p] = Checkpoint(p, step, "hf" if m else "foreign", False,
+                                          f"owned by uid {_uid(p)}, not by the run's owner")
+                continue
             if (m := _HF_DIR.match(name)) and _is_dir(p):
                 found[p] = hf_checkpoint(p, int(m.group(1)))
             elif name.endswith(".ckpt") and _is_file(p) and (s := _step_of(name)) is not None:
@@ -141,9 +167,24 @@ def find_checkpoints(output_dir: Path | None, pattern: str | None = None, cwd: P
         for p in sorted(cwd.glob(pattern))[:MAX_ENTRIES]:
             if p in found or p.is_symlink() or (s := _step_of(p.name)) is None:
                 continue
-            done = bool(marker) and _is_file(p / str(marker)) if _is_dir(p) else _is_file(p)
-            found[p] = Checkpoint(p, s, "glob", done, "" if done else f"no {marker} in it")
+            if _is_dir(p):
+                done = bool(marker) and _is_file(p / str(marker))
+                found[p] = Checkpoint(p, s, "glob", done, "" if done else f"no {marker} in it")
+            elif _is_file(p):  # one file: complete when it is a whole torch archive (torch.save's zip format)
+                judged = lightning_checkpoint(p, s)
+                found[p] = Checkpoint(p, s, "glob", judged.complete, judged.why)
     return sorted((_foreign(c) if c.complete else c for c in found.values()), key=lambda c: (c.step, str(c.path)))
+
+
+def _uid(p: Path) -> int | None:
+    try:
+        return os.lstat(p).st_uid
+    except OSError:
+        return None
+
+
+def _owned(p: Path) -> bool:
+    return _uid(p) == os.getuid()
 
 
 def newest_complete(checkpoints: list[Checkpoint]) -> Checkpoint | None:

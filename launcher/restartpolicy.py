@@ -122,9 +122,13 @@ class Decision:
         return asdict(self)
 
 
-def decide(previous: list[AttemptEnd], this: AttemptEnd, s: RestartSettings) -> Decision:
-    """RESTART or STOP after ``this`` attempt's end, given the ``previous`` ends of the same run (oldest first)."""
-    lost = (this.step - (this.checkpoint_step or 0)) if this.step is not None else None
+def decide(previous: list[AttemptEnd], this: AttemptEnd, s: RestartSettings, restarts: int | None = None) -> Decision:
+    """RESTART or STOP after ``this`` attempt's end, given the ``previous`` ends of the same run (oldest first) and
+    ``restarts``, how many restarts the policy made in a row up to this attempt (the supervisor's own record,
+    run.json ``resumed_from``: a restart.json removed or replaced never resets the budget); the ends recorded
+    when it is None."""
+    lost = max(0, this.step - (this.checkpoint_step or 0)) if this.step is not None else None
+    made = len(previous) if restarts is None else restarts
 
     def verdict(v: str, reason: str) -> Decision:
         return Decision(v, reason, this.evidence, this.checkpoint if v == RESTART else None,
@@ -132,18 +136,18 @@ def decide(previous: list[AttemptEnd], this: AttemptEnd, s: RestartSettings) -> 
 
     if this.cause in NEVER_RESTART:
         return verdict(STOP, _NEVER_WORDS[this.cause])
-    if len(previous) >= s.max_restarts:
-        return verdict(STOP, f"the restart budget is spent: {len(previous)} restart(s) of max_restarts {s.max_restarts}")
+    if made >= s.max_restarts:
+        return verdict(STOP, f"the restart budget is spent: {made} restart(s) of max_restarts {s.max_restarts}")
     recent = [p for p in previous if this.ended_at_unix - p.ended_at_unix <= s.storm_window_s]
     if len(recent) + 1 >= s.storm_attempts:
         return verdict(STOP, f"a crash loop: {len(recent) + 1} ends within {s.storm_window_s:g} s "
                              f"(storm_attempts {s.storm_attempts})")
-    if previous and (p := previous[-1]).cause == this.cause and (this.step or -1) <= (p.step or -1) and (
-            this.checkpoint_step or -1) <= (p.checkpoint_step or -1):
+    if previous and (p := previous[-1]).attempt == this.attempt - 1 and p.cause == this.cause and (
+            this.step or -1) <= (p.step or -1) and (this.checkpoint_step or -1) <= (p.checkpoint_step or -1):
         return verdict(STOP, f"same cause, no progress: {this.cause} again at step {this.step} "
                              f"(attempt {p.attempt} reached step {p.step})")
     where = f"from {this.checkpoint}" if this.checkpoint else "from scratch (no complete checkpoint)"
-    return verdict(RESTART, f"{this.cause}: restart {len(previous) + 1} of {s.max_restarts}, {where}")
+    return verdict(RESTART, f"{this.cause}: restart {made + 1} of {s.max_restarts}, {where}")
 
 
 def resume_argv(argv: list[str], resume: str | tuple[str, ...] | None, checkpoint: str | None,

@@ -7,9 +7,11 @@ cause (:mod:`stepwatch.monitors.parsers.endcauses`), decide (:mod:`.restartpolic
 
 from __future__ import annotations
 
+import math
 import os
 import shlex
 import socket
+import stat
 import threading
 import time
 from dataclasses import asdict
@@ -33,11 +35,14 @@ LISTED_CHECKPOINTS = 8
 def log_tail(run_dir: Path) -> list[str]:
     """The last lines of the attempt's train.log (at most TAIL_BYTES), ``\\r`` frames split; [] when unreadable."""
     try:
-        fd = os.open(run_dir / TRAIN_LOG, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(run_dir / TRAIN_LOG, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return []
     try:
-        size = os.fstat(fd).st_size
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):  # a FIFO or a device put in its place: never waited on
+            return []
+        size = st.st_size
         os.lseek(fd, max(0, size - TAIL_BYTES), os.SEEK_SET)
         data = os.read(fd, TAIL_BYTES)
     finally:
@@ -59,15 +64,31 @@ def previous_ends(run_dir: Path, attempt: int) -> list[AttemptEnd]:
     return out
 
 
-def end_of(run_dir: Path, run: dict[str, Any], snap: Snapshot) -> tuple[AttemptEnd, list[dict[str, Any]]]:
-    """This attempt's end as the policy reads it, and the checkpoints found (as listed in restart.json)."""
+def _written_since(p: Path, t: float) -> bool:
+    """``p`` is the owner's and was changed at or after ``t`` (unix s): this attempt's own writing."""
+    try:
+        st = os.lstat(p)
+    except OSError:
+        return False
+    return st.st_uid == os.getuid() and st.st_mtime >= t
+
+
+def end_of(run_dir: Path, run: dict[str, Any], snap: Snapshot,
+           exit_rec: dict[str, Any] | None = None) -> tuple[AttemptEnd, list[dict[str, Any]]]:
+    """This attempt's end as the policy reads it, and the checkpoints found (as listed in restart.json).
+    ``exit_rec``: the supervisor's own record of the end (exit.json read back could be another's)."""
     s = restart_settings_of(run)
     cwd = Path(str(run.get("cwd") or run_dir))
     argv = [str(a) for a in run.get("argv") or []]
     cps = find_checkpoints(output_dir_of(argv, cwd), s.checkpoints, cwd, s.complete_marker)
     newest = newest_complete(cps)
-    cut_short = any(not c.complete and (newest is None or c.step > newest.step) for c in cps)
-    ended = snap.get("ended") or {}
+    launched = float(run.get("launched_at_unix") or 0.0)
+    cut_short = any(not c.complete and (newest is None or c.step > newest.step) and _written_since(c.path, launched)
+                    for c in cps)  # a save this attempt began and did not finish (never one another user left)
+    ended = dict(snap.get("ended") or {})
+    if exit_rec is not None:
+        ended.update(exit_rec)
+        snap = {**snap, "returncode": exit_rec.get("returncode"), "signal": exit_rec.get("signal")}  # type: ignore[typeddict-item]
     step = (snap.get("step") or {}).get("global_step")
     facts = EndFacts(returncode=snap.get("returncode"), signal=snap.get("signal"),
                      stop_requested=bool(ended.get("stop_requested")),
@@ -79,10 +100,14 @@ def end_of(run_dir: Path, run: dict[str, Any], snap: Snapshot) -> tuple[AttemptE
     cause = classify(facts)
     end = AttemptEnd(attempt=int(run.get("attempt") or 1), cause=cause.cause, evidence=cause.evidence, step=step,
                      checkpoint=str(newest.path) if newest else None, checkpoint_step=newest.step if newest else None,
-                     ended_at_unix=float(ended.get("ended_at_unix") or time.time()))
+                     ended_at_unix=_finite(ended.get("ended_at_unix")))
     listed = [{"path": str(c.path), "step": c.step, "kind": c.kind, "complete": c.complete, "why": c.why}
               for c in cps[-LISTED_CHECKPOINTS:]]
     return end, listed
+
+
+def _finite(v: Any) -> float:
+    return float(v) if type(v) in (int, float) and math.isfinite(v) else time.time()
 
 
 def decision_words(d: Decision, mode: str, backoff_s: float) -> str:
@@ -96,21 +121,35 @@ def decision_words(d: Decision, mode: str, backoff_s: float) -> str:
     return f"{'would stop' if mode == 'observe' else 'not restarting'}: {d.reason}; {d.evidence}"
 
 
-def decide_after(run_dir: Path, run: dict[str, Any], snap: Snapshot, log: Callable[[str], None]) -> dict[str, Any] | None:
-    """Decide after the attempt's end and record it in restart.json; the record, or None when the policy is off."""
+def restarts_so_far(run: dict[str, Any]) -> int:
+    """How many restarts the policy made in a row up to this attempt: the supervisor's own run record (its
+    ``resumed_from``, set by the policy's launch), 0 for an attempt someone launched."""
+    rf = run.get("resumed_from")
+    n = rf.get("restarts") if isinstance(rf, dict) else None
+    return n if type(n) is int and n >= 0 else 0
+
+
+def decide_after(run_dir: Path, run: dict[str, Any], snap: Snapshot, log: Callable[[str], None],
+                 exit_rec: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """Decide after the attempt's end and record it in restart.json; the record, or None when the policy is off.
+    A decision that could not be recorded never restarts (``recorded`` false): restart.json is the history the
+    crash-loop rule reads."""
     s = restart_settings_of(run)
     if s.mode == "off":
         return None
-    end, listed = end_of(run_dir, run, snap)
+    end, listed = end_of(run_dir, run, snap, exit_rec)
     previous = previous_ends(run_dir, end.attempt)
-    d = decide(previous, end, s)
+    d = decide(previous, end, s, restarts_so_far(run))
     record = {"v": 1, "attempts": [asdict(e) for e in [*previous, end]],
               "decision": {**d.as_record(), "mode": s.mode, "cause": end.cause, "words": decision_words(d, s.mode, s.backoff_s),
                            "decided_at_unix": time.time(), "backoff_s": s.backoff_s},
               "checkpoints": listed}
+    record["decision"]["restarts"] = restarts_so_far(run)
     try:
         write_json_atomic(run_dir / RESTART_JSON, record, mode=0o644)
+        record["recorded"] = True
     except OSError as e:
+        record["recorded"] = False
         log(f"could not record the restart decision: {e}")
     log(f"restart policy ({s.mode}): {record['decision']['words']}")
     return record
@@ -139,7 +178,8 @@ def page_decision(run_dir: Path, run: dict[str, Any], snap: Snapshot, record: di
         out.close()
 
 
-def run_policy(run_dir: Path, run: dict[str, Any], log: Callable[[str], None]) -> dict[str, Any] | None:
+def run_policy(run_dir: Path, run: dict[str, Any], log: Callable[[str], None],
+               exit_rec: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """The supervisor's call once its attempt ended: decide, record, page. Never raises; None when off."""
     if restart_settings_of(run).mode == "off":
         return None
@@ -147,7 +187,7 @@ def run_policy(run_dir: Path, run: dict[str, Any], log: Callable[[str], None]) -
         from stepwatch.monitors.snapshot.observer import snapshot  # noqa: PLC0415
 
         snap = snapshot(run_dir)
-        record = decide_after(run_dir, run, snap, log)
+        record = decide_after(run_dir, run, snap, log, exit_rec)
         if record is not None:
             page_decision(run_dir, run, snap, record, log)
         return record
@@ -165,7 +205,11 @@ def enforce(run_dir: Path, run: dict[str, Any], record: dict[str, Any] | None, s
     if record is None or record["decision"]["mode"] != "enforce" or record["decision"]["verdict"] != RESTART:
         return record
     d = record["decision"]
-    if stop.wait(float(d.get("backoff_s") or 0.0)):
+    if not record.get("recorded"):
+        d["not_started"] = f"{RESTART_JSON} could not be written: without its history no restart is safe"
+    elif isinstance(run.get("scheduler"), dict):
+        d["not_started"] = "a Slurm run is not restarted by the policy yet (sbatch --requeue for preemption)"
+    elif stop.wait(float(d.get("backoff_s") or 0.0)):
         d["not_started"] = "the operator stopped the run during the back-off: no new attempt"
     else:
         try:
@@ -179,8 +223,12 @@ def enforce(run_dir: Path, run: dict[str, Any], record: dict[str, Any] | None, s
                 cfg.command = [" ".join([*cfg.command, *map(shlex.quote, extra)])]
             else:
                 cfg.command = resume_argv(list(cfg.command), s.resume, d["checkpoint"], d["checkpoint_step"])
-            cfg.resumed_from = ({"checkpoint": d["checkpoint"], "step": d["checkpoint_step"], "after_attempt": d["attempt"]}
-                                if d["checkpoint"] else None)
+            applied = bool(d["checkpoint"] and s.resume is not None)  # else the trainer starts from scratch
+            cfg.resumed_from = {"by": "restart policy", "restarts": restarts_so_far(run) + 1, "after_attempt": d["attempt"],
+                                "checkpoint": d["checkpoint"] if applied else None,
+                                "step": d["checkpoint_step"] if applied else None}
+            if stop.is_set():  # asked while the back-off ended
+                raise RuntimeError("the operator stopped the run: no new attempt")
             res = launch(cfg)
             d["started"] = {"attempt": res.run.get("attempt"), "pid": (res.run.get("process") or {}).get("pid"),
                             "argv": res.run.get("argv")}

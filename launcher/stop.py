@@ -146,10 +146,10 @@ def request_stop(run_dir: Path, grace_s: float = 30.0, reason: str | None = None
                         "or has no recorded create time")
     if not is_alive(proc):
         cancelled = False
-        if sup is not None and belongs_to(sup, uid) and restart_pending(run_dir):  # [restart] enforce, backing off
-            pin.check()
-            send_signal(sup, signal.SIGUSR1, uid)  # the supervisor cancels the next attempt (launcher/restartrun.py)
-            cancelled = True
+        if sup is not None and belongs_to(sup, uid):  # the supervisor outlives its child: it may be about to restart
+            pin.check()  # ([restart] enforce) the signal cancels a restart decided or still to be decided
+            send_signal(sup, signal.SIGUSR1, uid)
+            cancelled = restart_pending(run_dir) or _restart_enforced(run)
         return StopOutcome(True, read_json(run_dir / EXIT_JSON), read_json(run_dir / STOP_JSON), False,
                            restart_cancelled=cancelled)
     sup_alive = belongs_to(sup, uid) if sup is not None else False
@@ -283,6 +283,13 @@ def kill_survivors(run_dir: Path) -> list[dict]:
 
 def restart_pending(run_dir: Path) -> bool:
     """The restart policy decided RESTART in enforce mode and has neither started the next attempt nor given up."""
-    d = (read_json(run_dir / RESTART_JSON) or {}).get("decision")
+    d = (read_json(run_dir / RESTART_JSON, owner_uid=os.getuid()) or {}).get("decision")
     return isinstance(d, dict) and d.get("mode") == "enforce" and d.get("verdict") == "RESTART" and not (
         "started" in d or "not_started" in d)
+
+
+def _restart_enforced(run: dict) -> bool:
+    """The run's config enforces the restart policy (the words only: the signal is sent to a live supervisor)."""
+    config = run.get("config")
+    table = config.get("restart") if isinstance(config, dict) else None
+    return isinstance(table, dict) and table.get("mode") == "enforce"

@@ -325,7 +325,7 @@ def supervise(run_dir: Path, run_fd: int | None = None, launch_sha256: str | Non
         events_state.join(EVENTS_STATE_FINAL_S)  # the last save: an attach then reads no backlog
     if watching is not None:
         watching.join(WATCH_FINAL_S)  # the last alerts recorded and delivered (bounded)
-    restart = run_policy(run_dir, run, _log)  # [restart]: why it ended, RESTART or STOP, in restart.json and paged
+    restart = run_policy(run_dir, run, _log, exit_rec)  # [restart]: why it ended, RESTART or STOP, in restart.json and paged
     if exporter is not None:  # a last scrape sees the end (stepwatch_run_ended, the exit code)
         linger = ((run.get("config") or {}).get("export") or {}).get("linger_s", EXPORT_LINGER_S)
         time.sleep(max(0.0, float(linger) - (time.time() - t_end)))

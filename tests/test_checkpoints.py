@@ -92,3 +92,17 @@ def test_a_checkpoint_another_user_owns_or_can_write_is_never_chosen(tmp_path: P
     assert got == {"checkpoint-20": (True, ""), "checkpoint-40": (False, "others can write it (mode 775)"),
                    "checkpoint-60": (False, "owned by uid 65534, not by the run's owner")}
     assert (newest := newest_complete(find_checkpoints(out))) is not None and newest.step == 20
+
+
+def test_a_glob_file_is_judged_as_an_archive_and_a_huge_state_file_is_not_read(tmp_path: Path):
+    import torch
+
+    torch.save({"w": torch.zeros(2)}, tmp_path / "ckpt_100.pt")
+    (tmp_path / "ckpt_200.pt").write_bytes(os.urandom(100))  # cut short, or not a checkpoint at all
+    got = [(c.step, c.complete) for c in find_checkpoints(None, "ckpt_*.pt", tmp_path, "DONE")]
+    assert got == [(100, True), (200, False)]
+    out = _as_left(tmp_path / "hf", "complete_run")
+    with (out / "checkpoint-60" / "trainer_state.json").open("r+b") as f:
+        f.truncate(65 * 1024 * 1024)  # sparse: 65 MiB on paper
+    got60 = next(c for c in find_checkpoints(out) if c.step == 60)
+    assert not got60.complete and "not a regular file of at most" in got60.why

@@ -75,3 +75,28 @@ def test_the_restart_table_and_its_refusals():
                        ({"checkpoints": "../up/*"}, "checkpoints must be"), ({"backoff_s": "5"}, "backoff_s must be")):
         with pytest.raises(ValueError, match=words):
             restart_settings(bad)
+
+
+def test_the_budget_counts_the_policys_own_restarts_and_no_progress_compares_with_the_attempt_before():
+    # restart.json removed or replaced by another user: the supervisor's own count of restarts still holds
+    assert decide([], end(4, step=200, cp=180), ON, restarts=3).reason == "the restart budget is spent: 3 restart(s) " \
+                                                                          "of max_restarts 3"
+    assert decide([], end(1), ON, restarts=0).reason.startswith("killed_by_signal: restart 1 of 3")
+    # a manual relaunch between them: attempt 1's end is not the attempt before attempt 3
+    old = end(1, "exception", step=10, cp=None, at=T0)
+    assert decide([old], end(3, "exception", step=10, cp=None, at=T0 + 5000), ON, restarts=0).verdict == RESTART
+    assert decide([], end(1, step=30, cp=40), ON).lost_steps == 0  # the bar behind the save: never negative
+
+
+def test_a_decision_that_could_not_be_recorded_never_restarts(tmp_path):
+    import threading
+
+    from stepwatch.launcher.restartrun import enforce, log_tail
+
+    record = {"recorded": False, "decision": {"mode": "enforce", "verdict": RESTART, "backoff_s": 0}}
+    got = enforce(tmp_path, {"config": {}}, record, threading.Event(), lambda m: None)
+    assert got is not None and got["decision"]["not_started"].startswith("restart.json could not be written")
+    import os
+
+    os.mkfifo(tmp_path / "train.log")  # a FIFO in the log's place: read as nothing, never waited on
+    assert log_tail(tmp_path) == []

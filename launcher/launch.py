@@ -241,6 +241,8 @@ def _let_the_last_supervisor_finish(run_dir: Path) -> None:
 
     run = read_json(run_dir / RUN_JSON, os.geteuid()) or {}
     sup = ProcessRef.from_json(run.get("supervisor"))
+    if sup is not None and sup.pid == os.getpid():  # the restart policy's launch, from that supervisor: it has
+        sup = None  # saved its last fold already and waits for nothing of this launch
     stop = read_json(run_dir / STOP_JSON, os.geteuid()) or {}
     stopping = bool(stop) and stop.get("ended_by") is None
     if sup is not None:

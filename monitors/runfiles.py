@@ -34,6 +34,8 @@ EVENTS_STATE = "events.state.json"  # the supervisor's fold of events.jsonl (mon
 ACKS_JSONL = "acks.jsonl"  # written by views; never rotated (alert ids carry the attempt)
 #: The restart policy's record (launcher/restartrun.py): every attempt's end and the last decision; never rotated.
 RESTART_JSON = "restart.json"
+#: The attempt's ledger of where its time went, written by its supervisor at its end (monitors/snapshot/ledger.py).
+LEDGER_JSON = "ledger.json"
 LOG_STEPS_JSONL = "logsteps.jsonl"  # step records the supervisor timed from train.log (monitors/watch/logsteps.py)
 ALERTS_JSONL = "alerts.jsonl"  # the supervisor's alerts and their deliveries (monitors/watch/loop.py)
 #: The run's push URLs (they carry tokens): 0600, read by its supervisor only; run.json names the
@@ -50,7 +52,7 @@ JOBWATCH_LOG = "jobwatch.log"  # the login node's job watcher's own diagnostics
 #: Files that describe one attempt and are renamed with the attempt's stamp on relaunch.
 PER_ATTEMPT_FILES = (TRAIN_LOG, EVENTS_JSONL, GPU_JSONL, RUN_JSON, STOP_JSON, EXIT_JSON, SUPERVISOR_LOG, EVENTS_STATE,
                      LOG_STEPS_JSONL, ALERTS_JSONL, PUSH_URLS_JSON, PROCS_JSON, SCHEDULER_JSON, JOB_SCRIPT,
-                     JOBWATCH_LOG)
+                     JOBWATCH_LOG, LEDGER_JSON)
 
 #: Rank N's own events file (N > 0) when every rank writes (``STEPWATCH_ALL_RANKS=1``, or the
 #: emitter's ``all_ranks=True``); rank 0 writes events.jsonl. Rotated with the attempt's files.

@@ -51,6 +51,22 @@ ENDED: Final = "ended"
 PhaseName = Literal["starting", "training", "evaluating", "saving", "finishing", "ended"]
 PHASES: Final = (STARTING, TRAINING, EVALUATING, SAVING, FINISHING, ENDED)
 
+# --- the ledger of where the hours went (monitors/snapshot/ledger.py) ----------------------------
+#: Waiting in the scheduler's queue (Slurm: submission to the job's start).
+QUEUED: Final = "queued"
+#: Between one attempt's end and the next one's launch (the restart policy's back-off, the operator).
+RESTART_GAP: Final = "restart_gap"
+#: Training time a later attempt did again: the steps after the checkpoint it resumed from, and a failed
+#: attempt's step in flight when it died.
+LOST: Final = "lost"
+#: An attempt no record accounts for (its supervisor died before it wrote ledger.json).
+UNACCOUNTED: Final = "unaccounted"
+#: Every account of the ledger, in order (``ledger.*.phases_s``; ``stepwatch_time_seconds_total{phase=...}``);
+#: the sum of a run's accounts is its wall time.
+LEDGER_PHASES: Final = (QUEUED, STARTING, TRAINING, EVALUATING, SAVING, STALLED, FINISHING, RESTART_GAP, LOST, UNACCOUNTED)
+LedgerPhase = Literal["queued", "starting", "training", "evaluating", "saving", "stalled", "finishing", "restart_gap",
+                      "lost", "unaccounted"]
+
 # --- the fallback detector's warm-up ------------------------------------------------------------
 WARMING: Final = "warming"
 STEADY: Final = "steady"

@@ -118,7 +118,8 @@ def test_a_storm_at_the_end_of_the_attempt_still_gets_its_digest(tmp_path: Path)
     for n in range(50):
         d.submit({"id": f"straggler-{n}", "kind": "straggler", "message": "slow rank"})
     assert d.wait(20)  # the supervisor's last wait sends what waits
-    assert [r["alert_id"] for r in records if r["outcome"] == "delivered"] == ["straggler-0", "digest-1"]
+    # the first page and the digest, each sent once (in either order: they may be in flight together)
+    assert sorted(r["alert_id"] for r in records if r["outcome"] == "delivered") == ["digest-1", "straggler-0"]
     assert digest_words({"straggler": 49}, 60) == ("49 more alerts in 60 s, not paged one by one: straggler 49; "
                                                    "status lists each")
 

@@ -12,31 +12,10 @@ from pathlib import Path
 import pytest
 
 from conftest import make_repo, stepwatch, wait_until
+from tiny_hf import PREAMBLE
 from stepwatch.monitors.runfiles import read_json
 
-TRAIN_PY = r'''
-import argparse, os, signal
-import torch
-from torch.utils.data import Dataset
-from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
-
-ap = argparse.ArgumentParser()
-ap.add_argument("--output_dir", required=True)
-ap.add_argument("--resume_from_checkpoint")
-a = ap.parse_args()
-
-
-class Tokens(Dataset):
-    def __init__(self):
-        g = torch.Generator().manual_seed(0)
-        self.ids = [torch.randint(0, 128, (16,), generator=g) for _ in range(320)]
-
-    def __len__(self):
-        return len(self.ids)
-
-    def __getitem__(self, i):
-        return {"input_ids": self.ids[i], "labels": self.ids[i].clone()}
-
+TRAIN_PY = PREAMBLE + r'''
 
 class KillAt57(TrainerCallback):  # the first attempt dies at step 57 (no resume given)
     def on_step_end(self, args, state, control, **kwargs):
@@ -44,10 +23,6 @@ class KillAt57(TrainerCallback):  # the first attempt dies at step 57 (no resume
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-model = LlamaForCausalLM(LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                     num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32))
-args = TrainingArguments(output_dir=a.output_dir, max_steps=80, per_device_train_batch_size=4, save_steps=20,
-                         logging_steps=1, report_to="none", use_cpu=True, dataloader_num_workers=0, seed=0)
 Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=[KillAt57()]).train(
     resume_from_checkpoint=a.resume_from_checkpoint)
 '''
@@ -83,3 +58,19 @@ def test_a_trainer_killed_at_step_57_resumes_from_checkpoint_40_and_completes(tm
     gap_s = steps[0]["t"] - first["ended_at_unix"]
     print(f"death to the resumed attempt's first step: {gap_s:.1f} s (back-off 1 s, the launch's checklist, the "
           f"trainer's import and the checkpoint's load); {lost} steps lost")
+
+    # the ledger: where the two attempts' hours went, against the run's own records (attempt 1's launch, attempt
+    # 2's exit), within 2 %; the 17 steps done again are lost work, and goodput is shown and exported
+    first_run = next(read_json(p) or {} for p in run_dir.glob("run.*.json"))
+    wall_s = (read_json(run_dir / "exit.json") or {})["ended_at_unix"] - first_run["launched_at_unix"]
+    status = json.loads(stepwatch("status", "hf", "--json", cwd=repo).stdout)
+    led = status["ledger"]
+    print(json.dumps({k: led[k] for k in ("phases_s", "wall_s", "goodput")}, indent=1))
+    assert [a["source"] for a in led["attempts"]] == ["record", "ended"], led["attempts"]
+    assert 16 <= led["attempts"][0]["lost_steps"] <= 18 and led["phases_s"]["lost"] > 0, led["attempts"][0]
+    assert abs(led["wall_s"] - wall_s) <= 0.02 * wall_s, (led["wall_s"], wall_s)
+    assert abs(sum(led["phases_s"].values()) - wall_s) <= 0.02 * wall_s, (led["phases_s"], wall_s)
+    assert led["phases_s"]["restart_gap"] > 0 and led["phases_s"]["training"] > 0 and 0 < led["goodput"] < 1
+    assert f"goodput {100 * led['goodput']:.0f}%" in stepwatch("status", "hf", cwd=repo).stdout
+    text = stepwatch("export", "hf", cwd=repo).stdout
+    assert 'phase="lost"' in text and "stepwatch_goodput_ratio{" in text, text[-2000:]

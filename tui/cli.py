@@ -305,7 +305,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from stepwatch.monitors.export.prometheus import export  # noqa: PLC0415
+    from stepwatch.monitors.export.textfile import export  # noqa: PLC0415
 
     run_dir = _pick_run(args)
     export(run_dir, Path(args.textfile) if args.textfile else None, args.every, sys.stdout.write)

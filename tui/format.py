@@ -129,6 +129,24 @@ def liveness_words(liveness: Mapping[str, Any] | None) -> str | None:
     return ", ".join(words) or None
 
 
+def ledger_words(ledger: Mapping[str, Any] | None) -> str | None:
+    """``time 0:03:12 in 2 attempts, goodput 83%: training 0:02:40, starting 12 s, lost 4 s (17 steps), restart gap
+    2 s``: the run's accounts that hold time, largest first (the ledger, ARCHITECTURE.md); None without one."""
+    if not ledger or not ledger.get("phases_s") or ledger.get("wall_s") is None:
+        return None
+    attempts = ledger.get("attempts") or []
+    lost_steps = sum(a.get("lost_steps") or 0 for a in attempts)
+    parts = []
+    for name, secs_ in sorted(ledger["phases_s"].items(), key=lambda kv: -kv[1]):
+        if secs_ >= 0.5:
+            parts.append(f"{name.replace('_', ' ')} {duration_words(secs_)}"
+                         + (f" ({lost_steps} steps)" if name == "lost" and lost_steps else ""))
+    gp = ledger.get("goodput")
+    head = (f"time {duration_words(ledger['wall_s'])}" + (f" in {len(attempts)} attempts" if len(attempts) > 1 else "")
+            + (f", goodput {100 * gp:.0f}%" if isinstance(gp, (int, float)) else ""))
+    return head + (": " + ", ".join(parts) if parts else "")
+
+
 def duration_words(seconds: float) -> str:
     """``12 s`` below a minute, else ``H:MM:SS``."""
     if seconds < 60:

@@ -19,7 +19,7 @@ from stepwatch.monitors.runfiles import utc_iso
 from stepwatch.monitors.snapshot.alerts import end_words
 from stepwatch.monitors.snapshot.disk import full_words, lost_words
 from stepwatch.monitors.snapshot.gpuview import replayed
-from stepwatch.tui.format import (NO_DYNAMO_WORDS, stack_frames, streams_words, phase_words, liveness_words, rank_loss, attention_words, energy_words, eta_words, health_words, no_dynamo_output,
+from stepwatch.tui.format import (NO_DYNAMO_WORDS, ledger_words, stack_frames, streams_words, phase_words, liveness_words, rank_loss, attention_words, energy_words, eta_words, health_words, no_dynamo_output,
                                   padding_words, scaling_words, scheduler_words, supervisor_gone, timing_words,
                                   tree_words, versions_words)
 from stepwatch.monitors.snapshot.model import json_safe, run_ended
@@ -124,6 +124,8 @@ def status_lines(snap: Snapshot) -> list[str]:
     ident = snap.get("identity") or {}
     if ident:
         lines.append(f"  commit {(ident.get('harness_commit') or 'none')[:12]} {tree_words(ident)}")
+    if lw := ledger_words(snap.get("ledger")):  # where the run's hours went
+        lines.append(f"  {lw}")
     if rs := snap.get("restart"):  # the restart policy's last decision ([restart]), as its page said it
         lines.append(f"  restart ({rs['mode']}, after attempt {rs['attempt']}): {rs['verdict']}: {rs['words']}")
     for al in snap.get("alerts") or []:

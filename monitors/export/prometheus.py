@@ -5,8 +5,8 @@ a registry of its own, never the process default). The supervisor serves it for 
 config asks (``[export] prometheus = "127.0.0.1:9464"``, or a port range ``"127.0.0.1:9464-9480"``:
 the first free one; a port alone binds the loopback), from the snapshot its detector loop made last
 (about once a second): a scrape reads no file. Whoever connects, the endpoint holds a bounded number
-of descriptors and threads (:class:`BoundedHTTPServer`). ``stepwatch export RUN --textfile PATH``
-writes the same text for node-exporter's textfile collector (a temp file, then a rename).
+of descriptors and threads (:class:`BoundedHTTPServer`). ``stepwatch export`` (:mod:`.textfile`)
+writes the same text to stdout or for node-exporter's textfile collector.
 
 Names follow Prometheus' conventions: one ``stepwatch_`` prefix, base units (seconds, watts, ratios
 0..1), ``_total`` for counters, ``stepwatch_run_info`` for identity; labels ``run`` and ``attempt`` on
@@ -23,7 +23,6 @@ import socket
 import threading
 import time
 from http.server import ThreadingHTTPServer
-from pathlib import Path
 from typing import Any, cast
 from collections.abc import Callable, Iterable
 
@@ -31,7 +30,6 @@ from prometheus_client import CollectorRegistry, MetricsHandler, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from stepwatch.monitors.runfiles import write_bytes_atomic
 from stepwatch.monitors.snapshot.gpuview import replayed
 from stepwatch.monitors.snapshot.types import LIVENESS_SIGNALS, Snapshot
 from stepwatch.monitors.states import EXITED, FLAGGED, OK, PHASES, RUNNING, STALLED, SUSPECTED
@@ -132,6 +130,12 @@ def families(snap: Snapshot) -> list[Metric]:
     for signal in LIVENESS_SIGNALS:  # absent while unknown: no sample is ever a made-up 0
         gauge("stepwatch_liveness_seconds", "Seconds since the run's CPU time, train.log's bytes, its step moved",
               ((snap.get("liveness") or {}).get("signals_s") or {}).get(signal), {"signal": signal})
+    led = snap.get("ledger") or {}  # where the run's hours went: every attempt, restart gaps, lost work (the ledger)
+    spent = CounterMetricFamily("stepwatch_time_seconds", "The run's wall time by account (the ledger)", labels=base + ["phase"])
+    for name, seconds in (led.get("phases_s") or {}).items():
+        spent.add_metric(lv + [name], float(seconds))
+    out.append(spent)
+    gauge("stepwatch_goodput_ratio", "Training time over the run's wall time (0..1; the ledger)", led.get("goodput"))
     eta = snap.get("eta") or {}
     gauge("stepwatch_eta_seconds", "Seconds to the planned last step at the recent rate", eta.get("eta_s"))
     tp = snap.get("throughput") or {}
@@ -213,29 +217,6 @@ def registry_for(snapshot: Callable[[], Snapshot | None]) -> CollectorRegistry:
 def text_of(snap: Snapshot) -> bytes:
     """The exposition text of one snapshot."""
     return generate_latest(registry_for(lambda: snap))
-
-
-def write_textfile(snap: Snapshot, path: Path) -> None:
-    """Write the text for node-exporter's textfile collector: a temp file beside ``path``, then a
-    rename (the collector never reads half a file)."""
-    write_bytes_atomic(path, text_of(snap), mode=0o644)
-
-
-def export(run_dir: Path, textfile: Path | None, every_s: float, write: Callable[[str], Any]) -> None:
-    """``stepwatch export``: the run's text to ``write`` (stdout), or to ``textfile`` for node-exporter
-    (atomically), once, or every ``every_s`` seconds until interrupted."""
-    from stepwatch.monitors.snapshot.observer import RunObserver  # noqa: PLC0415
-
-    observer = RunObserver(run_dir)
-    while True:
-        snap = observer.refresh()
-        if textfile is None:
-            write(text_of(snap).decode())
-        else:
-            write_textfile(snap, textfile)
-        if not every_s:
-            return
-        time.sleep(every_s)
 
 
 #: Where the endpoint binds when ``[export] prometheus`` names a port and no host (``"9464"``,

@@ -20,7 +20,7 @@ from typing import Any
 from collections.abc import Iterator
 
 from stepwatch.monitors.protocol import (
-    EVENT_KEYS, FLAG_EVAL, FLAG_RECOMPILE, FLAG_SAVE, KIND_DYNAMO, KIND_LOG, KIND_PHASE, KIND_RUN_END, KIND_RUN_START, KIND_STEP,
+    EVENT_KEYS, FLAG_EVAL, FLAG_FIRST, FLAG_IDLE, FLAG_RECOMPILE, FLAG_SAVE, FLAG_STOPPED, KIND_DYNAMO, KIND_LOG, KIND_PHASE, KIND_RUN_END, KIND_RUN_START, KIND_STEP,
     METRICS_SHOWN_FIRST,
 )
 from stepwatch.monitors.detectors.fallback import FallbackDetector
@@ -28,7 +28,7 @@ from stepwatch.monitors.detectors.scaling import ScalingFit
 from stepwatch.monitors.readers.jsonl import EventReader
 from stepwatch.monitors.stats.minmax import MinMaxSeries
 from stepwatch.monitors.stats.stepstats import StepStats
-from stepwatch.monitors.states import FLAGGED
+from stepwatch.monitors.states import EVALUATING, FLAGGED, SAVING, STALLED, TRAINING
 
 #: slow steps' global_step -> step_end kept (a fallback onset is a slow step of the last flag window)
 SLOW_ENDS_KEPT = 1000
@@ -40,6 +40,9 @@ FEED_ROWS = 1 << 17
 RECOMPILE_STEPS_KEPT = 1000
 _RANK_0 = (0, None)
 _PHASE_FLAGS = (FLAG_EVAL, FLAG_SAVE)
+#: A flagged step's interval goes to this account of the ledger (the first flag that names one wins);
+#: an unflagged (or only ``silent``/``recompile``) step's to training.
+_LEDGER_ACCOUNTS = ((FLAG_EVAL, EVALUATING), (FLAG_SAVE, SAVING), (FLAG_IDLE, STALLED), (FLAG_STOPPED, STALLED))
 _MAX_INT = 2**53  # token counts, integer seconds and step numbers read from a file stay below
 _STEP_KEYS = ("rank", "step", "dt", "flags", "tokens", "padded_tokens", "t", "step_end")
 assert set(_STEP_KEYS) <= set(EVENT_KEYS[KIND_STEP]), "a step key the protocol does not declare"
@@ -94,6 +97,13 @@ class EventsFold:
         self.reported_steps = 0
         #: those records' arrival-time figures (``arrival_dt_s``, seconds): the check on the program's own
         self.arrival_stats = StepStats()
+        #: The ledger's side of the steps (monitors/snapshot/ledger.py): the first and the last step's end (unix s,
+        #: the records' clock), and each account's sum of step intervals (end to end: consecutive steps tile) and
+        #: their count; the first step's interval is the attempt's start, never an account's.
+        self.first_end: float | None = None
+        self.last_end: float | None = None
+        self.interval_s: dict[str, float] = {}
+        self.interval_n: dict[str, int] = {}
 
     def fold(self, reader: EventReader) -> None:
         """Fold what ``reader`` gained, a read (:meth:`EventReader.iter_new`, ~450 events) at a
@@ -205,6 +215,7 @@ class EventsFold:
         if not rows:
             return
         self.stats.add_many(rows)
+        self._account(rows, ends)
         slow_ends = self.slow_step_ends
         for i, v in self.detector.add_many(rows):
             # when a fallback alert happened, from the file: its onset (a slow step)'s end
@@ -215,6 +226,28 @@ class EventsFold:
                     del slow_ends[next(iter(slow_ends))]
             if v.state == FLAGGED and self.flagged_onset_end is None:
                 self.flagged_onset_end = slow_ends.get(self.detector.onset_step)  # type: ignore[arg-type]
+
+    def _account(self, rows: list[tuple[Any, float, Any, Any, Any, Any]], ends: list[Any]) -> None:
+        """Each step's interval (its end less the previous step's end) to its account (:data:`_LEDGER_ACCOUNTS`).
+        A step whose end is unknown or earlier than the previous one's is left out of every account."""
+        last, acc, cnt = self.last_end, self.interval_s, self.interval_n
+        for row, end in zip(rows, ends):
+            end = end if type(end) is float and 0.0 <= end < _UNIX_MAX else unix_time(end)
+            if end is None or (last is not None and end < last):
+                continue
+            flags = row[2]
+            if last is None or (flags and FLAG_FIRST in flags):
+                if self.first_end is None:
+                    self.first_end = end
+                last = end
+                continue
+            key = TRAINING
+            if flags:
+                key = next((k for f, k in _LEDGER_ACCOUNTS if f in flags), TRAINING)
+            acc[key] = acc.get(key, 0.0) + (end - last)
+            cnt[key] = cnt.get(key, 0) + 1
+            last = end
+        self.last_end = last
 
 
 _gc_lock = threading.Lock()

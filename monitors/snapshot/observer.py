@@ -56,6 +56,7 @@ from stepwatch.monitors.snapshot.alerts import alerts_for, channel_names, merge_
 from stepwatch.monitors.snapshot.dynamo import dynamo_status
 from stepwatch.monitors.snapshot.model import json_safe, null_snapshot, obj, run_ended, shallow
 from stepwatch.monitors.snapshot.process import process_part
+from stepwatch.monitors.snapshot.ledger import ledger_part
 from stepwatch.monitors.snapshot.restart import restart_part
 from stepwatch.monitors.snapshot.types import (AttnImplementation, Energy, Fallback, Padding, Resume, Scaling, Snapshot,
                                                StepSeconds, Survivor, Throughput, Versions, Warmup)
@@ -126,6 +127,7 @@ class _Attempt:
         self.stall_at: float | None = None
         self.observed_start = ObservedStart()  # the step in progress as this observer saw it begin (monotonic)
         self.fallback_onset_t: float | None = None
+        self.speaking: EventsFold | None = None  # the fold whose steps speak (.stepsource rule 1): the ledger's
 
     def close(self) -> None:
         """Close the files this attempt's readers hold open."""
@@ -284,6 +286,7 @@ class RunObserver:
                                           "step": snap["stall"].get("current_step_elapsed_s") if running else None}}
         snap["phase"] = phase_part(a.ev.open_phase, a.progress.phases, run_ended(snap), now)
         snap["restart"] = restart_part(self.run_dir)
+        snap["ledger"] = ledger_part(self.run_dir, run, snap, a.speaking, snap["step_seconds"]["p50"], now)
         snap["ranks"], snap["straggler"], snap["rank_restarts"] = a.ranks.part()
         guard_stall(snap)
         if run_ended(snap):
@@ -335,6 +338,7 @@ class RunObserver:
         # log-timed records, else this view's own parse of train.log
         src = choose(a.ev, a.log_ev, a.log_stats, snap["supervisor_alive"], snap["ended"])
         fold, stats, timing = src.fold, src.stats, src.timing
+        a.speaking = fold
         gs = self._global_step(a)
         max_steps = step_no(rs.get("max_steps")) or a.progress.total
         snap["step"] = {"global_step": gs, "max_steps": max_steps, "source": step_source(src.use_events, gs),

@@ -55,3 +55,30 @@ class RestartView(TypedDict):
     attempt: int | None  #: the attempt that ended
     lost_steps: int | None  #: steps after the checkpoint, done again by a resumed attempt
     words: str  #: the decision in one line, as the page said it
+
+
+class AttemptLedger(TypedDict):
+    """``ledger.attempts[]``: one attempt's wall time in accounts (:mod:`.ledger`; ledger.json once it ended)."""
+
+    attempt: int | None
+    launched_at_unix: float | None
+    ended_at_unix: float | None  #: null while it runs
+    wall_s: float | None  #: launch to end (or now), seconds
+    #: seconds per account (monitors/states.py LEDGER_PHASES, every key): they add up to wall_s; null: no launch time
+    phases_s: dict[str, float] | None
+    last_step: int | None
+    step_p50_s: float | None
+    resumed_from_step: int | None  #: the checkpoint's step this attempt resumed from (run.json ``resumed_from``)
+    after_attempt: int | None  #: the attempt it resumed after
+    lost_steps: int | None  #: the steps a later attempt did again (after its checkpoint); null: none resumed after it
+    source: str  #: "live" (running), "ended" (this snapshot's, ended), "record" (an earlier attempt's ledger.json)
+
+
+class Ledger(TypedDict):
+    """``ledger``: where the run's hours went, per attempt and in all (ARCHITECTURE.md, "The ledger")."""
+
+    attempts: list[AttemptLedger]
+    phases_s: dict[str, float] | None  #: the run's accounts (restart gaps, unaccounted attempts included)
+    wall_s: float | None  #: the first launch to the last end (or now)
+    goodput: float | None  #: training over wall time (0..1)
+    reason: str | None  #: why there is no ledger

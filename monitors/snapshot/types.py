@@ -22,6 +22,7 @@ from stepwatch.monitors.snapshot.resourcetypes import (DeviceHistory, Disk, Ener
                                                        Survivor)
 from stepwatch.monitors.snapshot.runmodeltypes import LIVENESS_SIGNALS as LIVENESS_SIGNALS, Liveness
 from stepwatch.monitors.snapshot.runmodeltypes import LivenessSignals as LivenessSignals, Phase as Phase
+from stepwatch.monitors.snapshot.runmodeltypes import AttemptLedger as AttemptLedger, Ledger as Ledger
 from stepwatch.monitors.snapshot.runmodeltypes import RestartView as RestartView
 from stepwatch.monitors.states import (EtaState, FallbackState, RunState, StallState, StragglerState,
                                       WarmupState)
@@ -382,6 +383,7 @@ class Snapshot(TypedDict):
     supervisor_alive: bool | None
     scheduler: Scheduler | None
     restart: RestartView | None
+    ledger: Ledger | None
     scaling: Scaling
     padding: Padding
     energy: Energy

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Literal, cast
 from collections.abc import Callable
 
+from stepwatch.monitors.snapshot.ledger import record as record_ledger
 from stepwatch.monitors.protocol import FLAG_SILENT, FLAG_IDLE, FLAG_STOPPED
 from stepwatch.monitors.readers.changes import ChangeNotifier
 from stepwatch.monitors.readers.textlog import LogFollower
@@ -323,6 +324,7 @@ def watch_attempt(run_dir: Path, run: dict[str, Any], child_done: threading.Even
         try:
             snap = recorder.detect()  # the end: the watchdog's verdict, the log's last steps
             recorder.page_finished(snap)
+            record_ledger(run_dir, snap)  # where this attempt's time went, for the run's ledger after a relaunch
             if exporter is not None:
                 exporter.update(snap)
         except Exception as e:  # noqa: BLE001

@@ -1,16 +1,17 @@
-"""The identity panel: commit and dirty flag sampled at launch, attempt, log file name."""
+"""The identity panel: commit and dirty flag sampled at launch, attempt, log file name; and where the run's hours went
+(the ledger)."""
 
 from __future__ import annotations
 
 from textual.widgets import Static
 
 from stepwatch.monitors.snapshot.types import Snapshot
-from stepwatch.tui.format import tree_words
+from stepwatch.tui.format import ledger_words, tree_words
 from stepwatch.tui.safe import safe_text
 
 
 class IdentityPanel(Static):
-    """One line; toggled with ``i``."""
+    """Two lines (the identity; the ledger); toggled with ``i``."""
 
     def show(self, snap: Snapshot) -> None:
         ident = snap.get("identity") or {}
@@ -23,6 +24,11 @@ class IdentityPanel(Static):
         if surv:
             text = (f"{len(surv)} process(es) of the ended run survive (GPU memory?): "
                     + ", ".join(str(p["pid"]) for p in surv[:6]) + " -- stepwatch stop --survivors RUN;  " + text)
-        if text != getattr(self, "_last", None):
-            self._last = text
-            self.update(safe_text(text))
+        lw = ledger_words(snap.get("ledger"))  # where the run's hours went, on a line of its own
+        if (text, lw) != getattr(self, "_last", None):
+            self._last = (text, lw)
+            shown = safe_text(text)  # each line made one line: a branch name read from run.json never starts another
+            if lw:
+                shown.append("\n")
+                shown.append_text(safe_text(lw))
+            self.update(shown)

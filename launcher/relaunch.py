@@ -6,12 +6,15 @@ names, never run.json, which a team's group may replace in a shared runs dir.
 
 from __future__ import annotations
 
+import shlex
 import stat
 from pathlib import Path
 from typing import Any
 
+from stepwatch.launcher.checkpoints import Checkpoint, find_checkpoints, newest_complete, output_dir_of
 from stepwatch.launcher.config import RunConfig, config_to_json, diff_configs, load_config
 from stepwatch.launcher.launch import LaunchRefused
+from stepwatch.launcher.restartpolicy import restart_settings, resume_argv
 from stepwatch.launcher.trust import launch_digest, private_problem, read_owner_copy, read_private_json, shared_dir_problem
 from stepwatch.monitors.runfiles import RUN_JSON, read_json
 
@@ -92,3 +95,39 @@ def _config_file_problem(path: Path) -> str | None:
     if problem is None and dmode & (stat.S_IWGRP | stat.S_IWOTH) and not dmode & stat.S_ISVTX:
         problem = f"its directory {parent} is writable by others (mode {stat.S_IMODE(dmode):04o}): the file can be replaced"
     return problem
+
+
+def newest_checkpoint_for(cfg: RunConfig) -> Checkpoint | None:
+    """The newest complete checkpoint of ``cfg``'s run (launcher/checkpoints.py: the command's ``--output_dir``, or
+    ``[restart] checkpoints``), or None; None too when ``[restart] resume`` does not say how to resume from one."""
+    s = restart_settings(cfg.restart)
+    if s.resume is None:
+        return None
+    cwd = Path(cfg.cwd)
+    return newest_complete(find_checkpoints(output_dir_of([str(a) for a in cfg.command], cwd), s.checkpoints, cwd,
+                                            s.complete_marker))
+
+
+def resume_from(cfg: RunConfig, checkpoint: str | None, step: int | None, *, by: str, after_attempt: Any,
+                restarts: int) -> bool:
+    """Make ``cfg`` the attempt that resumes from ``checkpoint`` (its ``[restart] resume`` rule sets the argument; a
+    shell string gets it quoted onto its end) and record it (run.json ``resumed_from``: ``by`` whom, after which
+    attempt, the policy's restarts in a row). Returns whether the command resumes (else it starts from scratch)."""
+    s = restart_settings(cfg.restart)
+    if cfg.shell:
+        extra = resume_argv([], s.resume, checkpoint, step)
+        cfg.command = [" ".join([*cfg.command, *map(shlex.quote, extra)])]
+    else:
+        cfg.command = resume_argv(list(cfg.command), s.resume, checkpoint, step)
+    applied = bool(checkpoint and s.resume is not None)
+    cfg.resumed_from = {"by": by, "restarts": restarts, "after_attempt": after_attempt,
+                        "checkpoint": checkpoint if applied else None, "step": step if applied else None}
+    return applied
+
+
+def resume_by_hand(cfg: RunConfig, run_dir: Path, checkpoint: Checkpoint) -> None:
+    """The operator's relaunch from ``checkpoint`` (``r``'s "from checkpoint-N", ``relaunch --from-checkpoint``):
+    recorded as theirs, after the attempt run.json names, with the policy's restarts in a row back at 0."""
+    attempt = (read_json(run_dir / RUN_JSON) or {}).get("attempt")
+    resume_from(cfg, str(checkpoint.path), checkpoint.step, by="operator",
+                after_attempt=attempt if type(attempt) is int else None, restarts=0)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import os
-import shlex
 import socket
 import stat
 import threading
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from stepwatch.launcher.checkpoints import find_checkpoints, newest_complete, output_dir_of
-from stepwatch.launcher.restartpolicy import RESTART, AttemptEnd, Decision, decide, restart_settings_of, resume_argv
+from stepwatch.launcher.restartpolicy import RESTART, AttemptEnd, Decision, decide, restart_settings_of
 from stepwatch.monitors.parsers.endcauses import EndFacts, classify
 from stepwatch.monitors.runfiles import ALERTS_JSONL, RESTART_JSON, TRAIN_LOG, read_json, read_push_urls, write_json_atomic
 from stepwatch.monitors.snapshot.alerts import headline_of
@@ -214,19 +213,11 @@ def enforce(run_dir: Path, run: dict[str, Any], record: dict[str, Any] | None, s
     else:
         try:
             from stepwatch.launcher.launch import launch  # noqa: PLC0415
-            from stepwatch.launcher.relaunch import relaunch_config  # noqa: PLC0415
+            from stepwatch.launcher.relaunch import relaunch_config, resume_from  # noqa: PLC0415
 
             cfg, _changes = relaunch_config(run_dir)
-            s = restart_settings_of(run)
-            if cfg.shell:  # one shell string: the resume argument quoted onto its end
-                extra = resume_argv([], s.resume, d["checkpoint"], d["checkpoint_step"])
-                cfg.command = [" ".join([*cfg.command, *map(shlex.quote, extra)])]
-            else:
-                cfg.command = resume_argv(list(cfg.command), s.resume, d["checkpoint"], d["checkpoint_step"])
-            applied = bool(d["checkpoint"] and s.resume is not None)  # else the trainer starts from scratch
-            cfg.resumed_from = {"by": "restart policy", "restarts": restarts_so_far(run) + 1, "after_attempt": d["attempt"],
-                                "checkpoint": d["checkpoint"] if applied else None,
-                                "step": d["checkpoint_step"] if applied else None}
+            resume_from(cfg, d["checkpoint"], d["checkpoint_step"], by="restart policy", after_attempt=d["attempt"],
+                        restarts=restarts_so_far(run) + 1)
             if stop.is_set():  # asked while the back-off ended
                 raise RuntimeError("the operator stopped the run: no new attempt")
             res = launch(cfg)

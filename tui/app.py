@@ -24,7 +24,7 @@ from stepwatch.tui.appbase import StepwatchAppBase
 from stepwatch.tui.messages import ActionDone
 from stepwatch.tui.safe import visible
 from stepwatch.tui.screens.home import HomeScreen
-from stepwatch.tui.screens.modals import Confirm, Help, PreflightScreen, Prompt
+from stepwatch.tui.screens.modals import Choose, Confirm, Help, PreflightScreen, Prompt
 from stepwatch.tui.screens.run import RunScreen
 
 def _tolerate_non_utf8_input() -> None:
@@ -189,21 +189,43 @@ class StepwatchApp(StepwatchAppBase):
         if rs.snap.get("state") == RUNNING:
             self.notify(f"{rs.run_dir.name} is still running: stop it first (x)", severity="warning")
             return
-        self.push_screen(Confirm(f"Relaunch {rs.run_dir.name}? The logs of attempt {rs.snap.get('attempt')} are "
-                                 "rotated (kept under stamped names) and a new attempt starts."),
-                         lambda yes: self._relaunch_confirmed(rs.run_dir) if yes else None)
+        question = (f"Relaunch {rs.run_dir.name}? The logs of attempt {rs.snap.get('attempt')} are rotated (kept under "
+                    "stamped names) and a new attempt starts.")
+        cp = self._checkpoint_offer(rs.run_dir)
+        if cp is None:
+            self.push_screen(Confirm(question), lambda yes: self._relaunch_confirmed(rs.run_dir) if yes else None)
+            return
+        self.push_screen(Choose(f"{question}\nFrom where? The newest complete checkpoint is {cp.path} (step {cp.step}).",
+                                [("s", "from scratch"), ("c", f"from {cp.path.name}")]),
+                         lambda key: self._relaunch_confirmed(rs.run_dir, cp if key == "c" else None) if key else None)
 
-    def _relaunch_confirmed(self, run_dir: Path) -> None:
+    @staticmethod
+    def _checkpoint_offer(run_dir: Path) -> Any:
+        """The newest complete checkpoint ``r`` offers to resume from (the config's ``[restart] resume`` says how), or
+        None (none, no rule, or a config that cannot be read: the relaunch then says why)."""
         from stepwatch.launcher.config import ConfigError  # noqa: PLC0415
         from stepwatch.launcher.launch import LaunchRefused  # noqa: PLC0415
-        from stepwatch.launcher.relaunch import relaunch_config  # noqa: PLC0415
+        from stepwatch.launcher.relaunch import newest_checkpoint_for, relaunch_config  # noqa: PLC0415
+
+        try:
+            return newest_checkpoint_for(relaunch_config(run_dir)[0])
+        except (ConfigError, LaunchRefused, OSError):
+            return None
+
+    def _relaunch_confirmed(self, run_dir: Path, checkpoint: Any = None) -> None:
+        from stepwatch.launcher.config import ConfigError  # noqa: PLC0415
+        from stepwatch.launcher.launch import LaunchRefused  # noqa: PLC0415
+        from stepwatch.launcher.relaunch import relaunch_config, resume_by_hand  # noqa: PLC0415
 
         try:
             cfg, changes = relaunch_config(run_dir)
         except (ConfigError, LaunchRefused) as e:
             self.notify(str(e), severity="error", timeout=15)
             return
-        title = (f"Relaunch {cfg.name}: " + ("; ".join(changes) if changes else "config unchanged")
+        if checkpoint is not None:
+            resume_by_hand(cfg, run_dir, checkpoint)
+        title = (f"Relaunch {cfg.name}" + (f" from {checkpoint.path} (step {checkpoint.step})" if checkpoint else "")
+                 + ": " + ("; ".join(changes) if changes else "config unchanged")
                  + f"\ncommand: {shlex.join(cfg.command)}  (cwd {cfg.cwd})")
         self.push_screen(PreflightScreen(cfg, title), lambda res: self._do_launch(cfg, res, "relaunch"))
 

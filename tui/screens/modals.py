@@ -68,6 +68,29 @@ class Confirm(ModalScreen[bool]):
         self.dismiss(yes)
 
 
+class Choose(ModalScreen[str | None]):
+    """Pick one of a few answers by its key (``r``: from scratch or from a checkpoint); ``n``/Esc cancels."""
+
+    BINDINGS = [Binding("n,escape", "cancel", "cancel")]
+
+    def __init__(self, question: str, choices: list[tuple[str, str]]):
+        super().__init__()
+        self.question, self.choices = question, choices
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            yield Static(safe_text(self.question, newlines=True))
+            yield Static(key_hints(*self.choices, ("n", "cancel (Esc)")), id="choose-keys")
+
+    def on_key(self, event: Any) -> None:
+        if event.key in {k for k, _ in self.choices}:
+            event.stop()
+            self.dismiss(event.key)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
 class Prompt(ModalScreen[str | None]):
     """Ask for one line of text (a config path, an override reason); Esc cancels."""
 

@@ -91,3 +91,49 @@ def test_a_trainer_killed_while_checkpoint_60_is_written_resumes_from_checkpoint
     assert (broken / "trainer_state.json").exists()  # attempt 2 passed step 60 again and wrote it whole
     steps = [r for x in (run_dir / "logsteps.jsonl").read_text().splitlines() if (r := json.loads(x))["kind"] == "step"]
     assert steps[0]["step"] >= 41, steps[:2]
+
+
+DDP_CKPT_PY = r'''
+import os, signal, sys, time
+from pathlib import Path
+import torch
+import torch.distributed as dist
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+start = int(Path(sys.argv[2]).name.split("_")[1]) if len(sys.argv) > 2 else 0
+print(f"rank {rank} starts after step {start}", flush=True)
+for i in range(start + 1, 61):
+    t = torch.ones(1)
+    dist.all_reduce(t)  # the group steps together
+    time.sleep(0.02)
+    if rank == 0:
+        print(f"step {i}/60 loss {1 / i:.4f}", flush=True)
+        if i % 20 == 0:
+            Path(f"ckpt_{i}").mkdir(exist_ok=True)
+            (Path(f"ckpt_{i}") / "DONE").write_text("ok")
+    if rank == 1 and i == 45 and start == 0:
+        os.kill(os.getpid(), signal.SIGKILL)  # one rank dies: torchrun tears the group down
+dist.destroy_process_group()
+'''
+
+
+@pytest.mark.slow
+def test_a_2_rank_torchrun_run_with_one_rank_killed_restarts_the_whole_group_from_the_newest_checkpoint(tmp_path: Path):
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    command = [torchrun, "--nproc_per_node", "2", "--monitor-interval", "0.1", "ddp.py"]
+    config = (f'name = "ddp"\ncommand = {json.dumps(command)}\nenv = {{ OMP_NUM_THREADS = "1" }}\n[restart]\n'
+              'mode = "enforce"\nbackoff_s = 0.5\ncheckpoints = "ckpt_*"\ncomplete_marker = "DONE"\n'
+              'resume = ["--resume", "{checkpoint}"]\n')
+    repo = make_repo(tmp_path / "repo", {"ddp.py": DDP_CKPT_PY, ".gitignore": "ckpt_*\n", "ddp.toml": config})
+    assert stepwatch("launch", "--no-tui", "ddp.toml", cwd=repo).returncode == 0
+    run_dir = repo / "runs" / "ddp"
+    rec = _restart_json(run_dir, 2)
+    first, second = rec["attempts"]
+    print(json.dumps(first, indent=1))
+    assert first["checkpoint_step"] == 40 and first["cause"] != "completed", first
+    assert "rank 1" in first["evidence"] or "SIGKILL" in first["evidence"], first  # torchrun's root cause
+    assert (second["cause"], second["step"]) == ("completed", 60), second
+    run = read_json(run_dir / "run.json") or {}
+    assert run["argv"][-2:] == ["--resume", str(repo / "ckpt_40")], run["argv"]
+    log = (run_dir / "train.log").read_text()
+    assert "rank 0 starts after step 40" in log and "rank 1 starts after step 40" in log, log[-2000:]  # the whole group

@@ -131,3 +131,15 @@ def resume_by_hand(cfg: RunConfig, run_dir: Path, checkpoint: Checkpoint) -> Non
     attempt = (read_json(run_dir / RUN_JSON) or {}).get("attempt")
     resume_from(cfg, str(checkpoint.path), checkpoint.step, by="operator",
                 after_attempt=attempt if type(attempt) is int else None, restarts=0)
+
+
+def resume_newest_by_hand(cfg: RunConfig, run_dir: Path) -> Checkpoint:
+    """``relaunch --from-checkpoint``: :func:`resume_by_hand` from the newest complete checkpoint; LaunchRefused,
+    naming why, when there is none or the config has no ``[restart] resume`` rule."""
+    cp = newest_checkpoint_for(cfg)
+    if cp is None:
+        raise LaunchRefused(f"REFUSING: --from-checkpoint: {run_dir.name} has no complete checkpoint to resume "
+                            "from, or its config has no [restart] resume rule (\"hf\", \"lightning\" or a "
+                            "template holding {checkpoint})")
+    resume_by_hand(cfg, run_dir, cp)
+    return cp

@@ -5,6 +5,7 @@ supervisor's step timer, as a run's train.log is. Unit tier: files only."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from conftest import FIXTURES_REAL
 from stepwatch.monitors.parsers.logformats import compile_patterns
@@ -103,11 +104,12 @@ def test_the_hf_trainer_with_no_bar_counts_its_log_dicts():
     assert steps == list(range(2, 31)) and t.last_metrics["loss"] == (30, float(dicts[-1]))
 
 
-def _dicts_as_read(settings: LogSettings | None = None) -> list[tuple[int | None, float, float]]:
+def _dicts_as_read(settings: LogSettings | None = None, path: Path = FIXTURES_REAL / "torchrun_tee_dicts.log",
+                   ) -> list[tuple[int | None, float, float]]:
     """(loss step, loss, learning rate) after each of rank 0's training dicts of the torchrun --tee capture."""
     t = LogTracker(settings=settings)
     got = []
-    for i, seg in enumerate(LogFollower(FIXTURES_REAL / "torchrun_tee_dicts.log", from_start=True).poll()):
+    for i, seg in enumerate(LogFollower(path, from_start=True).poll()):
         seg.at_s, seg.poll_seq = 1000.0 + i, i + 1
         t.feed(seg)
         if seg.text.startswith("[default0]:{'loss'"):
@@ -129,6 +131,36 @@ def test_rank_prefixed_dicts_under_torchrun_tee_are_each_read_and_with_logging_s
     assert all(s is not None and abs(s - 3 * (k + 1)) <= 6 for k, (s, _, _) in enumerate(by_bar)), by_bar
     own = _dicts_as_read(LogSettings(logging_steps=3))
     assert own == [(3 * (k + 1), v, lr) for k, (v, lr) in enumerate(printed)]
+
+
+def test_a_dict_that_arrives_before_any_bar_frame_still_counts_toward_the_next_dicts_step(tmp_path: Path):
+    """Seen in CI under load: torchrun tailed rank 0's stdout ahead of its stderr, so the first dict came before the
+    first bar frame; every later dict was then labelled one logging interval early (the last at 27 of 30). The real
+    capture with its first dict moved ahead of the first bar frame reads each dict at its own step."""
+    lines = text("torchrun_tee_dicts.log").split("\n")
+    first_dict = next(i for i, ln in enumerate(lines) if ln.startswith("[default0]:{'loss'"))
+    first_bar = next(i for i, ln in enumerate(lines) if ln.startswith("[default0]:") and "it/s]" in ln)
+    assert first_bar < first_dict  # the capture as recorded: a bar frame first
+    lines.insert(first_bar, lines.pop(first_dict))
+    early = tmp_path / "tee_dict_first.log"
+    early.write_text("\n".join(lines))
+    own = _dicts_as_read(LogSettings(logging_steps=3), early)
+    assert [s for s, _, _ in own] == [3 * (k + 1) for k in range(10)], own
+
+
+def test_a_first_dict_read_while_the_bar_shows_steps_past_it_is_still_at_the_first_interval(tmp_path: Path):
+    """Seen live: the first dict (step 3) tailed after the bar frame of step 5; the multiple nearest the bar (6)
+    labelled every later dict one interval late (the last at 33 of 30). The real capture with its first dict moved
+    after the first bar frame past step 4 reads each dict at its own step."""
+    lines = text("torchrun_tee_dicts.log").split("\n")
+    first_dict = next(i for i, ln in enumerate(lines) if ln.startswith("[default0]:{'loss'"))
+    ahead = next(i for i, ln in enumerate(lines) if re.search(r"\| [5-9]/30 \[", ln))
+    assert ahead > first_dict  # the capture as recorded: the dict before that frame
+    lines.insert(ahead, lines.pop(first_dict))
+    late = tmp_path / "tee_bar_ahead.log"
+    late.write_text("\n".join(lines))
+    own = _dicts_as_read(LogSettings(logging_steps=3), late)
+    assert [s for s, _, _ in own] == [3 * (k + 1) for k in range(10)], own
 
 
 def test_a_timm_shaped_counter_through_a_user_pattern_with_an_epoch_group_is_global():

@@ -105,7 +105,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 
 def cmd_relaunch(args: argparse.Namespace) -> int:
-    from stepwatch.launcher.relaunch import newest_checkpoint_for, relaunch_config, resume_by_hand  # noqa: PLC0415
+    from stepwatch.launcher.relaunch import relaunch_config, resume_newest_by_hand  # noqa: PLC0415
 
     def make_cfg():
         run_dir = resolve_run(args.run, _runs_dir(args))
@@ -118,14 +118,7 @@ def cmd_relaunch(args: argparse.Namespace) -> int:
         _warn_survivors(run_dir)
         cfg, changes = relaunch_config(run_dir)
         if args.from_checkpoint:  # the newest complete checkpoint, resumed by [restart] resume
-            from stepwatch.launcher.launch import LaunchRefused  # noqa: PLC0415
-
-            cp = newest_checkpoint_for(cfg)
-            if cp is None:
-                raise LaunchRefused(f"REFUSING: --from-checkpoint: {run_dir.name} has no complete checkpoint to resume "
-                                    "from, or its config has no [restart] resume rule (\"hf\", \"lightning\" or a "
-                                    "template holding {checkpoint})")
-            resume_by_hand(cfg, run_dir, cp)
+            cp = resume_newest_by_hand(cfg, run_dir)
             print(f"resuming from {cp.path} (step {cp.step})")
         if changes:
             print("config changed since the last attempt:")

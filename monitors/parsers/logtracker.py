@@ -224,7 +224,10 @@ class LogTracker(ProgressTracker):
             return []
         self.train_dicts += 1
         if self.train_dicts < 2 or self.last is not None:
-            self._record(d)  # one dict is no shape yet (a bar may follow it), and a bar is the better signal
+            # one dict is no shape yet (a bar may follow it), and a bar is the better signal; [log] logging_steps
+            # says this one's step before any bar shows
+            every = self.settings.logging_steps
+            self._record(d, self.train_dicts * every if every > 1 and self.last is None else None)
             return []
         self.format = FORMAT_HF_LOGDICT
         return self._advance(self.train_dicts * self.settings.logging_steps, None, None, d, at_s, poll_seq, live)
@@ -244,15 +247,16 @@ class LogTracker(ProgressTracker):
 
     def _dict_step(self, d: dict) -> int | None:
         """A training log dict's own step where ``[log] logging_steps`` (> 1) says it: the Trainer logs at each
-        multiple, so the dict after the one at step N is at N + logging_steps (the first, or one far from the
-        bar after a resume, at the multiple nearest the bar). None without it: the bar's step is the label
-        (under ``torchrun --tee`` a rank's bar and dicts are tailed apart, so the bar may be a few steps off)."""
+        multiple, so the dict after the one at step N is at N + logging_steps, and the first is counted from the
+        start (with those read before any bar frame). A count far (over two intervals) from the bar is a resumed
+        run's: the dict is at the multiple nearest the bar. None without it: the bar's step is the label (under
+        ``torchrun --tee`` a rank's bar and dicts are tailed apart, so the bar may be a few steps off either way)."""
         every = self.settings.logging_steps
-        if every <= 1 or "loss" not in d or "epoch" not in d or self.global_step is None:
+        if every <= 1 or "loss" not in d or "epoch" not in d:
             return None
         bar = self.global_step
-        nxt = self._last_dict_step + every if self._last_dict_step is not None else None
-        self._last_dict_step = nxt if nxt is not None and abs(nxt - bar) <= 2 * every else max(
+        nxt = (self._last_dict_step if self._last_dict_step is not None else self.train_dicts * every) + every
+        self._last_dict_step = nxt if bar is None or abs(nxt - bar) <= 2 * every else max(
             every, round(bar / every) * every)
         return self._last_dict_step
 

@@ -30,10 +30,8 @@ from stepwatch.launcher.trust import (
     shared_dir_problem,
 )
 from stepwatch.monitors.runfiles import (
-    ENV_ATTEMPT, ENV_RUN_DIR, PUSH_URLS_JSON, RUN_JSON, SCHEMA_VERSION, STOP_JSON, SUPERVISOR_LOG, open_append,
-    read_json,
-    utc_iso,
-    write_json_atomic,
+    ENV_ATTEMPT, ENV_RUN_DIR, PUSH_URLS_JSON, RUN_JSON, SCHEMA_VERSION, SLURM_JOB_FILES, STOP_JSON, SUPERVISOR_LOG,
+    open_append, read_json, utc_iso, write_json_atomic,
 )
 from stepwatch.monitors.rundirs import live_attempt, live_words  # noqa: F401 - live_attempt re-exported for callers
 
@@ -63,8 +61,10 @@ class LaunchResult:
 
 
 def launch(cfg: RunConfig, allow_dirty: str | None = None, override: str | None = None,
-           checklist: Checklist | None = None, wait_s: float = SUPERVISOR_START_TIMEOUT_S) -> LaunchResult:
-    """Start one attempt of ``cfg``.
+           checklist: Checklist | None = None, wait_s: float = SUPERVISOR_START_TIMEOUT_S,
+           in_job: dict[str, Any] | None = None) -> LaunchResult:
+    """Start one attempt of ``cfg``; with ``in_job`` (the scheduler record of the Slurm job running the caller, a
+    requeued job's supervisor: launcher/requeue.py) only prepare it: the job's own files kept, run.json written.
 
     Runs the pre-launch checklist (or records ``checklist`` when the caller already ran it). A failing
     clean-tree item needs ``allow_dirty`` (a reason); any other failing item needs ``override``.
@@ -94,7 +94,7 @@ def launch(cfg: RunConfig, allow_dirty: str | None = None, override: str | None 
         if tree.unreadable or (not tree.clean and allow_dirty is None):
             raise LaunchRefused("the tree changed while the checklist ran.\n" + gate_message(tree))
         _refuse_if_live(cfg)
-        return _start(cfg, exe, tree, checklist, allow_dirty, override, wait_s)
+        return _start(cfg, exe, tree, checklist, allow_dirty, override, wait_s, in_job)
 
 
 def _refuse_if_live(cfg: RunConfig) -> None:
@@ -261,7 +261,7 @@ def _let_the_last_supervisor_finish(run_dir: Path) -> None:
 
 
 def _start(cfg: RunConfig, exe: str, tree, checklist: Checklist, allow_dirty: str | None, override: str | None,
-           wait_s: float) -> LaunchResult:
+           wait_s: float, in_job: dict[str, Any] | None = None) -> LaunchResult:
     run_dir = cfg.run_dir
     warnings = [w for w in [untracked_warning(tree)] if w]
     if allow_dirty is not None and not tree.clean:
@@ -270,7 +270,7 @@ def _start(cfg: RunConfig, exe: str, tree, checklist: Checklist, allow_dirty: st
         run_dir.mkdir(parents=True, exist_ok=True)
         attempt = next_attempt(run_dir)
         _let_the_last_supervisor_finish(run_dir)
-        rotated = rotate(run_dir)
+        rotated = rotate(run_dir, SLURM_JOB_FILES if in_job else frozenset())
     except OSError as e:
         raise LaunchRefused(f"cannot prepare the run dir {run_dir}: {e.strerror or e}. "
                             "Choose another with --runs-dir DIR (or runs_dir in the config).") from None
@@ -307,6 +307,10 @@ def _start(cfg: RunConfig, exe: str, tree, checklist: Checklist, allow_dirty: st
     if cfg.alerts.get("urls"):  # tokens: readable by the run's owner (its supervisor) alone
         write_json_atomic(run_dir / PUSH_URLS_JSON, {"v": 1, "urls": list(cfg.alerts["urls"])}, mode=0o600)
     warnings.extend(w for w in [shared_risk(cfg.runs_dir, run_dir), save_owner_copy(run_dir, run)] if w)
+    if in_job is not None:  # a requeued job's next attempt: its supervisor, the caller, runs it
+        run["scheduler"] = in_job
+        write_json_atomic(run_dir / RUN_JSON, run, mode=RUN_JSON_MODE)
+        return LaunchResult(run_dir, attempt, None, rotated, warnings, run)
     if cfg.slurm is not None:
         return _submit(cfg, cfg.slurm, run, rotated, warnings)
     write_json_atomic(run_dir / RUN_JSON, run, mode=RUN_JSON_MODE)

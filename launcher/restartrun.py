@@ -20,8 +20,10 @@ from typing import Any
 
 from stepwatch.launcher.checkpoints import find_checkpoints, newest_complete, output_dir_of
 from stepwatch.launcher.restartpolicy import RESTART, AttemptEnd, Decision, decide, restart_settings_of
-from stepwatch.monitors.parsers.endcauses import EndFacts, classify
-from stepwatch.monitors.runfiles import ALERTS_JSONL, RESTART_JSON, TRAIN_LOG, read_json, read_push_urls, write_json_atomic
+from stepwatch.launcher.slurm import slurm_job_id
+from stepwatch.monitors.parsers.endcauses import SLURM_CANCELLED, EndFacts, classify, slurm_requeued
+from stepwatch.monitors.runfiles import (ALERTS_JSONL, RESTART_JSON, SUPERVISOR_LOG, TRAIN_LOG, read_json, read_push_urls,
+                                         write_json_atomic)
 from stepwatch.monitors.snapshot.alerts import headline_of
 from stepwatch.monitors.snapshot.types import Snapshot
 
@@ -31,10 +33,11 @@ TAIL_BYTES = 64 * 1024
 LISTED_CHECKPOINTS = 8
 
 
-def log_tail(run_dir: Path) -> list[str]:
-    """The last lines of the attempt's train.log (at most TAIL_BYTES), ``\\r`` frames split; [] when unreadable."""
+def log_tail(run_dir: Path, name: str = TRAIN_LOG) -> list[str]:
+    """The last lines of the attempt's train.log (or ``name``; at most TAIL_BYTES), ``\\r`` frames split; [] when
+    unreadable."""
     try:
-        fd = os.open(run_dir / TRAIN_LOG, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = os.open(run_dir / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return []
     try:
@@ -47,6 +50,19 @@ def log_tail(run_dir: Path) -> list[str]:
     finally:
         os.close(fd)
     return [ln for ln in data.decode("utf-8", "replace").replace("\r", "\n").split("\n") if ln.strip()]
+
+
+def slurm_cancel_line(run_dir: Path, run: dict[str, Any]) -> str | None:
+    """slurmstepd's line saying the scheduler ended this attempt's job (a requeue, a preemption, its time limit),
+    from the job's output (the supervisor's log) after this supervisor's start; None for a local run or none."""
+    job = slurm_job_id(run)
+    if job is None:
+        return None
+    lines = log_tail(run_dir, SUPERVISOR_LOG)
+    mine = f"supervisor[{os.getpid()}]: started pid "
+    start = max((i for i, ln in enumerate(lines) if mine in ln), default=-1)
+    hits = [m[0] for ln in lines[start + 1:] if (m := SLURM_CANCELLED.search(ln)) and m["job"] == job]
+    return hits[-1] if hits else None
 
 
 def previous_ends(run_dir: Path, attempt: int) -> list[AttemptEnd]:
@@ -95,6 +111,7 @@ def end_of(run_dir: Path, run: dict[str, Any], snap: Snapshot,
                      traceback_last_line=(snap.get("log") or {}).get("traceback_last_line"), log_tail=log_tail(run_dir),
                      step=step, phase="saving" if cut_short else (snap.get("phase") or {}).get("name"),
                      alert_kinds=frozenset(str(a.get("kind")) for a in snap.get("alerts") or []),
+                     scheduler_line=slurm_cancel_line(run_dir, run),
                      ended=snap.get("returncode") is not None or snap.get("signal") is not None or bool(ended.get("error")))
     cause = classify(facts)
     end = AttemptEnd(attempt=int(run.get("attempt") or 1), cause=cause.cause, evidence=cause.evidence, step=step,
@@ -115,6 +132,7 @@ def decision_words(d: Decision, mode: str, backoff_s: float) -> str:
         where = f"from {d.checkpoint}" if d.checkpoint else "from scratch"
         lost = f"; {d.lost_steps} steps lost" if d.lost_steps else ""
         head = (f"would restart {where} (observe mode: nothing started)" if mode == "observe"
+                else f"restarting {where} when Slurm runs the requeued job" if slurm_requeued(d.evidence)
                 else f"restarting in {backoff_s:g} s {where}")
         return f"{head}: {d.reason.split(':', 1)[0]}: {d.evidence}{lost}"
     return f"{'would stop' if mode == 'observe' else 'not restarting'}: {d.reason}; {d.evidence}"
@@ -206,8 +224,11 @@ def enforce(run_dir: Path, run: dict[str, Any], record: dict[str, Any] | None, s
     d = record["decision"]
     if not record.get("recorded"):
         d["not_started"] = f"{RESTART_JSON} could not be written: without its history no restart is safe"
-    elif isinstance(run.get("scheduler"), dict):
-        d["not_started"] = "a Slurm run is not restarted by the policy yet (sbatch --requeue for preemption)"
+    elif (job := slurm_job_id(run)) is not None and slurm_requeued(record["attempts"][-1].get("evidence")):
+        d["requeued"] = f"Slurm requeued job {job}: when it runs again, its next attempt starts there (resuming)"
+    elif job is not None:
+        d["not_started"] = ("a Slurm job that ended is not resubmitted by the policy yet: only a requeued job "
+                            "(preemption, scontrol requeue) resumes")
     elif stop.wait(float(d.get("backoff_s") or 0.0)):
         d["not_started"] = "the operator stopped the run during the back-off: no new attempt"
     else:
@@ -226,7 +247,7 @@ def enforce(run_dir: Path, run: dict[str, Any], record: dict[str, Any] | None, s
         except Exception as e:  # noqa: BLE001 - a refusal (dirty tree, failed checklist) is a recorded outcome
             d["not_started"] = f"{type(e).__name__}: {str(e)[:800]}"
     log("restart policy (enforce): " + (f"attempt {d['started']['attempt']} started" if "started" in d
-                                         else f"no new attempt: {d['not_started']}"))
+                                         else d["requeued"] if "requeued" in d else f"no new attempt: {d['not_started']}"))
     try:
         write_json_atomic(run_dir / RESTART_JSON, record, mode=0o644)
     except OSError as e:

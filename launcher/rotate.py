@@ -29,12 +29,13 @@ def attempt_stamp(run_dir: Path) -> str | None:
     return utc_stamp(float(t))
 
 
-def plan_rotation(run_dir: Path) -> list[tuple[Path, Path]]:
-    """The renames a relaunch will do, as ``[(current, stamped)]``; empty when nothing to rotate."""
+def plan_rotation(run_dir: Path, keep: frozenset[str] = frozenset()) -> list[tuple[Path, Path]]:
+    """The renames a relaunch will do, as ``[(current, stamped)]``; empty when nothing to rotate. ``keep``: names
+    left in place (a requeued Slurm job's own files: launcher/requeue.py)."""
     stamp = attempt_stamp(run_dir)
     if stamp is None:
         return []
-    present = attempt_files(run_dir)
+    present = [f for f in attempt_files(run_dir) if f not in keep]
     k = 0
     while True:
         s = stamp if k == 0 else f"{stamp}-{k}"
@@ -61,7 +62,7 @@ def _drop_misfiled_state(run_dir: Path) -> None:
             pass
 
 
-def rotate(run_dir: Path) -> list[tuple[Path, Path]]:
+def rotate(run_dir: Path, keep: frozenset[str] = frozenset()) -> list[tuple[Path, Path]]:
     """Rename the previous attempt's files (see :func:`plan_rotation`); returns what was renamed.
 
     Uses ``os.link`` + unlink-free rename semantics: a target that appeared meanwhile is never
@@ -70,7 +71,7 @@ def rotate(run_dir: Path) -> list[tuple[Path, Path]]:
     """
     _drop_misfiled_state(run_dir)
     for _ in range(100):
-        plan = plan_rotation(run_dir)
+        plan = plan_rotation(run_dir, keep)
         try:
             for src, dst in plan:
                 os.link(src, dst)  # fails rather than overwrite evidence

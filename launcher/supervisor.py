@@ -32,6 +32,7 @@ from typing import Any
 import psutil
 
 from stepwatch.launcher.restartrun import enforce, run_policy
+from stepwatch.launcher.requeue import next_attempt_in_job, owner_launched, requeue_count
 from stepwatch.launcher.escalation import ESCALATION, Escalation, new_stop_record, stop_grace_s
 from stepwatch.launcher.escalation import log_line as _log
 from stepwatch.launcher.exitrecord import record_exit, reserve_space
@@ -207,7 +208,7 @@ def read_run(run_dir: Path, run_fd: int | None, launch_sha256: str | None) -> tu
         return None, f"{why}: it cannot say what runs as this user"
     if launch_sha256 is None:
         return None, "no digest of the launch given (--launch-sha256): run.json alone is not trusted"
-    if launch_digest(run) != launch_sha256:
+    if launch_digest(run) != launch_sha256 and not owner_launched(run_dir, run):  # a requeued job's later attempt
         return None, (f"{RUN_JSON} is not what was launched (its digest differs from the one the batch script "
                       "carries): it was changed after the launch, and is not run")
     return run, None
@@ -220,6 +221,10 @@ def supervise(run_dir: Path, run_fd: int | None = None, launch_sha256: str | Non
     if run is None:
         _log(f"REFUSING to run: {why}")
         return 2
+    if launch_sha256 is not None and (requeues := requeue_count(run)):  # Slurm reran the job: the next attempt
+        run = next_attempt_in_job(run_dir, run, requeues, _log)
+        if run is None:
+            return 0
     stop_requested = threading.Event()
     for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop_requested.set())

@@ -54,6 +54,10 @@ PER_ATTEMPT_FILES = (TRAIN_LOG, EVENTS_JSONL, GPU_JSONL, RUN_JSON, STOP_JSON, EX
                      LOG_STEPS_JSONL, ALERTS_JSONL, PUSH_URLS_JSON, PROCS_JSON, SCHEDULER_JSON, JOB_SCRIPT,
                      JOBWATCH_LOG, LEDGER_JSON)
 
+#: A Slurm job's own files: its output (the supervisor's log), batch script, login-node watcher's log and state. A
+#: requeued job's next attempt keeps them in place (slurmstepd and the watcher hold them open): launcher/requeue.py.
+SLURM_JOB_FILES = frozenset({SUPERVISOR_LOG, JOB_SCRIPT, JOBWATCH_LOG, SCHEDULER_JSON})
+
 #: Rank N's own events file (N > 0) when every rank writes (``STEPWATCH_ALL_RANKS=1``, or the
 #: emitter's ``all_ranks=True``); rank 0 writes events.jsonl. Rotated with the attempt's files.
 RANK_EVENTS = re.compile(r"^events\.rank([1-9][0-9]{0,5})\.jsonl$")

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from conftest import REPO_ROOT
-from stepwatch.monitors.parsers.endcauses import EndFacts, classify
+from stepwatch.monitors.parsers.endcauses import EndFacts, classify, slurm_requeued
 from stepwatch.monitors.parsers.traceback import traceback_last_line
 
 REAL = REPO_ROOT / "tests" / "fixtures" / "real"
@@ -74,3 +74,31 @@ def test_a_real_nan_loss_run_is_flagged_and_its_death_is_the_nan_not_the_signal(
     assert "nonfinite_loss" in kinds, kinds
     assert classify(EndFacts(signal="SIGKILL", alert_kinds=kinds, step=20)).cause == "nonfinite_loss"
     assert classify(EndFacts(returncode=EXITS["death_nan_loss.log"]["returncode"], alert_kinds=kinds)).cause == "completed"
+
+
+def _slurm_lines() -> list[str]:
+    return (REAL / "slurm_cancelled.log").read_text().splitlines()
+
+
+@pytest.mark.parametrize("job, cause", [("3", "preempted"), ("2", "time_limit")])
+def test_slurmstepds_line_in_the_jobs_output_names_the_schedulers_end_before_the_stop_it_looks_like(job, cause):
+    """The supervisor takes Slurm's SIGTERM as a stop (stop_requested), and the child ends 143: the real line
+    slurmstepd wrote into the job's output still says the scheduler ended it."""
+    line = next(ln for ln in _slurm_lines() if f"*** JOB {job} ON" in ln)
+    got = classify(EndFacts(returncode=143, stop_requested=True, step=52, scheduler_line=line))
+    assert got.cause == cause and line.split("error: ")[1] in got.evidence, got
+    assert slurm_requeued(got.evidence) is (cause == "preempted")  # a requeue: the job's batch script runs again
+
+
+def test_a_plain_scancel_line_is_not_the_scheduler_and_a_stop_stays_the_operators():
+    line = next(ln for ln in _slurm_lines() if "*** JOB 4 ON" in ln)  # scancel 4: no "DUE TO"
+    got = classify(EndFacts(returncode=143, stop_requested=True, step=52, scheduler_line=line))
+    assert got.cause == "operator_stop" and not slurm_requeued(got.evidence), got
+
+
+def test_a_run_that_completed_before_the_requeue_completed_and_one_whose_supervisor_slurm_killed_was_preempted():
+    line = next(ln for ln in _slurm_lines() if "*** JOB 3 ON" in ln)
+    assert classify(EndFacts(returncode=0, step=200, scheduler_line=line)).cause == "completed"  # never rerun
+    got = classify(EndFacts(ended=False, step=45, scheduler_line=line))  # no exit record: Slurm's kill took it
+    assert got.cause == "preempted" and got.evidence.endswith("(no exit record)"), got
+    assert classify(EndFacts(ended=False, step=45)).cause == "unknown"  # without the line: nobody knows

@@ -4,9 +4,12 @@ in ``tests/fixtures/real/`` (``death_*.log``, README there). Pure: no I/O.
 
 The causes, checked in this order (the first that fits wins):
 
-- ``completed``: exit code 0 (and no stop asked for);
+- ``completed``: exit code 0 (and no stop asked for), even with Slurm's requeue after it;
 - ``operator_stop``: ``stepwatch stop`` (stop.json) ended it;
-- ``preempted`` / ``time_limit``: Slurm said PREEMPTED or TIMEOUT;
+- ``preempted`` / ``time_limit``: Slurm ended the job: slurmstepd's ``*** JOB N ON host CANCELLED AT t DUE TO
+  JOB REQUEUE ***`` (or ``PREEMPTION``, ``TIME LIMIT``) in the job's output, the supervisor's log (checked before
+  ``operator_stop``, as the supervisor takes Slurm's SIGTERM as a stop, and read when Slurm killed the supervisor
+  before it recorded the end), or the scheduler's PREEMPTED or TIMEOUT;
 - ``nonfinite_loss``: the loss went NaN or inf before the end (its alert);
 - ``device_oom`` / ``host_oom`` / ``collective_timeout``: the traceback's text (a CUDA allocator's out of memory;
   the CPU allocator's or Python's MemoryError, or the kernel's OOM killer's SIGKILL where the cgroup counted one;
@@ -44,6 +47,16 @@ SIGNATURES: tuple[tuple[str, re.Pattern[str]], ...] = (
 )
 #: Slurm's words for an end the scheduler caused.
 SCHEDULER_CAUSES = {"PREEMPTED": "preempted", "TIMEOUT": "time_limit", "DEADLINE": "time_limit"}
+#: slurmstepd's line in the job's output when the scheduler ends it (tests/fixtures/real/slurm_requeue_supervisor.log).
+SLURM_CANCELLED = re.compile(r"\*\*\* JOB (?P<job>\d+) ON (?P<host>\S+) CANCELLED AT (?P<at>\S+) "
+                             r"DUE TO (?P<why>JOB REQUEUE|PREEMPTION|TIME LIMIT) \*\*\*")
+_CANCEL_CAUSES = {"JOB REQUEUE": "preempted", "PREEMPTION": "preempted", "TIME LIMIT": "time_limit"}
+
+
+def slurm_requeued(evidence: str | None) -> bool:
+    """The evidence is slurmstepd's line for a requeue: Slurm runs the job's batch script again (launcher/requeue.py)."""
+    m = SLURM_CANCELLED.search(evidence or "")
+    return m is not None and m["why"] == "JOB REQUEUE"
 #: How many of the log's last lines the signatures are matched against.
 TAIL_LINES = 60
 
@@ -62,6 +75,7 @@ class EndFacts:
     phase: str | None = None  # the run model's phase when it ended (``saving`` ...)
     alert_kinds: frozenset[str] = frozenset()
     oom_kills: int = 0  # the kernel's OOM kills counted in the run's cgroup during the attempt
+    scheduler_line: str | None = None  # slurmstepd's cancellation line for this attempt's job (SLURM_CANCELLED)
     ended: bool = True  # False: no exit record (the supervisor gone)
 
 
@@ -83,11 +97,13 @@ def _matched(lines: Sequence[str]) -> tuple[str, str] | None:
 
 def classify(f: EndFacts) -> EndCause:
     """The cause of one attempt's end and its evidence (see the module's docstring for the order)."""
+    how = f"killed by {f.signal}" if f.signal else f"exit code {f.returncode}" if f.ended else "no exit record"
+    if f.ended and f.returncode == 0 and not f.signal and not f.stop_requested:
+        return EndCause("completed", "exit code 0")
+    if f.scheduler_line and (m := SLURM_CANCELLED.search(f.scheduler_line)):  # Slurm ended the job (its SIGTERM
+        return EndCause(_CANCEL_CAUSES[m["why"]], f"Slurm: {m[0]} ({how})")  # reads as a stop, or no record left)
     if not f.ended:
         return EndCause("unknown", "no exit record: the supervisor is gone")
-    how = f"killed by {f.signal}" if f.signal else f"exit code {f.returncode}"
-    if f.returncode == 0 and not f.signal and not f.stop_requested:
-        return EndCause("completed", "exit code 0")
     if f.stop_requested:
         return EndCause("operator_stop", f"stepwatch stop ({how})")
     if (sch := SCHEDULER_CAUSES.get(str(f.scheduler_state or ""))) is not None:

@@ -5,7 +5,8 @@ terminal or losing SSH leaves it running). Every ``[slurm] poll_s`` seconds it a
 job (:func:`stepwatch.monitors.slurm.query_job`) and writes ``scheduler.json`` (atomically), then
 records and delivers the alerts only the scheduler can raise (``job_end``, ``time_limit``; the
 supervisor inside the allocation records every other kind). It exits once the job ended (after a
-last look and the deliveries in flight), when the run dir holds another attempt (a relaunch), or
+last look and the deliveries in flight), when the run dir holds another attempt (a relaunch; not a requeue of the
+same job, whose next attempt it goes on watching), or
 when Slurm has forgotten the job for good (no accounting) and the supervisor's exit record is there.
 
 Its own diagnostics go to ``jobwatch.log``.
@@ -73,8 +74,16 @@ def watch_job(run_dir: Path, run: dict[str, Any], log: Callable[[str], None] = _
                 log(f"detector: {type(e).__name__}: {e}")
             cur = read_json(run_dir / RUN_JSON) or {}
             if (cur.get("attempt"), cur.get("launched_at_unix")) != key:
-                log("the run dir holds another attempt now: this job's watch ends")
-                return 0
+                cur_sch = cur.get("scheduler")
+                if not (isinstance(cur_sch, dict) and cur_sch.get("job_id") == job_id):
+                    log("the run dir holds another attempt now: this job's watch ends")
+                    return 0
+                # Slurm requeued the job and it runs the next attempt (launcher/requeue.py): the same job, watched on
+                # with the launcher's alert config, its alerts now the new attempt's
+                key = (cur.get("attempt"), cur.get("launched_at_unix"))
+                log(f"job {job_id} was requeued: attempt {key[0]} runs in it; the watch goes on")
+                recorder.finish()
+                recorder = AlertRecorder(run_dir, {**run, "attempt": key[0]}, log, kinds=SCHEDULER_ALERT_KINDS)
             unknown = unknown + 1 if st["state"] == "UNKNOWN" else 0
             exited = read_json(run_dir / EXIT_JSON) is not None
             if is_ended(st["state"]) or unknown >= (UNKNOWN_POLLS if exited else UNKNOWN_POLLS_NO_EXIT):

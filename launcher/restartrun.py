@@ -111,7 +111,8 @@ def end_of(run_dir: Path, run: dict[str, Any], snap: Snapshot,
                      traceback_last_line=(snap.get("log") or {}).get("traceback_last_line"), log_tail=log_tail(run_dir),
                      step=step, phase="saving" if cut_short else (snap.get("phase") or {}).get("name"),
                      alert_kinds=frozenset(str(a.get("kind")) for a in snap.get("alerts") or []),
-                     scheduler_line=slurm_cancel_line(run_dir, run),
+                     scheduler_line=slurm_cancel_line(run_dir, run), oom_kills=_count(ended.get("oom_kills")),
+                     oom_where=str(ended.get("oom_where") or "the run's cgroup"),
                      ended=snap.get("returncode") is not None or snap.get("signal") is not None or bool(ended.get("error")))
     cause = classify(facts)
     end = AttemptEnd(attempt=int(run.get("attempt") or 1), cause=cause.cause, evidence=cause.evidence, step=step,
@@ -120,6 +121,10 @@ def end_of(run_dir: Path, run: dict[str, Any], snap: Snapshot,
     listed = [{"path": str(c.path), "step": c.step, "kind": c.kind, "complete": c.complete, "why": c.why}
               for c in cps[-LISTED_CHECKPOINTS:]]
     return end, listed
+
+
+def _count(v: Any) -> int:
+    return v if type(v) is int and v > 0 else 0
 
 
 def _finite(v: Any) -> float:

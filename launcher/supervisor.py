@@ -38,6 +38,7 @@ from stepwatch.launcher.escalation import log_line as _log
 from stepwatch.launcher.exitrecord import record_exit, reserve_space
 from stepwatch.launcher.slurm import slurm_job_id
 from stepwatch.launcher.trust import launch_digest, read_private_json
+from stepwatch.monitors.oomkills import oom_count, oom_kills_between
 from stepwatch.monitors.proctree import HELPER_PIDS, HELPERS_LOCK, TreeRecorder, become_subreaper
 from stepwatch.monitors.runfiles import (
     RUN_JSON, STOP_JSON, SUPERVISOR_LOG, TRAIN_LOG, open_append, read_json, read_run_fd, utc_iso, write_json_atomic,
@@ -264,6 +265,7 @@ def supervise(run_dir: Path, run_fd: int | None = None, launch_sha256: str | Non
         if out_w is not None:
             os.close(out_w)  # the child holds its own copy: the pipe ends when the run's writers are gone
     pump = LogPump(out_r, run_dir / TRAIN_LOG, _log).start()
+    oom_start = oom_count(os.getpid())  # the child's cgroup is this one (forked here): the kernel's OOM kills so far
 
     try:
         ctime = psutil.Process(child.pid).create_time()
@@ -310,6 +312,7 @@ def supervise(run_dir: Path, run_fd: int | None = None, launch_sha256: str | Non
         "stop_requested": escalation is not None, "error": None, "write_errors": [],
         "log_lost_bytes": pump.lost_bytes, "log_lost_reason": pump.lost_reason,
     }
+    exit_rec["oom_kills"], exit_rec["oom_where"] = oom_kills_between(oom_start, oom_count(os.getpid()))
     tree.finish(5.0)  # the last look at the tree first: once exit.json is there, what the command left behind is on record
     record_exit(run_dir, exit_rec, reserve, log=_log)
     exit_recorded.set()

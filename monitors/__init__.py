@@ -10,7 +10,7 @@
 - ``telemetry/``: the emitter, published as ``stepwatch.telemetry`` (runs inside the training process);
 - ``watch/``: the supervisor's monitoring (log steps timed at arrival, the detector loop, alert delivery);
 - ``export/``: the snapshot in Prometheus' text format;
-- beside them: ``protocol`` (events.jsonl kinds, keys, flags), ``runfiles``, ``rundirs``, ``watchdog``.
+- beside them: ``protocol`` (events.jsonl kinds, keys, flags), ``runfiles``, ``rundirs``, ``watchdog``, ``oomkills`` (the kernel's OOM kills).
 
 What each owns, and what must never be done a second time elsewhere: ARCHITECTURE.md, "Folders".
 

@@ -74,7 +74,8 @@ class EndFacts:
     step: int | None = None  # the last optimizer step reached (None: none)
     phase: str | None = None  # the run model's phase when it ended (``saving`` ...)
     alert_kinds: frozenset[str] = frozenset()
-    oom_kills: int = 0  # the kernel's OOM kills counted in the run's cgroup during the attempt
+    oom_kills: int = 0  # the kernel's OOM kills counted during the attempt (monitors/oomkills.py)
+    oom_where: str = "the run's cgroup"  # where they were counted
     scheduler_line: str | None = None  # slurmstepd's cancellation line for this attempt's job (SLURM_CANCELLED)
     ended: bool = True  # False: no exit record (the supervisor gone)
 
@@ -117,12 +118,15 @@ def classify(f: EndFacts) -> EndCause:
     for line in lines[-TAIL_LINES:]:
         table.feed(line)
     root = next((e for e in reversed(table.entries) if e.root_cause), None)
+    oom = f"the kernel's OOM killer ran {f.oom_kills} time(s) in {f.oom_where}"
     if root is not None and signal_name(root.exitcode):
-        return EndCause("killed_by_signal", f"rank {root.rank} (pid {root.pid}) {root.how()}, torchrun's root cause"
+        rank = f"rank {root.rank} (pid {root.pid}) {root.how()}"
+        if signal_name(root.exitcode) == "SIGKILL" and f.oom_kills > 0:
+            return EndCause("host_oom", f"{rank}, torchrun's root cause; {oom}")
+        return EndCause("killed_by_signal", f"{rank}, torchrun's root cause"
                         + (f", at step {f.step}" if f.step is not None else ""))
     if f.signal == "SIGKILL" and f.oom_kills > 0:
-        return EndCause("host_oom", f"killed by SIGKILL; the kernel's OOM killer ran {f.oom_kills} time(s) in the "
-                                    "run's cgroup")
+        return EndCause("host_oom", f"killed by SIGKILL; {oom}")
     if f.phase == "saving":
         return EndCause("save_crash", f"{how} while a checkpoint was being written")
     if f.signal:

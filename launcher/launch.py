@@ -12,6 +12,7 @@ import errno
 import fcntl
 import json
 import os
+import pwd
 import stat
 import subprocess
 import sys
@@ -25,13 +26,10 @@ from stepwatch.launcher.config import ConfigError, RunConfig, config_to_json, re
 from stepwatch.launcher.identity import gate_message, read_tree, untracked_warning
 from stepwatch.launcher.preflight import Checklist, run_checklist
 from stepwatch.launcher.rotate import rotate
-from stepwatch.launcher.trust import (
-    launch_digest, owner_copy_path, save_owner_copy,
-    shared_dir_problem,
-)
+from stepwatch.launcher.trust import launch_digest, save_owner_copy, shared_risk
 from stepwatch.monitors.runfiles import (
-    ENV_ATTEMPT, ENV_RUN_DIR, PUSH_URLS_JSON, RUN_JSON, SCHEMA_VERSION, SLURM_JOB_FILES, STOP_JSON, SUPERVISOR_LOG,
-    open_append, read_json, utc_iso, write_json_atomic,
+    ENV_ATTEMPT, ENV_RUN_DIR, JOBWATCH_LOG, PUSH_URLS_JSON, RUN_JSON, SCHEMA_VERSION, SLURM_JOB_FILES, STOP_JSON,
+    SUPERVISOR_LOG, open_append, read_json, utc_iso, write_json_atomic,
 )
 from stepwatch.monitors.rundirs import live_attempt, live_words  # noqa: F401 - live_attempt re-exported for callers
 
@@ -190,17 +188,6 @@ def refuse_unsafe_dirs(runs_dir: Path, run_dir: Path) -> None:
                             "Launch under another name (--name) or another runs dir (--runs-dir)")
 
 
-def shared_risk(runs_dir: Path, run_dir: Path) -> str | None:
-    """The risk, stated at launch, of a runs dir or run dir that others may write (a team's shared
-    dir): they can change what a view shows of the run, never what runs (launcher/trust.py)."""
-    problem = shared_dir_problem(run_dir) or shared_dir_problem(runs_dir)
-    if problem is None:
-        return None
-    return (f"{problem}: other users can replace this run's files, so what `status` and the TUI show of it "
-            f"may be theirs. What runs, now and on relaunch, comes only from your own config and your copy "
-            f"of the launch in {owner_copy_path(run_dir).parent}, never from run.json")
-
-
 def _hand_over(wfd: int, run: dict[str, Any]) -> None:
     """Write ``run`` to the supervisor's inherited pipe, then close it (the supervisor reads to EOF)."""
     try:
@@ -270,7 +257,8 @@ def _start(cfg: RunConfig, exe: str, tree, checklist: Checklist, allow_dirty: st
         run_dir.mkdir(parents=True, exist_ok=True)
         attempt = next_attempt(run_dir)
         _let_the_last_supervisor_finish(run_dir)
-        rotated = rotate(run_dir, SLURM_JOB_FILES if in_job else frozenset())
+        rotated = rotate(run_dir, SLURM_JOB_FILES if in_job else frozenset({JOBWATCH_LOG}) if _resubmitted_in_job(cfg)
+                         else frozenset())
     except OSError as e:
         raise LaunchRefused(f"cannot prepare the run dir {run_dir}: {e.strerror or e}. "
                             "Choose another with --runs-dir DIR (or runs_dir in the config).") from None
@@ -354,7 +342,6 @@ def _submit(cfg: RunConfig, slurm_cfg: dict[str, Any], run: dict[str, Any], rota
     node's job watcher started, the job released (launcher/slurm.py). Returns at once: the job may
     wait in the queue; ``status`` says PENDING and Slurm's reason."""
     from stepwatch.launcher import slurm  # noqa: PLC0415
-    from stepwatch.monitors.runfiles import JOBWATCH_LOG  # noqa: PLC0415
 
     run_dir = cfg.run_dir
     previous = [j for j in [slurm.slurm_job_id(read_json(run_dir / n) or {}) for _, n in
@@ -370,6 +357,8 @@ def _submit(cfg: RunConfig, slurm_cfg: dict[str, Any], run: dict[str, Any], rota
         raise LaunchRefused(f"Slurm did not take the job: {e}") from None
     run["scheduler"].update(job_id=job_id, sbatch_argv=argv, submitted_at=utc_iso(time.time()))
     write_json_atomic(run_dir / RUN_JSON, run, mode=RUN_JSON_MODE)  # before the release: the supervisor reads it when the job starts
+    if _resubmitted_in_job(cfg):
+        return _release(run_dir, job_id, run, rotated, warnings)  # the last job's login-node watcher follows it
     rfd, wfd = os.pipe()  # the watcher delivers alerts (the [alerts] command): its run comes from here (R17)
     try:
         with open(open_append(run_dir / JOBWATCH_LOG), "ab") as jlog:
@@ -381,6 +370,19 @@ def _submit(cfg: RunConfig, slurm_cfg: dict[str, Any], run: dict[str, Any], rota
         os.close(rfd)
     threading.Thread(target=_hand_over, args=(wfd, run), name=f"run-to-jobwatch-{w.pid}", daemon=True).start()
     threading.Thread(target=w.wait, name=f"reap-jobwatch-{w.pid}", daemon=True).start()
+    return _release(run_dir, job_id, run, rotated, warnings)
+
+
+def _resubmitted_in_job(cfg: RunConfig) -> bool:
+    """The restart policy submits the next attempt from inside the job that ended: no watcher of its own (it would
+    die with that job); the last job's login-node watcher follows it, its log kept (monitors/watch/jobwatch.py)."""
+    return (cfg.resumed_from or {}).get("by") == "restart policy" and bool(os.environ.get("SLURM_JOB_ID"))
+
+
+def _release(run_dir: Path, job_id: str, run: dict[str, Any], rotated: list, warnings: list[str]) -> LaunchResult:
+    """Let the held job be scheduled; cancelled when Slurm will not (LaunchRefused)."""
+    from stepwatch.launcher import slurm  # noqa: PLC0415
+
     try:
         slurm.release(job_id)
     except slurm.SlurmError as e:
@@ -391,9 +393,6 @@ def _submit(cfg: RunConfig, slurm_cfg: dict[str, Any], run: dict[str, Any], rota
 
 
 def _user() -> str | None:
-    try:
-        import pwd
-
+    with contextlib.suppress(KeyError):
         return pwd.getpwuid(os.getuid()).pw_name
-    except (KeyError, ImportError):
-        return None
+    return None

@@ -222,7 +222,7 @@ def enforce(run_dir: Path, run: dict[str, Any], record: dict[str, Any] | None, s
             log: Callable[[str], None]) -> dict[str, Any] | None:
     """``enforce`` and RESTART: after the back-off (a stop asked for meanwhile cancels it), a new attempt of the run
     as its owner launched it (launcher/relaunch.py: never from a file others can write), its command resuming from
-    the checkpoint; the outcome added to restart.json's decision (``started`` or ``not_started`` with the reason).
+    the checkpoint (a Slurm run: a new job submitted; one Slurm requeued resumes in the same job, launcher/requeue.py); the outcome added to restart.json's decision (``started`` or ``not_started`` with the reason).
     Never raises; returns the updated record."""
     if record is None or record["decision"]["mode"] != "enforce" or record["decision"]["verdict"] != RESTART:
         return record
@@ -231,9 +231,6 @@ def enforce(run_dir: Path, run: dict[str, Any], record: dict[str, Any] | None, s
         d["not_started"] = f"{RESTART_JSON} could not be written: without its history no restart is safe"
     elif (job := slurm_job_id(run)) is not None and slurm_requeued(record["attempts"][-1].get("evidence")):
         d["requeued"] = f"Slurm requeued job {job}: when it runs again, its next attempt starts there (resuming)"
-    elif job is not None:
-        d["not_started"] = ("a Slurm job that ended is not resubmitted by the policy yet: only a requeued job "
-                            "(preemption, scontrol requeue) resumes")
     elif stop.wait(float(d.get("backoff_s") or 0.0)):
         d["not_started"] = "the operator stopped the run during the back-off: no new attempt"
     else:

@@ -16,6 +16,7 @@ to write) is read by :mod:`stepwatch.monitors.slurm` from the login node.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import subprocess
@@ -99,8 +100,11 @@ class SlurmError(RuntimeError):
 
 
 def _run(argv: list[str], stdin: str | None = None) -> str:
+    """Run a Slurm command; inside a job (the restart policy's resubmission) without that job's ``SLURM_*`` variables,
+    which sbatch would pass on to the new job's srun (``SLURM_CONF`` kept)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
     try:
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=SLURM_TIMEOUT_S, input=stdin)
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=SLURM_TIMEOUT_S, input=stdin, env=env)
     except FileNotFoundError:
         raise SlurmError(f"{argv[0]} not found: is Slurm's client installed on this machine (slurm-client)?") from None
     except subprocess.TimeoutExpired:

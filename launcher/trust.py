@@ -157,3 +157,14 @@ def _group(gid: int) -> str:
         return grp.getgrgid(gid).gr_name
     except KeyError:
         return str(gid)
+
+
+def shared_risk(runs_dir: Path, run_dir: Path) -> str | None:
+    """The risk, stated at launch, of a runs dir or run dir that others may write (a team's shared
+    dir): they can change what a view shows of the run, never what runs (launcher/trust.py)."""
+    problem = shared_dir_problem(run_dir) or shared_dir_problem(runs_dir)
+    if problem is None:
+        return None
+    return (f"{problem}: other users can replace this run's files, so what `status` and the TUI show of it "
+            f"may be theirs. What runs, now and on relaunch, comes only from your own config and your copy "
+            f"of the launch in {owner_copy_path(run_dir).parent}, never from run.json")

@@ -93,3 +93,29 @@ def test_the_login_nodes_watcher_follows_its_requeued_job_into_the_next_attempt(
 def test_the_watcher_still_ends_when_a_relaunch_put_another_job_in_the_run_dir(tmp_path: Path):
     said = _watch(tmp_path, _run(job="8", attempt=2), ["RUNNING", "RUNNING", "COMPLETED"])
     assert said[-1] == "the run dir holds another attempt now: this job's watch ends", said
+
+
+def _policys(job: str = "8") -> dict:
+    return {**_run(job=job, attempt=2), "resumed_from": {"by": "restart policy", "after_attempt": 1, "restarts": 1}}
+
+
+def test_the_watcher_follows_the_restart_policys_resubmission_as_a_new_job(tmp_path: Path):
+    said = _watch(tmp_path, _policys(), ["RUNNING", "RUNNING", "RUNNING", "COMPLETED"])
+    assert "the restart policy submitted attempt 2 as job 8: the watch follows it" in said, said
+    assert said[-1] == "job 8 ended COMPLETED; the watch ends", said
+
+
+def test_a_resubmission_claimed_in_a_run_json_another_user_wrote_is_not_followed(tmp_path: Path):
+    """In a team's group-writable run dir a member can put a run.json naming any job: the watcher (its owner's) never
+    follows a job on that claim."""
+    (tmp_path / "run.json").write_text(json.dumps(_run()))
+    said: list[str] = []
+    answers = iter(["RUNNING", "RUNNING", "COMPLETED"])
+
+    def sleep(_s: float) -> None:
+        (tmp_path / "run.json").write_text(json.dumps(_policys(job="99")))
+        os.chown(tmp_path / "run.json", 12345, 12345)
+
+    assert watch_job(tmp_path, _run(), log=said.append, sleep=sleep,
+                     query=lambda job: {"kind": "slurm", "job_id": job, "state": next(answers), "error": None}) == 0
+    assert said[-1] == "the run dir holds another attempt now: this job's watch ends", said

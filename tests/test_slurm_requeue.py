@@ -28,6 +28,9 @@ if "--resume" in sys.argv:
 for step in range(start + 1, n + 1):
     time.sleep(dt)
     print(f"step {step}/{n} loss {1.0 / step:.4f}", flush=True)
+    if step == 45 and os.environ.get("DIE_ONCE_AT_45") and not os.path.exists("ckpt/died"):
+        open("ckpt/died", "w").close()
+        raise SystemExit("dying once at step 45")
     if step % 20 == 0:
         d = f"ckpt/ckpt_{step}"
         os.makedirs(d, exist_ok=True)
@@ -36,12 +39,12 @@ for step in range(start + 1, n + 1):
 '''
 
 
-def _launch(tmp_path: Path, mode: str, steps: int = 200) -> Path:
+def _launch(tmp_path: Path, mode: str, steps: int = 200, env: str = "") -> Path:
     repo = make_repo(tmp_path / "repo", {"train.py": TRAIN_PY, ".gitignore": "runs/\nckpt/\n"})
     (repo / "run.toml").write_text(
-        f'name = "rq"\ncommand = ["srun", "--ntasks=1", "{sys.executable}", "train.py", "{steps}", "0.1"]\n'
+        f'name = "rq"\ncommand = ["srun", "--ntasks=1", "{sys.executable}", "train.py", "{steps}", "0.1"]\n{env}'
         f'[slurm]\npoll_s = 0.5\n[restart]\nmode = "{mode}"\ncheckpoints = "ckpt/ckpt_*"\ncomplete_marker = "done"\n'
-        'resume = ["--resume", "{checkpoint}"]\n')
+        'resume = ["--resume", "{checkpoint}"]\nbackoff_s = 1\n')
     subprocess.run(["git", "add", "run.toml"], cwd=repo, check=True)
     subprocess.run(["git", "commit", "-qm", "config"], cwd=repo, check=True)
     r = stepwatch("launch", "run.toml", "--no-tui", cwd=repo)
@@ -134,3 +137,25 @@ def test_in_observe_mode_a_requeued_job_runs_the_next_attempt_from_scratch_and_s
     first = json.loads((run_dir / "restart.json").read_text())["attempts"][0]
     assert first["cause"] == "preempted" and first["checkpoint"].endswith("ckpt/ckpt_40"), first
     assert "would restart from " in (run_dir / "supervisor.log").read_text()
+
+
+@pytest.mark.slow
+def test_a_slurm_job_that_died_is_resubmitted_by_the_policy_as_a_new_job_resuming_and_its_watcher_follows(
+        slurm, tmp_path: Path):  # noqa: F811
+    run_dir = _launch(tmp_path, "enforce", steps=80, env='[env]\nDIE_ONCE_AT_45 = "1"\n')
+    first = _run_json(run_dir)["scheduler"]["job_id"]
+    wait_until(lambda: _decided_on(run_dir) == 2, 120, what="attempt 2, a new job, to end and the policy to decide")
+    run = _run_json(run_dir)
+    second = run["scheduler"]["job_id"]
+    assert second != first and run["scheduler"]["previous_job_ids"] == [first], run["scheduler"]
+    rf = run["resumed_from"]
+    assert (rf["by"], rf["after_attempt"], rf["step"]) == ("restart policy", 1, 40), rf
+    assert _first_step(run_dir / "train.log") == 41 and _last_step(run_dir / "train.log") == 80
+    restart = json.loads((run_dir / "restart.json").read_text())
+    assert [(e["attempt"], e["cause"]) for e in restart["attempts"]] == [(1, "exception"), (2, "completed")]
+    assert "SLURM_JOB_ID" not in run["env"]  # the dead job's variables stay out of the new job's submission
+    wait_until(lambda: f"job {second} ended " in (run_dir / "jobwatch.log").read_text(), 60,
+               what="the first job's watcher to follow the second job to its end")
+    jw = (run_dir / "jobwatch.log").read_text()
+    assert f"the restart policy submitted attempt 2 as job {second}: the watch follows it" in jw, jw
+    assert jw.count("watching Slurm job") == 1 and f"watching Slurm job {first} " in jw, jw  # one watcher, kept

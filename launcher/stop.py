@@ -282,10 +282,11 @@ def kill_survivors(run_dir: Path) -> list[dict]:
 
 
 def restart_pending(run_dir: Path) -> bool:
-    """The restart policy decided RESTART in enforce mode and has neither started the next attempt nor given up."""
+    """The restart policy decided RESTART in enforce mode and has neither started the next attempt nor given up (nor
+    left it to Slurm, which requeued the job: launcher/requeue.py)."""
     d = (read_json(run_dir / RESTART_JSON, owner_uid=os.getuid()) or {}).get("decision")
     return isinstance(d, dict) and d.get("mode") == "enforce" and d.get("verdict") == "RESTART" and not (
-        "started" in d or "not_started" in d)
+        "started" in d or "not_started" in d or "requeued" in d)
 
 
 def _restart_enforced(run: dict) -> bool:

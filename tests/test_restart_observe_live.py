@@ -157,16 +157,18 @@ def test_enforce_mode_stops_after_two_attempts_that_fail_the_same_way_at_the_sam
     assert (read_json(run_dir / "run.json") or {})["attempt"] == 2  # no third attempt
 
 
-@pytest.mark.slow
-def test_a_stop_during_the_back_off_cancels_the_pending_restart(tmp_path: Path):
+def _pending(tmp_path: Path) -> Path:
+    """A run whose enforce policy decided RESTART and waits out a 60 s back-off."""
     config = (f'name = "cancel"\ncommand = [{json.dumps(sys.executable)}, "resumes.py"]\n[restart]\nmode = "enforce"\n'
               'backoff_s = 60\ncheckpoints = "ckpt_*"\ncomplete_marker = "DONE"\nresume = ["--resume", "{checkpoint}"]\n')
     repo = make_repo(tmp_path / "repo", {"resumes.py": RESUMES_PY, ".gitignore": "ckpt_*\n", "cancel.toml": config})
     assert stepwatch("launch", "--no-tui", "cancel.toml", cwd=repo).returncode == 0
     run_dir = repo / "runs" / "cancel"
     wait_until(lambda: (read_json(run_dir / "restart.json") or {}).get("decision"), 60, what="the decision")
-    r = stepwatch("stop", str(run_dir))
-    assert r.returncode == 0 and "its pending restart is cancelled" in r.stdout, (r.stdout, r.stderr)
+    return run_dir
+
+
+def _cancelled(run_dir: Path) -> dict:
     def cancelled() -> dict | None:
         rec = (read_json(run_dir / "restart.json") or {}).get("decision")
         return rec if isinstance(rec, dict) and "not_started" in rec else None
@@ -174,3 +176,45 @@ def test_a_stop_during_the_back_off_cancels_the_pending_restart(tmp_path: Path):
     d = wait_until(cancelled, 15, what="the cancellation recorded")
     assert d["not_started"] == "the operator stopped the run during the back-off: no new attempt", d
     assert (read_json(run_dir / "run.json") or {})["attempt"] == 1
+    return d
+
+
+@pytest.mark.slow
+def test_a_stop_during_the_back_off_cancels_the_pending_restart(tmp_path: Path):
+    run_dir = _pending(tmp_path)
+    r = stepwatch("stop", str(run_dir))
+    assert r.returncode == 0 and "its pending restart is cancelled" in r.stdout, (r.stdout, r.stderr)
+    _cancelled(run_dir)
+
+
+@pytest.mark.slow
+async def test_x_on_the_run_screen_cancels_a_pending_restart_after_saying_which(tmp_path: Path):
+    """The run has ended and its policy waits out the back-off: ``x`` asks, quoting the decision, and cancels it;
+    ``n`` (the control) leaves it pending."""
+    from stepwatch.tui.app import StepwatchApp  # noqa: PLC0415
+    from stepwatch.tui.screens.modals import Confirm  # noqa: PLC0415
+
+    run_dir = _pending(tmp_path)
+    app = StepwatchApp(run_dir, run_dir.parent)
+    async with app.run_test(size=(120, 40)) as pilot:
+        for answer in ("n", "y"):
+            await pilot.pause(0.5)
+            await pilot.press("x")
+            for _ in range(100):
+                if isinstance(app.screen, Confirm):
+                    break
+                await pilot.pause(0.05)
+            assert isinstance(app.screen, Confirm), app.screen
+            q = app.screen.question
+            assert q.startswith("Cancel the pending restart of cancel? (restarting in 60 s from ") and "ckpt_" in q, q
+            await pilot.press(answer)
+            if answer == "n":
+                await pilot.pause(0.5)
+                assert "not_started" not in (read_json(run_dir / "restart.json") or {})["decision"]
+        _cancelled(run_dir)
+        for _ in range(100):
+            if any("its pending restart is cancelled" in n.message for n in app._notifications):
+                break
+            await pilot.pause(0.05)
+        assert any("its pending restart is cancelled" in n.message for n in app._notifications), \
+            [n.message for n in app._notifications]

@@ -256,14 +256,19 @@ class StepwatchApp(StepwatchAppBase):
         rs = self.run_screen
         if rs is None or self._debounced("stop"):
             return
-        if rs.snap.get("state") != RUNNING:
-            self.notify(f"{rs.run_dir.name} is not running", severity="warning")
-            return
+        from stepwatch.launcher.stop import restart_pending  # noqa: PLC0415
 
         def stop_if(yes: bool | None) -> None:
             if yes:
                 self._stop_worker(rs.run_dir)
 
+        if rs.snap.get("state") != RUNNING:
+            if not restart_pending(rs.run_dir):  # [restart] enforce, in its back-off: x calls the restart off
+                self.notify(f"{rs.run_dir.name} is not running", severity="warning")
+                return
+            words = (rs.snap.get("restart") or {}).get("words") or "the restart policy's"
+            self.push_screen(Confirm(f"Cancel the pending restart of {rs.run_dir.name}? ({words})"), stop_if)
+            return
         self.push_screen(Confirm(f"Stop {rs.run_dir.name} (pid {rs.snap.get('pid')})? SIGINT now, SIGTERM and "
                                  "SIGKILL after 30 s each, carried out by the supervisor."), stop_if)
 
@@ -277,7 +282,8 @@ class StepwatchApp(StepwatchAppBase):
             self.post_message(ActionDone("stop", False, str(e)))
             return
         if out.already_ended:
-            self.post_message(ActionDone("stop", True, f"{run_dir.name} had already ended; nothing to stop"))
+            self.post_message(ActionDone("stop", True, f"{run_dir.name} had already ended; " + (
+                "its pending restart is cancelled" if out.restart_cancelled else "nothing to stop")))
             return
         self.post_message(ActionDone("stop", True, "stop requested: the supervisor sends SIGINT, then SIGTERM and "
                                                    "SIGKILL after 30 s each"))

@@ -20,7 +20,7 @@ HELP = """\
 stepwatch keys
   l  launch a run from a config (the preflight checklist comes first)
   r  relaunch this run (confirm; rotates the logs; preflight first)
-  x  stop this run (confirm; SIGINT, then SIGTERM, then SIGKILL)
+  x  stop this run (confirm; INT, then TERM, then KILL), or cancel a pending restart
   a  acknowledge the alerts on the banner
   d  every alert's whole text (a long one is cut on the banner)
   i  show / hide the identity line

@@ -10,6 +10,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -76,9 +77,13 @@ def _requeue_at(run_dir: Path, attempt: int, step: int) -> None:
     job = _run_json(run_dir)["scheduler"]["job_id"]
     wait_until(lambda: _run_json(run_dir)["attempt"] == attempt and _last_step(run_dir / "train.log") >= step, 90,
                what=f"attempt {attempt} at step {step}")
+    t_requeue = time.time()
     subprocess.run(["scontrol", "requeue", job], check=True)
     wait_until(lambda: "PENDING" in subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True,
                                                     text=True).stdout, 60, what="the requeued job pending")
+    # slurmd revokes the job's credential at the requeue, to the second: a start in that same second is refused
+    # ("Killing non-startable batch job: Job credential revoked", slurmctld.log), so the start waits for the next one
+    wait_until(lambda: time.time() >= t_requeue + 2.0, 5, what="the second after the requeue")
     subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"], check=True)
 
 

@@ -102,3 +102,21 @@ def test_a_run_that_completed_before_the_requeue_completed_and_one_whose_supervi
     got = classify(EndFacts(ended=False, step=45, scheduler_line=line))  # no exit record: Slurm's kill took it
     assert got.cause == "preempted" and got.evidence.endswith("(no exit record)"), got
     assert classify(EndFacts(ended=False, step=45)).cause == "unknown"  # without the line: nobody knows
+
+
+def test_a_cuda_allocators_out_of_memory_is_the_devices_memory_not_the_hosts():
+    """No GPU is lent here, so no capture: the line is torch's own, its message laid out as
+    c10/cuda/CUDACachingAllocator.cpp builds it (torch 2.x: "Tried to allocate …. GPU N has a total capacity of …")
+    under the exception's real name on this torch (``torch.OutOfMemoryError``). To be replaced by a capture on a GPU."""
+    tail = ("Traceback (most recent call last):",
+            '  File "train.py", line 41, in <module>',
+            "    loss = model(batch).loss",
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of "
+            "79.10 GiB of which 3.21 GiB is free. Including non-PyTorch memory, this process has 75.88 GiB memory in "
+            "use. Of the allocated memory 74.12 GiB is allocated by PyTorch, and 1.02 GiB is reserved by PyTorch but "
+            "unallocated.")
+    got = classify(EndFacts(returncode=1, step=217, log_tail=tail, traceback_last_line=tail[-1], oom_kills=0))
+    assert got.cause == "device_oom" and got.evidence.startswith("torch.OutOfMemoryError: CUDA out of memory."), got
+    # the control: the CPU allocator's own words (a real capture) are the host's
+    cpu = facts_of("death_cpu_oom.log", returncode=1, step=3)
+    assert classify(cpu).cause == "host_oom"

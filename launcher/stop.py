@@ -133,7 +133,8 @@ def request_stop(run_dir: Path, grace_s: float = 30.0, reason: str | None = None
     if run is None:
         raise StopError(f"no readable {RUN_JSON} of the run dir's owner in {run_dir}: not a run directory")
     job = slurm_job_id(run)
-    if job and not is_alive(ProcessRef.from_json(run.get("process"))) and read_json(run_dir / EXIT_JSON) is None:
+    if job and not is_alive(ProcessRef.from_json(run.get("process"))) and (
+            read_json(run_dir / EXIT_JSON) is None or _requeued(run_dir, run)):  # queued, or Slurm will rerun it
         return _stop_job(run_dir, run, job, grace_s, reason, wait, wait_timeout_s)
     run = _wait_while_starting(run_dir, run, uid)
     pin.check()
@@ -287,6 +288,13 @@ def restart_pending(run_dir: Path) -> bool:
     d = (read_json(run_dir / RESTART_JSON, owner_uid=os.getuid()) or {}).get("decision")
     return isinstance(d, dict) and d.get("mode") == "enforce" and d.get("verdict") == "RESTART" and not (
         "started" in d or "not_started" in d or "requeued" in d)
+
+
+def _requeued(run_dir: Path, run: dict) -> bool:
+    """Slurm requeued this attempt's job (restart.json, the policy's record): its next attempt starts when the job runs
+    again (launcher/requeue.py), so a stop cancels the queued job."""
+    d = (read_json(run_dir / RESTART_JSON, owner_uid=os.getuid()) or {}).get("decision")
+    return isinstance(d, dict) and "requeued" in d and d.get("attempt") == run.get("attempt")
 
 
 def _restart_enforced(run: dict) -> bool:

@@ -164,3 +164,20 @@ def test_a_slurm_job_that_died_is_resubmitted_by_the_policy_as_a_new_job_resumin
     jw = (run_dir / "jobwatch.log").read_text()
     assert f"the restart policy submitted attempt 2 as job {second}: the watch follows it" in jw, jw
     assert jw.count("watching Slurm job") == 1 and f"watching Slurm job {first} " in jw, jw  # one watcher, kept
+
+
+@pytest.mark.slow
+def test_a_stop_while_the_requeued_job_waits_in_the_queue_cancels_it_and_no_attempt_starts(slurm, tmp_path: Path):  # noqa: F811
+    run_dir = _launch(tmp_path, "enforce")
+    job = _run_json(run_dir)["scheduler"]["job_id"]
+    wait_until(lambda: _last_step(run_dir / "train.log") >= 45, 90, what="step 45")
+    subprocess.run(["scontrol", "requeue", job], check=True)
+    wait_until(lambda: "PENDING" in subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True,
+                                                    text=True).stdout, 60, what="the requeued job pending")
+    wait_until(lambda: "requeued" in ((json.loads((run_dir / "restart.json").read_text()) if (run_dir / "restart.json")
+                                       .exists() else {}).get("decision") or {}), 30, what="the decision on attempt 1")
+    r = stepwatch("stop", str(run_dir), "--grace", "2", timeout=90)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    state = subprocess.run(["scontrol", "-o", "show", "job", job], capture_output=True, text=True).stdout
+    assert "JobState=CANCELLED" in state, state
+    assert _run_json(run_dir)["attempt"] == 1 and not list(run_dir.glob("run.*.json"))  # nothing started

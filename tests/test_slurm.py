@@ -42,7 +42,7 @@ def _slurm_answers() -> str | None:
         p = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=20)
     except subprocess.TimeoutExpired:
         return "sinfo did not answer within 20 s"
-    if p.returncode != 0 or not any(s in p.stdout for s in ("idle", "mixed", "allocated")):
+    if p.returncode != 0 or not any(s in p.stdout for s in ("idle", "mixed", "allocated", "completing")):
         return f"no Slurm node is up (sinfo: {(p.stderr or p.stdout).strip()[:200]}); start one: sudo tools/slurm/start.sh"
     return None
 

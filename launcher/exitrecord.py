@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Callable
 
-from stepwatch.monitors.runfiles import EXIT_JSON, write_all, write_json_atomic
+from stepwatch.monitors.runfiles import EXIT_JSON, utc_iso, write_all, write_json_atomic
 
 
 #: Space the supervisor holds from its start (a hidden file in the run dir) and gives back right
@@ -53,6 +53,15 @@ def unlink_quietly(path: Path | None) -> None:
             os.unlink(path)
         except OSError:
             pass
+
+
+def new_exit_record(t_end: float, duration_s: float | None, *, returncode: int | None = None, signal: str | None = None,
+                    stop_requested: bool = False, error: str | None = None, log_lost_bytes: int = 0,
+                    log_lost_reason: str | None = None) -> dict[str, Any]:
+    """exit.json's record of an attempt's end (its keys, in their order, in one place)."""
+    return {"v": 1, "returncode": returncode, "signal": signal, "ended_at": utc_iso(t_end), "ended_at_unix": t_end,
+            "duration_s": duration_s, "stop_requested": stop_requested, "error": error, "write_errors": [],
+            "log_lost_bytes": log_lost_bytes, "log_lost_reason": log_lost_reason}
 
 
 def record_exit(run_dir: Path, exit_rec: dict[str, Any], reserve: Path | None,

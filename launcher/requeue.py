@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from stepwatch.launcher.restartpolicy import STOP, restart_settings
-from stepwatch.launcher.restartrun import restarts_so_far
+from stepwatch.launcher.restartrun import recorded_decision, restarts_so_far
 from stepwatch.launcher.slurm import slurm_job_id
 from stepwatch.launcher.trust import launch_digest, read_owner_copy
-from stepwatch.monitors.runfiles import (EXIT_JSON, LEDGER_JSON, RESTART_JSON, TRAIN_LOG, read_json, utc_iso,
-                                         write_json_atomic)
+from stepwatch.launcher.exitrecord import new_exit_record
+from stepwatch.monitors.runfiles import EXIT_JSON, LEDGER_JSON, RESTART_JSON, TRAIN_LOG, read_json, write_json_atomic
 
 BY = "slurm requeue"
 
@@ -54,13 +54,6 @@ def owner_launched(run_dir: Path, run: dict[str, Any]) -> bool:
     return requeue_count(run) > 0 and copy is not None and copy.get("digest") == launch_digest(run)
 
 
-def _decision_on(run_dir: Path, attempt: Any) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-    """(restart.json, its decision) when the decision is on ``attempt``; (the file or None, None) otherwise."""
-    doc = read_json(run_dir / RESTART_JSON, owner_uid=os.getuid())
-    d = doc.get("decision") if isinstance(doc, dict) else None
-    return doc, d if isinstance(d, dict) and d.get("attempt") == attempt else None
-
-
 def next_attempt_in_job(run_dir: Path, run: dict[str, Any], count: int, log: Callable[[str], None]) -> dict[str, Any] | None:
     """The requeued job's next attempt, prepared (run.json written, files rotated) for this supervisor to run; None
     when nothing is to run: the policy said STOP, or the launch was refused (both logged, and in restart.json)."""
@@ -68,10 +61,10 @@ def next_attempt_in_job(run_dir: Path, run: dict[str, Any], count: int, log: Cal
     from stepwatch.launcher.relaunch import newest_checkpoint_for, relaunch_config, resume_from  # noqa: PLC0415
 
     prev = run.get("attempt")
-    doc, dec = _decision_on(run_dir, prev)
+    doc, dec = recorded_decision(run_dir, prev)
     if dec is None:  # Slurm's kill took the supervisor before it recorded the end: recorded now, on its behalf
         _record_end(run_dir, run, log)
-        doc, dec = _decision_on(run_dir, prev)
+        doc, dec = recorded_decision(run_dir, prev)
     head = f"Slurm requeued job {slurm_job_id(run)} (restart {count}) after attempt {prev}"
     try:
         cfg, _changes = relaunch_config(run_dir)
@@ -112,11 +105,9 @@ def _record_end(run_dir: Path, run: dict[str, Any], log: Callable[[str], None]) 
         if rec is None:
             launched = run.get("launched_at_unix")
             t = max([os.stat(run_dir / TRAIN_LOG).st_mtime] if (run_dir / TRAIN_LOG).exists() else [time.time()])
-            rec = {"v": 1, "returncode": None, "signal": None, "ended_at": utc_iso(t), "ended_at_unix": t,
-                   "duration_s": round(t - launched, 3) if isinstance(launched, (int, float)) else None,
-                   "stop_requested": False, "write_errors": [], "log_lost_bytes": 0, "log_lost_reason": None,
-                   "error": "Slurm ended the job with its supervisor before the end was recorded (recorded by the "
-                            "requeued job's supervisor)"}
+            rec = new_exit_record(t, round(t - launched, 3) if isinstance(launched, (int, float)) else None,
+                                  error="Slurm ended the job with its supervisor before the end was recorded "
+                                        "(recorded by the requeued job's supervisor)")
             write_json_atomic(run_dir / EXIT_JSON, rec, mode=0o644)
         if not (run_dir / LEDGER_JSON).exists():
             record_ledger(run_dir, snapshot(run_dir))

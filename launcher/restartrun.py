@@ -65,6 +65,15 @@ def slurm_cancel_line(run_dir: Path, run: dict[str, Any]) -> str | None:
     return hits[-1] if hits else None
 
 
+def recorded_decision(run_dir: Path, attempt: Any = None) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """restart.json (its owner's alone) and its last decision, that decision None when there is none or, with
+    ``attempt``, when it is on another attempt."""
+    doc = read_json(run_dir / RESTART_JSON, owner_uid=os.getuid())
+    d = doc.get("decision") if isinstance(doc, dict) else None
+    ok = isinstance(d, dict) and (attempt is None or d.get("attempt") == attempt)
+    return doc, d if ok else None
+
+
 def previous_ends(run_dir: Path, attempt: int) -> list[AttemptEnd]:
     """The ends of the run's earlier attempts as restart.json recorded them (a malformed row is left out)."""
     doc = read_json(run_dir / RESTART_JSON, owner_uid=os.getuid()) or {}

@@ -21,9 +21,10 @@ from pathlib import Path
 
 from stepwatch.launcher.slurm import SlurmError, job_mismatch, scancel, slurm_job_id
 from stepwatch.launcher.escalation import ESCALATION, Escalation
+from stepwatch.launcher.restartrun import recorded_decision
 from stepwatch.monitors.fold.events import unix_time
 from stepwatch.monitors.signalling import belongs_to, owner_uid, send_signal
-from stepwatch.monitors.runfiles import EXIT_JSON, RESTART_JSON, RUN_JSON, STOP_JSON, read_json, utc_iso, write_json_atomic
+from stepwatch.monitors.runfiles import EXIT_JSON, RUN_JSON, STOP_JSON, read_json, utc_iso, write_json_atomic
 from stepwatch.monitors.rundirs import foreign_records
 from stepwatch.monitors.rundirs import run_survivors as run_survivors  # re-exported for the CLI
 from stepwatch.monitors.watchdog import ProcessRef, is_alive, wait_for_exit
@@ -285,16 +286,16 @@ def kill_survivors(run_dir: Path) -> list[dict]:
 def restart_pending(run_dir: Path) -> bool:
     """The restart policy decided RESTART in enforce mode and has neither started the next attempt nor given up (nor
     left it to Slurm, which requeued the job: launcher/requeue.py)."""
-    d = (read_json(run_dir / RESTART_JSON, owner_uid=os.getuid()) or {}).get("decision")
-    return isinstance(d, dict) and d.get("mode") == "enforce" and d.get("verdict") == "RESTART" and not (
+    d = recorded_decision(run_dir)[1]
+    return d is not None and d.get("mode") == "enforce" and d.get("verdict") == "RESTART" and not (
         "started" in d or "not_started" in d or "requeued" in d)
 
 
 def _requeued(run_dir: Path, run: dict) -> bool:
     """Slurm requeued this attempt's job (restart.json, the policy's record): its next attempt starts when the job runs
     again (launcher/requeue.py), so a stop cancels the queued job."""
-    d = (read_json(run_dir / RESTART_JSON, owner_uid=os.getuid()) or {}).get("decision")
-    return isinstance(d, dict) and "requeued" in d and d.get("attempt") == run.get("attempt")
+    d = recorded_decision(run_dir, run.get("attempt"))[1]
+    return d is not None and "requeued" in d
 
 
 def _restart_enforced(run: dict) -> bool:

@@ -35,13 +35,13 @@ from stepwatch.launcher.restartrun import enforce, run_policy
 from stepwatch.launcher.requeue import next_attempt_in_job, owner_launched, requeue_count
 from stepwatch.launcher.escalation import ESCALATION, Escalation, new_stop_record, stop_grace_s
 from stepwatch.launcher.escalation import log_line as _log
-from stepwatch.launcher.exitrecord import record_exit, reserve_space
+from stepwatch.launcher.exitrecord import new_exit_record, record_exit, reserve_space
 from stepwatch.launcher.slurm import slurm_job_id
 from stepwatch.launcher.trust import launch_digest, read_private_json
 from stepwatch.monitors.oomkills import oom_count, oom_kills_between
 from stepwatch.monitors.proctree import HELPER_PIDS, HELPERS_LOCK, TreeRecorder, become_subreaper
 from stepwatch.monitors.runfiles import (
-    RUN_JSON, STOP_JSON, SUPERVISOR_LOG, TRAIN_LOG, open_append, read_json, read_run_fd, utc_iso, write_json_atomic,
+    RUN_JSON, STOP_JSON, SUPERVISOR_LOG, TRAIN_LOG, open_append, read_json, read_run_fd, write_json_atomic,
 )
 from stepwatch.monitors.watch.logpump import LogPump
 from stepwatch.monitors.watchdog import ProcessRef
@@ -256,10 +256,8 @@ def supervise(run_dir: Path, run_fd: int | None = None, launch_sha256: str | Non
         try:
             write_json_atomic(run_dir / RUN_JSON, run, mode=0o644)
         finally:
-            record_exit(run_dir, {"v": 1, "returncode": None, "signal": None, "ended_at": utc_iso(t),
-                                  "ended_at_unix": t, "duration_s": 0.0, "stop_requested": False,
-                                  "error": run["start_error"], "write_errors": [], "log_lost_bytes": 0,
-                                  "log_lost_reason": None}, reserve, retry_for_s=10.0, log=_log)
+            record_exit(run_dir, new_exit_record(t, 0.0, error=run["start_error"]), reserve, retry_for_s=10.0,
+                        log=_log)
         return 1
     finally:
         if out_w is not None:
@@ -306,12 +304,9 @@ def supervise(run_dir: Path, run_fd: int | None = None, launch_sha256: str | Non
              "while this process lives")
     child_done.set()
     sig_name = signal.Signals(-rc).name if rc < 0 else None
-    exit_rec = {
-        "v": 1, "returncode": rc if rc >= 0 else None, "signal": sig_name, "ended_at": utc_iso(t_end),
-        "ended_at_unix": t_end, "duration_s": round(t_end - t_start, 3),
-        "stop_requested": escalation is not None, "error": None, "write_errors": [],
-        "log_lost_bytes": pump.lost_bytes, "log_lost_reason": pump.lost_reason,
-    }
+    exit_rec = new_exit_record(t_end, round(t_end - t_start, 3), returncode=rc if rc >= 0 else None, signal=sig_name,
+                               stop_requested=escalation is not None, log_lost_bytes=pump.lost_bytes,
+                               log_lost_reason=pump.lost_reason)
     exit_rec["oom_kills"], exit_rec["oom_where"] = oom_kills_between(oom_start, oom_count(os.getpid()))
     tree.finish(5.0)  # the last look at the tree first: once exit.json is there, what the command left behind is on record
     record_exit(run_dir, exit_rec, reserve, log=_log)

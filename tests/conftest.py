@@ -33,6 +33,16 @@ def wait_until(cond: Callable[[], T | None], timeout_s: float = 10.0, interval_s
         time.sleep(interval_s)
 
 
+async def until(pilot, cond: Callable[[], T | None], timeout_s: float = 10.0, what: str = "condition") -> T:
+    """:func:`wait_until` for a Textual app under Pilot: the app runs between the polls."""
+    deadline = time.monotonic() + timeout_s
+    while not (v := cond()):
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
+        await pilot.pause(0.05)
+    return v
+
+
 def step_controls():
     """tests/fixtures/step_controls.py (the detector controls), loaded once by path."""
     return fixture_module("step_controls")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT, make_repo, stepwatch, wait_until
+from conftest import REPO_ROOT, make_repo, stepwatch, until, wait_until
 from textual.widgets import Static
 
 from stepwatch.tui.app import StepwatchApp
@@ -21,15 +21,6 @@ from stepwatch.tui.widgets.logpanel import LogPanel
 
 STATIC_RUN = REPO_ROOT / "tests" / "fixtures" / "runs" / "ended-sigkill"
 N_LINES = 100_000
-
-
-async def until(pilot, cond, timeout_s: float = 10.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while not (v := cond()):
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
-        await pilot.pause(0.05)
-    return v
 
 
 def _big_run(tmp_path: Path) -> Path:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_repo, stepwatch, wait_until
+from conftest import make_repo, stepwatch, until, wait_until
 from stepwatch.monitors.runfiles import read_json
 
 SAVES_PY = r'''
@@ -200,21 +200,14 @@ async def test_x_on_the_run_screen_cancels_a_pending_restart_after_saying_which(
         for answer in ("n", "y"):
             await pilot.pause(0.5)
             await pilot.press("x")
-            for _ in range(100):
-                if isinstance(app.screen, Confirm):
-                    break
-                await pilot.pause(0.05)
-            assert isinstance(app.screen, Confirm), app.screen
-            q = app.screen.question
+            confirm = await until(pilot, lambda: app.screen if isinstance(app.screen, Confirm) else None, 5,
+                                  "the confirm")
+            q = confirm.question
             assert q.startswith("Cancel the pending restart of cancel? (restarting in 60 s from ") and "ckpt_" in q, q
             await pilot.press(answer)
             if answer == "n":
                 await pilot.pause(0.5)
                 assert "not_started" not in (read_json(run_dir / "restart.json") or {})["decision"]
         _cancelled(run_dir)
-        for _ in range(100):
-            if any("its pending restart is cancelled" in n.message for n in app._notifications):
-                break
-            await pilot.pause(0.05)
-        assert any("its pending restart is cancelled" in n.message for n in app._notifications), \
-            [n.message for n in app._notifications]
+        await until(pilot, lambda: any("its pending restart is cancelled" in n.message for n in app._notifications), 5,
+                    "the notification that the restart is cancelled")

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from conftest import REPO_ROOT, make_repo, stepwatch, wait_until
+from conftest import REPO_ROOT, make_repo, stepwatch, until, wait_until
 from stepwatch.monitors.gpu.recorded import RecordedBackend, bundled_recording
 from stepwatch.monitors.gpu.sampler import GpuSampler
 from stepwatch.tui.app import StepwatchApp
@@ -24,15 +24,6 @@ from stepwatch.tui.widgets.logpanel import LogPanel
 
 STATIC_RUN = REPO_ROOT / "tests" / "fixtures" / "runs" / "ended-sigkill"
 LONG_LINE = "  File \"/" + "/".join(f"very_long_directory_name_{i}" for i in range(12)) + "/train.py\", line 7 END"
-
-
-async def until(pilot: Any, cond: Any, timeout_s: float = 10.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout_s
-    while not (v := cond()):
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
-        await pilot.pause(0.05)
-    return v
 
 
 def _run(tmp_path: Path, n_lines: int = 5000, last: str | None = None) -> Path:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from rich.text import Text
 
-from conftest import REPO_ROOT, git, make_repo, stepwatch, wait_until
+from conftest import REPO_ROOT, git, make_repo, stepwatch, until, wait_until
 from stepwatch.monitors.runfiles import read_json
 from stepwatch.monitors.watchdog import ProcessRef, probe
 from stepwatch.tui.app import StepwatchApp
@@ -28,18 +28,6 @@ def text(widget) -> str:
     """The plain text a Static shows."""
     c = widget.content if hasattr(widget, "content") else widget.render()
     return c.plain if isinstance(c, Text) else str(c)
-
-
-async def until(pilot, cond, timeout_s: float = 10.0, what: str = "condition"):
-    """Let the app run until ``cond()`` is truthy; fail after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        v = cond()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
-        await pilot.pause(0.05)
 
 
 def launch_tick(repo: Path, name: str = "r") -> Path:

@@ -54,7 +54,11 @@ def _launch(tmp_path: Path, mode: str, steps: int = 200, env: str = "") -> Path:
 
 
 def _run_json(run_dir: Path) -> dict:
-    return json.loads((run_dir / "run.json").read_text())
+    """run.json; {} in the moment a new attempt's rotation has moved the last one and not yet written its own."""
+    try:
+        return json.loads((run_dir / "run.json").read_text())
+    except FileNotFoundError:
+        return {}
 
 
 def _decided_on(run_dir: Path) -> int | None:
@@ -74,9 +78,9 @@ def _first_step(log: Path) -> int:
 
 def _requeue_at(run_dir: Path, attempt: int, step: int) -> None:
     """Once the attempt reached ``step``: scontrol requeue, and the requeued job let start at once."""
-    job = _run_json(run_dir)["scheduler"]["job_id"]
-    wait_until(lambda: _run_json(run_dir)["attempt"] == attempt and _last_step(run_dir / "train.log") >= step, 90,
+    wait_until(lambda: _run_json(run_dir).get("attempt") == attempt and _last_step(run_dir / "train.log") >= step, 90,
                what=f"attempt {attempt} at step {step}")
+    job = _run_json(run_dir)["scheduler"]["job_id"]
     t_requeue = time.time()
     subprocess.run(["scontrol", "requeue", job], check=True)
     wait_until(lambda: "PENDING" in subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True,

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Callable
 
+from stepwatch.monitors import fdreserve
 from stepwatch.launcher.slurm import SlurmError, scancel
 from stepwatch.monitors.runfiles import PROCS_JSON, STOP_JSON, diagnostic, read_json, utc_iso, write_json_atomic
 from stepwatch.monitors.signalling import belongs_to, in_group, owner_uid, send_signal, signal_group, signal_targets
@@ -93,6 +94,10 @@ class Escalation:
         return group, pids
 
     def _run(self) -> None:
+        with fdreserve.room():  # stop.json and /proc, with every other descriptor taken too: the stop is the end
+            self._escalate()
+
+    def _escalate(self) -> None:
         grace = stop_grace_s(self.run_dir) if self.grace_s is None else self.grace_s
         for sig in ESCALATION[self.start_at:]:
             if not self.alive():

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Callable
 
+from stepwatch.monitors import fdreserve
 from stepwatch.monitors.runfiles import EXIT_JSON, utc_iso, write_all, write_json_atomic
 
 
@@ -68,7 +69,8 @@ def record_exit(run_dir: Path, exit_rec: dict[str, Any], reserve: Path | None,
                 retry_every_s: float = EXIT_RETRY_EVERY_S, retry_for_s: float = EXIT_RETRY_FOR_S,
                 log: Callable[[str], None] = lambda m: None) -> bool:
     """Write exit.json, first giving back the space reserved at the start (so the record has room on
-    a full disk; said in the record's ``write_errors`` when it was needed). On a failure, try again
+    a full disk; said in the record's ``write_errors`` when it was needed), and the descriptors the
+    supervisor holds back (:mod:`stepwatch.monitors.fdreserve`) when every other one is taken. On a failure, try again
     every ``retry_every_s`` for ``retry_for_s``; each distinct failure goes into ``write_errors``
     and supervisor.log. Returns whether exit.json was written."""
     deadline = time.monotonic() + retry_for_s
@@ -85,7 +87,8 @@ def record_exit(run_dir: Path, exit_rec: dict[str, Any], reserve: Path | None,
                           "written into the space reserved at the start")
     while True:
         try:
-            write_json_atomic(run_dir / EXIT_JSON, exit_rec)
+            with fdreserve.room():  # with every other descriptor taken too (monitors/fdreserve.py)
+                write_json_atomic(run_dir / EXIT_JSON, exit_rec)
             return True
         except OSError as e:
             what = f"{EXIT_JSON}: {e.strerror or e} ({errno.errorcode.get(e.errno or 0, e.errno)})"

@@ -38,6 +38,7 @@ from stepwatch.launcher.escalation import log_line as _log
 from stepwatch.launcher.exitrecord import new_exit_record, record_exit, reserve_space
 from stepwatch.launcher.slurm import slurm_job_id
 from stepwatch.launcher.trust import launch_digest, read_private_json
+from stepwatch.monitors import fdreserve
 from stepwatch.monitors.oomkills import oom_count, oom_kills_between
 from stepwatch.monitors.proctree import HELPER_PIDS, HELPERS_LOCK, TreeRecorder, become_subreaper
 from stepwatch.monitors.runfiles import (
@@ -236,6 +237,8 @@ def supervise(run_dir: Path, run_fd: int | None = None, launch_sha256: str | Non
     supervisor_rec = {"pid": me.pid, "create_time": me.create_time(), "sid": os.getsid(0), "host": socket.gethostname()}
     t_start = time.time()
     reserve = reserve_space(run_dir, _log)
+    if (n := fdreserve.hold()) < fdreserve.RESERVE_FDS:  # descriptors for exit.json and alerts, whatever takes the rest
+        _log(f"only {n} of {fdreserve.RESERVE_FDS} descriptors held back for exit.json and alerts")
     out_r = out_w = None
     try:
         os.close(open_append(run_dir / TRAIN_LOG))  # the attempt's log exists from its start (never via a symlink)

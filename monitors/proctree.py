@@ -32,6 +32,7 @@ from collections.abc import Callable
 
 import psutil
 
+from stepwatch.monitors import fdreserve
 from stepwatch.monitors.runfiles import PROCS_JSON, read_json, write_json_atomic
 from stepwatch.monitors.watchdog import PID_MAX, ProcessRef
 
@@ -267,7 +268,8 @@ class TreeRecorder:
         try:
             while True:
                 try:
-                    self.sample()
+                    with fdreserve.room():  # /proc and procs.json, with every other descriptor taken too
+                        self.sample()
                 except Exception as e:  # noqa: BLE001 - the record must never take the supervisor down
                     self.log(f"process tree sample failed: {type(e).__name__}: {e}")
                 if done.is_set():
@@ -277,7 +279,8 @@ class TreeRecorder:
             for fd in fds.values():
                 os.close(fd)
         try:
-            self.sample()
+            with fdreserve.room():
+                self.sample()
         except Exception as e:  # noqa: BLE001
             self.log(f"process tree sample failed: {type(e).__name__}: {e}")
 

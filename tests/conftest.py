@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import grp
 import os
+import pwd
 import signal
 import subprocess
 import sys
@@ -212,3 +214,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.path.name in SYSTEM_FILES or item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.system)
+
+
+#: A second Unix user whose only group is a team's (the shared runs dir's attacker; issue 30).
+TEAM, MEMBER = "swteam", "swmember"
+MEMBER_PY = "/usr/bin/python3"  # the member's own interpreter: the standard library is all it needs
+
+
+@pytest.fixture(scope="module")
+def member() -> tuple[int, int]:
+    """(uid, gid) of a second user whose only group is the team's (created once, as root)."""
+    if os.geteuid() != 0:
+        pytest.fail("these tests create a second Unix user: run them as root (CI does)")
+    try:
+        grp.getgrnam(TEAM)
+    except KeyError:
+        subprocess.run(["groupadd", TEAM], check=True)
+    try:
+        pwd.getpwnam(MEMBER)
+    except KeyError:
+        subprocess.run(["useradd", "-M", "-N", "-g", TEAM, "-s", "/usr/sbin/nologin", MEMBER], check=True)
+    return pwd.getpwnam(MEMBER).pw_uid, grp.getgrnam(TEAM).gr_gid

@@ -6,8 +6,11 @@ Unit tier, in-process (an :class:`Exporter` on a loopback port, real sockets, no
 alone binds the loopback; connections beyond the cap are closed at once and get no thread; an idle
 connection is dropped after the read timeout and a trickling one at its deadline; a scrape is
 answered while the cap is partly used. System tier: a real run with an endpoint, 1,000 idle
-connections held by a second user (uid 65534), and the supervisor still stops the run, writes
-exit.json and delivers an alert; after they close, a scrape says what ``status --json`` says.
+connections held by a second user (a member of a team's group, created by the test), and the supervisor
+still stops the run, writes exit.json and delivers an alert; after they close, a scrape says what
+``status --json`` says. And with every descriptor of the supervisor taken (its limit lowered to what it
+holds, the member's connections queued for the rest), an alert is still delivered and exit.json written:
+the descriptors the supervisor holds back (monitors/fdreserve.py) are the exporter's last to take.
 """
 
 from __future__ import annotations
@@ -222,11 +225,10 @@ with open(sys.argv[1], "a") as f:
 IDLE_CONNECTIONS = 1000
 #: The supervisor's descriptor limit in the test: the limit issue 30's supervisor ran under.
 SUPERVISOR_NOFILE = 1024
-NOBODY = 65534
 
 
-def _hold_as_second_user(port: int, n: int) -> tuple[int, int, int]:
-    """Fork a child that becomes uid 65534, opens ``n`` idle connections to ``port`` and holds them
+def _hold_as_second_user(port: int, n: int, member: tuple[int, int]) -> tuple[int, int, int]:
+    """Fork a child that becomes the team's member (``member``: uid, gid), opens ``n`` idle connections to ``port`` and holds them
     (its side) until the parent closes the returned release descriptor. Returns (pid, report fd,
     release fd); the report is one JSON line: opened, closed (by the server, counted until all
     but the cap are, or for half the read timeout) and uid."""
@@ -239,9 +241,9 @@ def _hold_as_second_user(port: int, n: int) -> tuple[int, int, int]:
             os.close(release_w)
             _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            os.setgroups([])
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
+            os.setgroups([member[1]])
+            os.setgid(member[1])
+            os.setuid(member[0])
             conns = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(n)]
             poller = select.poll()
             for c in conns:
@@ -312,50 +314,63 @@ def _at_nofile_limit() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (SUPERVISOR_NOFILE, hard))
 
 
-@pytest.mark.system
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become a second user (CI runs as root)")
-def test_a_thousand_idle_connections_from_another_user_leave_stop_exit_json_and_alerts_working(tmp_path: Path):
+def _launch_with_endpoint(tmp_path: Path, name: str) -> tuple[Path, Path, str, int, int]:
+    """A run with an endpoint on a loopback port and an ``[alerts] command`` that appends each alert to
+    the returned pings file, launched under a 1,024-descriptor limit, 10 steps scraped. Returns (pings, run
+    dir, the endpoint's address, the supervisor's pid, the command's pid)."""
     first = _free_port()
     pings = tmp_path / "pings.jsonl"
     repo = make_repo(tmp_path / "repo", {"train.py": TRAIN_PY, "ping.py": PING_PY})
     ping = [sys.executable, str(repo / "ping.py"), str(pings)]
     (repo / "run.toml").write_text(
-        f'name = "held"\ncommand = [{json.dumps(sys.executable)}, "train.py"]\n[alerts]\ncommand = {json.dumps(ping)}\n'
+        f'name = "{name}"\ncommand = [{json.dumps(sys.executable)}, "train.py"]\n[alerts]\ncommand = {json.dumps(ping)}\n'
         f'[export]\nprometheus = ":{first}-{first + 40}"\nlinger_s = 20\n')  # a port range, no host
     git(repo, "add", "run.toml")
     git(repo, "commit", "-qm", "config")
     r = stepwatch("launch", "run.toml", "--no-tui", cwd=repo, preexec_fn=_at_nofile_limit)
     assert r.returncode == 0, r.stderr
-    run_dir = repo / "runs" / "held"
+    run_dir = repo / "runs" / name
     run = cast(dict[str, Any], wait_until(lambda: (doc := json.loads((run_dir / "run.json").read_text())).get("export")
                                           and doc, 20, what="the endpoint's address in run.json"))
     addr: str = run["export"]["prometheus"]
-    host, _, port = addr.rpartition(":")
-    assert host == "127.0.0.1", addr  # no host named: the loopback
+    assert addr.rpartition(":")[0] == "127.0.0.1", addr  # no host named: the loopback
     sup, child = int(run["supervisor"]["pid"]), int(run["process"]["pid"])
     limits = Path(f"/proc/{sup}/limits").read_text()
     assert any(ln.startswith("Max open files") and f" {SUPERVISOR_NOFILE} " in ln for ln in limits.splitlines()), limits
-    wait_until(lambda: (_scrape_at(addr) or {}).get('stepwatch_steps_total{attempt="1",run="held"}', 0) >= 10,
+    wait_until(lambda: (_scrape_at(addr) or {}).get(f'stepwatch_steps_total{{attempt="1",run="{name}"}}', 0) >= 10,
                20, interval_s=0.2, what="10 steps scraped")
+    return pings, run_dir, addr, sup, child
+
+
+def _stall_alert_delivered(child: int, pings: Path) -> None:
+    """Stop the command (SIGSTOP) until the stall alert reached the ``[alerts] command``, then let it go on."""
+    os.kill(child, signal.SIGSTOP)
+    try:
+        wait_until(lambda: pings.exists() and '"stall"' in pings.read_text(), 30, interval_s=0.2,
+                   what="the stall alert delivered by the [alerts] command")
+    finally:
+        os.kill(child, signal.SIGCONT)
+
+
+@pytest.mark.system
+def test_a_thousand_idle_connections_from_a_group_member_leave_stop_exit_json_and_alerts_working(
+        tmp_path: Path, member: tuple[int, int]):
+    pings, run_dir, addr, sup, child = _launch_with_endpoint(tmp_path, "held")
+    port = addr.rpartition(":")[2]
     fds0, threads0 = _fds(sup), _threads(sup)
-    holder, report_fd, release_fd = _hold_as_second_user(int(port), IDLE_CONNECTIONS)
+    holder, report_fd, release_fd = _hold_as_second_user(int(port), IDLE_CONNECTIONS, member)
     released = False
     try:
         report = json.loads(_read_all(report_fd))
         fds1, threads1 = _fds(sup), _threads(sup)  # the cap's connections still within their read timeout
         print(f"\nsupervisor descriptors {fds0} -> {fds1}, threads {threads0} -> {threads1} with {report}")
         assert "error" not in report, report
-        assert report["uid"] == NOBODY and report["opened"] == IDLE_CONNECTIONS, report
+        assert report["uid"] == member[0] and report["opened"] == IDLE_CONNECTIONS, report
         assert report["closed"] >= IDLE_CONNECTIONS - MAX_CONNECTIONS, report  # closed at once, beyond the cap
         assert fds1 <= fds0 + MAX_CONNECTIONS + 4, (fds0, fds1)  # a few for the supervisor's own files
         assert threads1 <= threads0 + MAX_CONNECTIONS + 4, (threads0, threads1)
         # while they are held: an alert is delivered (a stall, the child stopped), stop works, exit.json comes
-        os.kill(child, signal.SIGSTOP)
-        try:
-            wait_until(lambda: pings.exists() and '"stall"' in pings.read_text(), 30, interval_s=0.2,
-                       what="the stall alert delivered by the [alerts] command")
-        finally:
-            os.kill(child, signal.SIGCONT)
+        _stall_alert_delivered(child, pings)
         stop = stepwatch("stop", str(run_dir), "--grace", "2", timeout=30)
         assert stop.returncode == 0, stop.stdout + stop.stderr
         wait_until(lambda: (run_dir / "exit.json").exists(), 20, what="exit.json")
@@ -382,3 +397,39 @@ def test_a_thousand_idle_connections_from_another_user_leave_stop_exit_json_and_
     assert scraped["stepwatch_alerts_total" + '{attempt="1",kind="stall",run="held"}'] >= 1
     log = (run_dir / "supervisor.log").read_text()
     assert "Too many open files" not in log and "crashed" not in log, log[-2000:]
+
+
+#: Connections the member queues while every descriptor is taken: fewer than the listen backlog, so each
+#: connect completes in the kernel and waits there for a descriptor.
+QUEUED_CONNECTIONS = 100
+
+
+@pytest.mark.system
+def test_with_every_descriptor_of_the_supervisor_taken_an_alert_is_delivered_and_exit_json_written(
+        tmp_path: Path, member: tuple[int, int]):
+    pings, run_dir, addr, sup, child = _launch_with_endpoint(tmp_path, "starved")
+    fds0 = _fds(sup)  # the descriptors held back for exit.json and alerts among them
+    _, hard = resource.prlimit(sup, resource.RLIMIT_NOFILE)
+    resource.prlimit(sup, resource.RLIMIT_NOFILE, (fds0 + 4, hard))  # four left, then the member's connections
+    holder, report_fd, release_fd = _hold_as_second_user(int(addr.rpartition(":")[2]), QUEUED_CONNECTIONS, member)
+    try:
+        report = json.loads(_read_all(report_fd))
+        assert "error" not in report and report["opened"] == QUEUED_CONNECTIONS, report
+        taken = wait_until(lambda: _fds(sup) >= fds0 + 4 and _fds(sup), 10, interval_s=0.05,
+                           what="every descriptor of the supervisor taken")
+        print(f"\nsupervisor descriptors {fds0} -> {taken} (limit {fds0 + 4}); {report}")
+        _stall_alert_delivered(child, pings)
+        assert _fds(sup) >= fds0 + 2, "the member's connections no longer hold the supervisor's descriptors"
+        stop = stepwatch("stop", str(run_dir), "--grace", "2", timeout=30)
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        wait_until(lambda: (run_dir / "exit.json").exists(), 20, what="exit.json")
+    finally:
+        os.close(release_fd)
+        os.waitpid(holder, 0)
+    assert json.loads((run_dir / "exit.json").read_text())["stop_requested"] is True
+    assert "stall" in [a["kind"] for a in map(json.loads, pings.read_text().splitlines())]
+    log = (run_dir / "supervisor.log").read_text()
+    assert "crashed" not in log and "could not write exit.json" not in log and "not delivered" not in log, log[-2000:]
+    outcomes = {r["outcome"] for r in map(json.loads, (run_dir / "alerts.jsonl").read_text().splitlines())
+                if r["kind"] == "delivery"}
+    assert outcomes <= {"delivered", "rate_limited"}, outcomes

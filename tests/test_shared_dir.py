@@ -4,10 +4,8 @@ control, the owner's own edit through the owner's own config, which still takes 
 
 from __future__ import annotations
 
-import grp
 import json
 import os
-import pwd
 import shutil
 import subprocess
 import sys
@@ -15,31 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import git, make_repo, stepwatch, wait_until
+from conftest import MEMBER_PY, TEAM, git, make_repo, stepwatch, wait_until
 from stepwatch.launcher.trust import launch_digest, owner_copy_path
 from stepwatch.monitors.runfiles import read_json
 
 pytestmark = pytest.mark.system
-
-TEAM, MEMBER = "swteam", "swmember"
-MEMBER_PY = "/usr/bin/python3"  # the member's own interpreter: the standard library is all it needs
-
-
-@pytest.fixture(scope="module")
-def member() -> tuple[int, int]:
-    """(uid, gid) of a second user whose only group is the team's (created once, as root)."""
-    if os.geteuid() != 0:
-        pytest.fail("these tests create a second Unix user: run them as root (CI does)")
-    try:
-        grp.getgrnam(TEAM)
-    except KeyError:
-        subprocess.run(["groupadd", TEAM], check=True)
-    try:
-        pwd.getpwnam(MEMBER)
-    except KeyError:
-        subprocess.run(["useradd", "-M", "-N", "-g", TEAM, "-s", "/usr/sbin/nologin", MEMBER], check=True)
-    return pwd.getpwnam(MEMBER).pw_uid, grp.getgrnam(TEAM).gr_gid
-
 
 @pytest.fixture
 def shared(tmp_path: Path, member: tuple[int, int]) -> Path:

@@ -18,6 +18,7 @@ the snapshot's own: step times nearest-rank, first step excluded, GPU figures fr
 from __future__ import annotations
 
 import contextlib
+import errno
 import re
 import socket
 import threading
@@ -30,6 +31,7 @@ from prometheus_client import CollectorRegistry, MetricsHandler, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from stepwatch.monitors import fdreserve
 from stepwatch.monitors.snapshot.gpuview import replayed
 from stepwatch.monitors.snapshot.types import LIVENESS_SIGNALS, Snapshot
 from stepwatch.monitors.states import EXITED, FLAGGED, OK, PHASES, RUNNING, STALLED, SUSPECTED
@@ -243,6 +245,9 @@ POLL_INTERVAL_S = 0.5
 LISTEN_BACKLOG = 128
 
 
+SHORT_BACKOFF_S = 0.1  # out of descriptors, the serving loop waits this long before it accepts again
+
+
 def parse_address(spec: str) -> tuple[str, list[int]]:
     """``"127.0.0.1:9464"`` or ``"127.0.0.1:9464-9480"`` -> (host, ports to try); a port or range with
     no host (``"9464"``, ``":9464-9480"``) -> :data:`DEFAULT_HOST`. Raises ValueError."""
@@ -296,6 +301,19 @@ class BoundedHTTPServer(ThreadingHTTPServer):
         """Connections being served now (each holds a thread and a descriptor)."""
         with self._lock:
             return len(self._open)
+
+    def get_request(self) -> tuple[Any, Any]:
+        """Accept a connection once the descriptors held back for exit.json and alerts are all back (a new
+        connection never takes one); else it waits in the kernel's queue, and the loop never spins."""
+        if not fdreserve.refill():
+            time.sleep(SHORT_BACKOFF_S)
+            raise OSError(errno.EMFILE, "the descriptors held back for exit.json and alerts are not all back")
+        try:
+            return super().get_request()
+        except OSError as e:
+            if fdreserve.is_short(e):
+                time.sleep(SHORT_BACKOFF_S)
+            raise
 
     def verify_request(self, request: Any, client_address: Any) -> bool:
         with self._lock:

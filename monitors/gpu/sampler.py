@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Callable
 
+from stepwatch.monitors import fdreserve
 from stepwatch.monitors.gpu.schema import make_record
 from stepwatch.monitors.watchdog import ProcessRef, is_alive
 from stepwatch.monitors.runfiles import GPU_JSONL, PROCS_JSON, append_jsonl
@@ -176,7 +177,8 @@ class GpuSampler:
         except Exception as e:  # noqa: BLE001
             record = make_record(t, [], f"GPU sampler error: {type(e).__name__}: {e}", "unknown")
         try:
-            append_jsonl(self.path, record)
+            with fdreserve.room(2):  # with every other descriptor of the supervisor taken too
+                append_jsonl(self.path, record)
         except Exception as e:  # noqa: BLE001 - ENOSPC, EACCES, ENOENT, unserialisable value
             self.dropped += 1
             if not self._warned:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Callable
 
+from stepwatch.monitors import fdreserve
 from stepwatch.monitors.proctree import HELPER_PIDS, HELPERS_LOCK
 from stepwatch.monitors.safechars import one_line
 from stepwatch.monitors.snapshot.alerts import channel_name, push_channel_names
@@ -184,7 +185,8 @@ class Deliverer:
 
     def _deliver(self, alert: dict[str, Any], name: str, fn: Callable[[dict[str, Any]], tuple[bool, str, int]]) -> None:
         try:
-            ok, detail, attempts = fn(alert)
+            with fdreserve.room():  # a pipe, a process, a socket: there even with every other descriptor taken
+                ok, detail, attempts = fn(alert)
         except Exception as e:  # noqa: BLE001 - a broken channel is an outcome, never a crash
             ok, detail, attempts = False, f"{type(e).__name__}: {e}", 1
         self._record(alert, name, "delivered" if ok else "failed", detail, attempts)
@@ -192,8 +194,8 @@ class Deliverer:
     def _record(self, alert: dict[str, Any], channel: str, outcome: str, detail: str, attempts: int) -> None:
         try:
             self._append({"v": 1, "kind": "delivery", "alert_id": alert.get("id"), "channel": channel,
-                                     "outcome": outcome, "detail": detail[:500], "attempts": attempts,
-                                     "t": time.time()})
+                          "outcome": outcome, "detail": detail[:500], "attempts": attempts,
+                          "t": time.time()})
         except OSError as e:
             self.log(f"could not record the delivery of {alert.get('id')} to {channel}: {e}")
         if outcome == "failed":

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Literal, cast
 from collections.abc import Callable
 
+from stepwatch.monitors import fdreserve
 from stepwatch.monitors.snapshot.ledger import record as record_ledger
 from stepwatch.monitors.protocol import FLAG_SILENT, FLAG_IDLE, FLAG_STOPPED
 from stepwatch.monitors.readers.changes import ChangeNotifier
@@ -312,7 +313,8 @@ def watch_attempt(run_dir: Path, run: dict[str, Any], child_done: threading.Even
     try:
         while not child_done.is_set():
             try:
-                snap = recorder.detect()
+                with fdreserve.room(8):  # the run's files and /proc, with every other descriptor taken too
+                    snap = recorder.detect()
                 liveness.note(snap)
                 if exporter is not None:
                     exporter.update(snap)
@@ -322,9 +324,10 @@ def watch_attempt(run_dir: Path, run: dict[str, Any], child_done: threading.Even
         stop_log.set()
         timer.join(10.0)
         try:
-            snap = recorder.detect()  # the end: the watchdog's verdict, the log's last steps
-            recorder.page_finished(snap)
-            record_ledger(run_dir, snap)  # where this attempt's time went, for the run's ledger after a relaunch
+            with fdreserve.room(8):
+                snap = recorder.detect()  # the end: the watchdog's verdict, the log's last steps
+                recorder.page_finished(snap)
+                record_ledger(run_dir, snap)  # where this attempt's time went, for the run's ledger after a relaunch
             if exporter is not None:
                 exporter.update(snap)
         except Exception as e:  # noqa: BLE001

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Callable, Mapping
 
+from stepwatch.monitors import fdreserve
 from stepwatch.monitors.parsers.pystacks import ProcessStack, group_stacks
 from stepwatch.monitors.proctree import HELPER_PIDS, HELPERS_LOCK, recorded_processes
 from stepwatch.monitors.runfiles import PROCS_JSON
@@ -46,6 +47,11 @@ def py_spy() -> str | None:
 def python_stack(pid: int, timeout_s: float = PY_SPY_TIMEOUT_S) -> str:
     """``py-spy dump --pid PID --nonblocking`` (the process is not paused), its last
     STACK_KEEP_CHARS characters; or why there is none."""
+    with fdreserve.room():  # an alert's evidence, with every other descriptor taken too
+        return _python_stack(pid, timeout_s)
+
+
+def _python_stack(pid: int, timeout_s: float) -> str:
     exe = py_spy()
     if exe is None:
         return "no stack: py-spy is not installed (pip install py-spy)"

@@ -235,3 +235,17 @@ def member() -> tuple[int, int]:
     except KeyError:
         subprocess.run(["useradd", "-M", "-N", "-g", TEAM, "-s", "/usr/sbin/nologin", MEMBER], check=True)
     return pwd.getpwnam(MEMBER).pw_uid, grp.getgrnam(TEAM).gr_gid
+
+
+@pytest.fixture
+def shared(tmp_path: Path, member: tuple[int, int]) -> Path:
+    """The team's runs dir: setgid, group-writable, in a tmp_path the member may traverse."""
+    for d in [tmp_path, *tmp_path.parents]:
+        if d == Path("/tmp"):
+            break
+        d.chmod(d.stat().st_mode | 0o011)
+    runs = tmp_path / "team-runs"
+    runs.mkdir()
+    os.chown(runs, 0, member[1])
+    runs.chmod(0o2775)
+    return runs

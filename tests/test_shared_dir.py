@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -13,25 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MEMBER_PY, TEAM, git, make_repo, stepwatch, wait_until
+from conftest import MEMBER_PY, TEAM, git, make_repo, stepwatch, until, wait_until
+from stepwatch.tui.app import StepwatchApp
 from stepwatch.launcher.trust import launch_digest, owner_copy_path
 from stepwatch.monitors.runfiles import read_json
 
 pytestmark = pytest.mark.system
-
-@pytest.fixture
-def shared(tmp_path: Path, member: tuple[int, int]) -> Path:
-    """The team's runs dir: setgid, group-writable, in a tmp_path the member may traverse."""
-    for d in [tmp_path, *tmp_path.parents]:
-        if d == Path("/tmp"):
-            break
-        d.chmod(d.stat().st_mode | 0o011)
-    runs = tmp_path / "team-runs"
-    runs.mkdir()
-    os.chown(runs, 0, member[1])
-    runs.chmod(0o2775)
-    return runs
-
 
 def as_member(member: tuple[int, int], code: str) -> subprocess.CompletedProcess:
     """Run ``code`` (Python) as the second user, in the team's group only."""
@@ -108,6 +96,36 @@ def test_a_launch_into_the_shared_dir_states_the_risk_and_a_relaunch_ignores_a_m
     assert run is not None and run["argv"] == [sys.executable, "ok.py"] and run["attempt"] == 2
     assert "hello from the run" in (run_dir / "train.log").read_text()
     assert not mark.exists() and not Path(f"{mark}.alert").exists()
+
+
+async def test_the_tuis_relaunch_key_shows_and_runs_the_owners_command_not_a_members_run_json(
+        repo: Path, shared: Path, member: tuple[int, int], tmp_path: Path):
+    """The TUI's ``r`` (confirm, checklist, enter) after a member rewrote run.json: the checklist shows the
+    command the owner launched and says run.json is ignored; what runs is that command."""
+    r = team_launch(repo, shared, "--name", "t", "--", sys.executable, "ok.py")
+    assert r.returncode == 0, r.stderr
+    run_dir = shared / "t"
+    wait_exit(run_dir)
+    mark = tmp_path / "pwned"
+    member_replaces_run_json(member, run_dir, {"argv": ["/bin/sh", "-c", f"touch {mark}"],
+                                               "config.command": ["/bin/sh", "-c", f"touch {mark}"]})
+    app = StepwatchApp(run_dir, shared)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("r")
+        await until(pilot, lambda: type(app.screen).__name__ == "Confirm", what="the confirmation")
+        await pilot.press("y")
+        await until(pilot, lambda: type(app.screen).__name__ == "PreflightScreen", what="the checklist")
+        await until(pilot, lambda: app.screen.checklist is not None, 30, "the checklist to finish")
+        shown = " ".join(str(w.render()) for w in app.screen.query("Static"))
+        assert f"command: {shlex.join([sys.executable, 'ok.py'])}" in shown, shown
+        assert "run.json differs from what you launched (its argv" in shown and "it is ignored" in shown, shown
+        assert "touch" not in shown.split("run.json differs")[0], shown  # the member's command is never offered
+        await pilot.press("enter")
+        await until(pilot, lambda: (read_json(run_dir / "run.json") or {}).get("attempt") == 2, 15, "attempt 2")
+    wait_exit(run_dir)
+    assert read_json(run_dir / "run.json")["argv"] == [sys.executable, "ok.py"]  # type: ignore[index]
+    assert "hello from the run" in (run_dir / "train.log").read_text()
+    assert not mark.exists()
 
 
 def test_a_relaunch_from_a_config_file_reads_the_owners_file_not_the_one_run_json_names(

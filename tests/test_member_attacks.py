@@ -1,0 +1,171 @@
+"""The rest of issue 30's attacks, each made by a member of the team's group (a real second Unix user,
+created by the test) in the team's group-writable runs dir, against runs root launches there: a symlink
+where the launch lock goes, a symlink in the runs dir to a private run, a symlink where root's job
+writes its events, and a repository handed to the member under a run root relaunches. Each is refused
+or harmless, and each has its positive control (the same thing, the owner's own, works). The attacks on
+run.json and the launch race: tests/test_shared_dir.py; the exporter's connections:
+tests/test_prometheus_endpoint.py; a Slurm job id: tests/test_slurm.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import MEMBER_PY, git, make_repo, stepwatch, wait_until
+from stepwatch.monitors.runfiles import read_json
+
+pytestmark = pytest.mark.system
+
+
+def as_member(member: tuple[int, int], code: str) -> None:
+    """Run ``code`` (Python) as the team's member; it must succeed."""
+    uid, gid = member
+
+    def drop() -> None:
+        os.setgroups([gid])
+        os.setgid(gid)
+        os.setuid(uid)
+
+    r = subprocess.run([MEMBER_PY, "-c", code], preexec_fn=drop, capture_output=True, text=True, timeout=30,
+                       cwd="/", env={"PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0, r.stderr
+
+
+def member_symlink(member: tuple[int, int], target: Path, link: Path) -> None:
+    as_member(member, f"import os; os.symlink({str(target)!r}, {str(link)!r})")
+    assert link.is_symlink() and link.lstat().st_uid == member[0]
+
+
+def private_file(path: Path, text: str) -> Path:
+    """A root-only file outside the shared dir (what a member would like root to write to)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(0o600)
+    return path
+
+
+def wait_exit(run_dir: Path) -> dict:
+    return wait_until(lambda: read_json(run_dir / "exit.json"), 30, what=f"exit.json in {run_dir}")
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    return make_repo(tmp_path / "harness", {"ok.py": "print('hello from the run')\n"})
+
+
+def test_a_members_symlink_where_the_launch_lock_goes_is_refused_and_named_and_its_target_untouched(
+        repo: Path, shared: Path, member: tuple[int, int], tmp_path: Path):
+    target = private_file(tmp_path / "root-only" / "precious", "precious\n")
+    lock = shared / ".r.launch.lock"
+    member_symlink(member, target, lock)
+
+    r = stepwatch("launch", "--no-tui", "--runs-dir", str(shared), "--name", "r", "--", sys.executable, "ok.py",
+                  cwd=repo, umask=0o002)
+
+    assert r.returncode == 1 and f"{lock} is a symlink" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and "cannot use the runs dir" not in r.stderr, r.stderr
+    assert target.read_text() == "precious\n" and not (shared / "r").exists()
+    lock.unlink()  # positive control: the owner's own lock
+    r = stepwatch("launch", "--no-tui", "--runs-dir", str(shared), "--name", "r", "--", sys.executable, "ok.py",
+                  cwd=repo, umask=0o002)
+    assert r.returncode == 0, r.stderr
+    assert wait_exit(shared / "r")["returncode"] == 0
+    assert lock.is_file() and not lock.is_symlink() and lock.stat().st_uid == 0
+
+
+def test_a_members_symlink_in_the_runs_dir_to_a_private_run_is_never_listed(
+        repo: Path, shared: Path, member: tuple[int, int], tmp_path: Path):
+    private = tmp_path / "root-runs"
+    r = stepwatch("launch", "--no-tui", "--runs-dir", str(private), "--name", "secret", "--", sys.executable, "ok.py",
+                  cwd=repo)
+    assert r.returncode == 0, r.stderr
+    wait_exit(private / "secret")
+    r = stepwatch("launch", "--no-tui", "--runs-dir", str(shared), "--name", "mine", "--", sys.executable, "ok.py",
+                  cwd=repo, umask=0o002)
+    assert r.returncode == 0, r.stderr
+    wait_exit(shared / "mine")
+    member_symlink(member, private / "secret", shared / "link")
+
+    listed = stepwatch("runs", "--runs-dir", str(shared))
+
+    assert listed.returncode == 0, listed.stderr
+    assert "mine" in listed.stdout, listed.stdout  # positive control: the owner's run in the shared dir
+    assert "secret" not in listed.stdout and "link" not in listed.stdout, listed.stdout
+
+
+WAIT_THEN_EMIT = r"""
+import os, sys, time
+from stepwatch.telemetry import StepTelemetry
+go = sys.argv[1]
+while not os.path.exists(go):  # the test plants its link, then says go
+    time.sleep(0.02)
+tel = StepTelemetry()
+for _ in range(5):
+    tel.step_begin()
+    tel.step_end()
+tel.run_end()
+tel.close()
+print("training went on", flush=True)
+"""
+
+
+def test_a_members_symlink_where_roots_job_writes_events_is_never_followed_and_the_job_goes_on(
+        repo: Path, shared: Path, member: tuple[int, int], tmp_path: Path):
+    (repo / "emit.py").write_text(WAIT_THEN_EMIT)
+    git(repo, "add", "emit.py")
+    git(repo, "commit", "-qm", "emit")
+    target = private_file(tmp_path / "root-only" / "precious", "precious\n")
+    results = {}
+    for name, attack in (("attacked", True), ("control", False)):
+        go = tmp_path / f"go-{name}"
+        r = stepwatch("launch", "--no-tui", "--runs-dir", str(shared), "--name", name, "--", sys.executable,
+                      "emit.py", str(go), cwd=repo, umask=0o002)
+        assert r.returncode == 0, r.stderr
+        run_dir = shared / name
+        wait_until(lambda: (run_dir / "train.log").exists(), 10, what="the attempt's log")  # noqa: B023
+        if attack:
+            member_symlink(member, target, run_dir / "events.jsonl")
+        go.touch()
+        results[name] = (wait_exit(run_dir), (run_dir / "train.log").read_text())
+    exit_rec, log = results["attacked"]
+    assert exit_rec["returncode"] == 0 and "training went on" in log, log
+    assert target.read_text() == "precious\n"
+    refusals = [ln for ln in log.splitlines() if "not writing events to" in ln]
+    assert len(refusals) == 1 and "it is a symlink (never followed)" in refusals[0], log
+    exit_rec, log = results["control"]  # positive control: the same job, no link, writes its events
+    assert exit_rec["returncode"] == 0 and "not writing events" not in log, log
+    kinds = [json.loads(ln)["kind"] for ln in (shared / "control" / "events.jsonl").read_text().splitlines()]
+    assert kinds.count("step") == 5 and kinds[-1] == "run_end", kinds
+
+
+def test_a_relaunch_after_the_repository_went_to_the_member_is_one_line_and_runs_nothing(
+        repo: Path, tmp_path: Path, member: tuple[int, int]):
+    """The run's own repository was handed to the team's member (chown -R): git refuses it ("dubious
+    ownership"); a relaunch says so in one line, runs nothing, and names the fix. Given back, it relaunches."""
+    runs = tmp_path / "runs"
+    r = stepwatch("launch", "--no-tui", "--runs-dir", str(runs), "--name", "h", "--", sys.executable, "ok.py", cwd=repo)
+    assert r.returncode == 0, r.stderr
+    wait_exit(runs / "h")
+
+    def chown_tree(uid: int, gid: int) -> None:
+        for dirpath, dirnames, filenames in os.walk(repo):
+            for n in [*dirnames, *filenames]:
+                os.lchown(os.path.join(dirpath, n), uid, gid)
+        os.chown(repo, uid, gid)
+
+    chown_tree(*member)
+    env = {"GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_SYSTEM": os.devnull}
+    r = stepwatch("relaunch", "--no-tui", str(runs / "h"), env=env)
+    assert r.returncode == 1 and "Traceback" not in r.stderr and "GitCommandError" not in r.stderr, r.stderr
+    assert f"git cannot read the repository at {repo} (fatal: detected dubious ownership" in r.stderr, r.stderr
+    assert f"git config --global --add safe.directory {repo}" in r.stderr, r.stderr
+    assert read_json(runs / "h" / "run.json")["attempt"] == 1  # type: ignore[index]
+    chown_tree(0, 0)  # positive control: the owner's repository again
+    r = stepwatch("relaunch", "--no-tui", str(runs / "h"), env=env)
+    assert r.returncode == 0, r.stderr
+    wait_until(lambda: (read_json(runs / "h" / "run.json") or {}).get("attempt") == 2, 15, what="attempt 2")

@@ -144,7 +144,7 @@ def _start_exporter(run: dict[str, Any]) -> Any:
 
 
 def _start_watch(run_dir: Path, run: dict[str, Any], exit_recorded: threading.Event,
-                 exporter: Any = None) -> threading.Thread | None:
+                 exporter: Any = None, pump: LogPump | None = None) -> threading.Thread | None:
     """Start the run's monitoring (:func:`stepwatch.monitors.watch.loop.watch_attempt`): log-derived
     step times, every detector, alerts.jsonl and delivery, with no screen attached. A failure to
     start is logged; the run goes on."""
@@ -154,7 +154,9 @@ def _start_watch(run_dir: Path, run: dict[str, Any], exit_recorded: threading.Ev
         _log(f"run not watched: {type(e).__name__}: {e}")
         return None
     t = threading.Thread(target=watch_attempt, args=(run_dir, run, exit_recorded),
-                         kwargs={"log": _log, "exporter": exporter}, name="watch", daemon=True)
+                         kwargs={"log": _log, "exporter": exporter,
+                                 "log_lost": None if pump is None else lambda: (pump.lost_bytes, pump.lost_reason)},
+                         name="watch", daemon=True)
     t.start()
     return t
 
@@ -290,7 +292,7 @@ def supervise(run_dir: Path, run_fd: int | None = None, launch_sha256: str | Non
     exit_recorded = threading.Event()  # exit.json is written: the watch's last look sees the verdict
     _start_gpu_sampler(run_dir, run, child.pid, child_done)
     events_state = _start_events_state(run_dir, run, child_done)
-    watching = _start_watch(run_dir, run, exit_recorded, exporter)
+    watching = _start_watch(run_dir, run, exit_recorded, exporter, pump)
     escalation: Escalation | None = None
     while True:
         try:

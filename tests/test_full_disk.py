@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_repo, stepwatch, wait_until
+from conftest import git, make_repo, stepwatch, wait_until
 from stepwatch.monitors.runfiles import read_json
 
 FILL_PY = textwrap.dedent('''\
@@ -75,10 +75,17 @@ PRINTS_PY = textwrap.dedent('''\
         i += 1
         time.sleep(0.01)
     filler.unlink()  # space returns
-    for j in range(50):
+    for j in range(50):  # 3 s: the supervisor sees the room and pages the full disk's resolution
         print(f"after space returned {j}", flush=True)
-        time.sleep(0.02)
+        time.sleep(0.06)
     print("done", flush=True)
+    ''')
+
+
+PING_PY = textwrap.dedent('''\
+    import json, os, sys
+    with open(sys.argv[1], "a") as f:
+        f.write(json.dumps({"kind": os.environ["STEPWATCH_ALERT_KIND"], "message": os.environ["STEPWATCH_ALERT_MESSAGE"]}) + "\\n")
     ''')
 
 
@@ -178,12 +185,19 @@ def test_exit_json_is_retried_until_the_disk_has_room(tmp_path: Path):
 
 @pytest.mark.slow
 def test_a_job_that_prints_through_a_full_disk_for_a_minute_exits_0_and_the_lost_bytes_are_counted(
-        small_runs: Path):
+        small_runs: Path, tmp_path: Path):
     """The job's output goes through the supervisor's log pump: on a full disk its prints neither
     fail nor block, the bytes train.log could not take are counted (exit.json, status), and the log
-    resumes when space returns."""
-    r = stepwatch("launch", "--no-tui", "--name", "p", "--override", "a tiny runs dir on purpose", "--",
-                  sys.executable, "prints.py", "60", cwd=small_runs)
+    resumes when space returns; the pages (the full disk, its resolution, the finished page) say what was lost."""
+    pings = tmp_path / "pings.jsonl"  # the [alerts] command's record, outside the full file system
+    (small_runs / "ping.py").write_text(PING_PY)
+    (small_runs / "run.toml").write_text(
+        f'name = "p"\ncommand = [{json.dumps(sys.executable)}, "prints.py", "60"]\n[alerts]\n'
+        f'command = [{json.dumps(sys.executable)}, {json.dumps(str(small_runs / "ping.py"))}, {json.dumps(str(pings))}]\n'
+        'finished = true\n')
+    git(small_runs, "add", "-A")
+    git(small_runs, "commit", "-qm", "alerts")
+    r = stepwatch("launch", "--no-tui", "run.toml", "--override", "a tiny runs dir on purpose", cwd=small_runs)
     assert r.returncode == 0, r.stderr
     run_dir = small_runs / "runs" / "p"
     ex = wait_until(lambda: read_json(run_dir / "exit.json"), 120, interval_s=0.5, what="the end")
@@ -196,3 +210,8 @@ def test_a_job_that_prints_through_a_full_disk_for_a_minute_exits_0_and_the_lost
     text = stepwatch("status", str(run_dir)).stdout
     assert "train.log lost " in text and f"({ex['log_lost_bytes']} bytes) of the run's output" in text, text
     assert "exited with code 0" in text
+    # the pages: the full disk, its resolution and the finished page say what train.log lost
+    pages = {p["kind"]: p["message"].splitlines()[-1] for p in map(json.loads, pings.read_text().splitlines())}
+    assert "the run dir's file system is full" in pages.get("disk_full", ""), pages
+    assert pages.get("resolved", "").startswith("resolved after ") and "train.log lost " in pages["resolved"], pages
+    assert f"({ex['log_lost_bytes']} bytes) of the run's output (No space left on device)" in pages.get("finished", ""), pages

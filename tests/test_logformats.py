@@ -972,22 +972,31 @@ for s in range(1, 100_000):
 '''
 
 
+def _hostile_and_control(tmp_path: Path, script: str, source: str, log_extra: str = "") -> Path:
+    """A repo with ``script`` and two committed configs, hostile.toml and control.toml, that run it with the
+    argument ``hostile`` or ``control`` and read the log with the operator's backtracking pattern."""
+    from conftest import git, make_repo
+
+    repo = make_repo(tmp_path / "repo", {script: source})
+    for name in ("hostile", "control"):
+        (repo / f"{name}.toml").write_text(
+            f'name = "{name}"\ncommand = ["{sys.executable}", "{script}", "{name}"]\n[log]\n'
+            f"patterns = [{_toml_str(BACKTRACKING)}]\n{log_extra}")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "configs")
+    return repo
+
+
 @pytest.mark.system
 def test_a_run_whose_pattern_backtracks_on_a_hostile_line_stops_and_reports_as_usual(tmp_path: Path):
     """The operator's (a+)+$ and a 50 KB line of a's ending in "!": the supervisor keeps reading steps, status
     answers, and stop ends the run with its exit record, as fast as a control run's without those lines."""
     import time
 
-    from conftest import git, make_repo, stepwatch, wait_until
+    from conftest import stepwatch, wait_until
     from stepwatch.monitors.runfiles import read_json
 
-    repo = make_repo(tmp_path / "repo", {"user.py": HOSTILE_PY})
-    for name in ("hostile", "control"):
-        (repo / f"{name}.toml").write_text(
-            f'name = "{name}"\ncommand = ["{sys.executable}", "user.py", "{name}"]\n[log]\n'
-            f"patterns = [{_toml_str(BACKTRACKING)}]\nexamples = ['step 3', '{'a' * 4000}!']\n")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-qm", "configs")
+    repo = _hostile_and_control(tmp_path, "user.py", HOSTILE_PY, f"examples = ['step 3', '{'a' * 4000}!']\n")
     took: dict[str, dict[str, float]] = {}
     for name in ("hostile", "control"):  # the checklist tries the pattern on the hostile example first
         t0 = time.monotonic()
@@ -1013,3 +1022,49 @@ def test_a_run_whose_pattern_backtracks_on_a_hostile_line_stops_and_reports_as_u
         assert ex is not None and ex["stop_requested"] is True, ex
     for what in ("launch", "status", "stop"):  # the issue's floor: not delayed by more than a second
         assert took["hostile"][what] < took["control"][what] + 1.0, took
+
+
+STUCK_PY = r'''
+import sys, time
+for s in range(1, 41):
+    print(f"step {s}", flush=True)
+    time.sleep(0.05)
+if sys.argv[1] == "hostile":
+    print("a" * 50_000 + "!", flush=True)  # past the line limit
+    print("a" * 4000 + "!", flush=True)    # within it: (a+)+$ is tried on it
+time.sleep(600)  # stuck after step 40: the stall alert is the supervisor's next
+'''
+
+
+@pytest.mark.system
+def test_a_backtracking_pattern_and_hostile_lines_do_not_delay_the_next_alert(tmp_path: Path):
+    """Issue 30: the operator's (a+)+$, then a 50 KB line and a 4,000-character one of a's ending in "!", then
+    the run is stuck. The stall alert (the supervisor's next) comes as soon after step 40 arrived as in a control
+    run without those lines: within a second of it."""
+    from conftest import stepwatch, wait_until
+    from stepwatch.monitors.runfiles import read_json
+
+    repo = _hostile_and_control(tmp_path, "stuck.py", STUCK_PY)
+    for name in ("hostile", "control"):
+        r = stepwatch("launch", "--no-tui", str(repo / f"{name}.toml"), cwd=repo, timeout=60)
+        assert r.returncode == 0, (r.stdout, r.stderr)
+
+    def stall_alert(run_dir: Path) -> dict | None:
+        p = run_dir / "alerts.jsonl"
+        recs = [json.loads(ln) for ln in p.read_text().splitlines()] if p.exists() else []
+        return next((a for a in recs if a.get("kind") == "alert" and a.get("alert_kind") == "stall"), None)
+
+    delay_s: dict[str, float] = {}
+    for name in ("hostile", "control"):
+        run_dir = repo / "runs" / name
+        alert = wait_until(lambda: stall_alert(run_dir), 60, what=f"{name}: the stall alert")  # noqa: B023
+        steps = [json.loads(ln) for ln in (run_dir / "logsteps.jsonl").read_text().splitlines()]
+        last = max(steps, key=lambda s: s["step"])
+        assert last["step"] == 40 and alert["evidence"]["global_step"] == 40, (last, alert)
+        delay_s[name] = alert["t"] - last["step_end"]  # from step 40's bytes to the alert, one clock
+        r = stepwatch("stop", str(run_dir), "--grace", "2", timeout=60)
+        assert r.returncode == 0 and (read_json(run_dir / "exit.json") or {}).get("stop_requested"), r.stderr
+    hostile_log = (repo / "runs" / "hostile" / "train.log").read_bytes()
+    assert b"a" * 50_000 + b"!\n" in hostile_log and b"\n" + b"a" * 4000 + b"!\n" in hostile_log
+    print(f"\nstep 40 -> stall alert: {delay_s}")
+    assert delay_s["hostile"] < delay_s["control"] + 1.0, delay_s

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -130,3 +131,41 @@ def test_the_finished_page_goes_only_to_the_channels_that_asked(tmp_path: Path):
     d.submit({"id": "a1-finished", "kind": "finished", "level": "info", "wanted": True, "message": "finished"})
     assert d.wait(10)
     assert outcomes(records) == [("a1-finished", "command", "delivered"), ("a1-finished", "json://127.0.0.1", "not_asked")]
+
+
+def _ended_snapshot(tmp_path: Path) -> Any:  # a snapshot the test rewrites part by part
+    import shutil
+
+    from conftest import REPO_ROOT
+    from stepwatch.monitors.snapshot.observer import snapshot
+
+    run_dir = tmp_path / "runs" / "ended-sigkill"
+    shutil.copytree(REPO_ROOT / "tests" / "fixtures" / "runs" / "ended-sigkill", run_dir)
+    return dict(snapshot(run_dir))
+
+
+def _message(page: dict[str, Any] | None) -> str:
+    assert page is not None, "no page"
+    return page["message"]
+
+
+def test_a_full_disks_resolution_and_the_finished_page_say_what_train_log_lost(tmp_path: Path):
+    from stepwatch.monitors.watch.lifecycle import finished_page, resolved_page
+
+    snap = _ended_snapshot(tmp_path)
+    lost = "; train.log lost 1.2 MiB (1240982 bytes) of the run's output (No space left on device); the run went on"
+    snap["state"] = "running"
+    snap["disk"] = dict(snap["disk"], log_lost_bytes=1_240_982, log_lost_reason="No space left on device")
+    disk_full = {"id": "a1-disk_full-run_dir", "kind": "disk_full", "active": False, "at": "2026-12-05T15:00:00Z",
+                 "message": "the run dir's file system is full"}
+    page = resolved_page(disk_full, snap, "vm", 1_796_482_860.0)
+    assert page is not None and page["message"] == "resolved after 0:01:00: the run dir's file system is full" + lost
+    stall = dict(disk_full, id="a1-stall-40", kind="stall", message="alive but stuck")
+    assert _message(resolved_page(stall, snap, "vm", 1_796_482_860.0)) == "resolved after 0:01:00: alive but stuck"
+    snap.update(state="exited", returncode=0, signal=None)
+    finished = finished_page(snap, "vm", 1)
+    assert finished is not None and finished["message"].endswith(lost), finished
+    snap["disk"] = dict(snap["disk"], log_lost_bytes=None, log_lost_reason=None)  # the control: nothing lost
+    assert "lost" not in _message(finished_page(snap, "vm", 1))
+    snap["state"] = "running"
+    assert _message(resolved_page(disk_full, snap, "vm", 1_796_482_860.0)).endswith("file system is full")

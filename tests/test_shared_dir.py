@@ -115,7 +115,7 @@ async def test_the_tuis_relaunch_key_shows_and_runs_the_owners_command_not_a_mem
         await until(pilot, lambda: type(app.screen).__name__ == "Confirm", what="the confirmation")
         await pilot.press("y")
         await until(pilot, lambda: type(app.screen).__name__ == "PreflightScreen", what="the checklist")
-        await until(pilot, lambda: app.screen.checklist is not None, 30, "the checklist to finish")
+        await until(pilot, lambda: getattr(app.screen, "checklist", None) is not None, 30, "the checklist to finish")
         shown = " ".join(str(w.render()) for w in app.screen.query("Static"))
         assert f"command: {shlex.join([sys.executable, 'ok.py'])}" in shown, shown
         assert "run.json differs from what you launched (its argv" in shown and "it is ignored" in shown, shown

@@ -190,6 +190,44 @@ def test_a_job_held_in_the_queue_reads_pending_with_slurms_reason_and_stops_ther
 
 
 @pytest.mark.slow
+def test_a_members_run_json_naming_roots_running_job_never_cancels_it(slurm, tmp_path: Path, member, shared: Path):
+    """Issue 30, item 5, by the team's member: a run dir of theirs in the shared runs dir whose run.json names
+    root's running job. Root's ``stop`` of it asks Slurm first: the job is root's, not the run dir's owner's
+    (refused, nothing cancelled); a root-owned decoy naming it is refused too (the job works elsewhere). The
+    positive control: root's stop of its own run cancels the job."""
+    run_dir = _launch(tmp_path, [sys.executable, "train.py", "3000", "0.05"], 'time = "10"')
+    job = _job(run_dir)
+    wait_until(lambda: _status(run_dir)["scheduler"]["state"] == "RUNNING", 60, what="the job running")
+    crafted = json.dumps({"v": 1, "name": "decoy", "attempt": 1, "launched_at_unix": time.time(),
+                          "process": {"pid": None}, "supervisor": {"pid": None},
+                          "scheduler": {"kind": "slurm", "job_id": job}})
+    uid, gid = member
+    theirs = shared / "theirs"
+
+    def as_member() -> None:
+        os.setgroups([gid])
+        os.setgid(gid)
+        os.setuid(uid)
+
+    code = f"import os; os.mkdir({str(theirs)!r}); open({str(theirs / 'run.json')!r}, 'w').write({crafted!r})"
+    made = subprocess.run(["/usr/bin/python3", "-c", code], preexec_fn=as_member, capture_output=True, text=True, cwd="/")
+    assert made.returncode == 0 and (theirs / "run.json").stat().st_uid == uid, made.stderr
+    r = stepwatch("stop", str(theirs), timeout=60)
+    assert r.returncode != 0 and f"refusing to cancel Slurm job {job}" in r.stderr, (r.stdout, r.stderr)
+    assert f"not to the run's owner (uid {uid})" in r.stderr and "Nothing was cancelled" in r.stderr, r.stderr
+    decoy = shared / "decoy"  # root's own dir, the same claim: the job works in another run dir
+    decoy.mkdir()
+    (decoy / "run.json").write_text(crafted)
+    r = stepwatch("stop", str(decoy), timeout=60)
+    assert r.returncode != 0 and f"refusing to cancel Slurm job {job}" in r.stderr and "works in" in r.stderr, r.stderr
+    assert _status(run_dir)["scheduler"]["state"] == "RUNNING"  # nothing was cancelled
+    r = stepwatch("stop", str(run_dir), "--grace", "2", timeout=90)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    wait_until(lambda: _status(run_dir)["scheduler"]["state"] not in ("RUNNING", "COMPLETING"), 60,
+               what="the job to end after the owner's stop")
+
+
+@pytest.mark.slow
 def test_a_two_task_srun_run_shows_both_ranks(slurm, tmp_path: Path):
     run_dir = _launch(tmp_path, ["srun", "--ntasks=2", sys.executable, "train.py", "3000", "0.05"],
                       'ntasks_per_node = 2\ntime = "10"')

@@ -1,6 +1,7 @@
 """An alert's life after its page, as Alertmanager users expect: a page that said trouble gets a ``resolved``
 page when the condition clears while the run goes on (how long it lasted), and a run that exits 0 gets a
-``finished`` page (its duration, steps and final loss) when its ``[alerts]`` table asks (``finished = true``).
+``finished`` page (its duration, steps and final loss) when its ``[alerts]`` table asks (``finished = true``). A
+full disk's resolution and the finished page say what train.log lost meanwhile (the supervisor's log pump counts it).
 Pure: the supervisor's detector loop (:class:`.loop.AlertRecorder`) decides when, these say what."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from datetime import datetime
 from typing import Any
 
 from stepwatch.monitors.snapshot.alerts import headline_of
+from stepwatch.monitors.snapshot.disk import lost_words
 from stepwatch.monitors.snapshot.types import Snapshot
 from stepwatch.monitors.states import EXITED, RUNNING
 from stepwatch.monitors.watch.delivery import level_of
@@ -35,8 +37,9 @@ def resolved_page(al: dict[str, Any], snap: Snapshot, host: str, now: float) -> 
         return None
     began = unix_of(al.get("at"))
     lasted = f" after {_lasted(now - began)}" if began is not None else ""
+    lost = f"; {words}" if al.get("kind") == "disk_full" and (words := lost_words(snap.get("disk") or {})) else ""
     return {"id": f"{al['id']}-resolved", "kind": "resolved", "level": level_of(str(al.get("kind"))),
-            "message": f"resolved{lasted}: {al.get('message')}", "headline": headline_of(snap, host)}
+            "message": f"resolved{lasted}: {al.get('message')}{lost}", "headline": headline_of(snap, host)}
 
 
 def finished_page(snap: Snapshot, host: str, attempt: Any) -> dict[str, Any] | None:
@@ -48,6 +51,7 @@ def finished_page(snap: Snapshot, host: str, attempt: Any) -> dict[str, Any] | N
     loss = (snap["metrics"].get("loss") or {}).get("value") if isinstance(snap.get("metrics"), dict) else None
     words = ("finished: exit 0" + (f" after {_lasted(dur)}" if isinstance(dur, (int, float)) else "")
              + f", {step.get('global_step') if step.get('global_step') is not None else '?'} steps"
-             + (f"; final loss {loss:.4g}" if isinstance(loss, (int, float)) else ""))
+             + (f"; final loss {loss:.4g}" if isinstance(loss, (int, float)) else "")
+             + (f"; {lost}" if (lost := lost_words(snap.get("disk") or {})) else ""))
     return {"id": f"a{attempt}-finished", "kind": "finished", "level": "info", "wanted": True, "message": words,
             "headline": headline_of(snap, host)}

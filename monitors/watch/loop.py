@@ -198,7 +198,8 @@ class AlertRecorder:
     kinds: each alert has one recorder)."""
 
     def __init__(self, run_dir: Path, run: dict[str, Any], log: Callable[[str], None],
-                 kinds: frozenset[str] | None = None, skip: frozenset[str] = frozenset()):
+                 kinds: frozenset[str] | None = None, skip: frozenset[str] = frozenset(),
+                 log_lost: Callable[[], tuple[int, str | None]] | None = None):
         config = (run.get("config") or {}).get("alerts") or {}
         config = dict(config) if isinstance(config, dict) else {}
         config["urls"] = read_push_urls(run_dir)  # kept out of run.json, which other users may read
@@ -214,11 +215,16 @@ class AlertRecorder:
         self.attempt = run.get("attempt")
         self._stack_threads: list[threading.Thread] = []  # a stall's stacks, its delivery after them
         self.host = socket.gethostname()
+        self.log_lost = log_lost  # the supervisor's log pump: output bytes train.log could not take so far, and why
 
     def detect(self, now: float | None = None) -> Snapshot:
         """One refresh; records what is new (shown at once) and pages what has held for its confirmation window
         ([alerts] confirm_s, :mod:`.paging`). Returns the snapshot."""
         snap = self.observer.refresh()
+        disk = snap.get("disk")
+        if self.log_lost is not None and disk is not None and not disk.get("log_lost_bytes"):
+            disk["log_lost_bytes"], disk["log_lost_reason"] = self.log_lost()  # live; exit.json has it at the end
+            disk["log_lost_bytes"] = disk["log_lost_bytes"] or None
         now = time.time() if now is None else now
         for al in snap.get("alerts") or []:
             if al["id"] in self.paged and (page := resolved_page(cast("dict[str, Any]", al), snap, self.host,
@@ -300,16 +306,18 @@ class AlertRecorder:
 
 
 def watch_attempt(run_dir: Path, run: dict[str, Any], child_done: threading.Event,
-                  log: Callable[[str], None] = lambda m: None, exporter: Any = None) -> None:
+                  log: Callable[[str], None] = lambda m: None, exporter: Any = None,
+                  log_lost: Callable[[], tuple[int, str | None]] | None = None) -> None:
     """Watch one attempt until ``child_done`` is set, then record its last alerts and wait (bounded)
     for their delivery. Never raises. The scheduler's alerts (a Slurm run's job end, its time limit)
     are the login node's job watcher's to record (:mod:`.jobwatch`). ``exporter`` (the Prometheus
-    endpoint, :class:`stepwatch.monitors.export.prometheus.Exporter`) gets each snapshot."""
+    endpoint, :class:`stepwatch.monitors.export.prometheus.Exporter`) gets each snapshot; ``log_lost`` (the log pump's
+    count of output bytes train.log could not take, and why) goes into each snapshot's ``disk`` while it runs."""
     stop_log = threading.Event()
     liveness = LivenessFlags()
     timer = LogTimerThread(run_dir, stop_log, log, run, liveness)
     timer.start()
-    recorder = AlertRecorder(run_dir, run, log, skip=SCHEDULER_ALERT_KINDS)
+    recorder = AlertRecorder(run_dir, run, log, skip=SCHEDULER_ALERT_KINDS, log_lost=log_lost)
     try:
         while not child_done.is_set():
             try:

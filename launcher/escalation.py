@@ -6,6 +6,7 @@ is gone (it takes over the rungs not yet sent).
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -72,7 +73,7 @@ class Escalation:
         return is_alive(self.leader) or bool(self._others())
 
     def _record(self, sig: signal.Signals, pids: list[int], group: bool) -> None:
-        stop = read_json(self.run_dir / STOP_JSON) or new_stop_record(reason="supervisor received a stop signal")
+        stop = own_stop_record(self.run_dir) or new_stop_record(reason="supervisor received a stop signal")
         t = time.time()
         stop.setdefault("signals", []).append(
             {"signal": sig.name, "sent_at": utc_iso(t), "sent_at_unix": t,
@@ -121,8 +122,16 @@ class Escalation:
                     return
 
 
+def own_stop_record(run_dir: Path) -> dict[str, Any] | None:
+    """stop.json when this process's user or the run dir's owner wrote it, else None: a stop "in progress" or a
+    grace of days that a group member put in a shared run dir neither holds a stop back nor slows it."""
+    path = run_dir / STOP_JSON
+    owner = owner_uid(run_dir)
+    return read_json(path, os.geteuid()) or (read_json(path, owner) if owner is not None else None)
+
+
 def stop_grace_s(run_dir: Path) -> float:
-    grace = (read_json(run_dir / STOP_JSON) or {}).get("grace_s")
+    grace = (own_stop_record(run_dir) or {}).get("grace_s")
     if isinstance(grace, bool) or not isinstance(grace, (int, float)):  # a JSON number only (true/false refused)
         return DEFAULT_GRACE_S
     return float(grace) if 0 <= grace < 1e7 else DEFAULT_GRACE_S

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stepwatch.launcher.slurm import SlurmError, job_mismatch, scancel, slurm_job_id
-from stepwatch.launcher.escalation import ESCALATION, Escalation
+from stepwatch.launcher.escalation import ESCALATION, Escalation, own_stop_record
 from stepwatch.launcher.restartrun import recorded_decision
 from stepwatch.monitors.fold.events import unix_time
 from stepwatch.monitors.signalling import belongs_to, owner_uid, send_signal
@@ -155,7 +155,7 @@ def request_stop(run_dir: Path, grace_s: float = 30.0, reason: str | None = None
         return StopOutcome(True, read_json(run_dir / EXIT_JSON), read_json(run_dir / STOP_JSON), False,
                            restart_cancelled=cancelled)
     sup_alive = belongs_to(sup, uid) if sup is not None else False
-    current = read_json(run_dir / STOP_JSON)
+    current = own_stop_record(run_dir)
     in_progress = current is not None and current.get("ended_by") is None and (
         unix_time(current.get("requested_at_unix")) or 0.0) >= (unix_time(run.get("launched_at_unix")) or 0.0)
     if in_progress and current is not None and sup_alive:  # (in_progress implies a current stop.json)

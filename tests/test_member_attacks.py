@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -169,3 +171,93 @@ def test_a_relaunch_after_the_repository_went_to_the_member_is_one_line_and_runs
     r = stepwatch("relaunch", "--no-tui", str(runs / "h"), env=env)
     assert r.returncode == 0, r.stderr
     wait_until(lambda: (read_json(runs / "h" / "run.json") or {}).get("attempt") == 2, 15, what="attempt 2")
+
+
+STEPS_PY = r"""
+import time
+for s in range(1, 100_000):
+    print(f"step {s}/100000 loss {1.0 / s:.4f}", flush=True)
+    time.sleep(0.05)
+"""
+PING_PY = r"""
+import json, os, sys
+with open(sys.argv[1], "a") as f:
+    f.write(json.dumps({"kind": os.environ["STEPWATCH_ALERT_KIND"], "message": os.environ["STEPWATCH_ALERT_MESSAGE"]}) + "\n")
+"""
+PLANT = r"""
+import json, os
+def plant(name, doc):
+    tmp = os.path.join(run_dir, ".member.tmp")
+    with open(tmp, "w") as f:
+        json.dump(doc, f)
+    os.replace(tmp, os.path.join(run_dir, name))  # the run dir is group-writable: a member may replace a file
+for name, doc in plants.items():
+    if name == "run.json":
+        run = json.load(open(os.path.join(run_dir, name)))
+        run.update(doc)
+        doc = run
+    plant(name, doc)
+"""
+
+
+def _team_run(repo: Path, shared: Path, name: str, pings: Path) -> Path:
+    """A long run of root's in the team's runs dir (umask 002: its dir group-writable), paging through an
+    ``[alerts] command`` into ``pings``; returns its run dir once a few steps were read."""
+    (repo / "steps.py").write_text(STEPS_PY)
+    (repo / "ping.py").write_text(PING_PY)
+    (repo / f"{name}.toml").write_text(
+        f'name = "{name}"\ncommand = [{json.dumps(sys.executable)}, "steps.py"]\n[alerts]\n'
+        f'command = [{json.dumps(sys.executable)}, {json.dumps(str(repo / "ping.py"))}, {json.dumps(str(pings))}]\n')
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", name)
+    r = stepwatch("launch", "--no-tui", "--runs-dir", str(shared), f"{name}.toml", cwd=repo, umask=0o002)
+    assert r.returncode == 0, r.stderr
+    run_dir = shared / name
+    wait_until(lambda: b"step 5/" in (run_dir / "train.log").read_bytes(), 30, what="a few steps")
+    assert run_dir.stat().st_mode & 0o020  # the member may write in it
+    return run_dir
+
+
+def _plant(member: tuple[int, int], run_dir: Path, plants: dict) -> None:
+    as_member(member, f"run_dir = {str(run_dir)!r}\nplants = {plants!r}\n" + PLANT)
+    for name in plants:
+        assert (run_dir / name).stat().st_uid == member[0]
+
+
+def _pages(pings: Path) -> list[dict]:
+    return [json.loads(ln) for ln in pings.read_text().splitlines()] if pings.exists() else []
+
+
+def test_a_members_stop_record_neither_holds_the_owners_stop_back_nor_slows_it(
+        repo: Path, shared: Path, member: tuple[int, int], tmp_path: Path):
+    """A stop.json saying a stop is in progress, with a grace of eleven days: the owner's stop is not refused as
+    "already in progress" and its ladder keeps the owner's grace."""
+    run_dir = _team_run(repo, shared, "held", tmp_path / "pings.jsonl")
+    _plant(member, run_dir, {"stop.json": {"v": 1, "requested_at_unix": 9e9, "requested_at": "2255-01-01T00:00:00Z",
+                                           "grace_s": 1e6, "signals": [], "ended_by": None}})
+    t0 = time.monotonic()
+    r = stepwatch("stop", str(run_dir), "--grace", "2", timeout=60)
+    assert r.returncode == 0 and "already in progress" not in r.stdout + r.stderr, (r.stdout, r.stderr)
+    ex = wait_until(lambda: read_json(run_dir / "exit.json"), 20, what="exit.json")
+    assert ex["stop_requested"] is True and time.monotonic() - t0 < 20, ex
+    stop = read_json(run_dir / "stop.json")
+    assert stop is not None and stop["grace_s"] == 2 and (run_dir / "stop.json").stat().st_uid == 0, stop
+
+
+def test_a_members_exit_record_and_run_json_never_silence_the_page_of_a_killed_supervisor_and_the_runs_death(
+        repo: Path, shared: Path, member: tuple[int, int], tmp_path: Path):
+    """The member plants an exit.json (exit 0) and rewrites run.json (another attempt); then the supervisor
+    is SIGKILLed, then the run: its warden (the owner's) still pages the loss and the death within 10 s."""
+    pings = tmp_path / "pings.jsonl"
+    run_dir = _team_run(repo, shared, "warded", pings)
+    run = read_json(run_dir / "run.json")
+    assert run is not None
+    _plant(member, run_dir, {"exit.json": {"v": 1, "returncode": 0, "signal": None, "ended_at_unix": time.time()},
+                             "run.json": {"attempt": 7, "launched_at_unix": 1.0}})
+    os.kill(run["supervisor"]["pid"], signal.SIGKILL)
+    wait_until(lambda: [p for p in _pages(pings) if p["kind"] == "supervisor_lost"], 10, what="the loss paged")
+    t_kill = time.monotonic()
+    os.kill(run["process"]["pid"], signal.SIGKILL)
+    deaths = wait_until(lambda: [p for p in _pages(pings) if p["kind"] == "watchdog"], 10, what="the death paged")
+    assert time.monotonic() - t_kill <= 10
+    assert f"process {run['process']['pid']}" in deaths[0]["message"], deaths

@@ -150,8 +150,13 @@ class RunObserver:
     after it; False folds every line (the bench's cold attach, tests that compare the two).
     """
 
-    def __init__(self, run_dir: Path, *, use_saved_state: bool = True, monotonic: Callable[[], float] = time.monotonic):
+    def __init__(self, run_dir: Path, *, use_saved_state: bool = True, monotonic: Callable[[], float] = time.monotonic,
+                 trust_uid: int | None = None, own_run: dict[str, Any] | None = None):
         self.run_dir = Path(run_dir)
+        #: The run owner's own watchers (the supervisor's detector loop, its warden, the job watcher): run.json,
+        #: exit.json and stop.json count only when ``trust_uid`` wrote them, and ``own_run`` (the record the
+        #: launcher handed over) stands for a run.json someone else put in its place (ARCHITECTURE.md R17).
+        self.trust_uid, self.own_run = trust_uid, own_run
         self.use_saved_state = use_saved_state
         self.monotonic = monotonic  # how long it watched a step: immune to the run's clock and to clock steps
         self.survivors = CachedSurvivors(self.run_dir)  # what outlives the ended run (by recorded identity)
@@ -251,7 +256,7 @@ class RunObserver:
         snap = null_snapshot()
         snap["run_dir"] = str(self.run_dir)
         snap["run"] = self.run_dir.name
-        run = read_json(self.run_dir / RUN_JSON)
+        run = read_json(self.run_dir / RUN_JSON, self.trust_uid) or self.own_run
         if run is None:
             return snap
         # an attempt is its number and its launch time: a run dir removed and launched again under
@@ -263,7 +268,7 @@ class RunObserver:
                 self.a.close()
                 self._attempt_changed = True
             self.a = self._new_attempt(key, resume=True)
-        process_part(self.run_dir, snap, run)
+        process_part(self.run_dir, snap, run, self.trust_uid)
         self.a = a = self._read_events(self.a, key)
         self._read_log(a)
         a.gpu.read()

@@ -19,9 +19,10 @@ from stepwatch.monitors.watchdog import ProcessRef, probe
 SUPERVISOR_SILENT_S = 60.0
 
 
-def process_part(run_dir: Path, snap: Snapshot, run: dict[str, Any]) -> None:
+def process_part(run_dir: Path, snap: Snapshot, run: dict[str, Any], trust_uid: int | None = None) -> None:
     """Fill the process keys of ``snap`` from run.json (``run``), exit.json, stop.json, a probe of the
-    captured pids (identity: pid + create time) and, for a Slurm run, scheduler.json."""
+    captured pids (identity: pid + create time) and, for a Slurm run, scheduler.json. With ``trust_uid``
+    (the run owner's own processes), an exit.json or stop.json another user wrote reads as absent."""
     snap["run"] = run.get("name") or run_dir.name
     snap["attempt"] = run.get("attempt")
     snap["identity"] = run.get("identity")
@@ -31,7 +32,7 @@ def process_part(run_dir: Path, snap: Snapshot, run: dict[str, Any]) -> None:
     verdict = probe(proc) if proc else None
     snap["process_verdict"] = verdict
     snap["alive"] = verdict == ALIVE
-    ex = read_json(run_dir / EXIT_JSON)
+    ex = read_json(run_dir / EXIT_JSON, trust_uid)
     if ex is not None:
         snap["returncode"] = ex.get("returncode")
         snap["signal"] = ex.get("signal")
@@ -39,7 +40,7 @@ def process_part(run_dir: Path, snap: Snapshot, run: dict[str, Any]) -> None:
                                                         "error", "write_errors", "log_lost_bytes", "log_lost_reason")})
     sup_ref = ProcessRef.from_json(run.get("supervisor"))
     snap["supervisor_alive"] = sup_ref is not None and probe(sup_ref) == ALIVE
-    snap["stop"] = read_json(run_dir / STOP_JSON)
+    snap["stop"] = read_json(run_dir / STOP_JSON, trust_uid)
     snap["scheduler"] = read_scheduler(run_dir, run)
     if snap["alive"]:
         snap["state"] = RUNNING

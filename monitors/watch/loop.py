@@ -205,7 +205,7 @@ class AlertRecorder:
         config["urls"] = read_push_urls(run_dir)  # kept out of run.json, which other users may read
         self.file = AttemptFile(run_dir / ALERTS_JSONL, log)
         self.deliverer = Deliverer(run_dir, self.file.append_json, config, str(run.get("name") or run_dir.name), log=log)
-        self.observer = RunObserver(run_dir, use_saved_state=False)
+        self.observer = RunObserver(run_dir, use_saved_state=False, trust_uid=os.geteuid(), own_run=run)
         self.kinds, self.skip, self.log, self.run_dir = kinds, skip, log, Path(run_dir)
         self.recorded: set[str] = set()
         self.paged: set[str] = set()  # the alerts this recorder paged: their resolution is paged too

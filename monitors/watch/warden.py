@@ -20,6 +20,7 @@ then it imports nothing heavy and reads nothing. Its diagnostics go to ``supervi
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -42,8 +43,10 @@ def _log(msg: str) -> None:
 
 
 def _same_attempt(run_dir: Path, run: dict[str, Any]) -> bool:
-    cur = read_json(run_dir / "run.json") or {}
-    return (cur.get("attempt"), cur.get("launched_at_unix")) == (run.get("attempt"), run.get("launched_at_unix"))
+    """Whether the run dir still holds ``run``'s attempt: only a run.json of the owner's (a relaunch) says it
+    does not; one another user put there (a group member, in a shared runs dir) says nothing."""
+    cur = read_json(run_dir / "run.json", os.geteuid())
+    return cur is None or (cur.get("attempt"), cur.get("launched_at_unix")) == (run.get("attempt"), run.get("launched_at_unix"))
 
 
 def ward(run_dir: Path, run: dict[str, Any], log: Callable[[str], None] = _log, loop_s: float = LOOP_S,
@@ -57,7 +60,7 @@ def ward(run_dir: Path, run: dict[str, Any], log: Callable[[str], None] = _log, 
         log("the run names no supervisor or no process: nothing to ward")
         return 2
     wait_for_exit(sup)
-    if read_json(run_dir / EXIT_JSON) is not None or not _same_attempt(run_dir, run):
+    if read_json(run_dir / EXIT_JSON, os.geteuid()) is not None or not _same_attempt(run_dir, run):
         return 0  # it saw the end (or a relaunch took the run dir over): nothing is left to page
     pump = None
     if output_fd is not None:  # first: a full pipe would block the run's next print

@@ -165,6 +165,14 @@ def shared_risk(runs_dir: Path, run_dir: Path) -> str | None:
     problem = shared_dir_problem(run_dir) or shared_dir_problem(runs_dir)
     if problem is None:
         return None
+    unsticky = ""
+    try:
+        st = runs_dir.lstat()
+        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            unsticky = (f". The runs dir {runs_dir} has no sticky bit: they can also rename or replace the run dir "
+                        f"itself; make it sticky, as /tmp is (chmod +t {runs_dir}), so only its owner can")
+    except OSError:
+        pass
     return (f"{problem}: other users can replace this run's files, so what `status` and the TUI show of it "
             f"may be theirs. What runs, now and on relaunch, comes only from your own config and your copy "
-            f"of the launch in {owner_copy_path(run_dir).parent}, never from run.json")
+            f"of the launch in {owner_copy_path(run_dir).parent}, never from run.json{unsticky}")

@@ -24,7 +24,7 @@ from stepwatch.monitors.runfiles import read_json
 pytestmark = pytest.mark.system
 
 
-def as_member(member: tuple[int, int], code: str) -> None:
+def as_member(member: tuple[int, int], code: str) -> subprocess.CompletedProcess:
     """Run ``code`` (Python) as the team's member; it must succeed."""
     uid, gid = member
 
@@ -36,6 +36,7 @@ def as_member(member: tuple[int, int], code: str) -> None:
     r = subprocess.run([MEMBER_PY, "-c", code], preexec_fn=drop, capture_output=True, text=True, timeout=30,
                        cwd="/", env={"PATH": "/usr/bin:/bin"})
     assert r.returncode == 0, r.stderr
+    return r
 
 
 def member_symlink(member: tuple[int, int], target: Path, link: Path) -> None:
@@ -261,3 +262,29 @@ def test_a_members_exit_record_and_run_json_never_silence_the_page_of_a_killed_s
     deaths = wait_until(lambda: [p for p in _pages(pings) if p["kind"] == "watchdog"], 10, what="the death paged")
     assert time.monotonic() - t_kill <= 10
     assert f"process {run['process']['pid']}" in deaths[0]["message"], deaths
+
+
+def test_a_runs_dir_without_the_sticky_bit_is_said_at_launch_and_with_it_a_member_cannot_move_a_run_dir(
+        repo: Path, shared: Path, member: tuple[int, int]):
+    """In a group-writable runs dir a member may rename or replace any entry, the owner's run dir too: the
+    launch says so and how to stop it (chmod +t). With the sticky bit (the control) the launch does not say
+    it, and the member's rename of the owner's run dir is refused by the kernel."""
+    r = stepwatch("launch", "--no-tui", "--runs-dir", str(shared), "--name", "loose", "--", sys.executable, "ok.py",
+                  cwd=repo, umask=0o002)
+    assert r.returncode == 0, r.stderr
+    said = r.stdout + r.stderr
+    assert f"The runs dir {shared} has no sticky bit: they can also rename or replace the run dir itself" in said, said
+    assert f"chmod +t {shared}" in said, said
+    wait_exit(shared / "loose")
+    shared.chmod(0o3775)  # setgid + sticky, as a team's /tmp-like dir
+    r = stepwatch("launch", "--no-tui", "--runs-dir", str(shared), "--name", "pinned", "--", sys.executable, "ok.py",
+                  cwd=repo, umask=0o002)
+    assert r.returncode == 0, r.stderr
+    assert "no sticky bit" not in r.stdout + r.stderr, r.stdout + r.stderr
+    assert "other users can replace this run's files" in r.stdout + r.stderr  # the run dir itself stays shared
+    wait_exit(shared / "pinned")
+    code = (f"import os\ntry:\n    os.rename({str(shared / 'pinned')!r}, {str(shared / 'moved')!r})\n"
+            "except PermissionError:\n    print('refused')\n")
+    out = as_member(member, code)
+    assert out.stdout.strip() == "refused", (out.stdout, out.stderr)
+    assert (shared / "pinned" / "exit.json").exists() and not (shared / "moved").exists()

@@ -15,6 +15,7 @@ import math
 import os
 import signal
 import stat
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,7 +129,8 @@ def request_stop(run_dir: Path, grace_s: float = 30.0, reason: str | None = None
     if not (grace_s >= 0 and math.isfinite(grace_s)):
         raise StopError(f"the grace must be a finite number of seconds >= 0; got {grace_s!r}")
     pin = PinnedDir(run_dir)
-    refuse_foreign(run_dir)
+    if why := foreign_records(run_dir):
+        return _stop_by_owner_copy(run_dir, why, grace_s, reason, wait, wait_timeout_s, pin)
     uid = owner_uid(run_dir)
     run = read_json(run_dir / RUN_JSON, uid)
     if run is None:
@@ -175,14 +177,8 @@ def request_stop(run_dir: Path, grace_s: float = 30.0, reason: str | None = None
                 "notes": [f"{utc_iso(t)}: the supervisor was gone; stepwatch stop (pid {os.getpid()}) took the "
                           f"escalation over after {start_at} rung(s)"]}
     else:
-        t = time.time()
-        stop = {"v": 1, "requested_at": utc_iso(t), "requested_at_unix": t, "grace_s": grace_s, "reason": reason,
-                "requested_by_pid": os.getpid(), "requested_by_user": _user_name(), "signals": [], "ended_by": None}
-    pin.check()
-    try:
-        write_json_atomic(run_dir / STOP_JSON, stop)
-    except OSError as e:
-        raise StopError(f"cannot write {run_dir / STOP_JSON}: {e}") from None
+        stop = _new_request(grace_s, reason)
+    _write_stop(run_dir, stop, pin)
     if sup_alive and sup is not None:  # (sup_alive implies a recorded supervisor)
         pin.check()
         send_signal(sup, signal.SIGUSR1, uid)
@@ -204,6 +200,49 @@ def request_stop(run_dir: Path, grace_s: float = 30.0, reason: str | None = None
                 break
             time.sleep(0.05)
     return StopOutcome(False, ex, read_json(run_dir / STOP_JSON), True, not is_alive(proc))
+
+
+def _new_request(grace_s: float, reason: str | None) -> dict:
+    t = time.time()
+    return {"v": 1, "requested_at": utc_iso(t), "requested_at_unix": t, "grace_s": grace_s, "reason": reason,
+            "requested_by_pid": os.getpid(), "requested_by_user": _user_name(), "signals": [], "ended_by": None}
+
+
+def _write_stop(run_dir: Path, stop: dict, pin: PinnedDir) -> None:
+    pin.check()
+    try:
+        write_json_atomic(run_dir / STOP_JSON, stop)
+    except OSError as e:
+        raise StopError(f"cannot write {run_dir / STOP_JSON}: {e}") from None
+
+
+def _stop_by_owner_copy(run_dir: Path, why: str, grace_s: float, reason: str | None, wait: bool,
+                        wait_timeout_s: float | None, pin: PinnedDir) -> StopOutcome:
+    """The run dir's records are not all its owner's (a member replaced run.json in a shared runs dir): ask the
+    supervisor that your own copy of the launch names (launcher/trust.py; the supervisor notes itself there at
+    its start), only when it is alive and yours; it carries the ladder out as for any stop. Else refused."""
+    from stepwatch.launcher.trust import read_owner_copy  # noqa: PLC0415
+
+    doc, _ = read_owner_copy(run_dir)
+    uid = os.geteuid()
+    sup, proc = ProcessRef.from_json((doc or {}).get("supervisor")), ProcessRef.from_json((doc or {}).get("process"))
+    if sup is None or not belongs_to(sup, uid):
+        raise StopError(f"refusing to signal anything for {run_dir.name}: {why}; and no copy of your launch names "
+                        "a live supervisor of yours to ask")
+    print(f"{run_dir.name}: {why}: asking the supervisor your launch recorded (pid {sup.pid})", file=sys.stderr)
+    stop = _new_request(grace_s, reason)
+    _write_stop(run_dir, stop, pin)
+    send_signal(sup, signal.SIGUSR1, uid)
+    if not wait:
+        return StopOutcome(False, None, stop, False)
+    deadline = time.monotonic() + (wait_timeout_s if wait_timeout_s is not None else 2 * grace_s + 10)
+    if proc is not None:
+        wait_for_exit(proc, timeout_s=max(0.0, deadline - time.monotonic()), poll_s=0.1)
+    ex = read_json(run_dir / EXIT_JSON, uid)
+    while ex is None and is_alive(sup) and time.monotonic() < deadline + 5:
+        time.sleep(0.05)
+        ex = read_json(run_dir / EXIT_JSON, uid)
+    return StopOutcome(False, ex, own_stop_record(run_dir), True, proc is None or not is_alive(proc))
 
 
 def _stop_job(run_dir: Path, run: dict, job: str, grace_s: float, reason: str | None, wait: bool,

@@ -37,7 +37,7 @@ from stepwatch.launcher.escalation import ESCALATION, Escalation, new_stop_recor
 from stepwatch.launcher.escalation import log_line as _log
 from stepwatch.launcher.exitrecord import new_exit_record, record_exit, reserve_space
 from stepwatch.launcher.slurm import slurm_job_id
-from stepwatch.launcher.trust import launch_digest, read_private_json
+from stepwatch.launcher.trust import launch_digest, note_processes_in_owner_copy, read_private_json
 from stepwatch.monitors import fdreserve
 from stepwatch.monitors.oomkills import oom_count, oom_kills_between
 from stepwatch.monitors.proctree import HELPER_PIDS, HELPERS_LOCK, TreeRecorder, become_subreaper
@@ -282,6 +282,7 @@ def supervise(run_dir: Path, run_fd: int | None = None, launch_sha256: str | Non
         write_json_atomic(run_dir / RUN_JSON, run, mode=0o644)
     except OSError as e:  # a full disk: the child runs all the same, supervised; exit.json says how it ended
         _log(f"could not record the pids in {RUN_JSON}: {e}")
+    note_processes_in_owner_copy(run_dir, run)  # stop finds this supervisor even when run.json is replaced
     _start_warden(run_dir, run, out_r)
     _log(f"started pid {child.pid}: {child_argv(run)!r}" + ("" if subreaper else " (not a child subreaper: "
          "a worker whose parent dies goes to init, and is found only while in this session)"))

@@ -176,3 +176,17 @@ def shared_risk(runs_dir: Path, run_dir: Path) -> str | None:
     return (f"{problem}: other users can replace this run's files, so what `status` and the TUI show of it "
             f"may be theirs. What runs, now and on relaunch, comes only from your own config and your copy "
             f"of the launch in {owner_copy_path(run_dir).parent}, never from run.json{unsticky}")
+
+
+def note_processes_in_owner_copy(run_dir: Path, run: dict[str, Any]) -> None:
+    """Add the supervisor's and the command's identity (pid + create time) to the owner's copy of the launch
+    (the supervisor, once the command runs): `stop` then finds the supervisor to ask even when a member
+    replaced run.json. Best effort: a copy that is missing or not the owner's alone is left as it is."""
+    doc, _ = read_owner_copy(run_dir)
+    if doc is None:
+        return
+    doc["supervisor"], doc["process"] = run.get("supervisor"), run.get("process")
+    try:
+        write_json_atomic(owner_copy_path(run_dir), doc, mode=0o600)
+    except OSError:
+        pass

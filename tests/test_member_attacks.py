@@ -288,3 +288,34 @@ def test_a_runs_dir_without_the_sticky_bit_is_said_at_launch_and_with_it_a_membe
     out = as_member(member, code)
     assert out.stdout.strip() == "refused", (out.stdout, out.stderr)
     assert (shared / "pinned" / "exit.json").exists() and not (shared / "moved").exists()
+
+
+def test_a_members_run_json_never_keeps_the_owner_from_stopping_the_run(
+        repo: Path, shared: Path, member: tuple[int, int], tmp_path: Path):
+    """run.json rewritten by the member (its pids and attempt): the owner's ``stop`` asks the supervisor the
+    owner's own copy of the launch recorded, and the run ends as asked. The control: with that copy gone, the
+    same stop is refused with the reason, and nothing is signalled."""
+    runs = []
+    for name in ("kept", "nocopy"):
+        run_dir = _team_run(repo, shared, name, tmp_path / f"{name}.pings")
+        run = read_json(run_dir / "run.json")
+        assert run is not None
+        _plant(member, run_dir, {"run.json": {"attempt": 9, "process": {"pid": 1, "create_time": 0.0},
+                                              "supervisor": {"pid": 1, "create_time": 0.0}}})
+        runs.append((run_dir, run))
+    (run_dir, run) = runs[0]
+    r = stepwatch("stop", str(run_dir), "--grace", "2", timeout=60)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert f"asking the supervisor your launch recorded (pid {run['supervisor']['pid']})" in r.stderr, r.stderr
+    ex = wait_until(lambda: read_json(run_dir / "exit.json", 0), 20, what="exit.json")
+    assert ex["stop_requested"] is True and ex["signal"] == "SIGINT", ex
+    (run_dir, run) = runs[1]
+    from stepwatch.launcher.trust import owner_copy_path
+
+    owner_copy_path(run_dir).unlink()
+    r = stepwatch("stop", str(run_dir), "--grace", "2", timeout=60)
+    assert r.returncode == 1 and "refusing to signal anything for nocopy" in r.stderr, (r.stdout, r.stderr)
+    assert "no copy of your launch names a live supervisor of yours" in r.stderr, r.stderr
+    assert not (run_dir / "exit.json").exists() and b"step" in (run_dir / "train.log").read_bytes()
+    os.kill(run["supervisor"]["pid"], signal.SIGUSR1)  # the owner's own way in: the supervisor stops the run
+    wait_until(lambda: read_json(run_dir / "exit.json", 0), 20, what="exit.json of the second run")

@@ -55,8 +55,15 @@ PRINTS_PY = textwrap.dedent('''\
     import os, sys, time
     from pathlib import Path
 
+    from stepwatch.telemetry import StepTelemetry
+
     full_s = float(sys.argv[1])
     filler = Path(os.environ["STEPWATCH_RUN_DIR"]).parent / "filler"
+    tel = StepTelemetry()
+    tel.step_begin()
+    time.sleep(0.05)
+    tel.step_end()  # step 1, written before the disk fills
+    tel.flush()
     print("before the disk fills", flush=True)
     log = Path(os.environ["STEPWATCH_RUN_DIR"]) / "train.log"
     t0 = time.monotonic()  # the line is in the log before the disk fills (the pump is another process)
@@ -74,10 +81,14 @@ PRINTS_PY = textwrap.dedent('''\
         print(f"line {i} " + "y" * 200, flush=True)
         i += 1
         time.sleep(0.01)
+        tel.step_end()  # dropped while the disk is full (counted)
     filler.unlink()  # space returns
     for j in range(50):  # 3 s: the supervisor sees the room and pages the full disk's resolution
         print(f"after space returned {j}", flush=True)
         time.sleep(0.06)
+        tel.step_end()  # the events resume within the emitter's retry interval
+    tel.run_end()
+    tel.close()
     print("done", flush=True)
     ''')
 
@@ -210,6 +221,14 @@ def test_a_job_that_prints_through_a_full_disk_for_a_minute_exits_0_and_the_lost
     text = stepwatch("status", str(run_dir)).stdout
     assert "train.log lost " in text and f"({ex['log_lost_bytes']} bytes) of the run's output" in text, text
     assert "exited with code 0" in text
+    # the events paused while the disk was full and resumed after: step 1, a gap, the last steps, run_end
+    lines = (run_dir / "events.jsonl").read_text().splitlines()
+    events = [json.loads(ln) for ln in lines if ln.endswith("}")]
+    assert len(lines) - len(events) <= 1, lines  # the line a write cut short when the disk filled, ended by the next
+    steps = [e["step"] for e in events if e["kind"] == "step"]
+    gaps = [(a, b) for a, b in zip(steps, steps[1:]) if b != a + 1]
+    assert steps[0] == 1 and len(gaps) == 1 and gaps[0][1] - gaps[0][0] > 100, (steps[:10], gaps)
+    assert events[-1]["kind"] == "run_end" and events[-1]["dropped_events"] == gaps[0][1] - gaps[0][0] - 1, events[-1]
     # the pages: the full disk, its resolution and the finished page say what train.log lost
     pages = {p["kind"]: p["message"].splitlines()[-1] for p in map(json.loads, pings.read_text().splitlines())}
     assert "the run dir's file system is full" in pages.get("disk_full", ""), pages

@@ -433,6 +433,64 @@ def test_enospc_mid_run_then_run_end_carries_the_count(tmp_path, monkeypatch, ca
     assert len(stderr_warnings(capsys.readouterr().err)) == 1
 
 
+def test_a_full_disk_pauses_the_events_and_they_resume_when_space_returns(tmp_path, monkeypatch, capsys):
+    """ENOSPC pauses writing (tried again every RETRY_FULL_S: 0 here, so at each event); the steps written
+    while it was full are dropped and counted, the later ones land, and stderr says both once."""
+    from stepwatch.telemetry import writer
+
+    monkeypatch.setattr(writer, "RETRY_FULL_S", 0.0)
+    path = tmp_path / "events.jsonl"
+    disk = _full_disk_under(path, monkeypatch)
+    disk["full"] = False
+    tel = StepTelemetry(run_dir=tmp_path, check_interval_s=0.0)
+    for i in range(10):
+        disk["full"] = 2 <= i < 6  # steps 3..6 meet a full disk
+        tel.step_end()
+        tel.flush()
+    end = tel.run_end()
+    tel.close()
+    assert [ev["step"] for ev in read_events(path) if ev["kind"] == "step"] == [1, 2, 7, 8, 9, 10]
+    assert end is not None and end["dropped_events"] == 4 and not tel.disabled
+    warnings = stderr_warnings(capsys.readouterr().err)
+    assert len(warnings) == 2, warnings
+    assert "No space left on device" in warnings[0] and "written again once there is room" in warnings[0], warnings
+    assert f"writing events to {path} again (4 dropped while it was full)" in warnings[1], warnings
+
+
+def test_a_write_the_disk_cuts_short_counts_as_dropped_only_the_lines_not_written_whole(tmp_path, monkeypatch):
+    """The disk fills in the middle of a write of 5 buffered steps: 2 whole lines and half of the third go
+    out, then ENOSPC. 3 are dropped (not 5, nor 1), and the next write ends the torn line first."""
+    path = tmp_path / "events.jsonl"
+    real_write, state = os.write, {"cut": "no"}
+
+    def write(fd, data):
+        if state["cut"] != "no" and os.readlink(f"/proc/self/fd/{fd}") == str(path):
+            if state["cut"] == "done":
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            state["cut"] = "done"
+            nl = bytes(data).index(b"\n", bytes(data).index(b"\n") + 1)  # 2 whole lines, then half the third
+            return real_write(fd, bytes(data)[: nl + 1 + 10])
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    from stepwatch.telemetry import writer
+
+    monkeypatch.setattr(writer, "FLUSH_EVERY_S", 60.0)  # steps wait in the buffer until flush()
+    tel = StepTelemetry(run_dir=tmp_path, check_interval_s=0.0)  # run_start written
+    tel.step_end()  # step 1: the first write in a while goes out at once
+    state["cut"] = "next write"
+    for _ in range(5):
+        tel.step_end()  # steps 2..6 wait
+    tel.flush()  # one write: steps 2 and 3 whole, half of step 4, then ENOSPC
+    assert tel.dropped_events == 3 and tel.disabled
+    state["cut"] = "no"
+    tel.run_end()
+    tel.close()
+    lines = path.read_text().splitlines()
+    assert [json.loads(ln).get("step") for ln in lines if ln.endswith("}")] == [None, 1, 2, 3, 6], lines
+    assert len(lines) == 6 and not lines[4].endswith("}"), lines  # the torn line stands alone
+
+
 def _refused_once(capsys, path: Path, why: str) -> None:
     """Exactly one stderr line, naming ``path`` and why nothing was written to it."""
     warnings = stderr_warnings(capsys.readouterr().err)

@@ -293,7 +293,7 @@ class StepTelemetry(EventFileWriter):
 
     @property
     def disabled(self) -> bool:
-        """True once an OSError stopped writing."""
+        """True while an OSError stopped writing (a full disk's pause ends when a write is tried again and succeeds)."""
         return self._disabled
 
     def _update_path(self) -> None:
@@ -592,7 +592,7 @@ class StepTelemetry(EventFileWriter):
     def _emit(self, ev: dict[str, Any], retry: bool = False) -> bool:
         """Serialise ``ev`` and append it as one line with one write. Never raises."""
         with self._lock:
-            if self._disabled and not retry:
+            if not self._writable_locked() and not retry:
                 self.dropped_events += 1
                 return False
             try:

@@ -6,7 +6,8 @@ the last write (or FLUSH_MAX_LINES wait); any other event writes the buffer firs
 thread writes what the last step left within FLUSH_EVERY_S (a hang right after a step still shows
 it); ``flush()`` / ``close()`` and interpreter exit write the rest. A SIGKILL loses at most the last
 FLUSH_EVERY_S of steps. A forked child never writes the parent's buffered lines. An ``OSError``
-disables writing (counted in ``dropped_events``, one line on stderr). The file is never opened
+disables writing (counted in ``dropped_events``, one line on stderr); a full disk only pauses it (tried
+again every RETRY_FULL_S). The file is never opened
 through a symlink and kept only when it is a regular file of this user (ARCHITECTURE.md R16); a
 refusal disables writing the same way. Standard library only.
 """
@@ -23,6 +24,10 @@ import threading
 import time
 
 _PREFIX = "stepwatch telemetry: "
+#: A full file system (ENOSPC, EDQUOT) pauses writing, tried again this often (seconds): the events resume
+#: when space returns. Any other error, and a refused file, stop writing for good.
+RETRY_FULL_S = 2.0
+_FULL = (errno.ENOSPC, errno.EDQUOT)
 #: Step lines are written at most this often (seconds): one write for all steps in the window.
 FLUSH_EVERY_S = 0.05
 #: ... or once this many wait (a very fast loop's buffer stays small).
@@ -80,6 +85,8 @@ class EventFileWriter:
         self._flusher: threading.Thread | None = None
         self._fd: int | None = None
         self._disabled = False
+        self._retry_at: float | None = None  # time.monotonic() a write paused by a full disk is tried again
+        self._retrying = False
         self._partial_line = False
         self._warned_disable = False
 
@@ -130,7 +137,7 @@ class EventFileWriter:
         """Buffer a step ``line`` (one event, already serialised, ASCII); write the buffer when
         FLUSH_EVERY_S passed since the last write, else let the flusher thread write it."""
         with self._lock:
-            if self._disabled:
+            if not self._writable_locked():
                 self.dropped_events += 1
                 return False
             self._buf.append(line)
@@ -151,15 +158,11 @@ class EventFileWriter:
     def _flush_locked(self, now: float | None = None) -> bool:
         if not self._buf:
             return True
-        n = len(self._buf)
         data = self._take_buffer()
         self._flushed_at = time.monotonic() if now is None else now
         if not data:
             return True
-        ok = self._write_locked(data)
-        if not ok:
-            self.dropped_events += n - 1  # _write_locked counted one
-        return ok
+        return self._write_locked(data)
 
     def _arm_flusher(self) -> None:
         """Wake (or start) the daemon thread that writes a buffer the next step does not."""
@@ -182,13 +185,17 @@ class EventFileWriter:
                     pass
 
     def _write_locked(self, data: bytes) -> bool:
-        """The write of :meth:`_emit` (the lock held): one line, one ``os.write``, never raises."""
-        if self._disabled and self._partial_line:
+        """The write of :meth:`_emit` (the lock held): whole lines, one ``os.write``, never raises. On a
+        failure the lines not written whole are counted in ``dropped_events``."""
+        lines = data.count(b"\n")
+        if self._partial_line:
             data = b"\n" + data  # end the line a failed write left half-written
+        done = 0
         try:
             if self._fd is None:
                 self._open()
             n = os.write(self._fd, data)  # type: ignore[arg-type]
+            done = n
             if n != len(data):  # a short write: the rest, one write at a time
                 view = memoryview(data)
                 while view:
@@ -199,22 +206,42 @@ class EventFileWriter:
                     view = view[n:]
                     if view:
                         n = os.write(self._fd, view)  # type: ignore[arg-type]
+                        done += n
             self._partial_line = False
+            if self._retrying:
+                self._retrying = False
+                _warn(f"writing events to {self.path} again ({self.dropped_events} dropped while it was full)")
             return True
         except OSError as e:
-            self.dropped_events += 1
+            written = data[:done].count(b"\n") - (data.startswith(b"\n") and done > 0)  # whole lines that went out
+            self.dropped_events += lines - written
             self._disable(e)
             return False
 
     def _disable(self, e: OSError) -> None:
-        self._disabled = True
+        self._disabled, self._retrying = True, False
         refused = isinstance(e, RefusedFile)
+        full = not refused and e.errno in _FULL
+        self._retry_at = time.monotonic() + RETRY_FULL_S if full else None
         said = f"not writing events to {self.path}: {e}" if refused else f"cannot write {self.path}: {e}"
         self.disabled_reason = said if refused else str(e)
         self._close_fd()
         if not self._warned_disable:
             self._warned_disable = True
-            _warn(f"{said}; telemetry disabled, further events are counted as dropped (training continues)")
+            _warn(f"{said}; " + (f"events are counted as dropped and written again once there is room (tried every "
+                                 f"{RETRY_FULL_S:g} s; training continues)" if full else
+                                 "telemetry disabled, further events are counted as dropped (training continues)"))
+
+    def _writable_locked(self) -> bool:
+        """Whether to write now: not disabled, or paused by a full disk whose time to try again has come (a
+        failure pauses it again)."""
+        if not self._disabled:
+            return True
+        if self._retry_at is None or time.monotonic() < self._retry_at:
+            return False
+        self._disabled = False
+        self._retrying = True  # said once the write goes through
+        return True
 
     def _write_after_buffer(self, data: bytes) -> bool:
         """Write ``data`` (an event that is not a step; the lock held) after the buffered steps, one write."""

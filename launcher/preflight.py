@@ -14,6 +14,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import stat
 import re
 import shutil
 import subprocess
@@ -25,6 +26,7 @@ from typing import Any
 from stepwatch.launcher.config import ConfigError, RunConfig, resolve_executable
 from stepwatch.launcher.identity import TreeState, read_tree
 from stepwatch.launcher.rotate import plan_rotation
+from stepwatch.launcher.trust import group_name
 from stepwatch.monitors.runfiles import open_regular
 from stepwatch.monitors.watchdog import self_test
 
@@ -91,11 +93,30 @@ def check_clean_tree(tree: TreeState) -> Item:
         return Item("clean_tree", title, "fail",
                     f"{len(tree.modified)} modified, {len(tree.staged)} staged: {', '.join(files[:5])}"
                     + (" ..." if len(files) > 5 else ""), {"modified": tree.modified, "staged": tree.staged})
+    writers = _repo_writers(Path(tree.repo_root))
     if tree.untracked:
         return Item("clean_tree", title, "warn",
                     f"clean, but {len(tree.untracked)} untracked file(s) are not part of the commit: "
-                    f"{', '.join(tree.untracked[:5])}", {"untracked": tree.untracked})
+                    f"{', '.join(tree.untracked[:5])}" + (f"; {writers}" if writers else ""), {"untracked": tree.untracked})
+    if writers:
+        return Item("clean_tree", title, "warn", f"clean at {tree.identity.get('describe')}, but {writers}")
     return Item("clean_tree", title, "pass", f"clean at {tree.identity.get('describe')}")
+
+
+def _repo_writers(root: Path) -> str | None:
+    """Why others could change the code that runs as you (the repository's top dir or its .git is writable by a
+    group or by everyone), or None. ARCHITECTURE.md R17: a shared repository is the team's choice, said, not refused."""
+    for d in (root, root / ".git"):
+        try:
+            st = d.lstat()
+        except OSError:
+            continue
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not stat.S_ISLNK(st.st_mode):
+            who = "everyone" if st.st_mode & stat.S_IWOTH else f"group {group_name(st.st_gid)}"
+            return (f"{d} is writable by {who}: they can change the code that runs as you on the next launch or "
+                    f"relaunch (chmod g-w,o-w it if that is not meant)")
+    return None
+
 
 
 def check_test_suite(cfg: RunConfig) -> Item:

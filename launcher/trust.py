@@ -70,7 +70,7 @@ def private_problem(st: os.stat_result, what: str) -> str | None:
     if st.st_mode & stat.S_IWOTH:
         return f"{what} is writable by every user (mode {stat.S_IMODE(st.st_mode):04o})"
     if st.st_mode & stat.S_IWGRP:
-        return f"{what} is writable by group {_group(st.st_gid)} (mode {stat.S_IMODE(st.st_mode):04o})"
+        return f"{what} is writable by group {group_name(st.st_gid)} (mode {stat.S_IMODE(st.st_mode):04o})"
     if st.st_nlink != 1:
         return f"{what} has {st.st_nlink} hard links (another name may lead to it)"
     return None
@@ -88,7 +88,7 @@ def shared_dir_problem(path: Path) -> str | None:
     if st.st_mode & stat.S_IWOTH:
         return f"{path} is writable by every user (mode {stat.S_IMODE(st.st_mode):04o})"
     if st.st_mode & stat.S_IWGRP:
-        return f"{path} is writable by group {_group(st.st_gid)} (mode {stat.S_IMODE(st.st_mode):04o})"
+        return f"{path} is writable by group {group_name(st.st_gid)} (mode {stat.S_IMODE(st.st_mode):04o})"
     if st.st_uid != os.geteuid():
         return f"{path} belongs to uid {st.st_uid}, not to you"
     return None
@@ -152,7 +152,7 @@ def read_owner_copy(run_dir: Path) -> tuple[dict[str, Any] | None, str | None]:
     return doc, None
 
 
-def _group(gid: int) -> str:
+def group_name(gid: int) -> str:
     try:
         return grp.getgrgid(gid).gr_name
     except KeyError:

@@ -170,3 +170,22 @@ def test_an_unreadable_config_path_is_one_line_not_a_traceback(tmp_path: Path, m
     assert main(["preflight", str(cfg)]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.splitlines() == [f"stepwatch: cannot read config file {cfg}: Not a directory"], err
+
+
+def test_a_repository_others_can_write_is_a_warning_naming_who_and_a_private_one_passes(harness: Path):
+    """Issue 30: a member of a group that may write the repository can commit the code the next relaunch runs
+    as you. The checklist says so (a warning: a team's shared repository is a choice, not an attack)."""
+    from stepwatch.launcher.identity import read_tree
+    from stepwatch.launcher.preflight import check_clean_tree
+
+    harness.chmod(0o755)
+    (harness / ".git").chmod(0o755)
+    item = check_clean_tree(read_tree(harness, harness / "runs"))
+    assert item.status == "pass", item  # the control: the owner's alone
+    (harness / ".git").chmod(0o775)
+    item = check_clean_tree(read_tree(harness, harness / "runs"))
+    assert item.status == "warn" and f"{harness / '.git'} is writable by group " in item.reason, item
+    assert "they can change the code that runs as you on the next launch or relaunch" in item.reason, item
+    harness.chmod(0o757)
+    item = check_clean_tree(read_tree(harness, harness / "runs"))
+    assert item.status == "warn" and f"{harness} is writable by everyone" in item.reason, item

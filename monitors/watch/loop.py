@@ -211,7 +211,8 @@ class AlertRecorder:
         self.paged: set[str] = set()  # the alerts this recorder paged: their resolution is paged too
         self.finished_wanted = config.get("finished") not in (None, False, [])  # a page on exit 0
         self.paging = paging_settings_of(config)
-        self.pending: dict[str, float] = {}  # shown, not yet paged: alert id -> when its window ends (unix s)
+        #: shown, not yet paged: alert id -> when its window ends (time.monotonic(): a wall clock step moves nothing)
+        self.pending: dict[str, float] = {}
         self.attempt = run.get("attempt")
         self._stack_threads: list[threading.Thread] = []  # a stall's stacks, its delivery after them
         self.host = socket.gethostname()
@@ -239,8 +240,8 @@ class AlertRecorder:
                 continue
             self.record(al, evidence_of(snap, al["kind"]), deliver=False)
             window = self.paging.confirm_window_s(al["kind"])
-            due = (unix_of(al["at"]) or now) + window
-            self.pending[al["id"]] = due
+            due = (unix_of(al["at"]) or now) + window  # the condition's age, read once from the wall clock
+            self.pending[al["id"]] = time.monotonic() + min(window, max(0.0, due - now))
             if window > 0 and now < due:
                 self.deliverer.record_outcome(cast("dict[str, Any]", al), "pending",
                                               f"shown; pages if it still holds after {window:g} s (confirm_s)")
@@ -255,7 +256,7 @@ class AlertRecorder:
             self.deliverer.record_outcome(cast("dict[str, Any]", al), "not_confirmed",
                                           f"cleared before its confirmation window ended ({self.paging.confirm_window_s(al['kind']):g} s)")
             return
-        if now < due:
+        if time.monotonic() < due:
             return
         del self.pending[al["id"]]
         self.paged.add(al["id"])

@@ -9,13 +9,17 @@ control: EMFILE, said in the record).
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import resource
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from stepwatch.launcher.exitrecord import new_exit_record, record_exit
 from stepwatch.monitors import fdreserve
@@ -144,3 +148,45 @@ def test_blocks_side_by_side_each_get_the_descriptors_they_asked_for_and_all_com
         return {"opened": len(opened), "inner_held": inner_held, "between": between, "after": after}
     out = _in_child(child)
     assert out == {"opened": 16, "inner_held": 0, "between": 0, "after": fdreserve.RESERVE_FDS}, out
+
+
+class _Hook(http.server.BaseHTTPRequestHandler):
+    received: list[dict] = []
+
+    def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+        _Hook.received.append(json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0))))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("reserve", [True, False], ids=["held", "control-none-held"])
+def test_a_push_reaches_a_local_endpoint_with_every_descriptor_taken_only_when_the_reserve_is_held(
+        tmp_path: Path, reserve: bool):
+    server = http.server.HTTPServer(("127.0.0.1", 0), _Hook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _Hook.received = []
+    records: list[dict[str, Any]] = []
+    url = f"json://127.0.0.1:{server.server_address[1]}/hook"
+
+    def child() -> dict[str, Any]:
+        if reserve:
+            fdreserve.hold()
+        d = Deliverer(tmp_path, records.append, {"urls": [url], "retries": 0}, "run")
+        _take_every_descriptor()  # apprise is imported after this, at the first push, as in the supervisor
+        d.submit({"id": "stall-1", "kind": "stall", "message": "no step for 120 s", "at": 1_780_000_000.0})
+        d.wait(20.0)
+        return {"deliveries": [r for r in records if r["kind"] == "delivery"]}
+    try:
+        out = _in_child(child)
+    finally:
+        server.shutdown()
+    assert "error" not in out, out
+    [d] = out["deliveries"]
+    if reserve:
+        assert d["outcome"] == "delivered", d
+        assert [r["message"] for r in _Hook.received] == ["no step for 120 s"], _Hook.received
+    else:
+        assert d["outcome"] == "failed" and _Hook.received == [], (d, _Hook.received)

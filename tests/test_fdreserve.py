@@ -158,7 +158,7 @@ class _Hook(http.server.BaseHTTPRequestHandler):
         self.send_response(200)
         self.end_headers()
 
-    def log_message(self, *args: object) -> None:
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
         pass
 
 

@@ -26,7 +26,7 @@ from stepwatch.launcher.config import ConfigError, RunConfig, config_to_json, re
 from stepwatch.launcher.identity import gate_message, read_tree, untracked_warning
 from stepwatch.launcher.preflight import Checklist, run_checklist
 from stepwatch.launcher.rotate import rotate
-from stepwatch.launcher.trust import launch_digest, save_owner_copy, shared_risk
+from stepwatch.launcher.trust import launch_digest, read_owner_copy, save_owner_copy, shared_risk
 from stepwatch.monitors.runfiles import (
     ENV_ATTEMPT, ENV_RUN_DIR, JOBWATCH_LOG, PUSH_URLS_JSON, RUN_JSON, SCHEMA_VERSION, SLURM_JOB_FILES, STOP_JSON,
     SUPERVISOR_LOG, open_append, read_json, utc_iso, write_json_atomic,
@@ -320,7 +320,7 @@ def _start(cfg: RunConfig, exe: str, tree, checklist: Checklist, allow_dirty: st
     threading.Thread(target=sup.wait, name=f"reap-supervisor-{sup.pid}", daemon=True).start()
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
-        cur = read_json(run_dir / RUN_JSON, os.geteuid()) or {}
+        cur = read_json(run_dir / RUN_JSON, os.geteuid()) or read_owner_copy(run_dir)[0] or {}  # a member's: your copy
         if (cur.get("supervisor") or {}).get("pid") == sup.pid:  # its own record, not a planted one
             if cur.get("start_error"):
                 raise LaunchRefused(f"the command could not be started: {cur['start_error']}")

@@ -30,6 +30,16 @@ _rooms = 0  # blocks inside room() now: what they were given is theirs until the
 _lent = 0  # the descriptors those blocks asked for, in all
 
 
+def _forked() -> None:
+    """In a forked child only the forking thread goes on: the blocks other threads were inside are not its
+    own (their descriptors come back at the next :func:`refill`), and the lock may have been held by one."""
+    global _lock, _rooms, _lent
+    _lock, _rooms, _lent = threading.Lock(), 0, 0
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
 def _open_one() -> int | None:
     try:
         return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)

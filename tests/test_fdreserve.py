@@ -13,6 +13,7 @@ import http.server
 import json
 import os
 import resource
+import subprocess
 import sys
 import threading
 from collections.abc import Callable
@@ -162,29 +163,46 @@ class _Hook(http.server.BaseHTTPRequestHandler):
         pass
 
 
+PUSH_CHILD = r"""
+import json, os, resource, sys
+from pathlib import Path
+from stepwatch.monitors import fdreserve
+from stepwatch.monitors.watch.delivery import Deliverer
+
+run_dir, url, reserve, limit = Path(sys.argv[1]), sys.argv[2], sys.argv[3] == "held", int(sys.argv[4])
+if reserve:
+    fdreserve.hold()
+records = []
+d = Deliverer(run_dir, records.append, {"urls": [url], "retries": 0}, "run")
+out = os.dup(1)
+_, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
+try:  # every descriptor taken; apprise is imported after this, at the first push, as in the supervisor
+    while True:
+        os.open(os.devnull, os.O_RDONLY)
+except OSError:
+    pass
+d.submit({"id": "stall-1", "kind": "stall", "message": "no step for 120 s", "at": 1780000000.0})
+d.wait(20.0)
+os.write(out, json.dumps([r for r in records if r["kind"] == "delivery"]).encode())
+"""
+
+
 @pytest.mark.parametrize("reserve", [True, False], ids=["held", "control-none-held"])
 def test_a_push_reaches_a_local_endpoint_with_every_descriptor_taken_only_when_the_reserve_is_held(
         tmp_path: Path, reserve: bool):
+    """In a fresh interpreter (apprise in a forked copy of a process that used it may wait forever on a lock)."""
     server = http.server.HTTPServer(("127.0.0.1", 0), _Hook)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     _Hook.received = []
-    records: list[dict[str, Any]] = []
     url = f"json://127.0.0.1:{server.server_address[1]}/hook"
-
-    def child() -> dict[str, Any]:
-        if reserve:
-            fdreserve.hold()
-        d = Deliverer(tmp_path, records.append, {"urls": [url], "retries": 0}, "run")
-        _take_every_descriptor()  # apprise is imported after this, at the first push, as in the supervisor
-        d.submit({"id": "stall-1", "kind": "stall", "message": "no step for 120 s", "at": 1_780_000_000.0})
-        d.wait(20.0)
-        return {"deliveries": [r for r in records if r["kind"] == "delivery"]}
     try:
-        out = _in_child(child)
+        p = subprocess.run([sys.executable, "-c", PUSH_CHILD, str(tmp_path), url, "held" if reserve else "none",
+                            str(LIMIT)], capture_output=True, text=True, timeout=60)
     finally:
         server.shutdown()
-    assert "error" not in out, out
-    [d] = out["deliveries"]
+    assert p.returncode == 0, p.stderr
+    [d] = json.loads(p.stdout)
     if reserve:
         assert d["outcome"] == "delivered", d
         assert [r["message"] for r in _Hook.received] == ["no step for 120 s"], _Hook.received

@@ -319,3 +319,47 @@ def test_a_members_run_json_never_keeps_the_owner_from_stopping_the_run(
     assert not (run_dir / "exit.json").exists() and b"step" in (run_dir / "train.log").read_bytes()
     os.kill(run["supervisor"]["pid"], signal.SIGUSR1)  # the owner's own way in: the supervisor stops the run
     wait_until(lambda: read_json(run_dir / "exit.json", 0), 20, what="exit.json of the second run")
+
+
+RACE = r"""
+import json, os, time
+path = os.path.join(run_dir, "run.json")
+deadline, swaps = time.monotonic() + 8, 0
+while time.monotonic() < deadline:  # from the moment the launcher writes run.json, replace it again and again
+    try:
+        run = json.load(open(path))
+    except (OSError, ValueError):
+        continue
+    run["argv"] = run["config"]["command"] = ["/bin/sh", "-c", "touch " + mark]
+    tmp = os.path.join(run_dir, ".member.%d.tmp" % swaps)
+    try:
+        with open(tmp, "w") as f:
+            json.dump(run, f)
+        os.replace(tmp, path)
+        swaps += 1
+    except OSError:
+        pass
+print(swaps)
+"""
+
+
+def test_a_member_racing_the_launch_never_gets_a_command_run(repo: Path, shared: Path, member: tuple[int, int],
+                                                             tmp_path: Path):
+    """Finding 2 as it happened: a member replaces run.json in a tight loop from the moment the launcher writes
+    it, while the owner's ``stepwatch launch`` starts the supervisor. What runs is the owner's command."""
+    import threading
+
+    mark = tmp_path / "pwned"
+    run_dir = shared / "raced"
+    result: dict[str, subprocess.CompletedProcess] = {}
+    racer = threading.Thread(target=lambda: result.update(
+        race=as_member(member, f"run_dir = {str(run_dir)!r}\nmark = {str(mark)!r}\n" + RACE)))
+    racer.start()
+    r = stepwatch("launch", "--no-tui", "--runs-dir", str(shared), "--name", "raced", "--", sys.executable, "ok.py",
+                  cwd=repo, umask=0o002)
+    assert r.returncode == 0, r.stderr
+    racer.join(30)
+    assert int(result["race"].stdout.strip()) > 0, result["race"]  # the member did replace it, again and again
+    ex = wait_exit(run_dir)
+    assert ex["returncode"] == 0 and "hello from the run" in (run_dir / "train.log").read_text()
+    assert not mark.exists()

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
@@ -220,6 +220,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 #: A second Unix user whose only group is a team's (the shared runs dir's attacker; issue 30).
 TEAM, MEMBER = "swteam", "swmember"
 MEMBER_PY = "/usr/bin/python3"  # the member's own interpreter: the standard library is all it needs
+
+
+def as_member(member: tuple[int, int], code: str) -> subprocess.CompletedProcess:
+    """Run ``code`` (Python, the member's own interpreter) as the team's member, in the team's group only; it
+    must succeed."""
+    uid, gid = member
+
+    def drop() -> None:
+        os.setgroups([gid])
+        os.setgid(gid)
+        os.setuid(uid)
+
+    r = subprocess.run([MEMBER_PY, "-c", code], preexec_fn=drop, capture_output=True, text=True, timeout=30,
+                       cwd="/", env={"PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0, r.stderr
+    return r
+
+
+def wait_exit(run_dir: Path, timeout_s: float = 30) -> Any:
+    """The run's exit.json, once it is there."""
+    from stepwatch.monitors.runfiles import read_json
+
+    return wait_until(lambda: read_json(run_dir / "exit.json"), timeout_s, what=f"exit.json in {run_dir}")
 
 
 @pytest.fixture(scope="module")

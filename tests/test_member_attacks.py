@@ -18,25 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MEMBER_PY, git, make_repo, stepwatch, wait_until
+from conftest import as_member, git, make_repo, stepwatch, wait_exit, wait_until
 from stepwatch.monitors.runfiles import read_json
 
 pytestmark = pytest.mark.system
-
-
-def as_member(member: tuple[int, int], code: str) -> subprocess.CompletedProcess:
-    """Run ``code`` (Python) as the team's member; it must succeed."""
-    uid, gid = member
-
-    def drop() -> None:
-        os.setgroups([gid])
-        os.setgid(gid)
-        os.setuid(uid)
-
-    r = subprocess.run([MEMBER_PY, "-c", code], preexec_fn=drop, capture_output=True, text=True, timeout=30,
-                       cwd="/", env={"PATH": "/usr/bin:/bin"})
-    assert r.returncode == 0, r.stderr
-    return r
 
 
 def member_symlink(member: tuple[int, int], target: Path, link: Path) -> None:
@@ -50,10 +35,6 @@ def private_file(path: Path, text: str) -> Path:
     path.write_text(text)
     path.chmod(0o600)
     return path
-
-
-def wait_exit(run_dir: Path) -> dict:
-    return wait_until(lambda: read_json(run_dir / "exit.json"), 30, what=f"exit.json in {run_dir}")
 
 
 @pytest.fixture

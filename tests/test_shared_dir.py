@@ -14,33 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MEMBER_PY, TEAM, git, make_repo, stepwatch, until, wait_until
+from conftest import TEAM, as_member, git, make_repo, stepwatch, until, wait_exit
 from stepwatch.tui.app import StepwatchApp
 from stepwatch.launcher.trust import launch_digest, owner_copy_path
 from stepwatch.monitors.runfiles import read_json
 
 pytestmark = pytest.mark.system
 
-def as_member(member: tuple[int, int], code: str) -> subprocess.CompletedProcess:
-    """Run ``code`` (Python) as the second user, in the team's group only."""
-    uid, gid = member
-
-    def drop() -> None:
-        os.setgroups([gid])
-        os.setgid(gid)
-        os.setuid(uid)
-
-    return subprocess.run([MEMBER_PY, "-c", code], preexec_fn=drop, capture_output=True, text=True, timeout=30,
-                          cwd="/", env={"PATH": "/usr/bin:/bin"})
-
 
 def team_launch(repo: Path, runs: Path, *args: str) -> subprocess.CompletedProcess:
     """A launch as a team member with umask 002 makes it (group-writable files and dirs)."""
     return stepwatch("launch", "--no-tui", "--runs-dir", str(runs), *args, cwd=repo, umask=0o002)
-
-
-def wait_exit(run_dir: Path, timeout_s: float = 30) -> object:
-    return wait_until(lambda: read_json(run_dir / "exit.json"), timeout_s, what=f"exit.json in {run_dir}")
 
 
 REPLACE_RUN_JSON = """
@@ -64,7 +48,7 @@ print("replaced")
 def member_replaces_run_json(member: tuple[int, int], run_dir: Path, edits: dict) -> None:
     """The member rewrites the owner's run.json with ``edits`` (dotted keys) and renames it into place."""
     r = as_member(member, f"run_dir = {str(run_dir)!r}\nedits = {edits!r}\n" + REPLACE_RUN_JSON)
-    assert r.returncode == 0 and "replaced" in r.stdout, r.stderr
+    assert "replaced" in r.stdout, r.stderr
     assert (run_dir / "run.json").stat().st_uid == member[0]
 
 
@@ -138,7 +122,7 @@ def test_a_relaunch_from_a_config_file_reads_the_owners_file_not_the_one_run_jso
     assert r.returncode == 0, r.stderr
     run_dir = shared / "cf"
     wait_exit(run_dir)
-    theirs = tmp_path / "member.toml"
+    theirs = shared / "member.toml"  # where the member may write: a config file of theirs that exists
     mark = tmp_path / "pwned"
     as_member(member, f"open({str(theirs)!r}, 'w').write('name = \"cf\"\\ncommand = [\"/bin/sh\", \"-c\", \"touch {mark}\"]\\n')")
     member_replaces_run_json(member, run_dir, {"config_path": str(theirs)})

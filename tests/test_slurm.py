@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_repo, stepwatch, wait_until
+from conftest import as_member, make_repo, stepwatch, wait_until
 from snapshot_types import assert_declared
 from stepwatch.monitors.slurm import duration_s, is_ended, parse_sacct, parse_scontrol, parse_squeue, query_job
 
@@ -201,17 +201,10 @@ def test_a_members_run_json_naming_roots_running_job_never_cancels_it(slurm, tmp
     crafted = json.dumps({"v": 1, "name": "decoy", "attempt": 1, "launched_at_unix": time.time(),
                           "process": {"pid": None}, "supervisor": {"pid": None},
                           "scheduler": {"kind": "slurm", "job_id": job}})
-    uid, gid = member
+    uid = member[0]
     theirs = shared / "theirs"
-
-    def as_member() -> None:
-        os.setgroups([gid])
-        os.setgid(gid)
-        os.setuid(uid)
-
-    code = f"import os; os.mkdir({str(theirs)!r}); open({str(theirs / 'run.json')!r}, 'w').write({crafted!r})"
-    made = subprocess.run(["/usr/bin/python3", "-c", code], preexec_fn=as_member, capture_output=True, text=True, cwd="/")
-    assert made.returncode == 0 and (theirs / "run.json").stat().st_uid == uid, made.stderr
+    as_member(member, f"import os; os.mkdir({str(theirs)!r}); open({str(theirs / 'run.json')!r}, 'w').write({crafted!r})")
+    assert (theirs / "run.json").stat().st_uid == uid
     r = stepwatch("stop", str(theirs), timeout=60)
     assert r.returncode != 0 and f"refusing to cancel Slurm job {job}" in r.stderr, (r.stdout, r.stderr)
     assert f"not to the run's owner (uid {uid})" in r.stderr and "Nothing was cancelled" in r.stderr, r.stderr

@@ -14,9 +14,9 @@ from __future__ import annotations
 import difflib
 import json
 import os
-import stat
 import re
 import shutil
+import stat
 import subprocess
 import tempfile
 from dataclasses import asdict, dataclass, field
@@ -116,7 +116,6 @@ def _repo_writers(root: Path) -> str | None:
             return (f"{d} is writable by {who}: they can change the code that runs as you on the next launch or "
                     f"relaunch (chmod g-w,o-w it if that is not meant)")
     return None
-
 
 
 def check_test_suite(cfg: RunConfig) -> Item:

@@ -168,7 +168,7 @@ def shared_risk(runs_dir: Path, run_dir: Path) -> str | None:
     unsticky = ""
     try:
         st = runs_dir.lstat()
-        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
             unsticky = (f". The runs dir {runs_dir} has no sticky bit: they can also rename or replace the run dir "
                         f"itself; make it sticky, as /tmp is (chmod +t {runs_dir}), so only its owner can")
     except OSError:

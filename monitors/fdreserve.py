@@ -1,4 +1,4 @@
-"""Descriptors held back for the writes that must not be lost: exit.json, alerts.jsonl and alert delivery.
+"""Descriptors held back for what must happen with every other one taken: exit.json and alert delivery first.
 
 A process that runs out of descriptors (EMFILE: its own limit; ENFILE: the system's) cannot open the
 file its exit record goes to, the pipe an ``[alerts] command`` needs or the socket a push needs. The

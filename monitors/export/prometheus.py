@@ -243,9 +243,8 @@ POLL_INTERVAL_S = 0.5
 #: Linux's default net.core.somaxconn before 5.4. socketserver's 5 drops a burst's SYNs, each costing
 #: its client a 1 s retransmission: 1,000 connections took 165 s to open (2026-12-03, 2 cores), 1.1 s with 128.
 LISTEN_BACKLOG = 128
-
-
-SHORT_BACKOFF_S = 0.1  # out of descriptors, the serving loop waits this long before it accepts again
+#: Out of descriptors, the serving loop waits this long before it accepts again.
+SHORT_BACKOFF_S = 0.1
 
 
 def parse_address(spec: str) -> tuple[str, list[int]]:

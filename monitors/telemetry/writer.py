@@ -7,8 +7,7 @@ thread writes what the last step left within FLUSH_EVERY_S (a hang right after a
 it); ``flush()`` / ``close()`` and interpreter exit write the rest. A SIGKILL loses at most the last
 FLUSH_EVERY_S of steps. A forked child never writes the parent's buffered lines. An ``OSError``
 disables writing (counted in ``dropped_events``, one line on stderr); a full disk only pauses it (tried
-again every RETRY_FULL_S). The file is never opened
-through a symlink and kept only when it is a regular file of this user (ARCHITECTURE.md R16); a
+again every RETRY_FULL_S). The file is never opened through a symlink and kept only when it is a regular file of this user (ARCHITECTURE.md R16); a
 refusal disables writing the same way. Standard library only.
 """
 
@@ -188,8 +187,8 @@ class EventFileWriter:
         """The write of :meth:`_emit` (the lock held): whole lines, one ``os.write``, never raises. On a
         failure the lines not written whole are counted in ``dropped_events``."""
         lines = data.count(b"\n")
-        if self._partial_line:
-            data = b"\n" + data  # end the line a failed write left half-written
+        prefix = b"\n" if self._partial_line else b""  # ends the line a failed write left half-written
+        data = prefix + data
         done = 0
         try:
             if self._fd is None:
@@ -213,7 +212,7 @@ class EventFileWriter:
                 _warn(f"writing events to {self.path} again ({self.dropped_events} dropped while it was full)")
             return True
         except OSError as e:
-            written = data[:done].count(b"\n") - (data.startswith(b"\n") and done > 0)  # whole lines that went out
+            written = max(0, data[:done].count(b"\n") - len(prefix))  # whole lines of this write that went out
             self.dropped_events += lines - written
             self._disable(e)
             return False

@@ -224,8 +224,9 @@ class AlertRecorder:
         snap = self.observer.refresh()
         disk = snap.get("disk")
         if self.log_lost is not None and disk is not None and not disk.get("log_lost_bytes"):
-            disk["log_lost_bytes"], disk["log_lost_reason"] = self.log_lost()  # live; exit.json has it at the end
-            disk["log_lost_bytes"] = disk["log_lost_bytes"] or None
+            lost, why = self.log_lost()  # live, while it runs; exit.json has it at the end
+            if lost:
+                disk["log_lost_bytes"], disk["log_lost_reason"] = lost, why
         now = time.time() if now is None else now
         for al in snap.get("alerts") or []:
             if al["id"] in self.paged and (page := resolved_page(cast("dict[str, Any]", al), snap, self.host,
@@ -233,7 +234,7 @@ class AlertRecorder:
                 self.paged.discard(al["id"])  # one resolution per page
                 self.deliverer.submit(page)
             if al["id"] in self.pending:
-                self._confirm(al, snap, now)
+                self._confirm(al, snap)
             if al["id"] in self.recorded or al.get("recorded") or al["kind"] in self.skip or (
                     self.kinds is not None and al["kind"] not in self.kinds):
                 self.recorded.add(al["id"])
@@ -245,10 +246,10 @@ class AlertRecorder:
             if window > 0 and now < due:
                 self.deliverer.record_outcome(cast("dict[str, Any]", al), "pending",
                                               f"shown; pages if it still holds after {window:g} s (confirm_s)")
-            self._confirm(al, snap, now)
+            self._confirm(al, snap)
         return snap
 
-    def _confirm(self, al: Alert, snap: Snapshot, now: float) -> None:
+    def _confirm(self, al: Alert, snap: Snapshot) -> None:
         """Page a shown alert whose window has passed and that still holds; one that cleared first never pages."""
         due = self.pending[al["id"]]
         if not al.get("active", True):

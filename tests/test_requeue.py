@@ -68,17 +68,23 @@ def test_the_next_attempt_in_a_requeued_job_rotates_the_attempts_files_and_leave
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.count(".") == 1) == sorted(SLURM_JOB_FILES)
 
 
-def _watch(tmp_path: Path, then: dict, states: list[str]) -> list[str]:
-    """watch_job on a run dir whose run.json becomes ``then`` after the first poll; Slurm answers ``states``."""
+def _watch(tmp_path: Path, then: dict | list[dict | None], states: list[str]) -> list[str]:
+    """watch_job on a run dir whose run.json becomes ``then`` after the first poll (a list: one per poll, the last
+    kept; None: no run.json, as mid-rotation); Slurm answers ``states``."""
     (tmp_path / "run.json").write_text(json.dumps(_run()))
     said: list[str] = []
     answers = iter(states)
+    thens = list(then) if isinstance(then, list) else [then]
 
     def query(job: str) -> dict:
         return {"kind": "slurm", "job_id": job, "state": next(answers), "reason": None, "error": None}
 
     def sleep(_s: float) -> None:
-        (tmp_path / "run.json").write_text(json.dumps(then))
+        now = thens.pop(0) if len(thens) > 1 else thens[0]
+        if now is None:
+            (tmp_path / "run.json").unlink(missing_ok=True)
+        else:
+            (tmp_path / "run.json").write_text(json.dumps(now))
 
     assert watch_job(tmp_path, _run(), log=said.append, query=query, sleep=sleep) == 0
     return said
@@ -105,9 +111,25 @@ def test_the_watcher_follows_the_restart_policys_resubmission_as_a_new_job(tmp_p
     assert said[-1] == "job 8 ended COMPLETED; the watch ends", said
 
 
+def test_the_watcher_follows_a_resubmission_through_the_rotation_and_the_submission_in_between(tmp_path: Path):
+    """The policy's launch moves run.json away, writes the next attempt's without a job id, submits, then writes the id:
+    a poll in either gap is no end of the watch (CI once saw the watcher end there and never follow job 8)."""
+    unsubmitted = {**_policys(), "scheduler": {**_policys()["scheduler"], "job_id": None}}
+    said = _watch(tmp_path, [None, unsubmitted, _policys()], ["RUNNING"] * 4 + ["COMPLETED"])
+    assert "the restart policy submitted attempt 2 as job 8: the watch follows it" in said, said
+    assert said[-1] == "job 8 ended COMPLETED; the watch ends", said
+
+
+def test_a_relaunchs_attempt_still_ends_the_watch_before_its_job_is_submitted(tmp_path: Path):
+    """Only the policy's own next attempt is waited for: an operator's relaunch is another attempt from its first write."""
+    unsubmitted = {**_run(attempt=2), "scheduler": {**_run()["scheduler"], "job_id": None}}
+    said = _watch(tmp_path, unsubmitted, ["RUNNING", "RUNNING", "COMPLETED"])
+    assert said[-1] == "the run dir holds another attempt now: this job's watch ends", said
+
+
 def test_a_resubmission_claimed_in_a_run_json_another_user_wrote_is_not_followed(tmp_path: Path):
     """In a team's group-writable run dir a member can put a run.json naming any job: the watcher (its owner's) never
-    follows a job on that claim."""
+    follows a job on that claim, nor ends its watch of the owner's job for it."""
     (tmp_path / "run.json").write_text(json.dumps(_run()))
     said: list[str] = []
     answers = iter(["RUNNING", "RUNNING", "COMPLETED"])
@@ -118,4 +140,5 @@ def test_a_resubmission_claimed_in_a_run_json_another_user_wrote_is_not_followed
 
     assert watch_job(tmp_path, _run(), log=said.append, sleep=sleep,
                      query=lambda job: {"kind": "slurm", "job_id": job, "state": next(answers), "error": None}) == 0
-    assert said[-1] == "the run dir holds another attempt now: this job's watch ends", said
+    assert not any("job 99" in s for s in said), said
+    assert said[-1] == "job 7 ended COMPLETED; the watch ends", said

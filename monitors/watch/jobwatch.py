@@ -6,7 +6,8 @@ job (:func:`stepwatch.monitors.slurm.query_job`) and writes ``scheduler.json`` (
 records and delivers the alerts only the scheduler can raise (``job_end``, ``time_limit``; the
 supervisor inside the allocation records every other kind). It exits once the job ended (after a
 last look and the deliveries in flight), when the run dir holds another attempt (a relaunch; not a requeue of the
-same job, nor the restart policy's resubmission after it, whose next attempt it goes on watching), or
+same job, nor the restart policy's resubmission after it, whose next attempt it goes on watching; a run.json
+mid-rotation, not yet naming the resubmitted job, or written by another user is no other attempt), or
 when Slurm has forgotten the job for good (no accounting) and the supervisor's exit record is there.
 
 Its own diagnostics go to ``jobwatch.log``.
@@ -78,22 +79,27 @@ def watch_job(run_dir: Path, run: dict[str, Any], log: Callable[[str], None] = _
                 cur_sch, rf = cur.get("scheduler"), cur.get("resumed_from")
                 new_job = cur_sch.get("job_id") if isinstance(cur_sch, dict) else None
                 policy = isinstance(rf, dict) and rf.get("by") == "restart policy" and rf.get("after_attempt") == key[0]
-                if new_job != job_id and not (policy and isinstance(new_job, str) and new_job.isdigit()):
+                # No attempt to judge yet: run.json mid-rotation, another user's (never followed, never the end of
+                # this watch), or the policy's next attempt written before its job is submitted (the id follows).
+                # This job is watched on until there is one, or until it ends.
+                judged = bool(cur) and not (policy and new_job is None)
+                if judged and new_job != job_id and not (policy and isinstance(new_job, str) and new_job.isdigit()):
                     log("the run dir holds another attempt now: this job's watch ends")
                     return 0
-                # Slurm requeued the job and it runs the next attempt (launcher/requeue.py), or the restart policy
-                # submitted the next attempt as a new job from inside this one (no watcher of its own there): watched
-                # on with the launcher's alert config, its alerts now the new attempt's
-                key = (cur.get("attempt"), cur.get("launched_at_unix"))
-                recorder.finish()
-                recorder = AlertRecorder(run_dir, {**run, "attempt": key[0]}, log, kinds=SCHEDULER_ALERT_KINDS)
-                if new_job == job_id:
-                    log(f"job {job_id} was requeued: attempt {key[0]} runs in it; the watch goes on")
-                else:
-                    log(f"the restart policy submitted attempt {key[0]} as job {new_job}: the watch follows it")
-                    job_id, last_state = str(new_job), None
-                    sleep(poll_s)
-                    continue  # this poll's state was the last job's
+                if judged:
+                    # Slurm requeued the job and it runs the next attempt (launcher/requeue.py), or the restart
+                    # policy submitted the next attempt as a new job from inside this one (no watcher of its own
+                    # there): watched on with the launcher's alert config, its alerts now the new attempt's
+                    key = (cur.get("attempt"), cur.get("launched_at_unix"))
+                    recorder.finish()
+                    recorder = AlertRecorder(run_dir, {**run, "attempt": key[0]}, log, kinds=SCHEDULER_ALERT_KINDS)
+                    if new_job == job_id:
+                        log(f"job {job_id} was requeued: attempt {key[0]} runs in it; the watch goes on")
+                    else:
+                        log(f"the restart policy submitted attempt {key[0]} as job {new_job}: the watch follows it")
+                        job_id, last_state = str(new_job), None
+                        sleep(poll_s)
+                        continue  # this poll's state was the last job's
             unknown = unknown + 1 if st["state"] == "UNKNOWN" else 0
             exited = read_json(run_dir / EXIT_JSON) is not None
             if is_ended(st["state"]) or unknown >= (UNKNOWN_POLLS if exited else UNKNOWN_POLLS_NO_EXIT):

@@ -23,7 +23,7 @@ from pathlib import Path
 from stepwatch.launcher.slurm import SlurmError, job_mismatch, scancel, slurm_job_id
 from stepwatch.launcher.escalation import ESCALATION, Escalation, own_stop_record
 from stepwatch.launcher.restartrun import recorded_decision
-from stepwatch.monitors.fold.events import unix_time
+from stepwatch.monitors.fold.stepcolumns import unix_time
 from stepwatch.monitors.signalling import belongs_to, owner_uid, send_signal
 from stepwatch.monitors.runfiles import EXIT_JSON, RUN_JSON, STOP_JSON, read_json, utc_iso, write_json_atomic
 from stepwatch.monitors.rundirs import foreign_records

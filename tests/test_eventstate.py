@@ -8,12 +8,14 @@ import json
 import random
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from conftest import step_controls
 from stepwatch.monitors.detectors.fallback import FallbackDetector
 from stepwatch.monitors.fold.events import EventsFold
+from stepwatch.monitors.fold.stepcolumns import StepColumns
 from stepwatch.monitors.fold.savedstate import StateError, code_digest, decode, encode, follow, load, save
 from stepwatch.monitors.readers.jsonl import EventReader
 from stepwatch.monitors.runfiles import EVENTS_STATE
@@ -83,7 +85,7 @@ def save_once(run_dir: Path, key) -> None:
     follow(run_dir, key, done, every_s=0)
 
 
-def comparable(snap: dict) -> str:
+def comparable(snap: Any) -> str:
     snap = json.loads(json.dumps(snap))
     snap["events"]["resume"] = None
     snap["log"]["last_byte_age_s"] = None
@@ -170,6 +172,7 @@ def test_floats_round_trip_exactly(tmp_path: Path):
     ("raw", "EventsFold.last_logs is not a value read from events.jsonl"),
     ("huge int", "a saved StepStats._last is a int (1000000000000000000000"),
     ("width index", "a saved detector window's width index is not its widths'"),
+    ("array of floats", "a saved array of floats holds something else"),
 ])
 def test_a_state_that_does_not_fit_is_refused_and_the_attach_still_right(tmp_path: Path, spoil: str, why: str):
     data = b"".join(event_lines("variable_width_fallback"))
@@ -216,6 +219,8 @@ def test_a_state_that_does_not_fit_is_refused_and_the_attach_still_right(tmp_pat
         base["_lws"]["L"] = [pairs[0][0]]
     elif spoil == "raw":
         doc["state"]["f"]["last_logs"] = {"L": [{"R": 0}]}
+    elif spoil == "array of floats":  # the step times waiting to be sorted in: floats only
+        doc["state"]["f"]["stats"]["f"]["_pending"]["AD"][3] = "3"
     if spoil not in ("edit", "truncate", "attempt", "not json"):
         path.write_text(json.dumps(doc))
     if spoil == "not json":
@@ -233,11 +238,13 @@ def test_a_state_that_checks_out_but_fails_in_use_falls_back_to_a_full_fold(tmp_
     save_once(run_dir, key)
     (run_dir / "events.jsonl").write_bytes(data)
     doc = json.loads((run_dir / EVENTS_STATE).read_text())
-    stats = doc["state"]["f"]["stats"]["f"]
-    assert len(stats["_pending"]["L"]) > 100  # the supervisor never reads: all its steps wait to be sorted in
-    stats["_pending"]["L"] = [str(x) for x in stats["_pending"]["L"]]  # every type checked still checks out
+    fold = doc["state"]["f"]
+    assert len(fold["stats"]["f"]["_pending"]["AD"]) > 100  # the supervisor never reads: all wait to be sorted in
+    accounts = fold["interval_s"]["D"]
+    assert accounts
+    fold["interval_s"]["D"] = [[k, str(v)] for k, v in accounts]  # a dict of the ledger's accounts still checks out
     (run_dir / EVENTS_STATE).write_text(json.dumps(doc))
-    snap = RunObserver(run_dir).refresh()  # strings and floats do not sort together
+    snap = RunObserver(run_dir).refresh()  # the next step's interval is not added to a string
     assert "the saved state failed in use: TypeError" in snap["events"]["resume"]["refused"]
     assert comparable(snap) == comparable(RunObserver(run_dir, use_saved_state=False).refresh())
 
@@ -257,7 +264,7 @@ def test_no_state_file_is_no_resume_and_a_reader_needs_a_digest_to_say_where_it_
 
 def test_save_refuses_what_it_cannot_carry(tmp_path: Path):
     fold = EventsFold()
-    fold.stats._pending.append(object())  # not a step time: a bug, said so
+    fold.recompile_steps.append(object())  # not a step number: a bug, said so
     r = EventReader(tmp_path / "events.jsonl", digest=True)
     with pytest.raises(StateError, match="cannot save a builtins.object"):
         save(tmp_path, fold, r, (1, T0))
@@ -395,13 +402,89 @@ def test_a_backlog_fed_in_pieces_folds_to_the_same_state(tmp_path: Path, monkeyp
     monkeypatch.setattr(et, "_CHUNK", 4096)  # ~20 events a read: a feed every two reads or so
     fed: list[int] = []
     feed = ef.EventsFold._feed
-    monkeypatch.setattr(ef.EventsFold, "_feed", lambda self, rows, ends: (fed.append(len(rows)), feed(self, rows, ends)))
+    monkeypatch.setattr(ef.EventsFold, "_feed", lambda self, cols: (fed.append(len(cols)), feed(self, cols)))
     pieces = RunObserver(run_dir, use_saved_state=False)
     s_pieces = pieces.refresh()
     assert comparable(s_pieces) == comparable(s_whole)
     assert encode(pieces.a.ev) == encode(whole.a.ev)
     assert s_whole["fallback"]["state"] == "flagged" and s_whole["step_seconds"]["n"] > 1200
     assert len(fed) > 20 and max(fed) < 80, fed
+
+
+def _long_backlog(kind: str, n: int = 3000) -> bytes:
+    """A steady run of one batch shape (a backlog's steady spans, monitors/detectors/steadyspan.py), with saves,
+    evaluations, idle and stopped steps, a second `first` (a restart in the attempt) and, by ``kind``, step ends that
+    go back, are missing or are ints."""
+    rng = random.Random(5)
+    out, t = [], 0.001 if kind == "ends near the epoch" else T0  # (sums of intervals of small ends round)
+    for s in range(1, n + 1):
+        dt = 19.5 * rng.lognormvariate(0, 0.08)
+        flags = ["first"] if s in (1, n // 2) else [rng.choice(["save", "eval", "idle", "stopped", "silent",
+                                                                   "recompile"])] if s % 97 == 0 else []
+        t += dt
+        end: object = t
+        if kind == "ends that go back" and s % 50 == 0:
+            end = t - 100.0
+        if kind == "ends missing or ints" and s % 70 == 0:
+            end = None if s % 140 else int(t)
+        ev = {"v": 1, "kind": "step", "t": t, "step": s, "rank": 0, "dt": round(dt, 6), "step_begin": t - dt,
+              "step_end": end, "tokens": 26048, "padded_tokens": 26112, "flags": flags}
+        if kind == "odd fields" and s % 37 == 0:
+            k, v = rng.choice([("tokens", -1), ("tokens", 2**60), ("padded_tokens", 26112.0), ("padded_tokens", None),
+                               ("step", float(s)), ("step", 2.5), ("step", None), ("t", int(t)), ("t", "x"),
+                               ("t", -1.0), ("rank", 0.0), ("rank", 1), ("flags", None), ("dt", 19), ("dt", -1.0),
+                               ("width", 512), ("timing", "shared"), ("timing", "reported")])
+            ev[k] = v
+            if k == "timing":
+                ev["arrival_dt_s"] = 19.4
+        out.append(ev)
+        if s % 10 == 0:
+            out.append({"v": 1, "kind": "log", "t": t, "step": s, "rank": 0, "logs": {"loss": 2.0 - s / 1e5}})
+    return b"".join(json.dumps(ev).encode() + b"\n" for ev in out)
+
+
+#: The sorted views the baseline and the detector keep beside their windows (monitors/detectors/baseline.py): caches
+#: whose every read gives the same values however they were last kept, rebuilt after a steady span
+_VIEWS = frozenset(("_dts", "_dts_sync", "_dts_idle", "_pt", "_pt_sync", "_pt_idle", "_pt_evicted", "_scores",
+                    "_scores_sync", "_scores_idle", "_scores_added", "_scores_evicted"))
+
+
+def _ev(obs: RunObserver) -> EventsFold:
+    assert obs.a is not None
+    return obs.a.ev
+
+
+def _without_views(x):
+    if isinstance(x, dict):
+        return {k: _without_views(v) for k, v in x.items() if k not in _VIEWS}
+    return [_without_views(v) for v in x] if isinstance(x, list) else x
+
+
+@pytest.mark.parametrize("kind", ["ends in order", "ends that go back", "ends missing or ints", "ends near the epoch",
+                                  "odd fields"])
+def test_a_long_backlog_folds_as_arrays_to_the_state_its_pieces_fold_to(tmp_path: Path, monkeypatch, kind):
+    """A cold attach folds a long backlog's steps a whole read at a time (the step statistics, the ledger's accounts
+    and the fallback detector's steady spans as arrays); fed in pieces too small for that, the fold is the same to
+    the last attribute and the last bit of every sum."""
+    import stepwatch.monitors.fold.events as ef
+    import stepwatch.monitors.readers.jsonl as et
+
+    run_dir = tmp_path / "r"
+    write_run(run_dir, _long_backlog(kind))
+    whole = RunObserver(run_dir, use_saved_state=False)
+    s_whole = whole.refresh()
+    monkeypatch.setattr(ef, "FEED_ROWS", 37)
+    monkeypatch.setattr(et, "_CHUNK", 4096)
+    pieces = RunObserver(run_dir, use_saved_state=False)
+    assert comparable(pieces.refresh()) == comparable(s_whole)
+    assert _without_views(encode(_ev(pieces))) == _without_views(encode(_ev(whole)))
+    # and a read's step records taken a field at a time (StepColumns.take) are the fold's own record by record
+    monkeypatch.setattr(StepColumns, "take", lambda self, evs: None)
+    each = RunObserver(run_dir, use_saved_state=False)
+    assert comparable(each.refresh()) == comparable(s_whole)
+    assert _without_views(encode(_ev(each))) == _without_views(encode(_ev(whole)))
+    ev = _ev(whole)
+    assert set(ev.interval_s) == {"training", "evaluating", "saving", "stalled"} and ev.stats.n > 2800, ev.interval_s
 
 
 def test_only_a_state_of_your_own_that_no_one_else_could_change_is_used(tmp_path: Path):

@@ -1215,6 +1215,100 @@ def test_add_many_raises_like_add_and_keeps_the_rows_before():
     assert _state(d) == _state(ref) and d._seen == ref._seen == 60
 
 
+#: Long backlogs of one batch shape (the steady spans of monitors/detectors/steadyspan.py) and what breaks a span:
+#: name -> what happens to the steps (applied in _backlog).
+_BACKLOGS = ["steady, saves and evals", "slow steps at and around the trip", "a drop to a lower level, then a fallback",
+             "a partial fallback", "the width changes", "steps without a width", "ties", "steps of 0 s",
+             "a stretch of 0 s steps"]
+
+
+def _backlog(kind: str, n: int = 8_000, seed: int = 3) -> list[tuple]:
+    r = random.Random(seed)
+    rows, w, level = [], 4096, 1.0
+    for s in range(1, n + 1):
+        dt = level * r.lognormvariate(0, 0.3 if s % 997 == 0 else 0.08)
+        flags = ["first"] if s == 1 else []
+        if s == 1:
+            dt *= 3
+        if kind == "steady, saves and evals" and s % 500 == 1 and s > 1:
+            flags.append(r.choice(["save", "eval", "silent", "recompile", "idle"]))
+        if kind == "slow steps at and around the trip" and r.random() < 0.003:
+            dt *= r.choice([5.9, 6.0, 6.1, 7, 20, 3.01, 2.99])
+        if kind == "a drop to a lower level, then a fallback" and s in (n // 2, 3 * n // 4):
+            level = 0.3 if s == n // 2 else 5.0
+        if kind == "a partial fallback" and s > n // 3 and r.random() < 0.15:
+            dt *= 20
+        if kind == "the width changes" and r.random() < 0.001:
+            w = r.choice([4096, 2048, 8192])
+        if kind == "ties":
+            dt = round(dt, 1)
+        if kind == "steps of 0 s" and r.random() < 0.01 or kind == "a stretch of 0 s steps" and 5000 < s < 5100:
+            dt = 0.0
+        tokens, padded = (None, None) if kind == "steps without a width" else (w - 5, w)
+        rows.append((s, dt, flags, tokens, padded, None))
+    return rows
+
+
+@pytest.mark.parametrize("kind, params", [(k, {}) for k in _BACKLOGS] + [
+    ("steady, saves and evals", {"baseline_window": 50}), ("a drop to a lower level, then a fallback", {
+        "baseline_window": 301, "steady_run": 7}), ("slow steps at and around the trip", {"trip_ratio_min": 2.0}),
+    ("a partial fallback", {"spread_mult": 100.0}), ("the width changes", {"baseline_window": 50})])
+def test_a_long_backlog_fed_at_once_is_judged_as_one_add_per_step(kind, params):
+    """A backlog's steady spans are judged as arrays (steadyspan.py): the slow verdicts, the state and every figure
+    are one add()'s per step, and so is what the detector does with the steps that follow (its windows)."""
+    rows = _backlog(kind)
+    one, many = FallbackDetector(**params), FallbackDetector(**params)
+    expected = [(k, v) for k, v in ((k, one.add(*row[:5])) for k, row in enumerate(rows)) if v.slow]
+    got = many.add_many(rows[:1500]) + [(k + 1500, v) for k, v in many.add_many(rows[1500:])]
+    assert got == expected
+    assert _state(many) == _state(one)
+    r = random.Random(1)
+    for s in range(1500):  # a fallback of one step in five after the backlog
+        dt = r.lognormvariate(0, 0.08) * (20 if r.random() < 0.2 else 1) * (one._base.median_s() or 1.0)
+        row = (10**6 + s, dt, [], 4091, rows[-1][4])
+        assert many.add(*row) == one.add(*row)
+    assert _state(many) == _state(one)
+
+
+@pytest.mark.parametrize("after", [0, 9, 10, 11, 19, 100])
+def test_a_backlog_that_starts_just_after_a_drop_restarts_the_baseline_where_each_step_alone_does(after):
+    """The level falls to 0.3x at step 3000 (steps of 1.0 s, then 0.3 s, 1% jitter): one add() per step restarts the
+    baseline 20 steps later. A backlog fed at once from ``after`` steps past the drop restarts it at that very step:
+    the span's bound of the level reaches back over the window's older, slower steps."""
+    r = random.Random(1)
+    rows = [(s, (3.0 if s == 1 else 1.0 if s < 3000 else 0.3) * r.lognormvariate(0, 0.01), ["first"] if s == 1 else [],
+             4091, 4096, None) for s in range(1, 4500)]
+    one, many = FallbackDetector(), FallbackDetector()
+    for row in rows:
+        one.add(*row[:5])
+    for row in rows[:2999 + after]:
+        many.add(*row[:5])
+    assert many.add_many(rows[2999 + after:]) == []
+    assert _state(many) == _state(one)
+    assert one.warmup()["until_step"] == 2999 and one.details()["baseline_s"] < 0.31  # the restart happened
+
+
+def test_the_steady_spans_of_a_backlog_are_judged_as_arrays_the_cost(monkeypatch):
+    """The cost: of a steady backlog of one width (saves included), all but the warm-up and the step-by-step
+    stretches after a span stops are judged as arrays; a run of several widths is judged step by step."""
+    from stepwatch.monitors.detectors import steadyspan
+
+    spanned = [0]
+    consume = steadyspan.consume
+
+    def counting(*a):
+        got = consume(*a)
+        spanned[0] += got
+        return got
+
+    monkeypatch.setattr(steadyspan, "consume", counting)
+    FallbackDetector().add_many(_backlog("steady, saves and evals"))
+    assert spanned[0] >= 7_000, spanned
+    spanned[0] = 0
+    FallbackDetector().add_many(_backlog("steps without a width"))
+    assert spanned[0] == 0
+
+
 def _nearest_rank_index(p: float, n: int) -> int:
     return max(1, math.ceil(p / 100.0 * n)) - 1
 

@@ -132,6 +132,13 @@ def test_the_emitter_loads_only_the_standard_library():
         assert heavy not in loaded
 
 
+def test_numpy_is_loaded_by_a_backlog_only():
+    """A view of a short run never pays numpy's import (~0.1 s): the modules that fold, count and judge steps load it
+    only when a backlog comes (ARCHITECTURE.md, "Attach: one optimisation")."""
+    for module in ("stepwatch.monitors.snapshot.observer", "stepwatch.tui.app"):
+        assert "numpy" not in {m.split(".")[0] for m in loaded_by(module)}, module
+
+
 def test_the_stdlib_check_catches_a_third_party_import():
     """Positive control for the emitter check: a module that loads psutil is caught by it."""
     loaded = loaded_by("stepwatch.monitors.watchdog")

@@ -346,6 +346,26 @@ def test_add_many_is_add_one_by_one(seed):
     assert many.add_many([]) == 0 and _stats_state(many) == _stats_state(one)
 
 
+@pytest.mark.parametrize("seed", range(12))
+def test_a_backlog_of_float_durations_added_at_once_is_one_add_per_row(seed):
+    """A backlog whose durations are all floats and whose flags are lists or tuples (what a fold hands it) is added
+    by column: the same state as one add() per row, whatever the share of uncounted steps and where they fall."""
+    rng = random.Random(seed)
+    recent, window = rng.choice([(4096, 200), (50, 20), (10, 30), (1, 1), (3000, 2999)])
+    one, many = StepStats(recent, window), StepStats(recent, window)
+    share = rng.choice([0.0, 0.001, 0.02, 0.5, 0.97])
+    rows = []
+    for i in range(rng.choice([1024, 3000, 9000])):
+        flags = rng.choice([["first"], ("save",), ["eval", "x"], ["stopped"], ["silent"]]) if rng.random() < share \
+            else rng.choice([[], ()])
+        rows.append((i, rng.choice([rng.lognormvariate(0, 0.3), 0.0, -0.0]), flags, rng.choice([None, 4096]), None,
+                     None))
+    assert many.add_many(rows) == sum(one.add(*r) for r in rows)
+    assert _stats_state(many) == _stats_state(one)
+    more = rows[:1500]
+    assert many.add_many(more) == sum(one.add(*r) for r in more) and _stats_state(many) == _stats_state(one)
+
+
 @pytest.mark.parametrize("bad_at", [0, 3, 30, 47])
 @pytest.mark.parametrize("bad", [(float("inf"), [], ValueError), (-1.0, [], ValueError), (10**400, [], ValueError),
                                  (1.0, 5, TypeError)])
@@ -370,6 +390,39 @@ def test_add_many_reads_flags_given_as_an_iterator_once():
     ref.add(1, 45.0, iter(["first"]))
     ref.add(2, 1.0, iter([]))
     assert s.add_many(rows) == 1 and _stats_state(s) == _stats_state(ref) and s.excluded_first == 1
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_series_given_its_points_at_once_has_the_bins_one_point_at_a_time_gives(seed):
+    """add_many (a fold's read of log records) keeps the same bins, merges, last values and NaN/inf counts as one
+    add() per point, equal values (0.0 and -0.0) included."""
+    from stepwatch.monitors.stats.minmax import MinMaxSeries
+
+    rng = random.Random(seed)
+    one = MinMaxSeries(max_bins=rng.choice([2, 8, 512]))
+    many = MinMaxSeries(max_bins=one.max_bins)
+    for _ in range(rng.choice([1, 5, 40])):
+        k = rng.choice([1, 3, 100, 2000])
+        steps = [rng.choice([None, rng.randrange(10**6)]) for _ in range(k)]
+        values = [rng.choice([rng.uniform(-1, 1), 0.0, -0.0, 1.0, float("nan") if rng.random() < 0.05 else 2.0,
+                              float("inf") if rng.random() < 0.02 else -2.0]) for _ in range(k)]
+        for st, v in zip(steps, values):
+            one.add(st, v)
+        many.add_many(steps, values)
+        assert repr(many.bins) == repr(one.bins) and many.per_bin == one.per_bin
+        assert (many.nonfinite, many.first_nonfinite_step, many._first_nonfinite_is_last) == \
+            (one.nonfinite, one.first_nonfinite_step, one._first_nonfinite_is_last)
+    # the first NaN the last point of one read, finite points next: it is no longer the newest point
+    one, many = MinMaxSeries(max_bins=4), MinMaxSeries(max_bins=4)
+    for steps, values in ((list(range(100)), [1.0] * 100), ([101, 102, 103], [1.0, 2.0, float("nan")]),
+                          ([104, 105], [1.5, 0.5])):  # bins of 32 points by then: the last two fill the newest
+        for st, v in zip(steps, values):
+            one.add(st, v)
+        many.add_many(steps, values)
+        assert repr(many.bins) == repr(one.bins) and many._first_nonfinite_is_last == one._first_nonfinite_is_last
+    many.restep_last(9)
+    one.restep_last(9)
+    assert many.first_nonfinite_step == one.first_nonfinite_step == 103
 
 
 def test_a_whole_runs_metric_series_keeps_every_spike_in_bounded_bins():

@@ -77,9 +77,12 @@ import math
 from bisect import bisect_left, insort
 from collections import deque
 from dataclasses import dataclass
+from itertools import repeat
+from operator import itemgetter
 from typing import Any
 from collections.abc import Iterable, Mapping
 
+from stepwatch.monitors.detectors import steadyspan
 from stepwatch.monitors.detectors.baseline import NEIGHBORS, _VIEW_IDLE, _Baseline, _ratio, _width
 from stepwatch.monitors.protocol import FLAG_EVAL, FLAG_FIRST, FLAG_RECOMPILE, FLAG_SAVE, FLAG_SILENT, FLAG_IDLE, FLAG_STOPPED
 from stepwatch.monitors.states import FLAGGED, OK, STEADY, SUSPECTED, WARMING
@@ -109,6 +112,8 @@ VALLEY_DIV = 2.0
 EXEMPT_FLAGS = (FLAG_FIRST, FLAG_RECOMPILE, FLAG_SAVE, FLAG_EVAL, FLAG_STOPPED, FLAG_IDLE)
 #: How many slow / excused step numbers are kept for display.
 KEEP_STEPS = 1000
+#: Rows fed step by step where a backlog's steady span stopped, before the next span is tried.
+_EACH_AFTER_SPAN = 256
 
 
 
@@ -266,20 +271,54 @@ class FallbackDetector:
         self, rows: Iterable[tuple[Any, Any, Any, Any, Any, Any]]
     ) -> list[tuple[int, StepVerdict]]:
         """Feed many steps, each ``(step, dt_s, flags, tokens, padded_tokens, t)`` as :meth:`add`
-        takes them (``t`` is not read: the rows :meth:`StepStats.add_many` takes), in order: the detector ends in the very state one :meth:`add` per row leaves, and each
-        verdict is the same. Returns ``(row index, verdict)`` of the slow steps only (a backlog of
-        10^5 steps needs no verdict object per step). A bad ``dt_s`` raises ValueError as
-        :meth:`add` does; the rows before it are fed."""
-        return self._feed(rows, False)
-
-    def _feed(
-        self, rows: Iterable[tuple[Any, Any, Any, Any, Any, Any]], every: bool
-    ) -> list[tuple[int, StepVerdict]]:
-        """The one implementation of :meth:`add` / :meth:`add_many`: ``(index, verdict)`` of every
-        row when ``every``, else of the slow rows (no verdict object for the others)."""
+        takes them (``t`` is not read: the rows :meth:`StepStats.add_many` takes), in order: the detector ends in the
+        very state one :meth:`add` per row leaves, and each verdict is the same. Returns ``(row index, verdict)`` of
+        the slow steps only (a backlog of 10^5 steps needs no verdict object per step). A bad ``dt_s`` raises
+        ValueError as :meth:`add` does; the rows before it are fed."""
+        if isinstance(rows, list) and len(rows) >= steadyspan.BLOCK_MIN:
+            return self._feed_columns(tuple(list(map(itemgetter(i), rows)) for i in range(5)))
         out: list[tuple[int, StepVerdict]] = []
+        self._feed_each(enumerate(rows), False, out)
+        return out
+
+    def add_columns(self, steps: list[Any], dts: list[Any], flags: list[Any], tokens: list[Any],
+                    padded: list[Any]) -> list[tuple[int, StepVerdict]]:
+        """:meth:`add_many` of the rows ``zip(steps, dts, flags, tokens, padded)``, given a field at a time (a fold's
+        backlog)."""
+        if len(dts) >= steadyspan.BLOCK_MIN:
+            return self._feed_columns((steps, dts, flags, tokens, padded))
+        out: list[tuple[int, StepVerdict]] = []
+        self._feed_each(enumerate(zip(steps, dts, flags, tokens, padded, repeat(None))), False, out)
+        return out
+
+    def _feed(self, rows: Iterable[tuple[Any, Any, Any, Any, Any, Any]], every: bool) -> list[tuple[int, StepVerdict]]:
+        out: list[tuple[int, StepVerdict]] = []
+        self._feed_each(enumerate(rows), every, out)
+        return out
+
+    def _feed_columns(self, cols: tuple[list[Any], ...]) -> list[tuple[int, StepVerdict]]:
+        """A backlog, a field a list: its steady spans as arrays (monitors/detectors/steadyspan.py), the rest step by
+        step; ``(index, verdict)`` of the slow rows."""
+        out: list[tuple[int, StepVerdict]] = []
+        i, n, size = 0, len(cols[1]), steadyspan.BLOCK_MIN
+        while i < n:
+            got = steadyspan.consume(self, cols, i, size, _excuse) if steadyspan.applies(self) else 0
+            i += got
+            if got == size:
+                size = min(2 * size, steadyspan.BLOCK_MAX)
+                continue
+            size = steadyspan.BLOCK_MIN
+            if i < n:  # where the span stopped: a stretch step by step
+                j = min(n, i + _EACH_AFTER_SPAN)
+                self._feed_each(zip(range(i, j), zip(*(c[i:j] for c in cols), repeat(None))), False, out)
+                i = j
+        return out
+
+    def _feed_each(self, rows: Iterable[tuple[int, tuple[Any, Any, Any, Any, Any, Any]]], every: bool,
+                   out: list[tuple[int, StepVerdict]]) -> None:
+        """:meth:`_feed` one (index, row) at a time."""
         history = self._history
-        for i, (step, dt_s, flags, tokens, padded_tokens, _t) in enumerate(rows):
+        for i, (step, dt_s, flags, tokens, padded_tokens, _t) in rows:
             dt = check_step_seconds(dt_s)
             excuse = _excuse(flags) if flags else None
             w = _width(tokens, padded_tokens)
@@ -298,7 +337,6 @@ class FallbackDetector:
                     continue
             if every:
                 out.append((i, v))
-        return out
 
     def _judged_step(self, step: int | None, dt: float, w: float | None, every: bool,
                      silent: bool = False) -> StepVerdict | None:

@@ -15,16 +15,18 @@ import math
 import threading
 from collections import deque
 from contextlib import contextmanager
-from operator import itemgetter
+from itertools import compress
+from operator import methodcaller, not_
 from typing import Any
 from collections.abc import Iterator
 
 from stepwatch.monitors.protocol import (
-    EVENT_KEYS, FLAG_EVAL, FLAG_FIRST, FLAG_IDLE, FLAG_RECOMPILE, FLAG_SAVE, FLAG_STOPPED, KIND_DYNAMO, KIND_LOG, KIND_PHASE, KIND_RUN_END, KIND_RUN_START, KIND_STEP,
+    FLAG_EVAL, FLAG_FIRST, FLAG_IDLE, FLAG_RECOMPILE, FLAG_SAVE, FLAG_STOPPED, KIND_DYNAMO, KIND_LOG, KIND_PHASE, KIND_RUN_END, KIND_RUN_START, KIND_STEP,
     METRICS_SHOWN_FIRST,
 )
 from stepwatch.monitors.detectors.fallback import FallbackDetector
 from stepwatch.monitors.detectors.scaling import ScalingFit
+from stepwatch.monitors.fold.stepcolumns import _STEP_KEYS, STEP_FIELDS, UNIX_MAX as _UNIX_MAX, StepColumns, step_no, unix_time
 from stepwatch.monitors.readers.jsonl import EventReader
 from stepwatch.monitors.stats.minmax import MinMaxSeries
 from stepwatch.monitors.stats.stepstats import StepStats
@@ -35,7 +37,7 @@ SLOW_ENDS_KEPT = 1000
 #: A backlog's steps go to the statistics and the detector this many at a time: memory stays bounded
 #: however long the backlog, and each call's fixed cost (StepStats builds the records of its last
 #: 4,096 rows) is paid rarely (fed per 7,000-event read it cost ~11 % of a cold attach, measured).
-FEED_ROWS = 1 << 17
+FEED_ROWS = 1 << 18
 #: recompiles (their global_step) remembered for the storm alert
 RECOMPILE_STEPS_KEPT = 1000
 _RANK_0 = (0, None)
@@ -44,12 +46,11 @@ _PHASE_FLAGS = (FLAG_EVAL, FLAG_SAVE)
 #: an unflagged (or only ``silent``/``recompile``) step's to training.
 _LEDGER_ACCOUNTS = ((FLAG_EVAL, EVALUATING), (FLAG_SAVE, SAVING), (FLAG_IDLE, STALLED), (FLAG_STOPPED, STALLED))
 _MAX_INT = 2**53  # token counts, integer seconds and step numbers read from a file stay below
-_STEP_KEYS = ("rank", "step", "dt", "flags", "tokens", "padded_tokens", "t", "step_end")
-assert set(_STEP_KEYS) <= set(EVENT_KEYS[KIND_STEP]), "a step key the protocol does not declare"
-_STEP_FIELDS = itemgetter(*_STEP_KEYS)
+_KIND_OF, _WIDTH_OF, _TIMING_OF = methodcaller("get", "kind"), methodcaller("get", "width"), methodcaller("get", "timing")
+_NONE = {None}
+#: A backlog's steps are accounted as arrays from this many at once.
+_COLUMNS_FROM = 1024
 _INF = math.inf
-#: Unix seconds read from a file are believed between 1970 and the year 3000.
-_UNIX_MAX = 32_503_680_000.0
 
 
 class EventsFold:
@@ -120,68 +121,100 @@ class EventsFold:
             self._fold(reader)
 
     def _fold(self, reader: EventReader) -> None:
-        rows: list[tuple[Any, float, Any, Any, Any, Any]] = []
-        ends: list[Any] = []
+        cols = StepColumns()
         for batch in reader.iter_new():
-            self._fold_batch(batch, rows, ends)
-            if len(rows) >= FEED_ROWS:
-                self._feed(rows, ends)
-                rows, ends = [], []
-        self._feed(rows, ends)
+            self._fold_batch(batch, cols)
+            if len(cols) >= FEED_ROWS:
+                self._feed(cols)
+                cols = StepColumns()
+        self._feed(cols)
 
-    def _fold_batch(self, batch: list[dict[str, Any]], rows: list[tuple[Any, float, Any, Any, Any, Any]],
-                    ends: list[Any]) -> None:
-        """One read's events (~450): its steps appended to ``rows`` (and their step_end to
-        ``ends``), everything else folded in."""
+    def _fold_batch(self, batch: list[dict[str, Any]], cols: StepColumns) -> None:
+        """One read's events (~450): its steps appended to ``cols``, everything else folded in."""
+        is_step = [k == KIND_STEP for k in map(_KIND_OF, batch)]
+        evs = list(compress(batch, is_step))
+        if len(evs) < len(batch):
+            self._fold_others(list(compress(batch, map(not_, is_step))))
+        if not evs:
+            return
+        first = len(cols)
+        flagged = cols.take(evs)
+        if flagged is None:
+            self._fold_steps_each(evs, cols)
+            return
+        self.last_step = evs[-1]
+        for j in flagged:
+            flags, dt, step = cols.flags[first + j], cols.dt[first + j], cols.step[first + j]
+            for f in flags:
+                if f in _PHASE_FLAGS and dt > self.phase_longest_s.get(f, 0.0):
+                    self.phase_longest_s[f] = dt  # an interval that held it: its length at most
+            if FLAG_RECOMPILE in flags and type(step) is int:
+                self.recompile_steps.append(step)
+        if set(map(_WIDTH_OF, evs)) != _NONE or set(map(_TIMING_OF, evs)) != _NONE:
+            for j, ev in enumerate(evs):
+                k = first + j
+                self._step_extras(ev, cols.step[k], cols.dt[k], cols.flags[k], cols.tokens[k], cols.padded[k])
+
+    def _fold_steps_each(self, evs: list[dict[str, Any]], cols: StepColumns) -> None:
+        """A read's step records one at a time (see :meth:`fold` for what is usable)."""
         last_step = None
         recompile_steps = self.recompile_steps
-        for ev in batch:
-            kind = ev.get("kind")
-            if kind == KIND_STEP:
-                try:  # every key is there in what the emitter writes: one lookup for all
-                    rank, step, dt, flags, tokens, padded, t, step_end = _STEP_FIELDS(ev)
-                except KeyError:
-                    rank, step, dt, flags, tokens, padded, t, step_end = map(ev.get, _STEP_KEYS)
-                if rank not in _RANK_0:
-                    continue  # rank 0 speaks for the run
-                flags = flags or ()
-                if (
-                    not (0.0 <= dt < _INF if type(dt) is float else type(dt) is int and 0 <= dt < _MAX_INT)
-                    or (flags and (type(flags) is not list or not all(type(f) is str for f in flags)))
-                ):  # a NaN dt fails 0.0 <= dt; a bool is not an int here
-                    self.unusable_steps += 1
-                    continue
-                if type(step) is not int:
-                    step = step_no(step)
-                if tokens is not None and (type(tokens) is not int or not 0 <= tokens < _MAX_INT):
-                    tokens = None
-                if padded is not None and (type(padded) is not int or not 0 <= padded < _MAX_INT):
-                    padded = None
-                if type(t) is not float or not 0.0 <= t < _UNIX_MAX:
-                    t = unix_time(t)
-                rows.append((step, dt, flags, tokens, padded, t))
-                if flags:
-                    for f in flags:
-                        if f in _PHASE_FLAGS and dt > self.phase_longest_s.get(f, 0.0):
-                            self.phase_longest_s[f] = float(dt)  # an interval that held it: its length at most
-                width = ev.get("width")
-                if width is not None and padded is not None:  # the batch shape: the scaling fit's point
-                    bs = ev.get("batch_size")
-                    self.scaling.add(float(dt), padded, width, bs if type(bs) is int else None, tokens, bool(flags))
-                if ev.get("timing") == "shared":
-                    self.shared_steps += 1
-                elif ev.get("timing") == "reported":
-                    self.reported_steps += 1
-                    arrival = ev.get("arrival_dt_s")  # the supervisor's own figure beside the program's
-                    if type(arrival) is float and 0.0 <= arrival < _INF:
-                        self.arrival_stats.add(step, arrival, flags)
-                ends.append(step_end)
-                last_step = ev
-                if flags and FLAG_RECOMPILE in flags and type(step) is int:
-                    recompile_steps.append(step)
+        for ev in evs:
+            try:  # every key is there in what the emitter writes: one lookup for all
+                rank, step, dt, flags, tokens, padded, t, step_end = STEP_FIELDS(ev)
+            except KeyError:
+                rank, step, dt, flags, tokens, padded, t, step_end = map(ev.get, _STEP_KEYS)
+            if rank not in _RANK_0:
+                continue  # rank 0 speaks for the run
+            flags = flags or ()
+            if (
+                not (0.0 <= dt < _INF if type(dt) is float else type(dt) is int and 0 <= dt < _MAX_INT)
+                or (flags and (type(flags) is not list or not all(type(f) is str for f in flags)))
+            ):  # a NaN dt fails 0.0 <= dt; a bool is not an int here
+                self.unusable_steps += 1
                 continue
+            if type(step) is not int:
+                step = step_no(step)
+            if tokens is not None and (type(tokens) is not int or not 0 <= tokens < _MAX_INT):
+                tokens = None
+            if padded is not None and (type(padded) is not int or not 0 <= padded < _MAX_INT):
+                padded = None
+            if type(t) is not float or not 0.0 <= t < _UNIX_MAX:
+                t = unix_time(t)
+            cols.append(step, dt, flags, tokens, padded, t, step_end)
+            if flags:
+                for f in flags:
+                    if f in _PHASE_FLAGS and dt > self.phase_longest_s.get(f, 0.0):
+                        self.phase_longest_s[f] = float(dt)  # an interval that held it: its length at most
+            self._step_extras(ev, step, dt, flags, tokens, padded)
+            last_step = ev
+            if flags and FLAG_RECOMPILE in flags and type(step) is int:
+                recompile_steps.append(step)
+        if last_step is not None:
+            self.last_step = last_step
+
+    def _step_extras(self, ev: dict[str, Any], step: Any, dt: Any, flags: Any, tokens: Any, padded: Any) -> None:
+        """A usable step record's batch shape (the scaling fit's point) and how its time was taken."""
+        width = ev.get("width")
+        if width is not None and padded is not None:
+            bs = ev.get("batch_size")
+            self.scaling.add(float(dt), padded, width, bs if type(bs) is int else None, tokens, bool(flags))
+        timing = ev.get("timing")
+        if timing == "shared":
+            self.shared_steps += 1
+        elif timing == "reported":
+            self.reported_steps += 1
+            arrival = ev.get("arrival_dt_s")  # the supervisor's own figure beside the program's
+            if type(arrival) is float and 0.0 <= arrival < _INF:
+                self.arrival_stats.add(step, arrival, flags)
+
+    def _fold_others(self, others: list[dict[str, Any]]) -> None:
+        """A read's records other than steps, rank 0's, in order."""
+        logs: list[tuple[Any, int | None]] = []
+        for ev in others:
             if ev.get("rank") not in _RANK_0:
                 continue
+            kind = ev.get("kind")
             if kind == KIND_RUN_START:
                 self.run_start = ev
             elif kind == KIND_PHASE:
@@ -192,34 +225,45 @@ class EventsFold:
                 self.last_logs = ev.get("logs")
                 step = ev.get("step")
                 self.last_logs_step = step if type(step) is int and 0 <= step < _MAX_INT else None
-                self._log_series(self.last_logs, self.last_logs_step)
+                logs.append((self.last_logs, self.last_logs_step))
             elif kind == KIND_RUN_END:
                 self.run_end = ev
-        if last_step is not None:
-            self.last_step = last_step
+        if logs:
+            self._log_series(logs)
 
-    def _log_series(self, logs: Any, step: int | None) -> None:
-        if not isinstance(logs, dict):
-            return
+    def _log_series(self, logs: list[tuple[Any, int | None]]) -> None:
+        """The ``log`` records' metrics (``(logs, step)`` of each, in order) to their series, a series at a time;
+        a new series takes its place among them where its first point came."""
+        new: list[tuple[int, str]] = []
+        points: dict[str, tuple[list[int | None], list[float]]] = {}
         for name in METRICS_SHOWN_FIRST:
-            v = logs.get(name)
-            if type(v) in (int, float):
-                s = self.series.get(name)
-                if s is None:
-                    s = self.series[name] = MinMaxSeries()
-                s.add(step, float(min(max(v, -2**1000), 2**1000)) if type(v) is int else v)  # no OverflowError
+            steps: list[int | None] = []
+            values: list[float] = []
+            for d, step in logs:
+                if isinstance(d, dict) and type(v := d.get(name)) in (int, float):
+                    steps.append(step)
+                    values.append(float(min(max(v, -2**1000), 2**1000)) if type(v) is int else v)  # no OverflowError
+            if values:
+                points[name] = (steps, values)
+                if name not in self.series:
+                    new.append((next(i for i, (d, _) in enumerate(logs) if isinstance(d, dict)
+                                     and type(d.get(name)) in (int, float)), name))
+        for _, name in sorted(new, key=lambda e: (e[0], METRICS_SHOWN_FIRST.index(e[1]))):
+            self.series[name] = MinMaxSeries()
+        for name, (steps, values) in points.items():
+            self.series[name].add_many(steps, values)
 
-    def _feed(self, rows: list[tuple[Any, float, Any, Any, Any, Any]], ends: list[Any]) -> None:
-        """Steps to the statistics and the detector, one call each (both reach the same state
-        whatever the size of the chunks they are fed)."""
-        if not rows:
+    def _feed(self, cols: StepColumns) -> None:
+        """Steps to the statistics, the ledger and the detector, one call each (each reaches the same state
+        whatever the size of the chunks it is fed)."""
+        if not len(cols):
             return
-        self.stats.add_many(rows)
-        self._account(rows, ends)
+        self.stats.add_columns(cols.step, cols.dt, cols.flags, cols.tokens, cols.padded, cols.t)
+        self._account(cols.flags, cols.end)
         slow_ends = self.slow_step_ends
-        for i, v in self.detector.add_many(rows):
+        for i, v in self.detector.add_columns(cols.step, cols.dt, cols.flags, cols.tokens, cols.padded):
             # when a fallback alert happened, from the file: its onset (a slow step)'s end
-            step, se = rows[i][0], unix_time(ends[i])
+            step, se = cols.step[i], unix_time(cols.end[i])
             if step is not None and se is not None:
                 slow_ends[step] = se
                 if len(slow_ends) > SLOW_ENDS_KEPT:
@@ -227,27 +271,75 @@ class EventsFold:
             if v.state == FLAGGED and self.flagged_onset_end is None:
                 self.flagged_onset_end = slow_ends.get(self.detector.onset_step)  # type: ignore[arg-type]
 
-    def _account(self, rows: list[tuple[Any, float, Any, Any, Any, Any]], ends: list[Any]) -> None:
+    def _account(self, flags: list[Any], ends: list[Any]) -> None:
         """Each step's interval (its end less the previous step's end) to its account (:data:`_LEDGER_ACCOUNTS`).
         A step whose end is unknown or earlier than the previous one's is left out of every account."""
+        if len(ends) >= _COLUMNS_FROM and self._account_columns(flags, ends):
+            return
         last, acc, cnt = self.last_end, self.interval_s, self.interval_n
-        for row, end in zip(rows, ends):
+        for fl, end in zip(flags, ends):
             end = end if type(end) is float and 0.0 <= end < _UNIX_MAX else unix_time(end)
             if end is None or (last is not None and end < last):
                 continue
-            flags = row[2]
-            if last is None or (flags and FLAG_FIRST in flags):
+            if last is None or (fl and FLAG_FIRST in fl):
                 if self.first_end is None:
                     self.first_end = end
                 last = end
                 continue
             key = TRAINING
-            if flags:
-                key = next((k for f, k in _LEDGER_ACCOUNTS if f in flags), TRAINING)
+            if fl:
+                key = next((k for f, k in _LEDGER_ACCOUNTS if f in fl), TRAINING)
             acc[key] = acc.get(key, 0.0) + (end - last)
             cnt[key] = cnt.get(key, 0) + 1
             last = end
         self.last_end = last
+
+    def _account_columns(self, flags: list[Any], ends: list[Any]) -> bool:
+        """:meth:`_account` of a backlog whose ends are all floats in [0, year 3000), as arrays (False, nothing
+        done: not so). The same sums to the last bit: each account's intervals are added in order (a cumulative
+        sum is sequential), a step counts when its end is at least every end before it (the previous step's end
+        is then the largest so far)."""
+        if set(map(type, ends)) != {float}:
+            return False
+        import numpy as np  # noqa: PLC0415 - a backlog's cost only
+
+        e = np.array(ends, dtype=np.float64)
+        if not ((e >= 0.0) & (e < _UNIX_MAX)).all():
+            return False
+        last = self.last_end
+        before = np.maximum.accumulate(np.concatenate(([-_INF if last is None else last], e)))
+        counts = e >= before[:-1]
+        valid = np.flatnonzero(counts)
+        if not len(valid):
+            return True
+        if self.first_end is None:
+            self.first_end = float(e[valid[0]])
+        key_of: dict[int, str | None] = {}  # a flagged step: its account, None for a first step's (no interval)
+        for j in compress(range(len(flags)), flags):
+            fl = flags[j]
+            key_of[j] = None if FLAG_FIRST in fl else next((k for f, k in _LEDGER_ACCOUNTS if f in fl), TRAINING)
+        if last is None:
+            key_of[int(valid[0])] = None  # the attempt's start
+        interval = e[valid] - before[valid]
+        groups: dict[str, Any] = {}  # account -> positions in valid, in order
+        plain = np.arange(len(valid))
+        if key_of:
+            flagged = np.zeros(len(e), dtype=bool)
+            flagged[list(key_of)] = True
+            special = flagged[valid]
+            spos = np.flatnonzero(special)
+            for pos, j in zip(spos.tolist(), valid[spos].tolist()):
+                if (k := key_of[j]) is not None:
+                    groups.setdefault(k, []).append(pos)
+            plain = np.flatnonzero(~special)
+        if len(plain):
+            groups[TRAINING] = np.union1d(plain, groups.get(TRAINING, [])).astype(np.int64)
+        for k, pos in sorted(groups.items(), key=lambda kv: kv[1][0]):  # a new account where one step alone adds it
+            vals = interval[pos]
+            self.interval_s[k] = float(np.cumsum(np.concatenate(([self.interval_s.get(k, 0.0)], vals)))[-1])
+            self.interval_n[k] = self.interval_n.get(k, 0) + len(vals)
+        self.last_end = float(before[-1])
+        return True
 
 
 _gc_lock = threading.Lock()
@@ -274,21 +366,3 @@ def gc_paused() -> Iterator[None]:
             _gc_pausers -= 1
             if _gc_pausers == 0 and _gc_was_enabled:
                 gc.enable()
-
-
-def step_no(v: Any) -> int | None:
-    """A global_step read from a file: an int (not a bool), or a float with an integral value, in
-    (-2**53, 2**53); else None (unknown)."""
-    if type(v) is int:
-        return v if -_MAX_INT < v < _MAX_INT else None
-    if type(v) is float and v.is_integer() and -_MAX_INT < v < _MAX_INT:
-        return int(v)
-    return None
-
-
-def unix_time(v: Any) -> float | None:
-    """Unix seconds read from a file (``t``, ``step_end``): a number in [0, year 3000) as a float,
-    else None (a NaN, 1e300 or a string would break every time computed from it)."""
-    if (type(v) is float or type(v) is int) and 0 <= v < _UNIX_MAX:
-        return float(v)
-    return None

@@ -11,8 +11,8 @@ then folds from byte 0, as without a state, and ``status --json`` says why in
 ``events.resume.refused``):
 
 * ``code``: a SHA-256 of the source of the modules whose objects it holds or whose rules made them
-  (fold.events, readers.jsonl, detectors.fallback and .baseline, stats.stepstats and .nearest_rank,
-  protocol, this one): stepwatch upgraded meanwhile means refused;
+  (fold.events and .stepcolumns, readers.jsonl, detectors.fallback, .baseline and .steadyspan, stats.stepstats,
+  .stepbacklog and .nearest_rank, protocol, this one...): stepwatch upgraded meanwhile means refused;
 * ``attempt``: run.json's (attempt, launched_at_unix);
 * ``events``: the SHA-256 of the first ``offset`` bytes of events.jsonl as the supervisor read
   them, checked against the file by hashing those bytes again (:meth:`EventReader.resume`);
@@ -27,7 +27,7 @@ The format: every value is JSON; a float is a JSON number (``NaN``/``Infinity`` 
 writes them, which round-trips every float exactly, -0.0 included); anything else is an object
 with one tag: ``{"L": [...]}`` list, ``{"T": [...]}`` tuple, ``{"Q": [...], "m": maxlen}`` deque,
 ``{"D": [[k, v], ...]}`` dict (keys may be numbers), ``{"S": [...]}`` set, ``{"SL": [...]}``
-SortedList, ``{"O": class, "f": fields}`` object, ``{"J": value}`` a record read from events.jsonl
+SortedList, ``{"AD": [...]}`` an array of floats, ``{"O": class, "f": fields}`` object, ``{"J": value}`` a record read from events.jsonl
 kept as it was. The slotted records (a slow step, a StepRecord) sit in several windows at once:
 each is written once with ``"#": n`` and then referred to as ``{"R": n}``, so they stay shared.
 Nothing else may be shared, so a state read back is a tree the size of its file.
@@ -44,6 +44,7 @@ import stat
 import sys
 import threading
 import time
+from array import array
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -101,7 +102,9 @@ _RECORD_FIELDS: dict[str, tuple[tuple[type, ...], ...]] = {
 _RAW_FIELDS = {"EventsFold": frozenset({"run_start", "run_end", "dynamo_ev", "last_step", "open_phase", "last_logs"})}
 _MODULES = ("stepwatch.monitors.fold.events", "stepwatch.monitors.readers.jsonl", "stepwatch.monitors.detectors.fallback", "stepwatch.monitors.detectors.baseline", "stepwatch.monitors.detectors.scaling",
             "stepwatch.monitors.stats.stepstats", "stepwatch.monitors.stats.nearest_rank", "stepwatch.monitors.stats.minmax", "stepwatch.monitors.protocol", "stepwatch.monitors.fold.statecheck",
-            __name__)
+            # the backlog's ways to the same state (ARCHITECTURE.md, "Attach: one optimisation")
+            "stepwatch.monitors.fold.stepcolumns", "stepwatch.monitors.detectors.steadyspan",
+            "stepwatch.monitors.stats.stepbacklog", __name__)
 _fields_cache: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {}
 
 
@@ -169,6 +172,8 @@ def _enc(o: Any, memo: dict[int, int], seen: set[int]) -> Any:
         return {"S": _items(o, memo, seen)}
     if t is SortedList:
         return {"SL": _items(o, memo, seen)}
+    if t is array and o.typecode == "d":
+        return {"AD": o.tolist()}
     if _CLASSES.get(name, (None,))[0] is not t:
         raise StateError(f"cannot save a {t.__module__}.{t.__qualname__}")
     d = vars(o)
@@ -220,6 +225,11 @@ def _dec(n: Any, objs: dict[int, Any]) -> Any:
         return set(_dec_items(n["S"], objs))
     if "SL" in n:
         return SortedList(_dec_items(n["SL"], objs))
+    if "AD" in n:
+        items = n["AD"]
+        if type(items) is not list or not all(type(x) is float for x in items):
+            raise StateError("a saved array of floats holds something else")
+        return array("d", items)
     if "R" in n:
         o = objs.get(n["R"]) if type(n["R"]) is int else None
         if o is None:

@@ -288,6 +288,18 @@ class EventReader:
             # the first line is the end of an over-long line already counted corrupt
             lines = lines[1:]
             self._skipping_long = False
+        long_digits = _LONG_DIGIT_RUN in body.translate(_DIGITS_TO_ZERO)
+        if lines and not long_digits and len(body) <= self.max_line_bytes:
+            # the common read: every line an object orjson reads (so none blank, none over the limit), in one map
+            try:
+                objs = list(map(_fast_loads, lines))
+            except (ValueError, RecursionError):
+                objs = None
+            if objs is not None and set(map(type, objs)) == {dict}:
+                self.lines_read += len(lines)
+                out.extend(objs)
+                self._hold(rest)
+                return
         lines = [ln for ln in lines if ln and not ln.isspace()]
         if not lines:
             self._hold(rest)
@@ -304,7 +316,6 @@ class EventReader:
         # orjson, and two corrupt lines can join into valid values); json where orjson may differ:
         # a line with a run of 19+ digits (decided per line, so how a line reads never depends on
         # which lines share its read).
-        long_digits = _LONG_DIGIT_RUN in body.translate(_DIGITS_TO_ZERO)
         append = out.append
         for line in lines:
             try:

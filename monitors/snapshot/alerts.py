@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, MutableMapping
 from urllib.parse import urlsplit
 
 from stepwatch.monitors.detectors.storm import recompile_storm
-from stepwatch.monitors.fold.events import unix_time
+from stepwatch.monitors.fold.stepcolumns import unix_time
 from stepwatch.monitors.runfiles import utc_iso
 from stepwatch.monitors.snapshot.model import run_ended, shallow
 from stepwatch.monitors.detectors.frozen import who as frozen_who

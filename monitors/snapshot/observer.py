@@ -32,7 +32,8 @@ from stepwatch.monitors.snapshot.disk import disk_status
 from stepwatch.monitors.snapshot.stepsource import (ObservedStart, busy_budget_s, choose, global_step, guard_stall, stall_part,
                                                     step_source, step_started)
 from stepwatch.monitors.snapshot.ranks import RankWatch
-from stepwatch.monitors.fold.events import EventsFold, step_no
+from stepwatch.monitors.fold.events import EventsFold
+from stepwatch.monitors.fold.stepcolumns import step_no
 from stepwatch.monitors.fold.savedstate import load as load_saved_state, refused
 from stepwatch.monitors.parsers.dynamolog import DynamoLogScanner, RecompileLimit, Recompile
 from stepwatch.monitors.detectors.stall import stall_settings_of

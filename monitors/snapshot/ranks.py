@@ -19,7 +19,7 @@ from typing import Any, Literal, cast
 from collections.abc import Callable, MutableMapping
 
 from stepwatch.monitors.detectors.straggler import straggler_state, stuck_ranks
-from stepwatch.monitors.fold.events import step_no, unix_time
+from stepwatch.monitors.fold.stepcolumns import step_no, unix_time
 from stepwatch.monitors.parsers.torchrun import FailureTable
 from stepwatch.monitors.readers.jsonl import EventReader
 from stepwatch.monitors.runfiles import (EVENTS_JSONL, LOG_STEPS_JSONL, PROCS_JSON, RANK_EVENTS, RANK_LOG_STEPS, STOP_JSON,

@@ -41,7 +41,8 @@ from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 from stepwatch.monitors.detectors.stall import BUSY_FLOOR_S, STALL_FLOOR_S, log_only_guard, stall_state
-from stepwatch.monitors.fold.events import EventsFold, step_no, unix_time
+from stepwatch.monitors.fold.events import EventsFold
+from stepwatch.monitors.fold.stepcolumns import step_no, unix_time
 from stepwatch.monitors.parsers.logtracker import LogTracker
 from stepwatch.monitors.snapshot.disk import full_words
 from stepwatch.monitors.snapshot.types import Snapshot, Stall

@@ -6,6 +6,7 @@ away. Standard library only."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 #: Bins a whole run's series keeps at most (the log's metrics and the emitter's log events alike).
@@ -59,6 +60,32 @@ class MinMaxSeries:
                              0 if finite else 1))
         if len(self.bins) > self.max_bins:
             self._merge()
+
+    def add_many(self, steps: Sequence[int | None], values: Sequence[float]) -> None:
+        """:meth:`add` of each ``(step, value)``, in order, the very same bins after: the points that fill the newest
+        bin go in at once (its lo and hi the least and largest of theirs, the first of equals kept, as one at a
+        time keeps them)."""
+        i, n = 0, len(values)
+        while i < n:
+            b = self.bins[-1] if self.bins else None
+            if b is None or b.n >= self.per_bin:
+                self.add(steps[i], values[i])
+                i += 1
+                continue
+            room = self.per_bin - b.n
+            chunk = values[i:i + room]
+            finite = [v for v in chunk if math.isfinite(v)]
+            if len(finite) < len(chunk):  # NaN/inf points: counted one at a time
+                for j in range(i, i + len(chunk)):
+                    self.add(steps[j], values[j])
+                i += len(chunk)
+                continue
+            b.last_step, b.last, b.n = steps[i + len(chunk) - 1], chunk[-1], b.n + len(chunk)
+            lo, hi = min(chunk), max(chunk)
+            b.lo = lo if b.lo is None else min(b.lo, lo)
+            b.hi = hi if b.hi is None else max(b.hi, hi)
+            self._first_nonfinite_is_last = False
+            i += len(chunk)
 
     def restep_last(self, step: int | None) -> None:
         """The newest point was printed at ``step``, not where it was added (the HF Trainer prints its

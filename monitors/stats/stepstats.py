@@ -27,14 +27,17 @@ process can all use it unchanged.
 from __future__ import annotations
 
 import math
+from array import array
 from collections import deque
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 from collections.abc import Iterable
 
 from sortedcontainers import SortedList
 
 from stepwatch.monitors.protocol import FLAG_EVAL, FLAG_FIRST, FLAG_SAVE, FLAG_STOPPED
+from stepwatch.monitors.stats import stepbacklog
 # re-exported (`x as x`): callers import the nearest-rank helpers from here too
 from stepwatch.monitors.stats.nearest_rank import nearest_rank as nearest_rank
 from stepwatch.monitors.stats.nearest_rank import nearest_rank_index as nearest_rank_index
@@ -44,6 +47,12 @@ FIRST = FLAG_FIRST
 #: Flags of a step whose interval held an evaluation, a save or a stopped process: no training step time
 #: (ARCHITECTURE.md R18).
 PHASE_FLAGS = frozenset((FLAG_EVAL, FLAG_SAVE, FLAG_STOPPED))
+
+
+#: Pending durations sorted as an array from this many (a backlog's first read)
+_SORT_AS_ARRAY_FROM = 1 << 16
+#: add_many by column from this many rows (a backlog)
+_COLUMNS_FROM = 1024
 
 
 def _uncounted(fl: tuple[str, ...]) -> bool:
@@ -139,7 +148,7 @@ class StepStats:
             raise ValueError("recent_maxlen and window must be >= 1")
         self._sorted_list: SortedList = SortedList()
         # counted durations not yet in _sorted_list, in arrival order (see the _sorted property)
-        self._pending: list[float] = []
+        self._pending = array("d")  # floats, not float objects: 8 bytes a step, freed from the heap they were read into
         self._recent: deque[StepRecord] = deque(maxlen=recent_maxlen)
         self._window: deque[StepRecord] = deque(maxlen=window)
         self._last: float | None = None
@@ -205,6 +214,22 @@ class StepStats:
         any row is added: a row :meth:`add` would refuse raises what add() raises, with exactly the
         rows before it added.
         """
+        if isinstance(rows, list) and len(rows) >= _COLUMNS_FROM:
+            steps, dts, flags, tokens, padded, ts = (list(map(itemgetter(i), rows)) for i in range(6))
+            got = stepbacklog.add_columns(self, steps, dts, flags, tokens, padded, ts, _uncounted, FIRST)
+            if got is not None:
+                return got
+        return self._add_rows(rows)
+
+    def add_columns(self, steps: list[Any], dts: list[Any], flags: list[Any], tokens: list[Any], padded: list[Any],
+                    ts: list[Any]) -> int:
+        """:meth:`add_many` of the rows ``zip(steps, dts, flags, tokens, padded, ts)``, given a field at a time (a
+        fold's backlog: monitors/stats/stepbacklog.py)."""
+        got = (stepbacklog.add_columns(self, steps, dts, flags, tokens, padded, ts, _uncounted, FIRST)
+               if len(dts) >= _COLUMNS_FROM else None)
+        return got if got is not None else self._add_rows(list(zip(steps, dts, flags, tokens, padded, ts)))
+
+    def _add_rows(self, rows: Iterable[tuple[Any, Any, Any, Any, Any, Any]]) -> int:
         norm: list[tuple[Any, float, tuple[Any, ...], Any, Any, Any]] = []
         for step, dt_s, flags, tokens, padded, t in rows:
             try:
@@ -277,9 +302,13 @@ class StepStats:
                 add = self._sorted_list.add
                 for v in pending:  # arrival order: each lands right of its equals, as update() places them
                     add(v)
-            else:
+            elif len(pending) < _SORT_AS_ARRAY_FROM:
                 self._sorted_list.update(pending)
-            self._pending = []
+            else:  # a backlog: sorted as an array, stable (equals in arrival order); update() then finds one run
+                import numpy as np  # noqa: PLC0415 - a backlog's cost only
+
+                self._sorted_list.update(np.sort(np.frombuffer(pending, dtype=np.float64), kind="stable").tolist())
+            self._pending = array("d")
         return self._sorted_list
 
     @property

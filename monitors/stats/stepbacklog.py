@@ -1,0 +1,62 @@
+"""A backlog of steps added to :class:`~stepwatch.monitors.stats.stepstats.StepStats` a field at a time
+(ARCHITECTURE.md, "Attach: one optimisation").
+
+Only the last ``recent_maxlen`` rows and the last ``window`` counted ones stay in StepStats' deques: the rows before
+them add nothing but their durations (and the counts of the uncounted ones). With every duration a float in
+[0, inf) and every flags value a list or a tuple, those durations are taken as slices between the uncounted rows,
+and only the rows whose records survive go through :meth:`StepStats.add`: the very state one add() per row leaves.
+"""
+
+from __future__ import annotations
+
+from itertools import compress
+from collections.abc import Callable
+from typing import Any
+
+_INF = float("inf")
+_FLAG_SEQS = frozenset((list, tuple))
+
+
+def add_columns(stats: Any, steps: list[Any], dts: list[Any], flags: list[Any], tokens: list[Any], padded: list[Any],
+                ts: list[Any], uncounted: Callable[[tuple[str, ...]], bool], first: str) -> int | None:
+    """Add the rows ``zip(steps, dts, flags, tokens, padded, ts)`` (at least one) to ``stats`` (a StepStats, whose
+    rule of the steps it does not count is ``uncounted``, ``first`` the flag counted apart); how many were counted.
+    None, and nothing added, unless every duration is a float in [0, inf) and every flags value a list or a tuple."""
+    if set(map(type, dts)) != {float} or not _all_in_0_inf(dts) or not set(map(type, flags)) <= _FLAG_SEQS:
+        return None
+    n = len(dts)
+    skipped = [j for j in compress(range(n), flags) if uncounted(tuple(flags[j]))]
+    skip = set(skipped)
+    keep, need, i = max(0, n - (stats._recent.maxlen or n)), stats._window.maxlen or n, n
+    while i > 0 and need > 0:  # the first row whose record survives, as add_many's own way finds it
+        i -= 1
+        if i not in skip:
+            need -= 1
+    keep = min(keep, i)
+    pending, prev, counted_n = stats._pending, 0, 0
+    for j in skipped:
+        if j >= keep:
+            break
+        pending.extend(dts[prev:j])
+        counted_n += j - prev
+        if first in flags[j]:
+            stats._excluded_first += 1
+        else:
+            stats._excluded_phase += 1
+        prev = j + 1
+    pending.extend(dts[prev:keep])
+    counted_n += max(0, keep - prev)
+    if keep:  # (the last counted row is among the rest: added below, it sets ``_last``)
+        stats._seen += keep
+        stats._last_step = steps[keep - 1]
+    add = stats.add
+    for row in zip(steps[keep:], dts[keep:], flags[keep:], tokens[keep:], padded[keep:], ts[keep:]):
+        counted_n += add(*row)
+    return counted_n
+
+
+def _all_in_0_inf(xs: list[float]) -> bool:
+    """Every float of ``xs`` (non-empty) in [0, inf): their sum is then a number, which no NaN and no infinity leaves
+    it, and without a NaN the least of them is truly the least."""
+    total = sum(xs)
+    return total == total and total < _INF and min(xs) >= 0.0

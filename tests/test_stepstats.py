@@ -366,6 +366,28 @@ def test_a_backlog_of_float_durations_added_at_once_is_one_add_per_row(seed):
     assert many.add_many(more) == sum(one.add(*r) for r in more) and _stats_state(many) == _stats_state(one)
 
 
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf")])
+def test_a_backlogs_array_of_durations_is_checked_as_a_list_of_them_is(bad):
+    """A fold hands its durations as an array of floats: one that add() refuses raises what add() raises, with
+    the rows before it added; a clean array adds as the same rows in a list do."""
+    from array import array
+
+    rows = [(i, 1.0 + (i % 7) / 10, (), None, None, None) for i in range(6000)]  # the first ~1,900 add no record
+    cols = [list(map(lambda r, k=k: r[k], rows)) for k in range(6)]
+    durations = [float(r[1]) for r in rows]
+    one, ref = StepStats(), StepStats()
+    assert one.add_columns(cols[0], array("d", durations), *cols[2:]) == ref.add_many(rows)
+    assert _stats_state(one) == _stats_state(ref)
+    dts = array("d", durations)
+    dts[1000] = bad
+    got, want = StepStats(), StepStats()
+    with pytest.raises(ValueError):
+        got.add_columns(cols[0], dts, *cols[2:])
+    for r in rows[:1000]:
+        want.add(*r)
+    assert _stats_state(got) == _stats_state(want)
+
+
 @pytest.mark.parametrize("bad_at", [0, 3, 30, 47])
 @pytest.mark.parametrize("bad", [(float("inf"), [], ValueError), (-1.0, [], ValueError), (10**400, [], ValueError),
                                  (1.0, 5, TypeError)])

@@ -281,10 +281,10 @@ class FallbackDetector:
         self._feed_each(enumerate(rows), False, out)
         return out
 
-    def add_columns(self, steps: list[Any], dts: list[Any], flags: list[Any], tokens: list[Any],
+    def add_columns(self, steps: list[Any], dts: Any, flags: list[Any], tokens: list[Any],
                     padded: list[Any]) -> list[tuple[int, StepVerdict]]:
         """:meth:`add_many` of the rows ``zip(steps, dts, flags, tokens, padded)``, given a field at a time (a fold's
-        backlog)."""
+        backlog; ``dts`` a list or an array of floats)."""
         if len(dts) >= steadyspan.BLOCK_MIN:
             return self._feed_columns((steps, dts, flags, tokens, padded))
         out: list[tuple[int, StepVerdict]] = []
@@ -296,7 +296,7 @@ class FallbackDetector:
         self._feed_each(enumerate(rows), every, out)
         return out
 
-    def _feed_columns(self, cols: tuple[list[Any], ...]) -> list[tuple[int, StepVerdict]]:
+    def _feed_columns(self, cols: tuple[Any, ...]) -> list[tuple[int, StepVerdict]]:
         """A backlog, a field a list: its steady spans as arrays (monitors/detectors/steadyspan.py), the rest step by
         step; ``(index, verdict)`` of the slow rows."""
         out: list[tuple[int, StepVerdict]] = []

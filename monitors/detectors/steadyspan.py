@@ -26,6 +26,7 @@ numpy is imported here only (a backlog's cost; a live step never comes this way)
 from __future__ import annotations
 
 import math
+from array import array
 from collections import deque
 from itertools import compress
 from collections.abc import Callable, Iterable
@@ -53,7 +54,7 @@ def applies(det: FallbackDetector) -> bool:
             and (det._short_in_base or det._state == FLAGGED))
 
 
-def consume(det: FallbackDetector, cols: tuple[list[Any], ...], start: int, size: int,
+def consume(det: FallbackDetector, cols: tuple[Any, ...], start: int, size: int,
             excuse_of: Callable[[Iterable[str]], str | None]) -> int:
     """Apply the steady span of the rows ``start`` to ``start + size`` of ``cols`` (steps, dts, flags, tokens,
     padded: a field each) from its first row to ``det``; the rows applied (0: none; the per-step path goes on from
@@ -63,7 +64,8 @@ def consume(det: FallbackDetector, cols: tuple[list[Any], ...], start: int, size
 
     end = start + size
     dts_in = cols[1][start:end]
-    if not dts_in or set(map(type, dts_in)) != {float}:
+    typed = isinstance(dts_in, array) and dts_in.typecode == "d"  # a fold's column: floats already
+    if not len(dts_in) or not typed and set(map(type, dts_in)) != {float}:
         return 0  # ints, text...: the per-step path converts or refuses them one by one
     base = det._base
     (w0,) = base._groups
@@ -76,7 +78,7 @@ def consume(det: FallbackDetector, cols: tuple[list[Any], ...], start: int, size
         dts_in = dts_in[:stop]
     flags_in = cols[2][start:start + len(dts_in)]
     n = len(dts_in)
-    dt = np.array(dts_in, dtype=np.float64)
+    dt = np.frombuffer(dts_in, dtype=np.float64) if typed else np.array(dts_in, dtype=np.float64)
     ok_dt = (dt >= 0.0) & (dt < math.inf)  # a NaN fails both
     excuse: dict[int, str] = {}
     for j in compress(range(n), flags_in):

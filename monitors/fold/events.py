@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import math
 import threading
+from array import array
 from collections import deque
 from contextlib import contextmanager
 from itertools import compress
@@ -181,7 +182,7 @@ class EventsFold:
                 padded = None
             if type(t) is not float or not 0.0 <= t < _UNIX_MAX:
                 t = unix_time(t)
-            cols.append(step, dt, flags, tokens, padded, t, step_end)
+            cols.append(step, float(dt), flags, tokens, padded, t, step_end)
             if flags:
                 for f in flags:
                     if f in _PHASE_FLAGS and dt > self.phase_longest_s.get(f, 0.0):
@@ -263,7 +264,8 @@ class EventsFold:
         slow_ends = self.slow_step_ends
         for i, v in self.detector.add_columns(cols.step, cols.dt, cols.flags, cols.tokens, cols.padded):
             # when a fallback alert happened, from the file: its onset (a slow step)'s end
-            step, se = cols.step[i], unix_time(cols.end[i])
+            step, se = cols.step[i], cols.end[i]
+            se = None if se != se else se  # NaN: the end is unknown
             if step is not None and se is not None:
                 slow_ends[step] = se
                 if len(slow_ends) > SLOW_ENDS_KEPT:
@@ -271,7 +273,7 @@ class EventsFold:
             if v.state == FLAGGED and self.flagged_onset_end is None:
                 self.flagged_onset_end = slow_ends.get(self.detector.onset_step)  # type: ignore[arg-type]
 
-    def _account(self, flags: list[Any], ends: list[Any]) -> None:
+    def _account(self, flags: list[Any], ends: Any) -> None:
         """Each step's interval (its end less the previous step's end) to its account (:data:`_LEDGER_ACCOUNTS`).
         A step whose end is unknown or earlier than the previous one's is left out of every account."""
         if len(ends) >= _COLUMNS_FROM and self._account_columns(flags, ends):
@@ -294,20 +296,18 @@ class EventsFold:
             last = end
         self.last_end = last
 
-    def _account_columns(self, flags: list[Any], ends: list[Any]) -> bool:
-        """:meth:`_account` of a backlog whose ends are all floats in [0, year 3000), as arrays (False, nothing
-        done: not so). The same sums to the last bit: each account's intervals are added in order (a cumulative
-        sum is sequential), a step counts when its end is at least every end before it (the previous step's end
-        is then the largest so far)."""
-        if set(map(type, ends)) != {float}:
+    def _account_columns(self, flags: list[Any], ends: Any) -> bool:
+        """:meth:`_account` of a backlog's ends (:class:`StepColumns`' array: unix seconds, NaN when unknown) as
+        arrays (False, nothing done: not such an array). The same sums to the last bit: each account's intervals
+        are added in order (a cumulative sum is sequential), a step counts when its end is at least every known end
+        before it (the previous step's end is then the largest so far)."""
+        if not isinstance(ends, array) or ends.typecode != "d":
             return False
         import numpy as np  # noqa: PLC0415 - a backlog's cost only
 
-        e = np.array(ends, dtype=np.float64)
-        if not ((e >= 0.0) & (e < _UNIX_MAX)).all():
-            return False
+        e = np.frombuffer(ends, dtype=np.float64)
         last = self.last_end
-        before = np.maximum.accumulate(np.concatenate(([-_INF if last is None else last], e)))
+        before = np.fmax.accumulate(np.concatenate(([-_INF if last is None else last], e)))  # NaN: passed over
         counts = e >= before[:-1]
         valid = np.flatnonzero(counts)
         if not len(valid):

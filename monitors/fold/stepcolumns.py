@@ -10,6 +10,7 @@ missing key, an int ``dt``) and the read is taken one record at a time by the fo
 
 from __future__ import annotations
 
+from array import array
 from itertools import compress
 from operator import itemgetter
 from typing import Any
@@ -22,38 +23,41 @@ STEP_FIELDS = itemgetter(*_STEP_KEYS)
 _RANK_0 = frozenset((0, None))  # == as the fold's `rank in (0, None)`: 0.0 and False are rank 0 too
 _MAX_INT = 2**53  # token counts and step numbers read from a file stay below
 _INF = float("inf")
+_NAN = float("nan")
 #: Unix seconds read from a file are believed between 1970 and the year 3000.
 UNIX_MAX = 32_503_680_000.0
 
 
 class StepColumns:
     """The step records a fold has read and not yet fed, a list per field, in file order: ``step`` (an int or
-    None), ``dt`` (seconds), ``flags`` (a list of strings, or () when none), ``tokens`` / ``padded`` (an int in
-    [0, 2**53) or None), ``t`` (unix seconds or None), ``end`` (``step_end`` as read: the ledger checks it)."""
+    None), ``dt`` (seconds, an array of floats: the fold's own checks passed), ``flags`` (a list of strings, or ()
+    when none), ``tokens`` / ``padded`` (an int in [0, 2**53) or None), ``t`` (unix seconds or None), ``end``
+    (``step_end`` as unix seconds, NaN when unknown: an array of floats)."""
 
     __slots__ = ("step", "dt", "flags", "tokens", "padded", "t", "end")
 
     def __init__(self) -> None:
         self.step: list[Any] = []
-        self.dt: list[Any] = []
+        self.dt = array("d")
         self.flags: list[Any] = []
         self.tokens: list[Any] = []
         self.padded: list[Any] = []
         self.t: list[Any] = []
-        self.end: list[Any] = []
+        self.end = array("d")
 
     def __len__(self) -> int:
         return len(self.dt)
 
-    def append(self, step: Any, dt: Any, flags: Any, tokens: Any, padded: Any, t: Any, end: Any) -> None:
-        """One record, its values already the fold's."""
+    def append(self, step: Any, dt: float, flags: Any, tokens: Any, padded: Any, t: Any, end: Any) -> None:
+        """One record, its values already the fold's but ``end``, as read."""
         self.step.append(step)
         self.dt.append(dt)
         self.flags.append(flags)
         self.tokens.append(tokens)
         self.padded.append(padded)
         self.t.append(t)
-        self.end.append(end)
+        e = unix_time(end)
+        self.end.append(_NAN if e is None else e)
 
     def take(self, evs: list[dict[str, Any]]) -> list[int] | None:
         """Append the step records ``evs`` (a read's, in order) a field at a time; the positions in ``evs`` of the
@@ -88,7 +92,10 @@ class StepColumns:
             self.t.extend(t)
         else:
             self.t.extend(v if type(v) is float and 0.0 <= v < UNIX_MAX else unix_time(v) for v in t)
-        self.end.extend(end)
+        if set(map(type, end)) == {float} and _all_in(end, 0.0, UNIX_MAX):
+            self.end.extend(end)
+        else:
+            self.end.extend(_NAN if (e := unix_time(v)) is None else e for v in end)
         return flagged
 
 

@@ -10,6 +10,7 @@ and only the rows whose records survive go through :meth:`StepStats.add`: the ve
 from __future__ import annotations
 
 from itertools import compress
+from array import array
 from collections.abc import Callable
 from typing import Any
 
@@ -17,12 +18,21 @@ _INF = float("inf")
 _FLAG_SEQS = frozenset((list, tuple))
 
 
-def add_columns(stats: Any, steps: list[Any], dts: list[Any], flags: list[Any], tokens: list[Any], padded: list[Any],
+def add_columns(stats: Any, steps: list[Any], dts: Any, flags: list[Any], tokens: list[Any], padded: list[Any],
                 ts: list[Any], uncounted: Callable[[tuple[str, ...]], bool], first: str) -> int | None:
-    """Add the rows ``zip(steps, dts, flags, tokens, padded, ts)`` (at least one) to ``stats`` (a StepStats, whose
+    """Add the rows ``zip(steps, dts, flags, tokens, padded, ts)`` (at least one; ``dts`` a list or an array of
+    floats) to ``stats`` (a StepStats, whose
     rule of the steps it does not count is ``uncounted``, ``first`` the flag counted apart); how many were counted.
     None, and nothing added, unless every duration is a float in [0, inf) and every flags value a list or a tuple."""
-    if set(map(type, dts)) != {float} or not _all_in_0_inf(dts) or not set(map(type, flags)) <= _FLAG_SEQS:
+    if isinstance(dts, array) and dts.typecode == "d":  # a fold's: floats already, their range checked here
+        import numpy as np  # noqa: PLC0415 - a backlog's cost only
+
+        a = np.frombuffer(dts, dtype=np.float64)
+        if not ((a >= 0.0) & (a < _INF)).all():
+            return None
+    elif set(map(type, dts)) != {float} or not _all_in_0_inf(dts):
+        return None
+    if not set(map(type, flags)) <= _FLAG_SEQS:
         return None
     n = len(dts)
     skipped = [j for j in compress(range(n), flags) if uncounted(tuple(flags[j]))]
@@ -55,7 +65,7 @@ def add_columns(stats: Any, steps: list[Any], dts: list[Any], flags: list[Any], 
     return counted_n
 
 
-def _all_in_0_inf(xs: list[float]) -> bool:
+def _all_in_0_inf(xs: Any) -> bool:
     """Every float of ``xs`` (non-empty) in [0, inf): their sum is then a number, which no NaN and no infinity leaves
     it, and without a NaN the least of them is truly the least."""
     total = sum(xs)

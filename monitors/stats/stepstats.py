@@ -221,7 +221,7 @@ class StepStats:
                 return got
         return self._add_rows(rows)
 
-    def add_columns(self, steps: list[Any], dts: list[Any], flags: list[Any], tokens: list[Any], padded: list[Any],
+    def add_columns(self, steps: list[Any], dts: Any, flags: list[Any], tokens: list[Any], padded: list[Any],
                     ts: list[Any]) -> int:
         """:meth:`add_many` of the rows ``zip(steps, dts, flags, tokens, padded, ts)``, given a field at a time (a
         fold's backlog: monitors/stats/stepbacklog.py)."""

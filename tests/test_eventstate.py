@@ -411,7 +411,7 @@ def test_a_backlog_fed_in_pieces_folds_to_the_same_state(tmp_path: Path, monkeyp
     assert len(fed) > 20 and max(fed) < 80, fed
 
 
-def _long_backlog(kind: str, n: int = 3000) -> bytes:
+def _long_backlog(kind: str, n: int = 2000) -> bytes:
     """A steady run of one batch shape (a backlog's steady spans, monitors/detectors/steadyspan.py), with saves,
     evaluations, idle and stopped steps, a second `first` (a restart in the attempt) and, by ``kind``, step ends that
     go back, are missing or are ints."""
@@ -419,8 +419,8 @@ def _long_backlog(kind: str, n: int = 3000) -> bytes:
     out, t = [], 0.001 if kind == "ends near the epoch" else T0  # (sums of intervals of small ends round)
     for s in range(1, n + 1):
         dt = 19.5 * rng.lognormvariate(0, 0.08)
-        flags = ["first"] if s in (1, n // 2) else [rng.choice(["save", "eval", "idle", "stopped", "silent",
-                                                                   "recompile"])] if s % 97 == 0 else []
+        flags = ["first"] if s in (1, n // 2) else [("save", "eval", "idle", "stopped", "silent", "recompile")[
+            s // 97 % 6]] if s % 97 == 0 else []
         t += dt
         end: object = t
         if kind == "ends that go back" and s % 50 == 0:
@@ -484,7 +484,7 @@ def test_a_long_backlog_folds_as_arrays_to_the_state_its_pieces_fold_to(tmp_path
     assert comparable(each.refresh()) == comparable(s_whole)
     assert _without_views(encode(_ev(each))) == _without_views(encode(_ev(whole)))
     ev = _ev(whole)
-    assert set(ev.interval_s) == {"training", "evaluating", "saving", "stalled"} and ev.stats.n > 2800, ev.interval_s
+    assert set(ev.interval_s) == {"training", "evaluating", "saving", "stalled"} and ev.stats.n > 1850, ev.interval_s
 
 
 def test_only_a_state_of_your_own_that_no_one_else_could_change_is_used(tmp_path: Path):

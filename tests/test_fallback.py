@@ -1217,12 +1217,13 @@ def test_add_many_raises_like_add_and_keeps_the_rows_before():
 
 #: Long backlogs of one batch shape (the steady spans of monitors/detectors/steadyspan.py) and what breaks a span:
 #: name -> what happens to the steps (applied in _backlog).
-_BACKLOGS = ["steady, saves and evals", "slow steps at and around the trip", "a drop to a lower level, then a fallback",
+_BACKLOGS = ["steady, saves and evals", "slow steps at and around the trip", "steps just over the trip",
+             "a drop to a lower level, then a fallback",
              "a partial fallback", "the width changes", "steps without a width", "ties", "steps of 0 s",
              "a stretch of 0 s steps"]
 
 
-def _backlog(kind: str, n: int = 8_000, seed: int = 3) -> list[tuple]:
+def _backlog(kind: str, n: int = 5_000, seed: int = 3) -> list[tuple]:
     r = random.Random(seed)
     rows, w, level = [], 4096, 1.0
     for s in range(1, n + 1):
@@ -1234,6 +1235,8 @@ def _backlog(kind: str, n: int = 8_000, seed: int = 3) -> list[tuple]:
             flags.append(r.choice(["save", "eval", "silent", "recompile", "idle"]))
         if kind == "slow steps at and around the trip" and r.random() < 0.003:
             dt *= r.choice([5.9, 6.0, 6.1, 7, 20, 3.01, 2.99])
+        if kind == "steps just over the trip" and s % 701 == 0:
+            dt *= 6.6  # slow (6.6x over a trip of 6x), and in a span of their own: each alone in 40 judged steps
         if kind == "a drop to a lower level, then a fallback" and s in (n // 2, 3 * n // 4):
             level = 0.3 if s == n // 2 else 5.0
         if kind == "a partial fallback" and s > n // 3 and r.random() < 0.15:
@@ -1242,7 +1245,7 @@ def _backlog(kind: str, n: int = 8_000, seed: int = 3) -> list[tuple]:
             w = r.choice([4096, 2048, 8192])
         if kind == "ties":
             dt = round(dt, 1)
-        if kind == "steps of 0 s" and r.random() < 0.01 or kind == "a stretch of 0 s steps" and 5000 < s < 5100:
+        if kind == "steps of 0 s" and r.random() < 0.01 or kind == "a stretch of 0 s steps" and 3000 < s < 3100:
             dt = 0.0
         tokens, padded = (None, None) if kind == "steps without a width" else (w - 5, w)
         rows.append((s, dt, flags, tokens, padded, None))
@@ -1270,7 +1273,7 @@ def test_a_long_backlog_fed_at_once_is_judged_as_one_add_per_step(kind, params):
     assert _state(many) == _state(one)
 
 
-@pytest.mark.parametrize("after", [0, 9, 10, 11, 19, 100])
+@pytest.mark.parametrize("after", [0, 10, 19, 100])
 def test_a_backlog_that_starts_just_after_a_drop_restarts_the_baseline_where_each_step_alone_does(after):
     """The level falls to 0.3x at step 3000 (steps of 1.0 s, then 0.3 s, 1% jitter): one add() per step restarts the
     baseline 20 steps later. A backlog fed at once from ``after`` steps past the drop restarts it at that very step:
@@ -1303,7 +1306,7 @@ def test_the_steady_spans_of_a_backlog_are_judged_as_arrays_the_cost(monkeypatch
 
     monkeypatch.setattr(steadyspan, "consume", counting)
     FallbackDetector().add_many(_backlog("steady, saves and evals"))
-    assert spanned[0] >= 7_000, spanned
+    assert spanned[0] >= 4_000, spanned
     spanned[0] = 0
     FallbackDetector().add_many(_backlog("steps without a width"))
     assert spanned[0] == 0

@@ -101,14 +101,13 @@ def consume(det: FallbackDetector, cols: tuple[Any, ...], start: int, size: int,
     if det._state != FLAGGED:
         # after judged step a (A's index k = P + a) is added: is a baseline restart ruled out? The level's bound:
         # the largest of any `of` of the window's steps is at least its median (fewer lie under it), and so is the
-        # largest of the two aligned blocks of `of` around k, which hold the newest `of`. The short window's
-        # largest is at least that of the aligned block of steady_run // 2 within it.
+        # largest from the aligned block of `of` before k's to k, which holds the newest `of` (and nothing after
+        # k). The short window's largest is at least that of the aligned block of steady_run // 2 within it.
         of, h = (maxlen - 1) // 2 + 1, max(1, det.steady_run // 2)
         pt = A / w0
         k = P + np.arange(int(judged.sum()))
         full = len(det._short) + np.arange(1, len(k) + 1) >= det.steady_run
-        bound = _block_max(pt, of)
-        bound = np.maximum(bound[k // of + 1], bound[k // of])  # blocks k // of - 1 and k // of
+        bound = _max_since_last_block(pt, of)[k]
         short_max = _block_max(pt, h)[(k + 1) // h]  # block (k + 1) // h - 1: within [k - steady_run + 1, k]
         maybe = full & ~(short_max >= bound / det.drop_factor)
         bad[np.flatnonzero(judged)[maybe]] = True
@@ -127,6 +126,18 @@ def _block_max(x: Any, size: int) -> Any:
     padded = np.full((-(-n // size) + 1) * size, -math.inf)
     padded[size:size + n] = x
     return padded.reshape(-1, size).max(axis=1)
+
+
+def _max_since_last_block(x: Any, size: int) -> Any:
+    """Entry k: the largest of ``x`` from the start of the aligned block of ``size`` before k's to k."""
+    import numpy as np  # noqa: PLC0415
+
+    n = len(x)
+    blocks = np.full((-(-n // size), size), -math.inf)
+    blocks.ravel()[:n] = x
+    so_far = np.maximum.accumulate(blocks, axis=1).ravel()[:n]  # within k's own block, up to k
+    before = np.concatenate(([-math.inf], blocks.max(axis=1)[:-1]))  # the whole block before it
+    return np.maximum(so_far, before[np.arange(n) // size])
 
 
 def _apply(det: FallbackDetector, steps: list[Any], start: int, dt: Any, score: Any, judged: Any,

@@ -487,6 +487,45 @@ def test_a_long_backlog_folds_as_arrays_to_the_state_its_pieces_fold_to(tmp_path
     assert set(ev.interval_s) == {"training", "evaluating", "saving", "stalled"} and ev.stats.n > 1850, ev.interval_s
 
 
+def test_the_log_records_metrics_go_to_their_series_as_one_record_at_a_time_puts_them(tmp_path: Path):
+    """A read's log records go to each metric's series at once: the same points, in the same order, and the series
+    in the order their first points came, whatever the values (ints, huge ints, bools, NaN, text, a missing metric,
+    logs that are no object)."""
+    from stepwatch.monitors.protocol import METRICS_SHOWN_FIRST
+    from stepwatch.monitors.stats.minmax import MinMaxSeries
+
+    rng = random.Random(11)
+    odd = [1, 2**2000, True, float("nan"), "0.5", None, [1], -3.5, float("inf")]
+    recs, want = [], {}
+    for i in range(3000):
+        logs = {name: rng.choice([rng.uniform(0, 3), rng.uniform(0, 3), rng.choice(odd)])
+                for name in rng.sample(METRICS_SHOWN_FIRST, rng.randint(0, 4))}
+        logs["lr"] = rng.choice([1, 2**2000, 0.25, 0.5])  # in every record, numbers only, ints among them
+        if i % 500 == 7:
+            logs = rng.choice([["not", "an", "object"], "text", None])
+        step = rng.choice([i, i, float(i), None, -1])
+        recs.append({"v": 1, "kind": "log", "t": T0 + i, "step": step, "rank": 0, "logs": logs})
+        if isinstance(logs, dict):  # the rule, one record at a time
+            at = step if type(step) is int and 0 <= step < 2**53 else None
+            for name in METRICS_SHOWN_FIRST:
+                v = logs.get(name)
+                if type(v) in (int, float):
+                    want.setdefault(name, MinMaxSeries()).add(at, float(min(max(v, -2**1000), 2**1000))
+                                                              if type(v) is int else v)
+    run_dir = tmp_path / "r"
+    write_run(run_dir, "".join(json.dumps(r) + "\n" for r in recs).encode())
+    got = _ev(_observed(run_dir)).series
+    assert list(got) == list(want) and len(want) >= 6
+    for name in want:
+        assert got[name].as_json() == want[name].as_json() and got[name].nonfinite == want[name].nonfinite, name
+
+
+def _observed(run_dir: Path) -> RunObserver:
+    obs = RunObserver(run_dir, use_saved_state=False)
+    obs.refresh()
+    return obs
+
+
 def test_only_a_state_of_your_own_that_no_one_else_could_change_is_used(tmp_path: Path):
     """A saved state is trusted, not re-derived: one another user wrote (or could have changed) is
     never used; their runs are folded line by line, which is always right."""

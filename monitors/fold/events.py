@@ -48,6 +48,8 @@ _PHASE_FLAGS = (FLAG_EVAL, FLAG_SAVE)
 _LEDGER_ACCOUNTS = ((FLAG_EVAL, EVALUATING), (FLAG_SAVE, SAVING), (FLAG_IDLE, STALLED), (FLAG_STOPPED, STALLED))
 _MAX_INT = 2**53  # token counts, integer seconds and step numbers read from a file stay below
 _KIND_OF, _WIDTH_OF, _TIMING_OF = methodcaller("get", "kind"), methodcaller("get", "width"), methodcaller("get", "timing")
+_METRIC_OF = {name: methodcaller("get", name) for name in METRICS_SHOWN_FIRST}
+_NO_METRIC = frozenset((type(None), str, bool, list, dict))  # a metric value that is none: no point (bool: not a number)
 _NONE = {None}
 #: A backlog's steps are accounted as arrays from this many at once.
 _COLUMNS_FROM = 1024
@@ -235,20 +237,25 @@ class EventsFold:
     def _log_series(self, logs: list[tuple[Any, int | None]]) -> None:
         """The ``log`` records' metrics (``(logs, step)`` of each, in order) to their series, a series at a time;
         a new series takes its place among them where its first point came."""
+        dicts = [d if isinstance(d, dict) else {} for d, _ in logs]
+        at = [step for _, step in logs]
         new: list[tuple[int, str]] = []
-        points: dict[str, tuple[list[int | None], list[float]]] = {}
+        points: dict[str, tuple[list[int | None], list[Any]]] = {}
         for name in METRICS_SHOWN_FIRST:
-            steps: list[int | None] = []
-            values: list[float] = []
-            for d, step in logs:
-                if isinstance(d, dict) and type(v := d.get(name)) in (int, float):
-                    steps.append(step)
-                    values.append(float(min(max(v, -2**1000), 2**1000)) if type(v) is int else v)  # no OverflowError
-            if values:
-                points[name] = (steps, values)
-                if name not in self.series:
-                    new.append((next(i for i, (d, _) in enumerate(logs) if isinstance(d, dict)
-                                     and type(d.get(name)) in (int, float)), name))
+            got = list(map(_METRIC_OF[name], dicts))
+            kinds = set(map(type, got))
+            if kinds == {float}:  # every record has it, a float: nearly always
+                steps, values = at, got
+            elif kinds <= _NO_METRIC:
+                continue
+            else:
+                keep = [type(v) in (int, float) for v in got]
+                steps = list(compress(at, keep))
+                values = [float(min(max(v, -2**1000), 2**1000)) if type(v) is int else v  # no OverflowError
+                          for v in compress(got, keep)]
+            if name not in self.series:
+                new.append((next(i for i, v in enumerate(got) if type(v) in (int, float)), name))
+            points[name] = (steps, values)
         for _, name in sorted(new, key=lambda e: (e[0], METRICS_SHOWN_FIRST.index(e[1]))):
             self.series[name] = MinMaxSeries()
         for name, (steps, values) in points.items():

@@ -16,8 +16,8 @@ import threading
 from array import array
 from collections import deque
 from contextlib import contextmanager
-from itertools import compress
-from operator import methodcaller, not_
+from itertools import compress, repeat
+from operator import eq, methodcaller, not_
 from typing import Any
 from collections.abc import Iterator
 
@@ -134,7 +134,7 @@ class EventsFold:
 
     def _fold_batch(self, batch: list[dict[str, Any]], cols: StepColumns) -> None:
         """One read's events (~450): its steps appended to ``cols``, everything else folded in."""
-        is_step = [k == KIND_STEP for k in map(_KIND_OF, batch)]
+        is_step = list(map(eq, map(_KIND_OF, batch), repeat(KIND_STEP)))
         evs = list(compress(batch, is_step))
         if len(evs) < len(batch):
             self._fold_others(list(compress(batch, map(not_, is_step))))

@@ -77,10 +77,9 @@ class StepColumns:
         for j in flagged:
             if not all(type(f) is str for f in flags[j]):
                 return None
-        if flagged:
-            flags = tuple(f or () for f in flags)  # the fold's `flags or ()`
-        else:
-            flags = ((),) * len(flags)
+        flags_in, flags = flags, [()] * len(flags)  # the fold's `flags or ()`
+        for j in flagged:
+            flags[j] = flags_in[j]
         if set(map(type, step)) != {int} or not -_MAX_INT < min(step) <= max(step) < _MAX_INT:
             step = tuple(map(step_no, step))
         self.step.extend(step)

@@ -433,7 +433,8 @@ def _long_backlog(kind: str, n: int = 2000) -> bytes:
             k, v = rng.choice([("tokens", -1), ("tokens", 2**60), ("padded_tokens", 26112.0), ("padded_tokens", None),
                                ("step", float(s)), ("step", 2.5), ("step", None), ("t", int(t)), ("t", "x"),
                                ("t", -1.0), ("rank", 0.0), ("rank", 1), ("flags", None), ("dt", 19), ("dt", -1.0),
-                               ("width", 512), ("timing", "shared"), ("timing", "reported")])
+                               ("width", 512), ("timing", "shared"), ("timing", "reported"), ("width", [512]),
+                               ("timing", {"shared": 1}), ("rank", [0]), ("flags", ["save", 1])])
             ev[k] = v
             if k == "timing":
                 ev["arrival_dt_s"] = 19.4

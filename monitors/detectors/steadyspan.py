@@ -15,8 +15,10 @@ which resumes at the first row the span cannot vouch for. Why each shortcut give
   judged steps all score at or below it has none, whatever the trip's exact value.
 * **No baseline restart.** The drop test restarts when every step of the short window runs under the level (the
   per-token median of the window) / ``drop_factor``. The median of ``n <= window`` values is at most the largest of
-  any ``(n - 1) // 2 + 1`` of them, so of the newest ``(window - 1) // 2 + 1`` (100): a step of the short window at
-  or above that bound / ``drop_factor`` rules a restart out.
+  any ``(n - 1) // 2 + 1`` of them, hence at most the largest of the steps from the start of the aligned block of
+  ``(window - 1) // 2 + 1`` (100) before k's up to k, which hold the newest that many (and nothing after k). The
+  largest of the aligned block of ``steady_run // 2`` inside the short window is at most the short window's
+  largest. When that lower bound is at or above the upper one / ``drop_factor``, no restart can happen.
 * **The end state** (windows, scores, the last ``flag_window`` valley flags with their exact trip, the history,
   the slowest steady step, the excused steps) is rebuilt from the span's tail.
 

@@ -50,7 +50,6 @@ _MAX_INT = 2**53  # token counts, integer seconds and step numbers read from a f
 _KIND_OF, _WIDTH_OF, _TIMING_OF = methodcaller("get", "kind"), methodcaller("get", "width"), methodcaller("get", "timing")
 _METRIC_OF = {name: methodcaller("get", name) for name in METRICS_SHOWN_FIRST}
 _NO_METRIC = frozenset((type(None), str, bool, list, dict))  # a metric value that is none: no point (bool: not a number)
-_NONE = {None}
 #: A backlog's steps are accounted as arrays from this many at once.
 _COLUMNS_FROM = 1024
 _INF = math.inf
@@ -153,7 +152,7 @@ class EventsFold:
                     self.phase_longest_s[f] = dt  # an interval that held it: its length at most
             if FLAG_RECOMPILE in flags and type(step) is int:
                 self.recompile_steps.append(step)
-        if set(map(_WIDTH_OF, evs)) != _NONE or set(map(_TIMING_OF, evs)) != _NONE:
+        if list(map(_WIDTH_OF, evs)).count(None) < len(evs) or list(map(_TIMING_OF, evs)).count(None) < len(evs):
             for j, ev in enumerate(evs):
                 k = first + j
                 self._step_extras(ev, cols.step[k], cols.dt[k], cols.flags[k], cols.tokens[k], cols.padded[k])

@@ -25,6 +25,16 @@ def test_torchruns_root_cause_names_the_killed_rank_not_the_launchers_exception(
                                                              "cause, at step 30")
 
 
+def test_a_rank_that_saw_its_killed_peers_connection_close_is_not_the_cause_the_killed_rank_is():
+    """Rank 1 SIGKILLed at step 45; rank 0's all_reduce failed first with gloo's 'Connection closed by peer' before
+    torchrun tore it down (a race: CI run 24 of 2026-12-05 caught it in tests/test_restart_budget_live.py). The root
+    cause torchrun names is the end; a gloo timeout of a rank's own (death_gloo_timeout.log) stays a collective's."""
+    got = classify(facts_of("torchrun_sigkill_rank1_peer_closed.log", returncode=1, step=45))
+    assert (got.cause, got.evidence) == ("killed_by_signal", "rank 1 (pid 21838) killed by SIGKILL, torchrun's root "
+                                                             "cause, at step 45")
+    assert classify(facts_of("death_gloo_timeout.log", returncode=1, step=5)).cause == "collective_timeout"
+
+
 def test_a_run_killed_mid_bar_with_no_traceback_of_its_own_is_killed_from_outside():
     got = classify(facts_of("tqdm_sigkill.log", signal="SIGKILL", step=2))
     assert (got.cause, got.evidence) == ("killed_by_signal", "killed by SIGKILL from outside at step 2")

@@ -45,6 +45,9 @@ SIGNATURES: tuple[tuple[str, re.Pattern[str]], ...] = (
                                       r"DistBackendError|[Gg]loo.*[Tt]imed out|[Tt]imed out .*(gloo|[Cc]ollective)|"
                                       r"NCCL communicator was aborted|Connection closed by peer")),
 )
+#: A collective's error that says a peer went away (another rank's end, not a hang of its own): when torchrun's root
+#: cause is a rank ended by a signal, that rank's end is the cause (tests/fixtures/real/torchrun_sigkill_rank1_peer_closed.log).
+PEER_GONE = re.compile(r"Connection closed by peer|NCCL communicator was aborted")
 #: Slurm's words for an end the scheduler caused.
 SCHEDULER_CAUSES = {"PREEMPTED": "preempted", "TIMEOUT": "time_limit", "DEADLINE": "time_limit"}
 #: slurmstepd's line in the job's output when the scheduler ends it (tests/fixtures/real/slurm_requeue_supervisor.log).
@@ -112,12 +115,14 @@ def classify(f: EndFacts) -> EndCause:
     if "nonfinite_loss" in f.alert_kinds:
         return EndCause("nonfinite_loss", f"the loss went NaN or inf before the end ({how})")
     lines = list(f.log_tail) + ([f.traceback_last_line] if f.traceback_last_line else [])
-    if (hit := _matched(lines)) is not None:
-        return EndCause(hit[0], hit[1])
     table = FailureTable()  # torchrun's failure table: its root cause is the rank's own end, not the launcher's
     for line in lines[-TAIL_LINES:]:
         table.feed(line)
     root = next((e for e in reversed(table.entries) if e.root_cause), None)
+    hit = _matched(lines)
+    if hit is not None and not (hit[0] == "collective_timeout" and PEER_GONE.search(hit[1]) and root is not None
+                                and signal_name(root.exitcode)):
+        return EndCause(hit[0], hit[1])  # (a rank whose peer was killed sees the peer gone: the kill is the cause)
     oom = f"the kernel's OOM killer ran {f.oom_kills} time(s) in {f.oom_where}"
     if root is not None and signal_name(root.exitcode):
         rank = f"rank {root.rank} (pid {root.pid}) {root.how()}"

@@ -479,7 +479,12 @@ def test_a_long_backlog_folds_as_arrays_to_the_state_its_pieces_fold_to(tmp_path
     pieces = RunObserver(run_dir, use_saved_state=False)
     assert comparable(pieces.refresh()) == comparable(s_whole)
     assert _without_views(encode(_ev(pieces))) == _without_views(encode(_ev(whole)))
-    # and a read's step records taken a field at a time (StepColumns.take) are the fold's own record by record
+    # a read decoded as the emitter's records (fold/records.py) folds as its dicts do, and a read's dicts taken a
+    # field at a time (StepColumns.take) as the fold's own rule record by record
+    monkeypatch.setattr(ef, "ReadDecoder", lambda: lambda body: None)
+    dicts = RunObserver(run_dir, use_saved_state=False)
+    assert comparable(dicts.refresh()) == comparable(s_whole)
+    assert _without_views(encode(_ev(dicts))) == _without_views(encode(_ev(whole)))
     monkeypatch.setattr(StepColumns, "take", lambda self, evs: None)
     each = RunObserver(run_dir, use_saved_state=False)
     assert comparable(each.refresh()) == comparable(s_whole)

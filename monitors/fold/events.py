@@ -17,7 +17,7 @@ from array import array
 from collections import deque
 from contextlib import contextmanager
 from itertools import compress, repeat
-from operator import eq, methodcaller, not_
+from operator import eq, is_, methodcaller, not_
 from typing import Any
 from collections.abc import Iterator
 
@@ -28,7 +28,8 @@ from stepwatch.monitors.protocol import (
 from stepwatch.monitors.detectors.fallback import FallbackDetector
 from stepwatch.monitors.detectors.scaling import ScalingFit
 from stepwatch.monitors.fold.stepcolumns import _STEP_KEYS, STEP_FIELDS, UNIX_MAX as _UNIX_MAX, StepColumns, step_no, unix_time
-from stepwatch.monitors.readers.jsonl import EventReader
+from stepwatch.monitors.fold.records import DecodedRead, EmittedStep, ReadDecoder
+from stepwatch.monitors.readers.jsonl import EventReader, parse_line
 from stepwatch.monitors.stats.minmax import MinMaxSeries
 from stepwatch.monitors.stats.stepstats import StepStats
 from stepwatch.monitors.states import EVALUATING, FLAGGED, SAVING, STALLED, TRAINING
@@ -124,8 +125,11 @@ class EventsFold:
 
     def _fold(self, reader: EventReader) -> None:
         cols = StepColumns()
-        for batch in reader.iter_new():
-            self._fold_batch(batch, cols)
+        for batch in reader.iter_new(ReadDecoder()):
+            if type(batch) is DecodedRead:
+                self._fold_decoded(batch, cols)
+            else:
+                self._fold_batch(batch, cols)
             if len(cols) >= FEED_ROWS:
                 self._feed(cols)
                 cols = StepColumns()
@@ -133,10 +137,7 @@ class EventsFold:
 
     def _fold_batch(self, batch: list[dict[str, Any]], cols: StepColumns) -> None:
         """One read's events (~450): its steps appended to ``cols``, everything else folded in."""
-        is_step = list(map(eq, map(_KIND_OF, batch), repeat(KIND_STEP)))
-        evs = list(compress(batch, is_step))
-        if len(evs) < len(batch):
-            self._fold_others(list(compress(batch, map(not_, is_step))))
+        evs = self._steps_of(batch, list(map(eq, map(_KIND_OF, batch), repeat(KIND_STEP))))
         if not evs:
             return
         first = len(cols)
@@ -145,6 +146,28 @@ class EventsFold:
             self._fold_steps_each(evs, cols)
             return
         self.last_step = evs[-1]
+        extras = list(map(_WIDTH_OF, evs)).count(None) < len(evs) or list(map(_TIMING_OF, evs)).count(None) < len(evs)
+        self._taken(evs, first, flagged, extras, cols)
+
+    def _fold_decoded(self, recs: DecodedRead, cols: StepColumns) -> None:
+        """A read decoded as the emitter's records (``monitors/fold/records.py``): as :meth:`_fold_batch` its dicts."""
+        steps = self._steps_of(recs, is_step := list(map(is_, map(type, recs), repeat(EmittedStep))))
+        if not steps:
+            return
+        first = len(cols)
+        flagged, extras = cols.take_records(steps)
+        self.last_step = parse_line(recs.line(len(is_step) - 1 - is_step[::-1].index(True)))  # the record as read
+        self._taken(steps, first, flagged, extras, cols)
+
+    def _steps_of(self, batch: list[Any], is_step: list[bool]) -> list[Any]:
+        """A read's step records (``is_step``: which they are); the others folded in."""
+        if is_step.count(True) < len(batch):
+            self._fold_others(list(compress(batch, map(not_, is_step))))
+        return list(compress(batch, is_step))
+
+    def _taken(self, evs: list[Any], first: int, flagged: list[int], extras: bool, cols: StepColumns) -> None:
+        """What a read's steps (``evs``, taken into ``cols`` from row ``first``) tell beside their columns: the
+        flagged ones' (``flagged``: positions in ``evs``) phases and recompiles, and each one's extras if any has."""
         for j in flagged:
             flags, dt, step = cols.flags[first + j], cols.dt[first + j], cols.step[first + j]
             for f in flags:
@@ -152,7 +175,7 @@ class EventsFold:
                     self.phase_longest_s[f] = dt  # an interval that held it: its length at most
             if FLAG_RECOMPILE in flags and type(step) is int:
                 self.recompile_steps.append(step)
-        if list(map(_WIDTH_OF, evs)).count(None) < len(evs) or list(map(_TIMING_OF, evs)).count(None) < len(evs):
+        if extras:
             for j, ev in enumerate(evs):
                 k = first + j
                 self._step_extras(ev, cols.step[k], cols.dt[k], cols.flags[k], cols.tokens[k], cols.padded[k])
@@ -195,7 +218,7 @@ class EventsFold:
         if last_step is not None:
             self.last_step = last_step
 
-    def _step_extras(self, ev: dict[str, Any], step: Any, dt: Any, flags: Any, tokens: Any, padded: Any) -> None:
+    def _step_extras(self, ev: Any, step: Any, dt: Any, flags: Any, tokens: Any, padded: Any) -> None:
         """A usable step record's batch shape (the scaling fit's point) and how its time was taken."""
         width = ev.get("width")
         if width is not None and padded is not None:
@@ -210,8 +233,9 @@ class EventsFold:
             if type(arrival) is float and 0.0 <= arrival < _INF:
                 self.arrival_stats.add(step, arrival, flags)
 
-    def _fold_others(self, others: list[dict[str, Any]]) -> None:
-        """A read's records other than steps, rank 0's, in order."""
+    def _fold_others(self, others: list[Any]) -> None:
+        """A read's records other than steps (dicts, or records answering ``get`` as theirs would), rank 0's, in
+        order."""
         logs: list[tuple[Any, int | None]] = []
         for ev in others:
             if ev.get("rank") not in _RANK_0:

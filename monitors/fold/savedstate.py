@@ -11,7 +11,7 @@ then folds from byte 0, as without a state, and ``status --json`` says why in
 ``events.resume.refused``):
 
 * ``code``: a SHA-256 of the source of the modules whose objects it holds or whose rules made them
-  (fold.events and .stepcolumns, readers.jsonl, detectors.fallback, .baseline and .steadyspan, stats.stepstats,
+  (fold.events, .stepcolumns and .records, readers.jsonl, detectors.fallback, .baseline and .steadyspan, stats.stepstats,
   .stepbacklog and .nearest_rank, protocol, this one...): stepwatch upgraded meanwhile means refused;
 * ``attempt``: run.json's (attempt, launched_at_unix);
 * ``events``: the SHA-256 of the first ``offset`` bytes of events.jsonl as the supervisor read
@@ -103,7 +103,7 @@ _RAW_FIELDS = {"EventsFold": frozenset({"run_start", "run_end", "dynamo_ev", "la
 _MODULES = ("stepwatch.monitors.fold.events", "stepwatch.monitors.readers.jsonl", "stepwatch.monitors.detectors.fallback", "stepwatch.monitors.detectors.baseline", "stepwatch.monitors.detectors.scaling",
             "stepwatch.monitors.stats.stepstats", "stepwatch.monitors.stats.nearest_rank", "stepwatch.monitors.stats.minmax", "stepwatch.monitors.protocol", "stepwatch.monitors.fold.statecheck",
             # the backlog's ways to the same state (ARCHITECTURE.md, "Attach: one optimisation")
-            "stepwatch.monitors.fold.stepcolumns", "stepwatch.monitors.detectors.steadyspan",
+            "stepwatch.monitors.fold.stepcolumns", "stepwatch.monitors.fold.records", "stepwatch.monitors.detectors.steadyspan",
             "stepwatch.monitors.stats.stepbacklog", __name__)
 _fields_cache: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {}
 

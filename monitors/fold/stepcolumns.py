@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from array import array
 from itertools import compress
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import Any
 
 from stepwatch.monitors.protocol import EVENT_KEYS, KIND_STEP
@@ -96,6 +96,28 @@ class StepColumns:
         else:
             self.end.extend(_NAN if (e := unix_time(v)) is None else e for v in end)
         return flagged
+
+    def take_records(self, recs: list[Any]) -> tuple[list[int], bool]:
+        """Append ``recs`` (EmittedStep records of a read, in order: every value already the fold's); the
+        positions in ``recs`` of the flagged ones, and whether one of them has a ``width`` or a ``timing``."""
+        step, dt, flags, tokens, padded, t, end, width, timing = zip(*map(RECORD_FIELDS, recs))
+        flagged = list(compress(range(len(flags)), flags))
+        flags_in, flags = flags, [()] * len(flags)  # None and [] are the fold's ()
+        for j in flagged:
+            flags[j] = flags_in[j]
+        self.step.extend(step)
+        self.dt.extend(dt)
+        self.flags.extend(flags)
+        self.tokens.extend(tokens)
+        self.padded.extend(padded)
+        self.t.extend(t)
+        self.end.extend(end if None not in end else (_NAN if e is None else e for e in end))
+        return flagged, width.count(None) < len(width) or timing.count(None) < len(timing)
+
+
+#: An :class:`~stepwatch.monitors.fold.records.EmittedStep`'s fields as the columns take them, and the two that
+#: say whether its extras must be read (``_step_extras``).
+RECORD_FIELDS = attrgetter("step", "dt", "flags", "tokens", "padded_tokens", "t", "step_end", "width", "timing")
 
 
 def _all_in(xs: tuple[float, ...], lo: float, hi: float) -> bool:

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from stepwatch.monitors.runfiles import open_regular
 
@@ -36,7 +36,7 @@ try:  # a declared dependency; the standard library parses alone if it is missin
 except ImportError:  # pragma: no cover - the tests run with orjson installed
     _fast_loads = json.loads
 
-__all__ = ["EventReader", "Restart"]
+__all__ = ["EventReader", "Restart", "parse_line"]
 
 # orjson reads an integer beyond 64 bits as a float (json keeps it exact), so a chunk with a run of
 # 19 or more digits anywhere (such integers, or a float written without exponent to 19+ digits,
@@ -120,9 +120,13 @@ class EventReader:
             out.extend(batch)
         return out
 
-    def iter_new(self) -> Iterator[list[dict[str, Any]]]:
+    def iter_new(self, decode: Callable[[bytes], list[Any] | None] | None = None) -> Iterator[list[Any]]:
         """:meth:`read_new` a chunk (64 KiB, ~450 events) at a time: yields non-empty lists of the
         JSON objects of complete lines, in file order, until the end of what is written now.
+
+        ``decode``: a reading of a chunk's complete lines (their bytes, ending with a newline) that is
+        the same as this reader's, line for line, or None where it is not sure: what it returns is
+        yielded instead of the dicts (``monitors/fold/records.py``: the emitter's records, typed).
 
         The file position moves as each chunk is read: a caller that stops early continues from
         there at its next call. Errors as :meth:`read_new`.
@@ -161,8 +165,7 @@ class EventReader:
             self.bytes_read += len(data)
             if self._digest is not None:
                 self._digest.update(data)
-            out: list[dict[str, Any]] = []
-            self._parse(data, out)
+            out = self._parse(data, decode)
             if out:
                 yield out
             if len(data) < size:
@@ -273,15 +276,23 @@ class EventReader:
         self.restarted = True
         self.last_restart = Restart(reason, time.time(), old, self.generation)
 
-    def _parse(self, data: bytes, out: list[dict[str, Any]]) -> None:
+    def _parse(self, data: bytes, decode: Callable[[bytes], list[Any] | None] | None) -> list[Any]:
+        """The objects of ``data``'s complete lines (or what ``decode`` made of them)."""
+        out: list[Any] = []
         if self._carry:
             data = self._carry + data
             self._carry = b""
         last_nl = data.rfind(b"\n")
         if last_nl < 0:
             self._hold(data)
-            return
+            return out
         body, rest = data[: last_nl + 1], data[last_nl + 1 :]
+        if decode is not None and not self._skipping_long and len(body) <= self.max_line_bytes:
+            decoded = decode(body)
+            if decoded is not None:
+                self.lines_read += len(decoded)
+                self._hold(rest)
+                return decoded
         lines = body.split(b"\n")
         lines.pop()  # after the final '\n'
         if self._skipping_long:
@@ -299,11 +310,11 @@ class EventReader:
                 self.lines_read += len(lines)
                 out.extend(objs)
                 self._hold(rest)
-                return
+                return out
         lines = [ln for ln in lines if ln and not ln.isspace()]
         if not lines:
             self._hold(rest)
-            return
+            return out
         self.lines_read += len(lines)
         corrupt = 0
         if len(body) > self.max_line_bytes:
@@ -313,26 +324,17 @@ class EventReader:
             lines = [ln for ln in lines if len(ln) <= self.max_line_bytes]
             corrupt = n - len(lines)
         # Each line on its own (joining the lines into one JSON array would be no faster with
-        # orjson, and two corrupt lines can join into valid values); json where orjson may differ:
-        # a line with a run of 19+ digits (decided per line, so how a line reads never depends on
-        # which lines share its read).
+        # orjson, and two corrupt lines can join into valid values)
         append = out.append
         for line in lines:
-            try:
-                if long_digits and _LONG_DIGIT_RUN in line.translate(_DIGITS_TO_ZERO):
-                    obj = json.loads(line)
-                else:
-                    obj = _fast_loads(line)
-            except ValueError:  # JSONDecodeError and UnicodeDecodeError both are ValueErrors
-                obj = _loads_line(line)
-            except RecursionError:  # nested deeper than json's recursion allows
-                obj = None
+            obj = parse_line(line)
             if type(obj) is dict:
                 append(obj)
             else:
                 corrupt += 1
         self.corrupt_lines += corrupt
         self._hold(rest)
+        return out
 
     def _hold(self, rest: bytes) -> None:
         if self._skipping_long:
@@ -344,6 +346,20 @@ class EventReader:
             self._carry = b""
         else:
             self._carry = rest
+
+
+def parse_line(line: bytes) -> Any:
+    """One line as this reader reads it, None when it is not JSON: orjson's reading, json's where orjson may
+    differ (a run of 19+ digits: decided per line, so how a line reads never depends on which lines share its
+    read) or refuses."""
+    try:
+        if _LONG_DIGIT_RUN in line.translate(_DIGITS_TO_ZERO):
+            return json.loads(line)
+        return _fast_loads(line)
+    except ValueError:  # JSONDecodeError and UnicodeDecodeError both are ValueErrors
+        return _loads_line(line)
+    except RecursionError:  # nested deeper than json's recursion allows
+        return None
 
 
 def _loads_line(line: bytes) -> Any:

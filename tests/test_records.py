@@ -1,5 +1,5 @@
-"""monitors/fold/records.py: a read of events.jsonl made of the emitter's step, log and phase records is decoded in
-one call, and folds to exactly what its dicts fold to; a read with anything the dict way could read differently is
+"""monitors/fold/records.py: a read of events.jsonl made of the emitter's step, log and phase records is decoded
+into typed records, and folds to exactly what its dicts fold to; a read with anything the dict way could read differently is
 left to the dict way. Each line below shares one read with the emitter's ordinary records."""
 
 from __future__ import annotations
@@ -56,6 +56,8 @@ DECODED = {
     "flags null": _step(flags=None),
     "keys missing": b'{"kind":"step","dt":19.0}',
     "keys in another order": b'{"flags":["save"],"dt":19.0,"step":41,"kind":"step","rank":0}',
+    "a CRLF line": _STEP + _TAIL + b"\r",
+    "spaces around the record": b"  " + _STEP + _TAIL + b" ",
     "a duplicate key": _STEP.replace(b'"dt":19.0', b'"dt":5.0,"dt":19.0') + _TAIL,
     "escaped keys and kind": _STEP.replace(b'"dt"', b'"d\\u0074"').replace(b'"step",', b'"st\\u0065p",') + _TAIL,
     "a flag of escapes": _step(flags=["\u0000sa\u00e9ve", "save"]),
@@ -101,7 +103,6 @@ REFUSED = {
     "two on a line and one over two lines": _STEP + _TAIL + b" " + _STEP + _TAIL + b"\n" + _STEP + b"\n" + _TAIL,
     "a blank line": b"",
     "a line of spaces": b"   ",
-    "a CRLF line": _STEP + _TAIL + b"\r",
     "a corrupt line": _STEP,
     "not an object": b"[1, 2]",
     "logs nested": b'{"kind":"log","step":41,"logs":{"loss":{"a":' + b"[" * 2000 + b"]" * 2000 + b"}}}",

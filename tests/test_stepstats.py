@@ -276,6 +276,22 @@ def test_deferred_sorting_reads_what_one_add_per_step_gives(seed):
                 assert sum(c for _, _, c in s.histogram(bins=7, scale="linear")) == len(ref)
 
 
+@pytest.mark.parametrize("zeros", [(0.0, -0.0), (0.0,)])
+def test_a_backlog_sorted_as_an_array_reads_what_one_add_per_step_gives(zeros):
+    """A backlog's durations (2**16 and more) are sorted as an array at the first read: equal values in the order
+    one add per step leaves them, the signs of many 0.0 and -0.0 steps at every rank included."""
+    rng = random.Random(3)
+    dts = [rng.choice(zeros) if rng.random() < 0.4 else round(rng.lognormvariate(3, 0.5), 1) for _ in range(70_000)]
+    s, ref = StepStats(), SortedList()
+    for i, dt in enumerate(dts):
+        s.add(i, dt)
+    ref.update(dts)  # a SortedList keeps equals in the order added, as one add per step does
+    assert s.n == len(ref)
+    for k in range(0, len(ref), 97):
+        p = 100.0 * (k + 1) / len(ref)
+        assert _same(s.percentile(p), nearest_rank(ref, p)), k
+
+
 def test_add_builds_the_dataclass_record():
     s = StepStats()
     s.add(7, 19.5, ["save"], 26048, 26112, 1.5)

@@ -110,16 +110,15 @@ class EventsFold:
         self.interval_n: dict[str, int] = {}
 
     def fold(self, reader: EventReader) -> None:
-        """Fold what ``reader`` gained, a read (:meth:`EventReader.iter_new`, ~450 events) at a
-        time: its steps (a tuple each) fed to the statistics and the detector in one call each.
+        """Fold what ``reader`` gained, a read (:meth:`EventReader.iter_new`, ~450 events; decoded as the emitter's
+        records where ``monitors/fold/records.py`` can) at a time: its steps fed to the statistics and the detector
+        a column at a time.
 
-        A step whose ``dt`` is not a finite number >= 0 (null: unknown) or whose ``flags`` is not a
-        list of strings feeds nothing and is counted in :attr:`unusable_steps`; ``tokens`` /
-        ``padded_tokens`` other than an integer in [0, 2**53) read as unknown (None). A line that is
-        not JSON is counted by the reader. Raises nothing for what a file holds.
-        """
-        # A backlog allocates ~10^5 acyclic dicts and tuples: the cyclic garbage collector would
-        # walk them again and again as they pile up (~18 % of an attach, measured) and find nothing.
+        A step whose ``dt`` is not a finite number >= 0 (null: unknown) or whose ``flags`` is not a list of strings
+        feeds nothing and is counted in :attr:`unusable_steps`; ``tokens`` / ``padded_tokens`` other than an integer
+        in [0, 2**53) read as unknown (None). A line that is not JSON is counted by the reader. Raises nothing for
+        what a file holds."""
+        # A backlog allocates ~10^5 acyclic objects: the cyclic GC would walk them again and again (~18 % of an attach)
         with gc_paused():
             self._fold(reader)
 
@@ -156,7 +155,7 @@ class EventsFold:
             return
         first = len(cols)
         flagged, extras = cols.take_records(steps)
-        self.last_step = parse_line(recs.line(len(is_step) - 1 - is_step[::-1].index(True)))  # the record as read
+        self.last_step = parse_line(recs.lines[len(is_step) - 1 - is_step[::-1].index(True)])  # the record as read
         self._taken(steps, first, flagged, extras, cols)
 
     def _steps_of(self, batch: list[Any], is_step: list[bool]) -> list[Any]:
@@ -264,7 +263,10 @@ class EventsFold:
         at = [step for _, step in logs]
         new: list[tuple[int, str]] = []
         points: dict[str, tuple[list[int | None], list[Any]]] = {}
+        present = set().union(*dicts)
         for name in METRICS_SHOWN_FIRST:
+            if name not in present:
+                continue  # no point: as if each record's were None
             got = list(map(_METRIC_OF[name], dicts))
             kinds = set(map(type, got))
             if kinds == {float}:  # every record has it, a float: nearly always

@@ -1,12 +1,11 @@
-"""The emitter's step, log and phase records as strict types: a read of events.jsonl made only of them is decoded in
-one call (msgspec) instead of a dict per line (ARCHITECTURE.md, "Attach: one optimisation").
+"""The emitter's step, log and phase records as strict types: a read of events.jsonl made only of them is decoded
+by msgspec, a typed record per line instead of a dict (ARCHITECTURE.md, "Attach: one optimisation").
 
 What such a read folds to is what the dict way (``monitors/readers/jsonl.py``, then ``monitors/fold/events.py``)
 folds it to, to the bit, because a read is decoded here only when:
 
-* each line holds one JSON object: every newline of the read lies between ``}`` and ``{`` (only between two
-  top-level values can it: inside an object or an array a ``}`` is followed by ``,``, ``}`` or ``]``, and a string
-  holds no raw newline), and the objects are as many as the lines;
+* each line is decoded on its own, as the reader parses each line on its own (a blank line, a line of two objects
+  or one of an object's half refuses the read);
 * msgspec reads each value as the standard library's ``json`` (the reader's definition) does: it is a strict parser
   that refuses what ``json`` alone accepts (``NaN``, ``Infinity``, ``1e400``, a lone surrogate escape, a BOM), reads
   integers of any size exactly, rounds floats correctly and lets the last of duplicate keys win;
@@ -34,15 +33,14 @@ _Unix = Annotated[float, msgspec.Meta(ge=0.0, lt=UNIX_MAX)] | None
 
 class _Record(msgspec.Struct, tag_field="kind", forbid_unknown_fields=True, kw_only=True, gc=False):
     kind: ClassVar[str]
+    fields: ClassVar[frozenset[str]] = frozenset()
     rank: Literal[0] | None = None
     v: _Scalar = None
     t: _Scalar = None
 
     def get(self, key: str, default: Any = None) -> Any:
         """The field ``key`` (a key the record lacked reads None, as ``dict.get`` of it would)."""
-        if key in self.__struct_fields__:
-            return getattr(self, key)
-        return self.kind if key == "kind" else default
+        return getattr(self, key) if key in self.fields else self.kind if key == "kind" else default
 
 
 class EmittedStep(_Record, tag=KIND_STEP, kw_only=True):
@@ -81,36 +79,30 @@ class EmittedPhase(_Record, tag=KIND_PHASE):
     state: _Scalar = None
 
 
-_DECODER = msgspec.json.Decoder(EmittedStep | EmittedLog | EmittedPhase)
+for _cls in (EmittedStep, EmittedLog, EmittedPhase):
+    _cls.fields = frozenset(_cls.__struct_fields__)
+_DECODE = msgspec.json.Decoder(EmittedStep | EmittedLog | EmittedPhase).decode
 
 
 class DecodedRead(list[Any]):
-    """A read's records, decoded (:func:`decode_read`), and the read's bytes (``body``)."""
+    """A read's records, decoded (:func:`decode_read`), and its lines (``lines``: bytes, without their newlines)."""
 
-    __slots__ = ("body",)
+    __slots__ = ("lines",)
 
-    def __init__(self, records: list[Any], body: bytes) -> None:
+    def __init__(self, records: list[Any], lines: list[bytes]) -> None:
         super().__init__(records)
-        self.body = body
-
-    def line(self, i: int) -> bytes:
-        """The bytes of record ``i``'s line (without its newline)."""
-        return self.body.rsplit(b"\n", len(self) - i + 1)[-(len(self) - i + 1)]
+        self.lines = lines
 
 
 def decode_read(body: bytes) -> DecodedRead | None:
     """The records of a read's complete lines (``body``, ending with a newline) when every one of them is an
     :class:`EmittedStep`, :class:`EmittedLog` or :class:`EmittedPhase` (see above); else None."""
-    n = body.count(b"\n")
-    if not (body.startswith(b"{") and body.endswith(b"}\n") and body.count(b"}\n{") == n - 1):
-        return None
+    lines = body.split(b"\n")
+    lines.pop()  # after the last newline
     try:
-        records = _DECODER.decode_lines(body)
+        return DecodedRead(list(map(_DECODE, lines)), lines)
     except (msgspec.DecodeError, RecursionError, OverflowError):  # ValidationError is a DecodeError
         return None
-    return DecodedRead(records, body) if len(records) == n else None
-
-
 class ReadDecoder:
     """:func:`decode_read` for one fold of a file, trying less where it keeps refusing: after ``REFUSALS`` reads in a
     row that it could not take (a file of several ranks' records, say), one read in ``RETRY_EVERY``, until one is

@@ -304,10 +304,11 @@ class StepStats:
                     add(v)
             elif len(pending) < _SORT_AS_ARRAY_FROM:
                 self._sorted_list.update(pending)
-            else:  # a backlog: sorted as an array, stable (equals in arrival order); update() then finds one run
+            else:  # a backlog: sorted as an array, equals in arrival order; update() then finds one run
                 import numpy as np  # noqa: PLC0415 - a backlog's cost only
 
-                self._sorted_list.update(np.sort(np.frombuffer(pending, dtype=np.float64), kind="stable").tolist())
+                a = np.frombuffer(pending, dtype=np.float64)  # in [0, inf): only 0.0 and -0.0 are equals that differ
+                self._sorted_list.update(np.sort(a, kind="stable" if np.signbit(a).any() else None).tolist())
             self._pending = array("d")
         return self._sorted_list
 

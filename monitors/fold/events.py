@@ -27,7 +27,9 @@ from stepwatch.monitors.protocol import (
 )
 from stepwatch.monitors.detectors.fallback import FallbackDetector
 from stepwatch.monitors.detectors.scaling import ScalingFit
-from stepwatch.monitors.fold.stepcolumns import _STEP_KEYS, STEP_FIELDS, UNIX_MAX as _UNIX_MAX, StepColumns, step_no, unix_time
+from stepwatch.monitors.fold.stepcolumns import (
+    _STEP_KEYS, STEP_FIELDS, UNIX_MAX as _UNIX_MAX, StepColumns, step_no, token_count, unix_time,
+)
 from stepwatch.monitors.fold.records import DecodedRead, EmittedStep, ReadDecoder
 from stepwatch.monitors.readers.jsonl import EventReader, parse_line
 from stepwatch.monitors.stats.minmax import MinMaxSeries
@@ -199,10 +201,7 @@ class EventsFold:
                 continue
             if type(step) is not int:
                 step = step_no(step)
-            if tokens is not None and (type(tokens) is not int or not 0 <= tokens < _MAX_INT):
-                tokens = None
-            if padded is not None and (type(padded) is not int or not 0 <= padded < _MAX_INT):
-                padded = None
+            tokens, padded = token_count(tokens), token_count(padded)
             if type(t) is not float or not 0.0 <= t < _UNIX_MAX:
                 t = unix_time(t)
             cols.append(step, float(dt), flags, tokens, padded, t, step_end)

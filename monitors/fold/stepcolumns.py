@@ -16,6 +16,7 @@ from operator import attrgetter, itemgetter
 from typing import Any
 
 from stepwatch.monitors.protocol import EVENT_KEYS, KIND_STEP
+from stepwatch.monitors.stats.stepbacklog import all_in
 
 _STEP_KEYS = ("rank", "step", "dt", "flags", "tokens", "padded_tokens", "t", "step_end")
 assert set(_STEP_KEYS) <= set(EVENT_KEYS[KIND_STEP]), "a step key the protocol does not declare"
@@ -71,7 +72,7 @@ class StepColumns:
                 return None
         except TypeError:  # a rank that is a list or a dict
             return None
-        if set(map(type, dt)) != {float} or not _all_in(dt, 0.0, _INF) or set(map(type, flags)) != {list}:
+        if set(map(type, dt)) != {float} or not all_in(dt, 0.0, _INF) or set(map(type, flags)) != {list}:
             return None
         flagged = list(compress(range(len(flags)), flags))
         for j in flagged:
@@ -85,13 +86,13 @@ class StepColumns:
         self.step.extend(step)
         self.dt.extend(dt)
         self.flags.extend(flags)
-        self.tokens.extend(tokens if _counts(tokens) else (_count(v) for v in tokens))
-        self.padded.extend(padded if _counts(padded) else (_count(v) for v in padded))
-        if set(map(type, t)) == {float} and _all_in(t, 0.0, UNIX_MAX):
+        self.tokens.extend(tokens if _counts(tokens) else (token_count(v) for v in tokens))
+        self.padded.extend(padded if _counts(padded) else (token_count(v) for v in padded))
+        if set(map(type, t)) == {float} and all_in(t, 0.0, UNIX_MAX):
             self.t.extend(t)
         else:
             self.t.extend(v if type(v) is float and 0.0 <= v < UNIX_MAX else unix_time(v) for v in t)
-        if set(map(type, end)) == {float} and _all_in(end, 0.0, UNIX_MAX):
+        if set(map(type, end)) == {float} and all_in(end, 0.0, UNIX_MAX):
             self.end.extend(end)
         else:
             self.end.extend(_NAN if (e := unix_time(v)) is None else e for v in end)
@@ -120,19 +121,12 @@ class StepColumns:
 RECORD_FIELDS = attrgetter("step", "dt", "flags", "tokens", "padded_tokens", "t", "step_end", "width", "timing")
 
 
-def _all_in(xs: tuple[float, ...], lo: float, hi: float) -> bool:
-    """Every float of ``xs`` (non-empty) in [lo, hi): their sum is a number (no NaN, no infinity leaves it one),
-    and without a NaN the least and the largest are truly so."""
-    total = sum(xs)
-    return total == total and min(xs) >= lo and max(xs) < hi
-
-
 def _counts(xs: tuple[Any, ...]) -> bool:
     """Every value an int in [0, 2**53) (the fold keeps such a count as it is)."""
     return set(map(type, xs)) == {int} and min(xs) >= 0 and max(xs) < _MAX_INT
 
 
-def _count(v: Any) -> int | None:
+def token_count(v: Any) -> int | None:
     """A token count read from a file: an int in [0, 2**53), else None (unknown)."""
     return v if v is None or (type(v) is int and 0 <= v < _MAX_INT) else None
 

@@ -30,7 +30,7 @@ def add_columns(stats: Any, steps: list[Any], dts: Any, flags: list[Any], tokens
         a = np.frombuffer(dts, dtype=np.float64)
         if not ((a >= 0.0) & (a < _INF)).all():
             return None
-    elif set(map(type, dts)) != {float} or not _all_in_0_inf(dts):
+    elif set(map(type, dts)) != {float} or not all_in(dts, 0.0, _INF):
         return None
     if not set(map(type, flags)) <= _FLAG_SEQS:
         return None
@@ -65,8 +65,9 @@ def add_columns(stats: Any, steps: list[Any], dts: Any, flags: list[Any], tokens
     return counted_n
 
 
-def _all_in_0_inf(xs: Any) -> bool:
-    """Every float of ``xs`` (non-empty) in [0, inf): their sum is then a number, which no NaN and no infinity leaves
-    it, and without a NaN the least of them is truly the least."""
+def all_in(xs: Any, lo: float, hi: float) -> bool:
+    """Every float of ``xs`` (non-empty) in [lo, hi): their sum is a number (no NaN, no infinity leaves it one),
+    and without a NaN the least and the largest are truly so. The one check of a column of floats read from a
+    file (``monitors/fold/stepcolumns.py`` uses it too)."""
     total = sum(xs)
-    return total == total and total < _INF and min(xs) >= 0.0
+    return total == total and min(xs) >= lo and max(xs) < hi

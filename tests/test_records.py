@@ -5,6 +5,7 @@ left to the dict way. Each line below shares one read with the emitter's ordinar
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -183,3 +184,49 @@ def test_a_file_whose_reads_keep_being_refused_is_tried_one_read_in_64_until_one
     dicts, *d_counts = _fold(path, False, monkeypatch)[:3]
     assert typed == dicts and counts == d_counts
 
+
+
+_VALUES = [b"0", b"-0", b"1", b"-1", b"1.0", b"-0.0", b"1e400", b"NaN", b"Infinity", b"true", b"false", b"null", b'""',
+           b'"x"', b"[]", b"{}", b"[1]", b'["a"]', b"18446744073709551616", b"9007199254740993", b"1e-400", b"5e-324",
+           b"0.1234567890123456789012", b'"\\ud800"', b'"\\u0000"', b'"step"', b'"log"', b'"phase"', b"3.0", b"4e10"]
+_KEYS = [b'"extra":1,', b'"width":[1],', b'"rank":1,', b'"kind":"log",', b'"d\\u0074":5.0,', b" ", b"\r", b'"timing":1,']
+
+
+def _mutated(rng: random.Random, line: bytes) -> bytes:
+    """``line`` with a value swapped, a field repeated or added, or a byte dropped or put in, once to three times."""
+    b = bytearray(line)
+    for _ in range(rng.choice((1, 1, 2, 3))):
+        r = rng.random()
+        if r < 0.5:  # a value (up to the next comma or closing bracket at its depth)
+            i = rng.choice([k for k in range(len(b)) if b[k] == ord(":")]) + 1
+            j, depth = i, 0
+            while j < len(b) and not (depth == 0 and b[j] in b",]}"):
+                depth += (b[j] in b"[{") - (b[j] in b"]}")
+                j += 1
+            b[i:j] = rng.choice(_VALUES)
+        elif r < 0.6 and (k := b.find(b",", rng.randrange(len(b)))) > 0 and (e := b.find(b",", k + 1)) > 0:
+            b[e:e] = b[k:e]  # a field twice
+        elif r < 0.75:
+            b[1:1] = rng.choice(_KEYS)
+        elif r < 0.9:
+            i = rng.randrange(len(b))
+            b[i:i + rng.randrange(1, 4)] = b""
+        else:
+            b.insert(rng.randrange(len(b) + 1), rng.choice(b'{}[]",:019 \\ue-+.'))
+    return bytes(b).replace(b"\n", b"")
+
+
+def test_the_emitters_lines_mutated_2000_ways_fold_typed_as_their_dicts_do(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A seeded search for a line the typed reading takes and reads otherwise than the dict way: values swapped for
+    odd ones (big and negative zeros, NaN, escapes, other kinds), fields repeated, added, bytes dropped and put in.
+    Each line the typed way takes (about a third) is folded both ways."""
+    rng = random.Random(7)
+    ordinary, path, taken = _ordinary(), tmp_path / "events.jsonl", 0
+    for _ in range(2000):
+        data = ordinary[0] + b"\n" + _mutated(rng, rng.choice(ordinary)) + b"\n" + ordinary[-1] + b"\n"
+        if decode_read(data) is None:
+            continue
+        taken += 1
+        path.write_bytes(data)
+        assert _fold(path, True, monkeypatch)[:3] == _fold(path, False, monkeypatch)[:3], data
+    assert taken > 400

@@ -69,6 +69,8 @@ DECODED = {
                                             b'"grad_norm":0.12345678901234567890123}}',
     "a log of odd metrics": b'{"kind":"log","step":41.0,"rank":null,"logs":{"loss":"nan","lr":true,"x":null}}',
     "a log without logs": b'{"kind":"log","step":-3}',
+    "an exponent of five digits, a mantissa of 3,000": _step(dt=0.0).replace(b'"dt": 0.0', b'"dt": 1e-99999').replace(
+        b'"t": 1780001000.5', b'"t": 0.' + b"0" * 3000 + b"1780001000e3010"),
     "a huge int step on a log": b'{"kind":"log","step":123456789012345678901234567890,"logs":{}}',
     "a phase named oddly": b'{"kind":"phase","name":7,"state":"begin"}',
 }
@@ -108,13 +110,21 @@ REFUSED = {
     "not an object": b"[1, 2]",
     "logs nested": b'{"kind":"log","step":41,"logs":{"loss":{"a":' + b"[" * 2000 + b"]" * 2000 + b"}}}",
     "logs a list": b'{"kind":"log","step":41,"logs":[1.0]}',
+    "a dt of 100,000 digits and an exponent of six": _STEP.replace(b'"dt":19.0', b'"dt":0.' + b"0" * 99998
+                                                                  + b"19e100000") + _TAIL,
+    "a log metric of 100,000 digits and an exponent of six": b'{"kind":"log","logs":{"loss":0.' + b"0" * 99998
+                                                             + b'19e100000}}',
+    "a dt of 10,000 digits and an exponent of six": _STEP.replace(b'"dt":19.0', b'"dt":0.' + b"0" * 9990
+                                                                 + b"1e100000") + _TAIL,
+    "a clock of 10,000 digits and an exponent of six": _STEP.replace(b'"t":1780001000.5', b'"t":1' + b"0" * 9990
+                                                                    + b"e-100000") + _TAIL,
     "a duplicate key, the first one invalid": _STEP.replace(b'"dt":19.0', b'"dt":-1.0,"dt":19.0') + _TAIL,
 }
 
 
-def _fold(path: Path, typed: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[object, int, int, int]:
-    """The fold of ``path`` (encoded to the last attribute), the reader's line counts, and how many reads were
-    decoded as records."""
+def _fold(path: Path, typed: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[object, int, int, list[bool]]:
+    """The fold of ``path`` (encoded to the last attribute), the reader's line counts, and which reads were decoded
+    as records."""
     decoded: list[int] = []
 
     def decode(body: bytes) -> DecodedRead | None:
@@ -126,7 +136,7 @@ def _fold(path: Path, typed: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[obj
     fold, reader = EventsFold(), EventReader(path)
     fold.fold(reader)
     reader.close()
-    return encode(fold), reader.lines_read, reader.corrupt_lines, sum(decoded)
+    return encode(fold), reader.lines_read, reader.corrupt_lines, [bool(d) for d in decoded]
 
 
 @pytest.mark.parametrize("case", [*DECODED, *REFUSED])
@@ -136,9 +146,9 @@ def test_a_read_decoded_as_records_folds_as_its_dicts_do_and_one_it_cannot_take_
     lines[30:30] = [DECODED.get(case, REFUSED.get(case, b""))]
     path = tmp_path / "events.jsonl"
     path.write_bytes(b"\n".join(lines) + b"\n")
-    typed, lines_read, corrupt, n_decoded = _fold(path, True, monkeypatch)
+    typed, lines_read, corrupt, decoded = _fold(path, True, monkeypatch)
     dicts, d_lines_read, d_corrupt, _ = _fold(path, False, monkeypatch)
-    assert n_decoded == (1 if case in DECODED else 0), "the read was read the other way than this case expects"
+    assert all(decoded) is (case in DECODED), "the line's read was read the other way than this case expects"
     assert (lines_read, corrupt) == (d_lines_read, d_corrupt)
     assert typed == dicts
 

@@ -11,7 +11,9 @@ folds it to, to the bit, because a read is decoded here only when:
   integers of any size exactly, rounds floats correctly and lets the last of duplicate keys win;
 * every field the fold reads is typed so that only a value the fold keeps as it is passes (a ``dt`` a number in
   [0, 2**53), a ``step`` an int in (-2**53, 2**53), ``rank`` 0 or null, ``flags`` a list of strings...), no field is
-  of type Any (a depth of nesting that ``json`` refuses never passes) and an unknown field refuses.
+  of type Any (a depth of nesting that ``json`` refuses never passes) and an unknown field refuses;
+* no line is as long as :data:`LINE_MAX` (msgspec misreads an exponent of six digits or more, which only a number
+  of thousands of digits can make matter).
 
 Anything else (another kind, another rank, a value the fold would correct or refuse, a record kept whole such as
 ``run_start``) and the whole read is read the dict way. A record answers ``get`` as the dict would.
@@ -25,6 +27,12 @@ import msgspec
 
 from stepwatch.monitors.fold.stepcolumns import UNIX_MAX
 from stepwatch.monitors.protocol import KIND_LOG, KIND_PHASE, KIND_STEP
+
+#: A line this long or longer is left to the dict way (the emitter's are ~200 bytes). msgspec (0.23) stops reading
+#: an exponent once it reaches five digits: it reads 1e100000 as 1e10000, 1e123456 as 1e12345. Only some 9,700
+#: digits of mantissa can bring such an exponent back into a double's range (``0.000...1e100000``: infinity to json,
+#: 1e9 to msgspec, in 10,000 bytes), and no line shorter than this holds them.
+LINE_MAX = 1 << 12
 
 _Scalar = int | float | str | bool | None
 _Count = Annotated[int, msgspec.Meta(ge=0, lt=2**53)] | None
@@ -99,6 +107,8 @@ def decode_read(body: bytes) -> DecodedRead | None:
     :class:`EmittedStep`, :class:`EmittedLog` or :class:`EmittedPhase` (see above); else None."""
     lines = body.split(b"\n")
     lines.pop()  # after the last newline
+    if max(map(len, lines), default=0) >= LINE_MAX:
+        return None
     try:
         return DecodedRead(list(map(_DECODE, lines)), lines)
     except (msgspec.DecodeError, RecursionError, OverflowError):  # ValidationError is a DecodeError

@@ -113,6 +113,8 @@ def decode_read(body: bytes) -> DecodedRead | None:
         return DecodedRead(list(map(_DECODE, lines)), lines)
     except (msgspec.DecodeError, RecursionError, OverflowError):  # ValidationError is a DecodeError
         return None
+
+
 class ReadDecoder:
     """:func:`decode_read` for one fold of a file, trying less where it keeps refusing: after ``REFUSALS`` reads in a
     row that it could not take (a file of several ranks' records, say), one read in ``RETRY_EVERY``, until one is

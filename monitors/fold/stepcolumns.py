@@ -78,14 +78,11 @@ class StepColumns:
         for j in flagged:
             if not all(type(f) is str for f in flags[j]):
                 return None
-        flags_in, flags = flags, [()] * len(flags)  # the fold's `flags or ()`
-        for j in flagged:
-            flags[j] = flags_in[j]
         if set(map(type, step)) != {int} or not -_MAX_INT < min(step) <= max(step) < _MAX_INT:
             step = tuple(map(step_no, step))
         self.step.extend(step)
         self.dt.extend(dt)
-        self.flags.extend(flags)
+        self.flags.extend(_flags_column(flags, flagged))
         self.tokens.extend(tokens if _counts(tokens) else (token_count(v) for v in tokens))
         self.padded.extend(padded if _counts(padded) else (token_count(v) for v in padded))
         if set(map(type, t)) == {float} and all_in(t, 0.0, UNIX_MAX):
@@ -103,12 +100,9 @@ class StepColumns:
         positions in ``recs`` of the flagged ones, and whether one of them has a ``width`` or a ``timing``."""
         step, dt, flags, tokens, padded, t, end, width, timing = zip(*map(RECORD_FIELDS, recs))
         flagged = list(compress(range(len(flags)), flags))
-        flags_in, flags = flags, [()] * len(flags)  # None and [] are the fold's ()
-        for j in flagged:
-            flags[j] = flags_in[j]
         self.step.extend(step)
         self.dt.extend(dt)
-        self.flags.extend(flags)
+        self.flags.extend(_flags_column(flags, flagged))
         self.tokens.extend(tokens)
         self.padded.extend(padded)
         self.t.extend(t)
@@ -119,6 +113,15 @@ class StepColumns:
 #: An :class:`~stepwatch.monitors.fold.records.EmittedStep`'s fields as the columns take them, and the two that
 #: say whether its extras must be read (``_step_extras``).
 RECORD_FIELDS = attrgetter("step", "dt", "flags", "tokens", "padded_tokens", "t", "step_end", "width", "timing")
+
+
+def _flags_column(flags: tuple[Any, ...], flagged: list[int]) -> list[Any]:
+    """A read's flags as the fold keeps them: the flagged rows' (``flagged``: their positions) as read, every other
+    row's () (the fold's ``flags or ()``: an empty list and None alike)."""
+    column: list[Any] = [()] * len(flags)
+    for j in flagged:
+        column[j] = flags[j]
+    return column
 
 
 def _counts(xs: tuple[Any, ...]) -> bool:

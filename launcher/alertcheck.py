@@ -10,11 +10,12 @@ named by its channel (scheme and host), never printed whole: its path holds a to
 from __future__ import annotations
 
 import os
+import sys
 import shutil
 from pathlib import Path
 from typing import Any
 
-from stepwatch.launcher.config import ConfigError, RunConfig, load_config
+from stepwatch.launcher.config import ConfigError, RunConfig, UntrustedConfig, load_config
 from stepwatch.launcher.trust import read_owner_copy
 from stepwatch.monitors.rundirs import resolve_run
 from stepwatch.monitors.runfiles import read_push_urls
@@ -82,6 +83,9 @@ def alerts_test(target: str, runs_dir: Path | None) -> int:
 
     try:
         alerts, urls, runs_in, name = _channels(target, runs_dir)
+    except UntrustedConfig as e:  # refused as launch, preflight and relaunch refuse it: nothing is run
+        print(f"stepwatch alerts test: {e}", file=sys.stderr)
+        return 1
     except (ConfigError, OSError, ValueError) as e:
         print(f"stepwatch alerts test: {e}")
         return 2

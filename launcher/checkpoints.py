@@ -13,7 +13,8 @@ Complete means (ARCHITECTURE.md "The restart policy"):
 
 Read-only; a symlink is never followed (a checkpoint is what lies in the run's own output directory), a
 checkpoint another user owns or can write is never complete (a resume unpickles it as the owner), and a
-directory that cannot be read is skipped, never an error.
+directory that cannot be read is skipped, never an error. Whether a complete one may be handed to the job, its whole
+path judged, is launcher/checkpointpath.py's.
 """
 
 from __future__ import annotations

@@ -21,11 +21,13 @@ from typing import Any
 
 from stepwatch.launcher.restartpolicy import RESTART_KEYS, restart_settings
 from stepwatch.launcher.slurm import SLURM_KEYS, validate_slurm_table
+from stepwatch.launcher.trust import CONFIG_REFUSAL, config_file_problem
 from stepwatch.monitors.parsers.logformats import compile_patterns
 from stepwatch.monitors.detectors.stall import STALL_KEYS, stall_settings
 from stepwatch.monitors.watch.paging import PAGING_KEYS, check_finished, paging_settings
 from stepwatch.monitors.parsers.logtracker import log_settings
 from stepwatch.monitors.rundirs import RunsDirError, default_runs_dir, resolve_runs_dir
+from stepwatch.monitors.runfiles import open_regular
 
 TOP_KEYS = ("name", "command", "cwd", "runs_dir", "env", "shell", "preflight", "alerts", "log", "stall", "restart", "slurm",
             "export")
@@ -44,6 +46,11 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 class ConfigError(ValueError):
     """A run config that cannot be used; the message names what was wrong and how to fix it."""
+
+
+class UntrustedConfig(ConfigError):
+    """A config file others can write (or another user's): it cannot say what runs as this user
+    (launcher/trust.py ``config_file_problem``, ARCHITECTURE.md R17)."""
 
 
 @dataclass
@@ -68,6 +75,9 @@ class RunConfig:
     restart: dict[str, Any] = field(default_factory=dict)
     #: set by the restart policy for the attempt it starts: the checkpoint it resumes from, and its step
     resumed_from: dict[str, Any] | None = None
+    #: the command before a resume argument was added: what runs when the checkpoint is refused at exec and
+    #: ``[restart] unsafe_checkpoint = "scratch"`` (launcher/checkpointpath.py)
+    scratch_command: list[str] | None = None
     #: ``[slurm]``: submit through sbatch instead of starting here (launcher/slurm.py); None: local
     slurm: dict[str, Any] | None = None
     #: ``[export]``: the supervisor's Prometheus endpoint (monitors/export/prometheus.py)
@@ -256,12 +266,21 @@ def _export_table(table: Any, where: str) -> dict[str, Any]:
 def load_config(path: str | os.PathLike[str], runs_dir_override: Path | None = None) -> RunConfig:
     """Read and validate a run config file.
 
-    Raises ConfigError (file missing, TOML syntax error with its line, unknown or ill-typed keys).
+    Raises ConfigError (file missing, TOML syntax error with its line, unknown or ill-typed keys), and
+    UntrustedConfig for a file others can write or replace (every command that runs a config reads it here:
+    launch, preflight, alerts test, relaunch, the TUI's launch key; ARCHITECTURE.md R17).
     ``runs_dir_override`` (the ``--runs-dir`` flag) wins over the file's ``runs_dir``.
     """
     path = Path(os.path.realpath(path))  # never Path.resolve: a symlink loop is a one-line refusal below
     try:
-        raw = path.read_bytes()
+        fd = open_regular(path)
+        if fd is None:
+            raise ConfigError(f"config path is not a regular file: {path}")
+        with os.fdopen(fd, "rb") as f:  # judged on the descriptor read: a file swapped in after a check is not read
+            problem = config_file_problem(path, os.fstat(f.fileno()))
+            if problem is not None:
+                raise UntrustedConfig(f"REFUSING the config file {path}: {problem}. {CONFIG_REFUSAL}")
+            raw = f.read()
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
     except IsADirectoryError:

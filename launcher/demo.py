@@ -17,6 +17,7 @@ from pathlib import Path
 import git
 
 from stepwatch.launcher.config import RunConfig
+from stepwatch.monitors.runfiles import DIR_MODE, FILE_MODE, write_bytes_atomic
 
 DEMO_NAME = "demo"
 HARNESS_DIRNAME = ".demo-harness"
@@ -44,12 +45,12 @@ def prepare_harness(runs_dir: Path) -> tuple[Path, str]:
         repo = git.Repo(repo_dir)
         action = "reused"
     else:
-        repo_dir.mkdir(parents=True, exist_ok=True)
+        repo_dir.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
         repo = git.Repo.init(repo_dir)
         action = "created"
     target = repo_dir / SCRIPT
     if not target.exists() or target.read_bytes() != src or repo.is_dirty(untracked_files=True):
-        target.write_bytes(src)
+        write_bytes_atomic(target, src, mode=FILE_MODE)  # whatever the umask: the checklist warns of a repo others write
         repo.index.add([SCRIPT])
         with repo.config_writer() as cw:
             cw.set_value("user", "name", "stepwatch demo")

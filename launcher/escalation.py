@@ -17,7 +17,9 @@ from collections.abc import Callable
 from stepwatch.monitors import fdreserve
 from stepwatch.launcher.slurm import SlurmError, scancel
 from stepwatch.monitors.runfiles import PROCS_JSON, STOP_JSON, diagnostic, read_json, utc_iso, write_json_atomic
-from stepwatch.monitors.signalling import belongs_to, in_group, owner_uid, send_signal, signal_group, signal_targets
+from stepwatch.monitors.proctree import RecordedProcess
+from stepwatch.monitors.signalling import (belongs_to, in_group, never_signalled, owner_uid, send_signal, signal_group,
+                                           signal_targets)
 from stepwatch.monitors.watchdog import ProcessRef, is_alive
 
 ESCALATION = (signal.SIGINT, signal.SIGTERM, signal.SIGKILL)
@@ -40,11 +42,13 @@ class Escalation:
     POLL_S = 0.2
 
     def __init__(self, run_dir: Path, leader: ProcessRef, start_at: int = 0, grace_s: float | None = None,
-                 still_same_dir: Callable[[], bool] | None = None, job_id: str | None = None):
+                 still_same_dir: Callable[[], bool] | None = None, job_id: str | None = None,
+                 recorded: Callable[[], list[RecordedProcess]] | None = None):
         """``grace_s``: the seconds between rungs (default: stop.json's, as the supervisor reads it);
         ``still_same_dir``: checked before each rung (the CLI's pinned run dir): False ends the ladder;
         ``job_id``: a Slurm run's job, whose steps get each signal too (the supervisor's own record, or
-        one Slurm confirmed: never a bare id read from a file)."""
+        one Slurm confirmed: never a bare id read from a file); ``recorded``: the tree as the supervisor's own
+        recorder holds it (``TreeRecorder.recorded``), else procs.json read under the trust rule (the CLI's)."""
         self.run_dir = run_dir
         self.leader = leader
         self.uid = owner_uid(run_dir)
@@ -53,6 +57,7 @@ class Escalation:
         self.still_same_dir = still_same_dir or (lambda: True)
         self.last_signal: str | None = None
         self.job_id = job_id
+        self.recorded = recorded
         self._seen: dict[tuple[int, float | None], Any] = {}
         self.thread = threading.Thread(target=self._run, name="stop-escalation", daemon=True)
 
@@ -63,9 +68,14 @@ class Escalation:
     def _others(self) -> list:
         """The recorded processes alive now: procs.json's, and every one an earlier rung saw (a
         relaunch may rotate procs.json under a ladder still running; its processes stay targets)."""
-        for t in signal_targets(self.run_dir, self.run_dir / PROCS_JSON, exclude={self.leader.pid}):
-            self._seen.setdefault((t.ref.pid, t.ref.create_time), t)
         uid = self.uid
+        if self.recorded is not None:
+            exclude = never_signalled() | {self.leader.pid}
+            targets = [t for t in self.recorded() if t.ref.pid not in exclude and belongs_to(t.ref, uid)]
+        else:
+            targets = signal_targets(self.run_dir, self.run_dir / PROCS_JSON, exclude={self.leader.pid})
+        for t in targets:
+            self._seen.setdefault((t.ref.pid, t.ref.create_time), t)
         return [t for t in self._seen.values() if belongs_to(t.ref, uid)]
 
     def alive(self) -> bool:
@@ -123,11 +133,13 @@ class Escalation:
 
 
 def own_stop_record(run_dir: Path) -> dict[str, Any] | None:
-    """stop.json when this process's user or the run dir's owner wrote it, else None: a stop "in progress" or a
-    grace of days that a group member put in a shared run dir neither holds a stop back nor slows it."""
+    """stop.json when this process's user or the run dir's owner wrote it and no one else can have since (the
+    trust rule, ``runfiles.trust_problem``), else None: a stop "in progress" or a grace of days that a group member
+    put in a shared run dir, or wrote into a stop.json the group may write, neither holds a stop back nor slows it."""
     path = run_dir / STOP_JSON
-    owner = owner_uid(run_dir)
-    return read_json(path, os.geteuid()) or (read_json(path, owner) if owner is not None else None)
+    owner, me = owner_uid(run_dir), os.geteuid()
+    return read_json(path, me, private=True) or (
+        read_json(path, owner, private=True) if owner is not None and owner != me else None)
 
 
 def stop_grace_s(run_dir: Path) -> float:

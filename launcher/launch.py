@@ -22,14 +22,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stepwatch.launcher.checkpointpath import resume_at_exec, scratch_note
 from stepwatch.launcher.config import ConfigError, RunConfig, config_to_json, resolve_executable
 from stepwatch.launcher.identity import gate_message, read_tree, untracked_warning
 from stepwatch.launcher.preflight import Checklist, run_checklist
 from stepwatch.launcher.rotate import rotate
 from stepwatch.launcher.trust import launch_digest, read_owner_copy, save_owner_copy, shared_risk
 from stepwatch.monitors.runfiles import (
-    ENV_ATTEMPT, ENV_RUN_DIR, JOBWATCH_LOG, PUSH_URLS_JSON, RUN_JSON, SCHEMA_VERSION, SLURM_JOB_FILES, STOP_JSON,
-    SUPERVISOR_LOG, open_append, read_json, utc_iso, write_json_atomic,
+    DIR_MODE, ENV_ATTEMPT, ENV_RUN_DIR, JOBWATCH_LOG, PUSH_URLS_JSON, RUN_JSON, SCHEMA_VERSION, SLURM_JOB_FILES, STOP_JSON,
+    SUPERVISOR_LOG, make_run_dir, open_append, read_json, utc_iso, write_json_atomic,
 )
 from stepwatch.monitors.rundirs import live_attempt, live_words  # noqa: F401 - live_attempt re-exported for callers
 
@@ -92,6 +93,7 @@ def launch(cfg: RunConfig, allow_dirty: str | None = None, override: str | None 
         if tree.unreadable or (not tree.clean and allow_dirty is None):
             raise LaunchRefused("the tree changed while the checklist ran.\n" + gate_message(tree))
         _refuse_if_live(cfg)
+        resume_at_exec(cfg, LaunchRefused)  # the checkpoint's whole path, judged last (launcher/checkpointpath.py)
         return _start(cfg, exe, tree, checklist, allow_dirty, override, wait_s, in_job)
 
 
@@ -110,7 +112,7 @@ def _launch_lock(cfg: RunConfig):
     launch of this name; as root, it opens anyway), checked on the descriptor before it is locked."""
     lock = cfg.runs_dir / f".{cfg.name}.launch.lock"
     try:
-        cfg.runs_dir.mkdir(parents=True, exist_ok=True)
+        cfg.runs_dir.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
         refuse_unsafe_dirs(cfg.runs_dir, cfg.run_dir)
         fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
     except OSError as e:
@@ -230,7 +232,7 @@ def _let_the_last_supervisor_finish(run_dir: Path) -> None:
     sup = ProcessRef.from_json(run.get("supervisor"))
     if sup is not None and sup.pid == os.getpid():  # the restart policy's launch, from that supervisor: it has
         sup = None  # saved its last fold already and waits for nothing of this launch
-    stop = read_json(run_dir / STOP_JSON, os.geteuid()) or {}
+    stop = read_json(run_dir / STOP_JSON, os.geteuid(), private=True) or {}  # not one the group may have written
     stopping = bool(stop) and stop.get("ended_by") is None
     if sup is not None:
         wait_s = len(ESCALATION) * stop_grace_s(run_dir) + LAST_SUPERVISOR_WAIT_S if stopping else LAST_SUPERVISOR_WAIT_S
@@ -250,11 +252,11 @@ def _let_the_last_supervisor_finish(run_dir: Path) -> None:
 def _start(cfg: RunConfig, exe: str, tree, checklist: Checklist, allow_dirty: str | None, override: str | None,
            wait_s: float, in_job: dict[str, Any] | None = None) -> LaunchResult:
     run_dir = cfg.run_dir
-    warnings = [w for w in [untracked_warning(tree)] if w]
+    warnings = [w for w in [untracked_warning(tree), scratch_note(cfg)] if w]
     if allow_dirty is not None and not tree.clean:
         warnings.append(f"launching from a dirty tree, as allowed: {allow_dirty}")
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        make_run_dir(run_dir)  # 0755 whatever the umask, an earlier attempt's of yours too
         attempt = next_attempt(run_dir)
         _let_the_last_supervisor_finish(run_dir)
         rotated = rotate(run_dir, SLURM_JOB_FILES if in_job else frozenset({JOBWATCH_LOG}) if _resubmitted_in_job(cfg)

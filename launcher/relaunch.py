@@ -6,16 +6,16 @@ names, never run.json, which a team's group may replace in a shared runs dir.
 
 from __future__ import annotations
 
+import os
 import shlex
-import stat
 from pathlib import Path
 from typing import Any
 
 from stepwatch.launcher.checkpoints import Checkpoint, find_checkpoints, newest_complete, output_dir_of
-from stepwatch.launcher.config import RunConfig, config_to_json, diff_configs, load_config
+from stepwatch.launcher.config import RunConfig, UntrustedConfig, config_to_json, diff_configs, load_config
 from stepwatch.launcher.launch import LaunchRefused
 from stepwatch.launcher.restartpolicy import restart_settings, resume_argv
-from stepwatch.launcher.trust import launch_digest, private_problem, read_owner_copy, read_private_json, shared_dir_problem
+from stepwatch.launcher.trust import launch_digest, read_owner_copy, read_private_json, shared_dir_problem
 from stepwatch.monitors.runfiles import RUN_JSON, read_json
 
 
@@ -48,12 +48,10 @@ def relaunch_config(run_dir: Path) -> tuple[RunConfig, list[str]]:
     old: dict[str, Any] = cfg_json if isinstance(cfg_json, dict) else {}
     config_path = source.get("config_path")
     if isinstance(config_path, str) and config_path:
-        st_problem = _config_file_problem(Path(config_path))
-        if st_problem:
-            raise LaunchRefused(f"REFUSING to relaunch {run_dir.name} from {config_path}: {st_problem}. A file others "
-                                "can write cannot say what runs as you: chmod go-w it (and its directory), or "
-                                "launch from a copy of your own")
-        cfg = load_config(config_path, runs_dir_override=run_dir.parent)
+        try:
+            cfg = load_config(config_path, runs_dir_override=run_dir.parent)
+        except UntrustedConfig as e:
+            raise LaunchRefused(f"REFUSING to relaunch {run_dir.name}: {e}") from None
         if cfg.name != run_dir.name:
             raise LaunchRefused(f"the config file {config_path} now names the run {cfg.name!r}, "
                                 f"not {run_dir.name!r}; launch it as a new run instead")
@@ -83,20 +81,6 @@ def _what_differs(copy: dict[str, Any], run: dict[str, Any]) -> str:
     return "its " + ", ".join(keys) if keys else "its record of the launch"
 
 
-def _config_file_problem(path: Path) -> str | None:
-    """Why the config file at ``path`` cannot say what runs as this user (launcher/trust.py), or None."""
-    try:
-        st = path.stat()
-    except OSError as e:
-        return f"it cannot be read: {e.strerror or e}"
-    problem = private_problem(st, "the file")
-    parent = path.resolve().parent
-    dmode = parent.stat().st_mode
-    if problem is None and dmode & (stat.S_IWGRP | stat.S_IWOTH) and not dmode & stat.S_ISVTX:
-        problem = f"its directory {parent} is writable by others (mode {stat.S_IMODE(dmode):04o}): the file can be replaced"
-    return problem
-
-
 def newest_checkpoint_for(cfg: RunConfig) -> Checkpoint | None:
     """The newest complete checkpoint of ``cfg``'s run (launcher/checkpoints.py: the command's ``--output_dir``, or
     ``[restart] checkpoints``), or None; None too when ``[restart] resume`` does not say how to resume from one."""
@@ -112,8 +96,13 @@ def resume_from(cfg: RunConfig, checkpoint: str | None, step: int | None, *, by:
                 restarts: int) -> bool:
     """Make ``cfg`` the attempt that resumes from ``checkpoint`` (its ``[restart] resume`` rule sets the argument; a
     shell string gets it quoted onto its end) and record it (run.json ``resumed_from``: ``by`` whom, after which
-    attempt, the policy's restarts in a row). Returns whether the command resumes (else it starts from scratch)."""
+    attempt, the policy's restarts in a row). Returns whether the command resumes (else it starts from scratch).
+    The path is handed normalised (no ``..``: launcher/checkpointpath.py judges it as the job will open it), and the
+    command as it was is kept, to run from scratch if the path is refused at exec."""
     s = restart_settings(cfg.restart)
+    checkpoint = os.path.normpath(checkpoint) if checkpoint else checkpoint
+    if cfg.scratch_command is None:
+        cfg.scratch_command = list(cfg.command)
     if cfg.shell:
         extra = resume_argv([], s.resume, checkpoint, step)
         cfg.command = [" ".join([*cfg.command, *map(shlex.quote, extra)])]
@@ -121,7 +110,8 @@ def resume_from(cfg: RunConfig, checkpoint: str | None, step: int | None, *, by:
         cfg.command = resume_argv(list(cfg.command), s.resume, checkpoint, step)
     applied = bool(checkpoint and s.resume is not None)
     cfg.resumed_from = {"by": by, "restarts": restarts, "after_attempt": after_attempt,
-                        "checkpoint": checkpoint if applied else None, "step": step if applied else None}
+                        "checkpoint": checkpoint if applied else None, "step": step if applied else None,
+                        "unsafe_checkpoint": None}
     return applied
 
 

@@ -77,7 +77,8 @@ def next_attempt_in_job(run_dir: Path, run: dict[str, Any], count: int, log: Cal
                            else (str(cp.path) if cp else None, cp.step if cp else None))
             resume_from(cfg, where, step, by=BY, after_attempt=prev, restarts=restarts_so_far(run) + 1)
         else:
-            cfg.resumed_from = {"by": BY, "restarts": 0, "after_attempt": prev, "checkpoint": None, "step": None}
+            cfg.resumed_from = {"by": BY, "restarts": 0, "after_attempt": prev, "checkpoint": None, "step": None,
+                                "unsafe_checkpoint": None}
         res = launch(cfg, allow_dirty=run.get("allow_dirty_reason"),
                      override=(run.get("preflight") or {}).get("override_reason"),
                      in_job={**run["scheduler"], "requeues": count})

@@ -14,6 +14,8 @@ Configured in the run config's ``[restart]`` table::
     complete_marker = "DONE"         # ... and the file a complete one holds
     resume = "hf"           # "hf" (--resume_from_checkpoint PATH), "lightning" (--ckpt_path PATH), or an argv
                             # template holding {checkpoint} and/or {step}
+    unsafe_checkpoint = "stop"   # a checkpoint whose path others can change (launcher/checkpointpath.py): "stop"
+                                 # (no new attempt) or "scratch" (the next attempt starts from scratch)
 
 The rules, in order: a cause a restart cannot help (completed, the operator's stop, a configuration or code error)
 STOPs; so does a spent budget (``max_restarts``), a storm (``storm_attempts`` ends in ``storm_window_s``), and the
@@ -32,7 +34,8 @@ from stepwatch.monitors.parsers.endcauses import NEVER_RESTART
 RESTART, STOP = "RESTART", "STOP"
 MODES = ("off", "observe", "enforce")
 RESTART_KEYS = ("mode", "max_restarts", "backoff_s", "storm_attempts", "storm_window_s", "checkpoints",
-                "complete_marker", "resume")
+                "complete_marker", "resume", "unsafe_checkpoint")
+UNSAFE_CHECKPOINT = ("stop", "scratch")
 _NEVER_WORDS = {"completed": "the run completed", "operator_stop": "stopped by the operator",
                 "config_error": "configuration or code error"}
 
@@ -47,6 +50,7 @@ class RestartSettings:
     checkpoints: str | None = None
     complete_marker: str | None = None
     resume: str | tuple[str, ...] | None = None
+    unsafe_checkpoint: str = "stop"
 
 
 def restart_settings(table: Mapping[str, Any]) -> RestartSettings:
@@ -82,6 +86,10 @@ def restart_settings(table: Mapping[str, Any]) -> RestartSettings:
         else:
             raise ValueError('resume must be "hf", "lightning" or an argv list holding {checkpoint} or {step}; '
                              f"got {r!r}")
+    if "unsafe_checkpoint" in table:
+        if table["unsafe_checkpoint"] not in UNSAFE_CHECKPOINT:
+            raise ValueError(f'unsafe_checkpoint must be "stop" or "scratch"; got {table["unsafe_checkpoint"]!r}')
+        got["unsafe_checkpoint"] = table["unsafe_checkpoint"]
     return RestartSettings(**got)
 
 

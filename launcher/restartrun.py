@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from stepwatch.launcher.checkpointpath import judge_decision
 from stepwatch.launcher.checkpoints import find_checkpoints, newest_complete, output_dir_of
 from stepwatch.launcher.restartpolicy import RESTART, AttemptEnd, Decision, decide, restart_settings_of
 from stepwatch.launcher.slurm import slurm_job_id
@@ -170,10 +171,11 @@ def decide_after(run_dir: Path, run: dict[str, Any], snap: Snapshot, log: Callab
         return None
     end, listed = end_of(run_dir, run, snap, exit_rec)
     previous = previous_ends(run_dir, end.attempt)
-    d = decide(previous, end, s, restarts_so_far(run))
+    # a checkpoint whose path others can change is never resumed from: STOP, or from scratch (checkpointpath.py)
+    d, unsafe = judge_decision(decide(previous, end, s, restarts_so_far(run)), s)
     record = {"v": 1, "attempts": [asdict(e) for e in [*previous, end]],
               "decision": {**d.as_record(), "mode": s.mode, "cause": end.cause, "words": decision_words(d, s.mode, s.backoff_s),
-                           "decided_at_unix": time.time(), "backoff_s": s.backoff_s},
+                           "decided_at_unix": time.time(), "backoff_s": s.backoff_s, "unsafe_checkpoint": unsafe},
               "checkpoints": listed}
     record["decision"]["restarts"] = restarts_so_far(run)
     try:
@@ -187,23 +189,23 @@ def decide_after(run_dir: Path, run: dict[str, Any], snap: Snapshot, log: Callab
 
 
 def page_decision(run_dir: Path, run: dict[str, Any], snap: Snapshot, record: dict[str, Any],
-                  log: Callable[[str], None]) -> None:
+                  log: Callable[[str], None], alert: dict[str, Any] | None = None) -> None:
     """Page the decision through the run's [alerts] channels (not for a completed run or the operator's stop: the
-    finished page and the stop say those), and wait for the delivery, bounded."""
+    finished page and the stop say those), or ``alert`` (its outcome), and wait for the delivery, bounded."""
     from stepwatch.monitors.watch.delivery import Deliverer  # noqa: PLC0415
     from stepwatch.monitors.watch.loop import AttemptFile  # noqa: PLC0415
 
     d = record["decision"]
-    if d["cause"] in ("completed", "operator_stop"):
+    if alert is None and d["cause"] in ("completed", "operator_stop"):
         return
+    alert = alert or {"id": f"a{d['attempt']}-restart", "kind": "restart",
+                      "level": "warning" if d["verdict"] == RESTART else "error", "message": d["words"]}
     config = dict((run.get("config") or {}).get("alerts") or {})
     config["urls"] = read_push_urls(run_dir)
     out = AttemptFile(run_dir / ALERTS_JSONL, log)
     try:
         deliverer = Deliverer(run_dir, out.append_json, config, str(run.get("name") or run_dir.name), log=log)
-        deliverer.submit({"id": f"a{d['attempt']}-restart", "kind": "restart",
-                          "level": "warning" if d["verdict"] == RESTART else "error", "message": d["words"],
-                          "headline": headline_of(snap, socket.gethostname())})
+        deliverer.submit({**alert, "headline": headline_of(snap, socket.gethostname())})
         deliverer.wait(40.0)
     finally:
         out.close()
@@ -254,7 +256,8 @@ def enforce(run_dir: Path, run: dict[str, Any], record: dict[str, Any] | None, s
                 raise RuntimeError("the operator stopped the run: no new attempt")
             res = launch(cfg)
             d["started"] = {"attempt": res.run.get("attempt"), "pid": (res.run.get("process") or {}).get("pid"),
-                            "argv": res.run.get("argv")}
+                            "argv": res.run.get("argv"),  # and why it went from scratch, when the checkpoint was refused
+                            "unsafe_checkpoint": (res.run.get("resumed_from") or {}).get("unsafe_checkpoint")}
         except Exception as e:  # noqa: BLE001 - a refusal (dirty tree, failed checklist) is a recorded outcome
             d["not_started"] = f"{type(e).__name__}: {str(e)[:800]}"
     log("restart policy (enforce): " + (f"attempt {d['started']['attempt']} started" if "started" in d
@@ -263,4 +266,13 @@ def enforce(run_dir: Path, run: dict[str, Any], record: dict[str, Any] | None, s
         write_json_atomic(run_dir / RESTART_JSON, record, mode=0o644)
     except OSError as e:
         log(f"could not record the restart: {e}")
+    if "not_started" in d and not stop.is_set():  # the decision's page promised a restart: its refusal is paged too
+        try:  # (the checkpoint refused at exec names the directory that made it unsafe: launcher/checkpointpath.py)
+            from stepwatch.monitors.snapshot.observer import snapshot  # noqa: PLC0415
+
+            page_decision(run_dir, run, snapshot(run_dir), record, log, {
+                "id": f"a{d['attempt']}-restart-not-started", "kind": "restart", "level": "error",
+                "message": f"the restart did not start: {d['not_started']}"})
+        except Exception as e:  # noqa: BLE001 - the record above stands
+            log(f"could not page the restart's outcome: {type(e).__name__}: {e}")
     return record

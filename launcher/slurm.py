@@ -104,7 +104,10 @@ def _run(argv: list[str], stdin: str | None = None) -> str:
     which sbatch would pass on to the new job's srun (``SLURM_CONF`` kept)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
     try:
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=SLURM_TIMEOUT_S, input=stdin, env=env)
+        # umask 022: sbatch hands its umask to the job (SLURM_UMASK), so the job's output (supervisor.log) and what
+        # the supervisor creates are never the group's to write under a team's umask 002
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=SLURM_TIMEOUT_S, input=stdin, env=env,
+                           umask=0o022)
     except FileNotFoundError:
         raise SlurmError(f"{argv[0]} not found: is Slurm's client installed on this machine (slurm-client)?") from None
     except subprocess.TimeoutExpired:

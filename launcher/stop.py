@@ -195,7 +195,7 @@ def request_stop(run_dir: Path, grace_s: float = 30.0, reason: str | None = None
         ex = read_json(run_dir / EXIT_JSON)
     if ex is not None:  # the supervisor writes ended_by once the whole tree is gone (or the ladder ran out)
         while time.monotonic() < deadline + 5:
-            st = read_json(run_dir / STOP_JSON) or {}
+            st = own_stop_record(run_dir) or {}  # a member's "ended" never cuts the wait short
             if st.get("ended_by") is not None or not is_alive(sup):
                 break
             time.sleep(0.05)
@@ -296,7 +296,7 @@ def _escalate_here(run_dir: Path, proc: ProcessRef, stop: dict, start_at: int, g
     esc.start()
     esc.thread.join()
     gone = not esc.alive()
-    st = read_json(run_dir / STOP_JSON) or stop
+    st = own_stop_record(run_dir) or stop  # rewritten below: never from a record others may have written
     if gone and pin.same():
         st["ended_by"] = {"last_signal_sent": esc.last_signal, "returncode": None, "signal": None,
                           "ended_at": utc_iso(time.time()),

@@ -17,7 +17,6 @@ after the grace, SIGKILL after a second grace, and records each signal in ``stop
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -31,18 +30,20 @@ from typing import Any
 
 import psutil
 
+from stepwatch.launcher.checkpointpath import refused_at_exec
 from stepwatch.launcher.restartrun import enforce, run_policy
 from stepwatch.launcher.requeue import next_attempt_in_job, owner_launched, requeue_count
-from stepwatch.launcher.escalation import ESCALATION, Escalation, new_stop_record, stop_grace_s
+from stepwatch.launcher.escalation import ESCALATION, Escalation, new_stop_record, own_stop_record, stop_grace_s
 from stepwatch.launcher.escalation import log_line as _log
 from stepwatch.launcher.exitrecord import new_exit_record, record_exit, reserve_space
 from stepwatch.launcher.slurm import slurm_job_id
+from stepwatch.launcher.wardens import start_wardens
 from stepwatch.launcher.trust import launch_digest, note_processes_in_owner_copy, read_private_json
 from stepwatch.monitors import fdreserve
 from stepwatch.monitors.oomkills import oom_count, oom_kills_between
-from stepwatch.monitors.proctree import HELPER_PIDS, HELPERS_LOCK, TreeRecorder, become_subreaper
+from stepwatch.monitors.proctree import TreeRecorder, become_subreaper
 from stepwatch.monitors.runfiles import (
-    RUN_JSON, STOP_JSON, SUPERVISOR_LOG, TRAIN_LOG, open_append, read_json, read_run_fd, write_json_atomic,
+    RUN_JSON, STOP_JSON, TRAIN_LOG, open_append, read_run_fd, write_json_atomic,
 )
 from stepwatch.monitors.watch.logpump import LogPump
 from stepwatch.monitors.watchdog import ProcessRef
@@ -161,39 +162,6 @@ def _start_watch(run_dir: Path, run: dict[str, Any], exit_recorded: threading.Ev
     return t
 
 
-#: The warden (:mod:`stepwatch.monitors.watch.warden`): pages the run's end when this process dies first.
-WARDEN_ARGV = (sys.executable, "-P", "-m", "stepwatch.monitors.watch.warden")
-
-
-def _start_warden(run_dir: Path, run: dict[str, Any], output_fd: int) -> None:
-    """Start the warden in a session of its own, handing it this attempt's record over a pipe (never
-    a file it would re-read) and a copy of the run's output pipe (it pumps the output on if this
-    process dies); any failure is logged: the run goes on, its end paged by this process."""
-    try:
-        rfd, wfd = os.pipe()
-        try:
-            with HELPERS_LOCK, open(open_append(run_dir / SUPERVISOR_LOG), "ab") as wlog:
-                w = subprocess.Popen([*WARDEN_ARGV, str(run_dir), "--run-fd", str(rfd), "--output-fd", str(output_fd)],
-                                     stdin=subprocess.DEVNULL, stdout=wlog, stderr=wlog, start_new_session=True,
-                                     close_fds=True, pass_fds=(rfd, output_fd), cwd=str(run_dir))
-                HELPER_PIDS.add(w.pid)  # never part of the run's tree, never signalled by a stop
-        finally:
-            os.close(rfd)
-    except (OSError, subprocess.SubprocessError) as e:
-        _log(f"no warden: {e}; a kill of this supervisor would go unpaged")
-        return
-
-    def hand_over() -> None:
-        try:
-            with os.fdopen(wfd, "wb") as f:
-                f.write(json.dumps(run).encode("utf-8"))
-        except OSError as e:
-            _log(f"the warden did not take the run: {e}")
-        w.wait()  # reaped here if it ends first (it normally outlives this process)
-
-    threading.Thread(target=hand_over, name="warden", daemon=True).start()
-
-
 def _child_signal_defaults() -> None:
     """In the child before exec: SIGHUP back to its default (the supervisor ignores it, and an
     ignored signal stays ignored across exec). Runs before any supervisor thread exists."""
@@ -244,6 +212,8 @@ def supervise(run_dir: Path, run_fd: int | None = None, launch_sha256: str | Non
     out_r = out_w = None
     try:
         os.close(open_append(run_dir / TRAIN_LOG))  # the attempt's log exists from its start (never via a symlink)
+        if refused := refused_at_exec(run):  # the checkpoint it resumes from, judged again right before the exec
+            raise ValueError(refused)
         out_r, out_w = os.pipe()  # the child's output: through the log pump (monitors/watch/logpump.py)
         child = subprocess.Popen(
             child_argv(run), cwd=run["cwd"], env=child_env(run), stdin=subprocess.DEVNULL,
@@ -278,12 +248,12 @@ def supervise(run_dir: Path, run_fd: int | None = None, launch_sha256: str | Non
     run["process"] = {"pid": child.pid, "create_time": ctime, "pgid": child.pid, "host": supervisor_rec["host"]}
     run["start_error"] = None
     exporter = _start_exporter(run)
+    start_wardens(run_dir, run, out_r, _log)  # they pump the output and page when this process is stopped or gone
     try:
         write_json_atomic(run_dir / RUN_JSON, run, mode=0o644)
     except OSError as e:  # a full disk: the child runs all the same, supervised; exit.json says how it ended
         _log(f"could not record the pids in {RUN_JSON}: {e}")
     note_processes_in_owner_copy(run_dir, run)  # stop finds this supervisor even when run.json is replaced
-    _start_warden(run_dir, run, out_r)
     _log(f"started pid {child.pid}: {child_argv(run)!r}" + ("" if subreaper else " (not a child subreaper: "
          "a worker whose parent dies goes to init, and is found only while in this session)"))
 
@@ -302,7 +272,7 @@ def supervise(run_dir: Path, run_fd: int | None = None, launch_sha256: str | Non
         except subprocess.TimeoutExpired:
             pass
         if stop_requested.is_set() and escalation is None:
-            escalation = Escalation(run_dir, child_ref, job_id=slurm_job_id(run))
+            escalation = Escalation(run_dir, child_ref, job_id=slurm_job_id(run), recorded=tree.recorded)
             escalation.start()
     t_end = time.time()
     if not pump.drain():
@@ -318,11 +288,11 @@ def supervise(run_dir: Path, run_fd: int | None = None, launch_sha256: str | Non
     record_exit(run_dir, exit_rec, reserve, log=_log)
     exit_recorded.set()
     if stop_requested.is_set() and escalation is None:  # asked in the last poll interval
-        escalation = Escalation(run_dir, child_ref, job_id=slurm_job_id(run))
+        escalation = Escalation(run_dir, child_ref, job_id=slurm_job_id(run), recorded=tree.recorded)
         escalation.start()
     if escalation is not None:
         escalation.thread.join(len(ESCALATION) * stop_grace_s(run_dir) + 5)  # the rest of the tree, bounded
-        stop = read_json(run_dir / STOP_JSON) or new_stop_record(None)
+        stop = own_stop_record(run_dir) or new_stop_record(None)  # never a member's, nor one the group may write
         stop["ended_by"] = {"last_signal_sent": escalation.last_signal, "returncode": exit_rec["returncode"],
                             "signal": sig_name, "ended_at": exit_rec["ended_at"]}
         try:

@@ -18,7 +18,6 @@ stepwatch *runs* never comes from a file there:
 
 from __future__ import annotations
 
-import grp
 import hashlib
 import json
 import os
@@ -26,7 +25,8 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from stepwatch.monitors.runfiles import open_regular, write_json_atomic
+from stepwatch.monitors.runfiles import group_name as group_name  # re-exported: the launcher's callers'
+from stepwatch.monitors.runfiles import open_regular, trust_problem, write_json_atomic
 
 #: run.json's fields that say what runs and as what; :func:`launch_digest` covers exactly these.
 LAUNCH_KEYS = ("name", "attempt", "argv", "executable", "shell", "cwd", "env", "config", "config_path",
@@ -61,18 +61,34 @@ def owner_copy_path(run_dir: Path) -> Path:
 
 
 def private_problem(st: os.stat_result, what: str) -> str | None:
-    """Why a file with stat ``st`` cannot say what runs as this user, or None when it can."""
-    me = os.geteuid()
-    if not stat.S_ISREG(st.st_mode):
-        return f"{what} is not a regular file"
-    if st.st_uid != me:
-        return f"{what} belongs to uid {st.st_uid}, not to you (uid {me})"
-    if st.st_mode & stat.S_IWOTH:
-        return f"{what} is writable by every user (mode {stat.S_IMODE(st.st_mode):04o})"
-    if st.st_mode & stat.S_IWGRP:
-        return f"{what} is writable by group {group_name(st.st_gid)} (mode {stat.S_IMODE(st.st_mode):04o})"
-    if st.st_nlink != 1:
-        return f"{what} has {st.st_nlink} hard links (another name may lead to it)"
+    """Why a file with stat ``st`` cannot say what runs as this user, or None when it can: the one rule every
+    reader that acts on a file keeps (``monitors/runfiles.py`` ``trust_problem``, which monitors/ can import)."""
+    return trust_problem(st, what)
+
+
+#: The words every command that runs a config file says when it refuses one (launch, preflight, alerts test,
+#: relaunch and the TUI's launch key): one sentence, one home.
+CONFIG_REFUSAL = ("A file others can write cannot say what runs as you: chmod go-w it (and its directory), or "
+                  "use a copy of your own")
+
+
+def config_file_problem(path: Path, st: os.stat_result) -> str | None:
+    """Why the config file at ``path`` (``st``: its stat, taken on the descriptor that is read) cannot say what
+    runs as this user, or None: :func:`private_problem` for the file, and its directory must be this user's or
+    root's and writable by no group or other unless it is sticky (as /tmp): otherwise the file can be replaced."""
+    problem = private_problem(st, "the file")
+    if problem is not None:
+        return problem
+    parent = path.parent
+    try:
+        dst = parent.stat()
+    except OSError as e:
+        return f"its directory {parent} cannot be examined: {e.strerror or e}"
+    if dst.st_uid not in (os.geteuid(), 0):
+        return f"its directory {parent} belongs to uid {dst.st_uid}: the file can be replaced"
+    if dst.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not dst.st_mode & stat.S_ISVTX:
+        return (f"its directory {parent} is writable by others (mode {stat.S_IMODE(dst.st_mode):04o}): the file can "
+                "be replaced")
     return None
 
 
@@ -150,13 +166,6 @@ def read_owner_copy(run_dir: Path) -> tuple[dict[str, Any] | None, str | None]:
     if doc.get("run_dir") != str(Path(run_dir).resolve()) or doc.get("digest") != launch_digest(doc):
         return None, f"your copy of the launch ({path}) does not describe {run_dir}"
     return doc, None
-
-
-def group_name(gid: int) -> str:
-    try:
-        return grp.getgrgid(gid).gr_name
-    except KeyError:
-        return str(gid)
 
 
 def shared_risk(runs_dir: Path, run_dir: Path) -> str | None:

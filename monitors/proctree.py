@@ -218,6 +218,11 @@ class TreeRecorder:
         except ChildProcessError:
             pass
 
+    def recorded(self) -> list[RecordedProcess]:
+        """Every process of the tree as this recorder holds it in memory: what the supervisor signals on a stop,
+        never procs.json read back (a file the owner opened to the group could name anything: issue 43)."""
+        return processes_of(list(self._procs.values()))  # one copy (atomic under the GIL), then validated
+
     def _write(self, now: float) -> None:
         rec = {"v": 1, "supervisor": {"pid": self.me, "sid": self.sid}, "child_pid": self.child.pid,
                "updated_at_unix": now, "processes": sorted(self._procs.values(), key=lambda r: r["pid"])}
@@ -317,10 +322,17 @@ def _as_int(v: Any) -> int | None:
 
 def recorded_processes(procs_file: Path, owner: int | None = None) -> list[RecordedProcess]:
     """The processes a record names, validated (a file is hostile: pids in pid_t's range, a finite
-    create time is required, at most MAX_RECORDED). Missing or unreadable file, a symlink, or (with
-    ``owner``) a file another uid owns, checked on the descriptor read: []."""
-    rec = read_json(procs_file, owner)
-    items = rec.get("processes") if isinstance(rec, dict) else None
+    create time is required, at most MAX_RECORDED). Missing or unreadable file, a symlink: [].
+
+    With ``owner`` (a reader that acts on the list: whom a stop signals, py-spy's targets, the frozen detector):
+    [] unless the file passes the trust rule for that uid (``runfiles.trust_problem``, checked on the descriptor
+    read: the owner's, writable by no group or other, one link), said once; a view passes none and shows it."""
+    rec = read_json(procs_file, owner, private=owner is not None)
+    return processes_of(rec.get("processes") if isinstance(rec, dict) else None)
+
+
+def processes_of(items: Any) -> list[RecordedProcess]:
+    """:func:`recorded_processes` of a record's ``processes`` list (a file's, or the recorder's own in memory)."""
     if not isinstance(items, list):
         return []
     out = []

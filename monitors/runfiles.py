@@ -10,6 +10,7 @@ names; it imports only the standard library.
 from __future__ import annotations
 
 import errno
+import grp
 import json
 import os
 import sys
@@ -22,6 +23,16 @@ from pathlib import Path
 from typing import Any
 
 SCHEMA_VERSION = 1
+
+#: The modes stepwatch gives what it writes, whatever the umask: under a team's ``umask 002`` a plain create is
+#: group-writable, and a member could then edit the owner's records in place (issue 43). A record others may read:
+FILE_MODE = 0o644
+#: A file holding a secret (``alerts.urls.json``: push URLs with their tokens), or the owner's private copy.
+SECRET_MODE = 0o600
+#: A run dir: others may read it, only its owner writes it.
+DIR_MODE = 0o755
+#: The owner's own state dir (launcher/trust.py).
+STATE_DIR_MODE = 0o700
 
 RUN_JSON = "run.json"
 TRAIN_LOG = "train.log"
@@ -144,7 +155,48 @@ def open_regular(path: str | os.PathLike[str], owner_uid: int | None = None) -> 
 MAX_JSON_BYTES = 16 * 1024 * 1024
 
 
-def read_json(path: str | os.PathLike[str], owner_uid: int | None = None) -> dict[str, Any] | None:
+def group_name(gid: int) -> str:
+    """The name of group ``gid`` (its number when it has none)."""
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
+def trust_problem(st: os.stat_result, what: str, owner_uid: int | None = None) -> str | None:
+    """Why a file with stat ``st`` cannot be believed by a reader that acts on it, or None when it can: ssh's rule
+    for ``authorized_keys`` (ARCHITECTURE.md R17). It must be a regular file of ``owner_uid`` (default: this
+    process's user) that neither group nor others may write, with one link: a file the owner wrote under a
+    team's umask, or opened to the group, can be edited in place by a member while every owner check passes,
+    and a second name may be a member's way in. launcher/trust.py's ``private_problem`` is this rule."""
+    me = os.geteuid() if owner_uid is None else owner_uid
+    if not stat.S_ISREG(st.st_mode):
+        return f"{what} is not a regular file"
+    if st.st_uid != me:
+        return f"{what} belongs to uid {st.st_uid}, not to {'you' if me == os.geteuid() else 'the run owner'} (uid {me})"
+    if st.st_mode & stat.S_IWOTH:
+        return f"{what} is writable by every user (mode {stat.S_IMODE(st.st_mode):04o})"
+    if st.st_mode & stat.S_IWGRP:
+        return f"{what} is writable by group {group_name(st.st_gid)} (mode {stat.S_IMODE(st.st_mode):04o})"
+    if st.st_nlink != 1:
+        return f"{what} has {st.st_nlink} hard links (another name may lead to it)"
+    return None
+
+
+_IGNORED: set[tuple[str, str]] = set()
+
+
+def ignored_once(path: str | os.PathLike[str], why: str, then: str = "read as if it were absent") -> None:
+    """Say once per process (a diagnostic line: supervisor.log for the supervisor and its warden, stderr for
+    the CLI) that ``path`` was not believed, why, and what was done (``then``)."""
+    key = (os.fspath(path), why)
+    if key not in _IGNORED:
+        _IGNORED.add(key)
+        diagnostic("stepwatch", f"not trusting {os.fspath(path)}: {why}; {then}")
+
+
+def read_json(path: str | os.PathLike[str], owner_uid: int | None = None,
+              private: bool = False) -> dict[str, Any] | None:
     """Read a JSON object from ``path``.
 
     Returns None when the file does not exist, is not a regular file (a FIFO in its place is never
@@ -153,15 +205,24 @@ def read_json(path: str | os.PathLike[str], owner_uid: int | None = None) -> dic
     or over MAX_JSON_BYTES, is not valid JSON (a writer caught mid-write by a crash, or nested too
     deep to parse) or is not an object. Never raises for those; PermissionError is raised, because a
     file that exists and cannot be read is something the caller must say.
+
+    ``private``: a reader that decides an act from the file (a stop, whom to signal, what was paged) believes it
+    only under :func:`trust_problem` (``owner_uid``'s, default this user's; checked on the descriptor read), and
+    says once why it did not (:func:`ignored_once`).
     """
     try:
-        fd = open_regular(path, owner_uid)  # never blocks: a FIFO in a run.json's place must not hang a view
+        # never blocks: a FIFO in a run.json's place must not hang a view
+        fd = open_regular(path, None if private else owner_uid)
     except (FileNotFoundError, NotADirectoryError):
         return None
     except IsADirectoryError:  # pragma: no cover - O_RDONLY on a directory succeeds on Linux
         return None
     if fd is None:
         return None  # not a regular file (a FIFO, a device, a directory): nothing a run wrote
+    if private and (why := trust_problem(os.fstat(fd), os.fspath(path), owner_uid)) is not None:
+        os.close(fd)
+        ignored_once(path, why)
+        return None
     with os.fdopen(fd, "rb") as f:
         data = f.read(MAX_JSON_BYTES + 1)
     if len(data) > MAX_JSON_BYTES:
@@ -176,13 +237,13 @@ def read_json(path: str | os.PathLike[str], owner_uid: int | None = None) -> dic
 
 
 def write_json_atomic(path: str | os.PathLike[str], obj: dict[str, Any], indent: int | None = 2,
-                      mode: int | None = None) -> None:
+                      mode: int = FILE_MODE) -> None:
     """Write ``obj`` as JSON to ``path`` through a temp file and ``os.replace`` (``indent`` as
-    json.dump takes it; None: one compact line; ``mode``: the file's mode, else the umask's).
+    json.dump takes it; None: one compact line; ``mode``: the file's mode, FILE_MODE by default).
 
-    A reader never sees half a file. The file gets the mode a plain ``open`` would give it
-    (0o666 less the umask), not mkstemp's 0o600: other users may read a run dir (a view
-    works on a run dir it may only read).
+    A reader never sees half a file. The file gets FILE_MODE (0644) whatever the umask, not mkstemp's
+    0o600: other users may read a run dir (a view works on a run dir it may only read), and none may
+    write it (a team's umask 002 would let the group edit the owner's record in place).
     Raises OSError (e.g. PermissionError) when the directory is not writable.
     """
     # dumps + one write: json.dump streams through the pure-Python iterencode (~4x slower on the
@@ -191,13 +252,13 @@ def write_json_atomic(path: str | os.PathLike[str], obj: dict[str, Any], indent:
     write_bytes_atomic(path, (text + "\n").encode("utf-8"), mode)
 
 
-def write_bytes_atomic(path: str | os.PathLike[str], data: bytes, mode: int | None = None) -> None:
+def write_bytes_atomic(path: str | os.PathLike[str], data: bytes, mode: int = FILE_MODE) -> None:
     """Write ``data`` to ``path`` through a temp file beside it, fsync, then ``os.replace``: a reader
-    never sees half a file (``mode``: the file's mode, else 0o666 less the umask). Raises OSError."""
+    never sees half a file (``mode``: the file's mode, whatever the umask). Raises OSError."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        os.fchmod(fd, 0o666 & ~_umask() if mode is None else mode)
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -211,22 +272,41 @@ def write_bytes_atomic(path: str | os.PathLike[str], data: bytes, mode: int | No
         raise
 
 
-def _umask() -> int:
-    """The process umask (read by setting and restoring it)."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
+def open_append(path: str | os.PathLike[str], mode: int | None = FILE_MODE) -> int:
+    """A descriptor for appending to ``path``, that is never a symlink's target (``O_NOFOLLOW``) nor
+    anything but a regular file (a FIFO in its place fails at once, ``O_NONBLOCK``, instead of hanging
+    the writer). Raises OSError.
 
-
-def open_append(path: str | os.PathLike[str]) -> int:
-    """A descriptor for appending to ``path``, created if missing (mode 0o666 less the umask), that
-    is never a symlink's target (``O_NOFOLLOW``) nor anything but a regular file (a FIFO in its
-    place fails at once, ``O_NONBLOCK``, instead of hanging the writer). Raises OSError."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
-                 | getattr(os, "O_CLOEXEC", 0), 0o666)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    Created if missing with ``mode`` whatever the umask (``fchmod``: a team's umask 002 would make the
+    owner's record group-writable). A file already there is appended to only when it is this user's
+    with one link (PermissionError otherwise, naming the reason: the owner's records never go into a
+    file a member planted, nor through a second name); one the group or others may write is appended to
+    and said once (:func:`ignored_once`): no reader that acts believes it (:func:`trust_problem`), and its
+    mode is left as the owner set it (tightening it would make a member's lines in it look like ours).
+    ``mode`` None: the umask's, and any user's file (``acks.jsonl``, a view's shared notes).
+    """
+    flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    created = False
+    try:
+        fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o666 if mode is None else mode)
+        created = True
+    except FileExistsError:
+        fd = os.open(path, flags)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", os.fspath(path))
+        if created and mode is not None:
+            os.fchmod(fd, mode)
+        elif not created and mode is not None:
+            why = trust_problem(st, os.fspath(path))
+            if why is not None and (st.st_uid != os.geteuid() or st.st_nlink != 1):
+                raise PermissionError(errno.EPERM, f"not appended to: {why}", os.fspath(path))
+            if why is not None:
+                ignored_once(path, why, "appended to all the same, and believed by no reader that acts on it")
+    except BaseException:
         os.close(fd)
-        raise OSError(errno.EINVAL, "not a regular file", os.fspath(path))
+        raise
     os.set_blocking(fd, True)
     return fd
 
@@ -238,9 +318,9 @@ def write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def append_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Append ``data`` to ``path`` with one write (see :func:`open_append`). Raises OSError."""
-    fd = open_append(path)
+def append_bytes(path: str | os.PathLike[str], data: bytes, mode: int | None = FILE_MODE) -> None:
+    """Append ``data`` to ``path`` with one write (see :func:`open_append`, ``mode`` too). Raises OSError."""
+    fd = open_append(path, mode)
     try:
         write_all(fd, data)
     finally:
@@ -254,6 +334,19 @@ def diagnostic(role: str, msg: str) -> None:
         print(f"{utc_iso(time.time())} {role}[{os.getpid()}]: {msg}", file=sys.stderr, flush=True)
     except (OSError, ValueError):
         pass
+
+
+def make_run_dir(run_dir: str | os.PathLike[str]) -> None:
+    """Create the run dir (and its parents) DIR_MODE whatever the umask: its owner writes it, others read it (a
+    team's umask 002 would let a member replace the owner's files in it). An existing one of this user's (an
+    earlier attempt, an older stepwatch) is set so too; another's, or a symlink, is left alone (the launch's
+    checks refuse or warn of it). A setgid bit (inherited from a team's runs dir) stays: the files keep the
+    team's group, for reading. Raises OSError."""
+    os.makedirs(run_dir, mode=DIR_MODE, exist_ok=True)
+    st = os.lstat(run_dir)
+    want = DIR_MODE | (st.st_mode & stat.S_ISGID)
+    if st.st_uid == os.geteuid() and stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) != want:
+        os.chmod(run_dir, want, follow_symlinks=False)
 
 
 def read_run_fd(fd: int) -> dict[str, Any] | None:

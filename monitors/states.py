@@ -94,3 +94,16 @@ REUSED: Final = "reused"
 Verdict = Literal["alive", "dead", "zombie", "reused"]
 #: ``process_verdict`` for a run whose supervisor died before it recorded the child.
 NEVER_RECORDED: Final = "never_recorded"
+
+# --- who watches the run (the supervisor, its warden and keeper: monitors/watch/warden.py) ----------
+#: The supervisor is alive and not held stopped: it pumps the output, records the end, pages.
+WATCHED: Final = "watched"
+#: The supervisor is alive but held stopped (SIGSTOP): its warden pumps the output and pages it frozen.
+HELD: Final = "held"
+#: The supervisor is gone; a warden or the keeper lives: it pumps the output and pages the run's end.
+WARDED: Final = "warded"
+#: The run's process lives and none of its watchers does: nothing reads its output (its next print dies of
+#: SIGPIPE), nothing records or pages its end.
+UNWATCHED: Final = "unwatched"
+#: ``watch.state`` (``not judged``: the run is not running, or run.json names no watcher this host can probe).
+WatchState = Literal["watched", "held", "warded", "unwatched", "not judged"]

@@ -100,6 +100,19 @@ def is_alive(ref: ProcessRef | None) -> TypeGuard[ProcessRef]:
     return ref is not None and probe(ref) == ALIVE
 
 
+def held_stopped(ref: ProcessRef) -> str | None:
+    """psutil's status of the captured process when the kernel holds it stopped (``stopped``: SIGSTOP, a
+    job-control stop; ``tracing-stop``: a debugger, py-spy), else None (running, sleeping, gone, another's)."""
+    try:
+        p = psutil.Process(ref.pid)
+        if ref.create_time is not None and abs(p.create_time() - ref.create_time) > CREATE_TIME_TOLERANCE_S:
+            return None
+        status = p.status()
+    except (psutil.Error, OSError):
+        return None
+    return status if status in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP) else None
+
+
 def wait_for_exit(ref: ProcessRef, timeout_s: float | None = None, poll_s: float = 0.5) -> bool:
     """Block until the captured process is no longer alive, or ``timeout_s`` passes.
 

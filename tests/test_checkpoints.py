@@ -106,3 +106,121 @@ def test_a_glob_file_is_judged_as_an_archive_and_a_huge_state_file_is_not_read(t
         f.truncate(65 * 1024 * 1024)  # sparse: 65 MiB on paper
     got60 = next(c for c in find_checkpoints(out) if c.step == 60)
     assert not got60.complete and "not a regular file of at most" in got60.why
+
+
+# ---------------------------------------------------------------- the whole path (launcher/checkpointpath.py)
+def _private_checkpoint(tmp_path: Path) -> Path:
+    """<tmp>/proj/out/checkpoint-20 as a private run leaves it: directories 0755 and files 0644, all the owner's
+    (root: the tests run as root); tmp_path's own parents are pytest's 0700 directories under the sticky /tmp."""
+    cp = tmp_path / "proj" / "out" / "checkpoint-20"
+    (cp / "rng").mkdir(parents=True)
+    for d in (tmp_path / "proj", tmp_path / "proj" / "out", cp, cp / "rng"):
+        d.chmod(0o755)
+    for f in (cp / "trainer_state.json", cp / "model.safetensors", cp / "rng" / "rng_state.pth"):
+        f.write_bytes(b"{}")
+        f.chmod(0o644)
+    return cp
+
+
+def test_a_private_checkpoint_path_is_safe_and_a_group_writable_project_dir_is_named(tmp_path: Path):
+    from stepwatch.launcher.checkpointpath import checkpoint_path_problem
+    from stepwatch.launcher.trust import group_name
+
+    cp = _private_checkpoint(tmp_path)
+    assert checkpoint_path_problem(cp) is None  # the control: every directory up to / the owner's or root's
+    (tmp_path / "proj").chmod(0o2775)  # a team's project dir: out/ is safe, yet the group can rename it away
+    problem = checkpoint_path_problem(cp)
+    assert problem is not None and problem.where == str(tmp_path / "proj")
+    assert str(problem) == (f"{tmp_path / 'proj'} is writable by group {group_name(os.stat(tmp_path).st_gid)} "
+                            "(mode 2775): the group can rename out/ away")
+
+
+def test_a_sticky_directory_is_safe_for_the_owners_entry_and_not_for_another_users(tmp_path: Path):
+    from stepwatch.launcher.checkpointpath import checkpoint_path_problem
+
+    cp = _private_checkpoint(tmp_path)
+    (tmp_path / "proj").chmod(0o1777)  # like /tmp: anyone may create, only an entry's owner may rename it
+    assert checkpoint_path_problem(cp) is None
+    os.chown(tmp_path / "proj" / "out", 65534, 65534)  # out/ made by another user in the sticky dir
+    problem = checkpoint_path_problem(cp)
+    assert problem is not None and problem.where == str(tmp_path / "proj" / "out")
+    assert "belongs to uid 65534" in problem.why, problem
+
+
+def test_a_symlink_in_the_path_is_never_followed(tmp_path: Path):
+    from stepwatch.launcher.checkpointpath import checkpoint_path_problem
+
+    cp = _private_checkpoint(tmp_path)
+    os.symlink(tmp_path / "proj", tmp_path / "link")
+    problem = checkpoint_path_problem(tmp_path / "link" / "out" / cp.name)
+    assert problem is not None and problem.where == str(tmp_path / "link") and "symlink" in problem.why
+    os.symlink(cp, tmp_path / "proj" / "out" / "checkpoint-40")  # the checkpoint itself a link
+    problem = checkpoint_path_problem(tmp_path / "proj" / "out" / "checkpoint-40")
+    assert problem is not None and "is a symlink" in problem.why
+    problem = checkpoint_path_problem(f"{tmp_path}/proj/out/../out/{cp.name}")
+    assert problem is not None and "'..'" in problem.why  # judged only as the job will open it
+
+
+def test_a_group_writable_or_hard_linked_file_inside_the_checkpoint_is_named(tmp_path: Path):
+    from stepwatch.launcher.checkpointpath import checkpoint_path_problem
+
+    cp = _private_checkpoint(tmp_path)
+    rng = cp / "rng" / "rng_state.pth"  # in a subdirectory: every entry a resume loads is judged
+    rng.chmod(0o664)
+    problem = checkpoint_path_problem(cp)
+    assert problem is not None and problem.where == str(rng) and "(mode 0664)" in problem.why
+    rng.chmod(0o644)
+    assert checkpoint_path_problem(cp) is None
+    os.link(cp / "model.safetensors", tmp_path / "another-name")
+    problem = checkpoint_path_problem(cp)
+    assert problem is not None and problem.where == str(cp / "model.safetensors")
+    assert problem.why == "has 2 hard links: another name may lead to it"
+
+
+def test_the_policy_refuses_an_unsafe_checkpoint_or_starts_from_scratch_as_restart_says(tmp_path: Path):
+    import pytest
+
+    from stepwatch.launcher.checkpointpath import judge_decision
+    from stepwatch.launcher.restartpolicy import RESTART, STOP, Decision, restart_settings
+
+    cp = _private_checkpoint(tmp_path)
+    d = Decision(RESTART, "killed_by_signal: restart 1 of 3", "SIGKILL", str(cp), 20, 1, 7)
+    assert judge_decision(d, restart_settings({})) == (d, None)  # the control: a private path resumes
+    (tmp_path / "proj").chmod(0o775)
+    stop, refused = judge_decision(d, restart_settings({}))  # "stop", the default
+    assert (stop.verdict, stop.checkpoint, refused and refused["where"]) == (STOP, None, str(tmp_path / "proj"))
+    assert f"is not safe to resume from: {tmp_path / 'proj'} is writable by group" in stop.reason
+    scratch, _ = judge_decision(d, restart_settings({"unsafe_checkpoint": "scratch"}))
+    assert (scratch.verdict, scratch.checkpoint, scratch.lost_steps) == (RESTART, None, 27)
+    assert "from scratch instead" in scratch.reason
+    with pytest.raises(ValueError, match='unsafe_checkpoint must be "stop" or "scratch"'):
+        restart_settings({"unsafe_checkpoint": "ignore"})
+
+
+def test_the_last_looks_before_exec_refuse_or_go_from_scratch_and_the_supervisors_refuses(tmp_path: Path):
+    import pytest
+
+    from stepwatch.launcher.checkpointpath import refused_at_exec, resume_at_exec, scratch_note
+    from stepwatch.launcher.config import RunConfig
+    from stepwatch.launcher.relaunch import resume_from
+
+    cp = _private_checkpoint(tmp_path)
+
+    def cfg(unsafe: str) -> RunConfig:
+        c = RunConfig("r", ["python", "t.py"], tmp_path, tmp_path / "runs", restart={"resume": "hf",
+                                                                                      "unsafe_checkpoint": unsafe})
+        resume_from(c, str(cp), 20, by="operator", after_attempt=1, restarts=0)
+        return c
+
+    ok = cfg("stop")
+    resume_at_exec(ok, RuntimeError)  # the control: a private path is handed as it is
+    assert ok.command[-2:] == ["--resume_from_checkpoint", str(cp)] and scratch_note(ok) is None
+    assert refused_at_exec({"resumed_from": ok.resumed_from}) is None
+    (tmp_path / "proj").chmod(0o2775)
+    with pytest.raises(RuntimeError, match=f"REFUSING to resume from {cp}: {tmp_path / 'proj'} is writable by group"):
+        resume_at_exec(cfg("stop"), RuntimeError)
+    assert (refused_at_exec({"resumed_from": ok.resumed_from}) or "").startswith(f"REFUSING to resume from {cp}: ")
+    scratch = cfg("scratch")
+    resume_at_exec(scratch, RuntimeError)
+    assert scratch.command == ["python", "t.py"] and scratch.resumed_from is not None
+    assert scratch.resumed_from["checkpoint"] is None and str(tmp_path / "proj") in (scratch_note(scratch) or "")

@@ -113,6 +113,8 @@ def test_a_members_symlink_where_roots_job_writes_events_is_never_followed_and_t
         run_dir = shared / name
         wait_until(lambda: (run_dir / "train.log").exists(), 10, what="the attempt's log")  # noqa: B023
         if attack:
+            assert _member_may_write(member, run_dir) is False  # a run dir stepwatch made is 0755: refused
+            run_dir.chmod(run_dir.stat().st_mode | 0o020)  # the owner opens the run dir to the team (chmod g+w)
             member_symlink(member, target, run_dir / "events.jsonl")
         go.touch()
         results[name] = (wait_exit(run_dir), (run_dir / "train.log").read_text())
@@ -182,9 +184,16 @@ for name, doc in plants.items():
 """
 
 
-def _team_run(repo: Path, shared: Path, name: str, pings: Path) -> Path:
-    """A long run of root's in the team's runs dir (umask 002: its dir group-writable), paging through an
-    ``[alerts] command`` into ``pings``; returns its run dir once a few steps were read."""
+def _member_may_write(member: tuple[int, int], run_dir: Path) -> bool:
+    """Whether the member may create a file in ``run_dir`` (tried, then removed)."""
+    code = (f"import os\np = os.path.join({str(run_dir)!r}, '.member.probe')\ntry:\n    open(p, 'w').close()\n"
+            "    os.unlink(p)\n    print('written')\nexcept PermissionError:\n    print('refused')\n")
+    return as_member(member, code).stdout.strip() == "written"
+
+
+def _team_run(repo: Path, shared: Path, name: str, pings: Path, member: tuple[int, int]) -> Path:
+    """A long run of root's in the team's runs dir (umask 002), paging through an ``[alerts] command`` into
+    ``pings``, its run dir opened to the team by its owner; returns its run dir once a few steps were read."""
     (repo / "steps.py").write_text(STEPS_PY)
     (repo / "ping.py").write_text(PING_PY)
     (repo / f"{name}.toml").write_text(
@@ -196,7 +205,8 @@ def _team_run(repo: Path, shared: Path, name: str, pings: Path) -> Path:
     assert r.returncode == 0, r.stderr
     run_dir = shared / name
     wait_until(lambda: b"step 5/" in (run_dir / "train.log").read_bytes(), 30, what="a few steps")
-    assert run_dir.stat().st_mode & 0o020  # the member may write in it
+    assert not _member_may_write(member, run_dir)  # stepwatch made it 0755: the kernel refuses the member
+    run_dir.chmod(run_dir.stat().st_mode | 0o020)  # the owner opens the run dir to the team (chmod g+w)
     return run_dir
 
 
@@ -214,7 +224,7 @@ def test_a_members_stop_record_neither_holds_the_owners_stop_back_nor_slows_it(
         repo: Path, shared: Path, member: tuple[int, int], tmp_path: Path):
     """A stop.json saying a stop is in progress, with a grace of eleven days: the owner's stop is not refused as
     "already in progress" and its ladder keeps the owner's grace."""
-    run_dir = _team_run(repo, shared, "held", tmp_path / "pings.jsonl")
+    run_dir = _team_run(repo, shared, "held", tmp_path / "pings.jsonl", member)
     _plant(member, run_dir, {"stop.json": {"v": 1, "requested_at_unix": 9e9, "requested_at": "2255-01-01T00:00:00Z",
                                            "grace_s": 1e6, "signals": [], "ended_by": None}})
     t0 = time.monotonic()
@@ -231,7 +241,7 @@ def test_a_members_exit_record_and_run_json_never_silence_the_page_of_a_killed_s
     """The member plants an exit.json (exit 0) and rewrites run.json (another attempt); then the supervisor
     is SIGKILLed, then the run: its warden (the owner's) still pages the loss and the death within 10 s."""
     pings = tmp_path / "pings.jsonl"
-    run_dir = _team_run(repo, shared, "warded", pings)
+    run_dir = _team_run(repo, shared, "warded", pings, member)
     run = read_json(run_dir / "run.json")
     assert run is not None
     _plant(member, run_dir, {"exit.json": {"v": 1, "returncode": 0, "signal": None, "ended_at_unix": time.time()},
@@ -278,7 +288,7 @@ def test_a_members_run_json_never_keeps_the_owner_from_stopping_the_run(
     same stop is refused with the reason, and nothing is signalled."""
     runs = []
     for name in ("kept", "nocopy"):
-        run_dir = _team_run(repo, shared, name, tmp_path / f"{name}.pings")
+        run_dir = _team_run(repo, shared, name, tmp_path / f"{name}.pings", member)
         run = read_json(run_dir / "run.json")
         assert run is not None
         _plant(member, run_dir, {"run.json": {"attempt": 9, "process": {"pid": 1, "create_time": 0.0},
@@ -336,10 +346,18 @@ def test_a_member_racing_the_launch_never_gets_a_command_run(repo: Path, shared:
     racer = threading.Thread(target=lambda: result.update(
         race=as_member(member, f"run_dir = {str(run_dir)!r}\nmark = {str(mark)!r}\n" + RACE)))
     racer.start()
+
+    def open_to_team() -> None:  # the owner opens the run dir to the team (chmod g+w) once the launcher wrote run.json
+        wait_until(lambda: (run_dir / "run.json").exists(), 20, interval_s=0.001, what="run.json")
+        run_dir.chmod(run_dir.stat().st_mode | 0o020)
+
+    opener = threading.Thread(target=open_to_team)
+    opener.start()
     r = stepwatch("launch", "--no-tui", "--runs-dir", str(shared), "--name", "raced", "--", sys.executable, "ok.py",
                   cwd=repo, umask=0o002)
     assert r.returncode == 0, r.stderr
     racer.join(30)
+    opener.join(30)
     assert int(result["race"].stdout.strip()) > 0, result["race"]  # the member did replace it, again and again
     ex = wait_exit(run_dir)
     assert ex["returncode"] == 0 and "hello from the run" in (run_dir / "train.log").read_text()

@@ -52,7 +52,7 @@ def test_relaunch_from_checkpoint_resumes_from_the_newest_complete_one_and_recor
     run = read_json(run_dir / "run.json") or {}
     assert run["attempt"] == 2 and run["argv"][-2:] == ["--resume", str(repo / "ckpt_40")], run["argv"]
     assert run["resumed_from"] == {"by": "operator", "restarts": 0, "after_attempt": 1,
-                                   "checkpoint": str(repo / "ckpt_40"), "step": 40}
+                                   "checkpoint": str(repo / "ckpt_40"), "step": 40, "unsafe_checkpoint": None}
     wait_until(lambda: b"resumed from step 40" in (run_dir / "train.log").read_bytes(), 20, what="the resumed attempt")
 
 

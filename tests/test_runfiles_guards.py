@@ -71,12 +71,12 @@ def test_read_json_refuses_a_file_over_16_mib_and_takes_one_at_it(tmp_path: Path
     assert rf.read_json(tmp_path / "plain" / "x.json") is None  # a path through a file: NotADirectoryError
 
 
-def test_atomic_writes_leave_the_umasks_mode_or_the_one_asked_and_no_temp_file(tmp_path: Path):
+def test_atomic_writes_leave_0644_whatever_the_umask_or_the_mode_asked_and_no_temp_file(tmp_path: Path):
     old = os.umask(0o027)
     try:
         rf.write_json_atomic(tmp_path / "a.json", {"b": [1, 2], "a": 1})
-        assert stat.S_IMODE((tmp_path / "a.json").stat().st_mode) == 0o640
-        assert rf._umask() == 0o027 and os.umask(0o027) == 0o027  # read, and restored
+        assert stat.S_IMODE((tmp_path / "a.json").stat().st_mode) == 0o644  # a record others read
+        assert os.umask(0o027) == 0o027  # the umask left as it was
     finally:
         os.umask(old)
     assert (tmp_path / "a.json").read_text() == '{\n  "b": [\n    1,\n    2\n  ],\n  "a": 1\n}\n'  # keys in order
@@ -197,8 +197,8 @@ def test_modes_under_a_group_writable_umask_and_a_failed_replace_leaves_no_temp_
         os.close(fd)
     finally:
         os.umask(old)
-    assert stat.S_IMODE((tmp_path / "a.json").stat().st_mode) == 0o664
-    assert stat.S_IMODE((tmp_path / "b.jsonl").stat().st_mode) == 0o664
+    assert stat.S_IMODE((tmp_path / "a.json").stat().st_mode) == 0o644  # never the group's to write (issue 43)
+    assert stat.S_IMODE((tmp_path / "b.jsonl").stat().st_mode) == 0o644
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "x").write_text("")  # a non-empty directory where the file should go
     with pytest.raises(OSError):
@@ -262,3 +262,97 @@ def test_a_panels_line_and_a_gpu_row_stay_one_line(monkeypatch):
     device: Any = {"index": 0, "name": "H100\nGPU1 NVIDIA fake", "verdict": "ok\rx"}  # the keys the row reads
     row = device_line(device).plain
     assert row.startswith("GPU0 H100\u240aGPU1 NVIDIA fake") and len(row.splitlines()) == 1, row
+
+
+# ----------------------------------------------------------------------------- the trust rule (issue 43)
+def _record(path: Path, obj: dict[str, Any], mode: int = 0o644) -> Path:
+    path.write_text(json.dumps(obj))
+    os.chmod(path, mode)
+    return path
+
+
+def test_a_file_read_to_decide_is_believed_only_when_no_one_else_can_have_written_it(tmp_path: Path, capsys):
+    """ssh's rule (runfiles.trust_problem): the owner's, writable by no group or other, one link. A view's plain
+    read_json still reads what it can; a reader that acts (``private=True``) reads it as absent and says so once."""
+    f = _record(tmp_path / "stop.json", {"grace_s": 1e6})
+    assert rf.trust_problem(f.stat(), "f") is None  # positive control: the owner's 0644
+    assert rf.read_json(f, private=True) == {"grace_s": 1e6}
+    os.chmod(f, 0o664)
+    assert "writable by group" in (rf.trust_problem(f.stat(), "f") or "")
+    assert rf.read_json(f) == {"grace_s": 1e6}  # a view shows it
+    capsys.readouterr()
+    assert rf.read_json(f, private=True) is None and rf.read_json(f, os.geteuid(), private=True) is None
+    said = capsys.readouterr().err
+    assert said.count(f"not trusting {f}: {f} is writable by group") == 1, said  # once, naming the path and why
+    os.chmod(f, 0o646)
+    assert "writable by every user" in (rf.trust_problem(f.stat(), "f") or "")
+    os.chmod(f, 0o644)
+    os.link(f, tmp_path / "other-name")
+    assert "2 hard links" in (rf.trust_problem(f.stat(), "f") or "") and rf.read_json(f, private=True) is None
+    os.unlink(tmp_path / "other-name")
+    assert rf.read_json(f, 65534, private=True) is None  # another owner asked for than the file's
+    assert "belongs to uid" in (rf.trust_problem(f.stat(), "f", 65534) or "")
+
+
+def test_appending_creates_0644_and_never_appends_to_a_file_planted_or_linked(tmp_path: Path, capsys):
+    ok = tmp_path / "train.log"
+    old = os.umask(0o002)
+    try:
+        rf.append_bytes(ok, b"a\n")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(ok.stat().st_mode) == 0o644  # positive control: created, whatever the umask
+    rf.append_bytes(ok, b"b\n")
+    assert ok.read_bytes() == b"a\nb\n"
+    planted = tmp_path / "alerts.jsonl"
+    planted.write_text("")
+    _owned_by_nobody(planted)
+    with pytest.raises(PermissionError, match="belongs to uid 65534"):
+        rf.append_bytes(planted, b"x\n")
+    assert planted.read_text() == ""  # the owner's records never go into a member's file
+    os.link(ok, tmp_path / "second")
+    with pytest.raises(PermissionError, match="2 hard links"):
+        rf.append_bytes(ok, b"c\n")
+    os.unlink(tmp_path / "second")
+    os.chmod(ok, 0o664)  # the owner's, opened to the group: appended to, said, its mode left as the owner set it
+    capsys.readouterr()
+    rf.append_bytes(ok, b"c\n")
+    assert ok.read_bytes() == b"a\nb\nc\n" and stat.S_IMODE(ok.stat().st_mode) == 0o664
+    assert "appended to all the same" in capsys.readouterr().err
+    acks = tmp_path / "acks.jsonl"  # a view's shared notes: any user's file, the umask's mode
+    acks.write_text("")
+    _owned_by_nobody(acks)
+    rf.append_bytes(acks, b"ack\n", mode=None)
+    assert acks.read_text() == "ack\n"
+
+
+def test_an_acting_reader_of_alerts_or_procs_goes_as_if_the_file_were_absent(tmp_path: Path):
+    """alerts.jsonl read for the owner's watchers (EventReader ``trust_uid``), procs.json for whom to signal
+    (recorded_processes with an owner): a file the group may write names nothing, and one that was once group-
+    writable is not believed later either (a line a member appended meanwhile)."""
+    from stepwatch.monitors.proctree import recorded_processes
+    from stepwatch.monitors.readers.jsonl import EventReader
+
+    alerts = tmp_path / "alerts.jsonl"
+    alerts.write_text('{"kind":"alert","id":"a1-watchdog-end"}\n')
+    os.chmod(alerts, 0o644)
+    assert len(EventReader(alerts, trust_uid=os.geteuid()).read_new()) == 1  # positive control
+    reader = EventReader(alerts, trust_uid=os.geteuid())
+    os.chmod(alerts, 0o664)
+    assert reader.read_new() == [] and reader.untrusted
+    assert len(EventReader(alerts).read_new()) == 1  # a view shows it
+    os.chmod(alerts, 0o644)
+    assert reader.read_new() == []  # once untrusted, this file stays so
+    procs = _record(tmp_path / "procs.json", {"processes": [{"pid": os.getpid(), "create_time": 1.0}]})
+    assert [p.ref.pid for p in recorded_processes(procs, os.geteuid())] == [os.getpid()]  # positive control
+    os.chmod(procs, 0o664)
+    assert recorded_processes(procs, os.geteuid()) == [] and len(recorded_processes(procs)) == 1
+
+
+def test_a_stop_record_the_group_may_write_neither_holds_a_stop_nor_sets_its_grace(tmp_path: Path):
+    from stepwatch.launcher.escalation import DEFAULT_GRACE_S, own_stop_record, stop_grace_s
+
+    _record(tmp_path / "stop.json", {"grace_s": 2.0, "ended_by": None})
+    assert stop_grace_s(tmp_path) == 2.0 and own_stop_record(tmp_path) is not None  # positive control
+    _record(tmp_path / "stop.json", {"grace_s": 1e6, "ended_by": None}, mode=0o664)
+    assert stop_grace_s(tmp_path) == DEFAULT_GRACE_S and own_stop_record(tmp_path) is None

@@ -29,6 +29,13 @@ def team_launch(repo: Path, runs: Path, *args: str) -> subprocess.CompletedProce
 
 REPLACE_RUN_JSON = """
 import json, os
+if probe:  # only try: is the run dir the member's to write?
+    try:
+        open(os.path.join(run_dir, ".member.probe"), "w").close()
+        print("written")
+    except PermissionError:
+        print("refused")
+    raise SystemExit(0)
 path = os.path.join(run_dir, "run.json")
 run = json.load(open(path))
 for key, value in edits.items():
@@ -46,8 +53,13 @@ print("replaced")
 
 
 def member_replaces_run_json(member: tuple[int, int], run_dir: Path, edits: dict) -> None:
-    """The member rewrites the owner's run.json with ``edits`` (dotted keys) and renames it into place."""
-    r = as_member(member, f"run_dir = {str(run_dir)!r}\nedits = {edits!r}\n" + REPLACE_RUN_JSON)
+    """The member rewrites the owner's run.json with ``edits`` (dotted keys) and renames it into place, once the
+    owner opened the run dir to the team (a run dir stepwatch made is 0755: the kernel refuses the member)."""
+    if not run_dir.stat().st_mode & 0o020:
+        probe = as_member(member, f"run_dir = {str(run_dir)!r}\nedits = {{}}\nprobe = True\n" + REPLACE_RUN_JSON)
+        assert probe.stdout.strip() == "refused", probe.stdout  # without the owner's chmod, nothing is planted
+        run_dir.chmod(run_dir.stat().st_mode | 0o020)  # the owner opens the run dir to the team (chmod g+w)
+    r = as_member(member, f"run_dir = {str(run_dir)!r}\nedits = {edits!r}\nprobe = False\n" + REPLACE_RUN_JSON)
     assert "replaced" in r.stdout, r.stderr
     assert (run_dir / "run.json").stat().st_uid == member[0]
 
@@ -64,7 +76,7 @@ def test_a_launch_into_the_shared_dir_states_the_risk_and_a_relaunch_ignores_a_m
     assert f"writable by group {TEAM}" in r.stdout + r.stderr and "never from run.json" in r.stdout + r.stderr
     run_dir = shared / "r"
     wait_exit(run_dir)
-    assert (run_dir.stat().st_mode & 0o020) and (run_dir / "run.json").stat().st_mode & 0o777 == 0o644
+    assert run_dir.stat().st_mode & 0o777 == 0o755 and (run_dir / "run.json").stat().st_mode & 0o777 == 0o644
     mark = tmp_path / "pwned"
     member_replaces_run_json(member, run_dir, {
         "argv": ["/bin/sh", "-c", f"touch {mark}"], "config.command": ["/bin/sh", "-c", f"touch {mark}"],
@@ -165,6 +177,8 @@ def test_without_the_owners_copy_a_shared_run_dir_is_refused_and_a_private_one_r
     run_dir = shared / "nc"
     wait_exit(run_dir)
     owner_copy_path(run_dir).unlink()  # as after a launch by an older stepwatch
+    assert run_dir.stat().st_mode & 0o777 == 0o755  # stepwatch made it the owner's alone
+    run_dir.chmod(0o2775)  # the owner opens it to the team (chmod g+w): a member could replace run.json
     r = stepwatch("relaunch", "--no-tui", str(run_dir), cwd=repo)
     assert r.returncode == 1, r.stdout
     assert "REFUSING to relaunch nc" in r.stderr and f"is writable by group {TEAM}" in r.stderr

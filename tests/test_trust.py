@@ -105,3 +105,53 @@ def test_push_urls_are_read_only_from_the_owners_own_file(tmp_path: Path):
     assert read_push_urls(tmp_path) == ["json://127.0.0.1:9/a"]
     os.chown(tmp_path / "alerts.urls.json", NOBODY, -1)  # a member's file renamed into the owner's place
     assert read_push_urls(tmp_path) == []
+
+
+# --- a config file a command runs ----------------------------------------------------------------
+
+def _config_problem(path: Path) -> str | None:
+    from stepwatch.launcher.trust import config_file_problem
+
+    return config_file_problem(path, path.stat())
+
+
+def test_a_config_file_says_what_runs_only_when_it_and_its_directory_are_the_readers_alone(tmp_path: Path):
+    d = tmp_path / "proj"
+    d.mkdir(mode=0o755)
+    d.chmod(0o755)
+    cfg = d / "run.toml"
+    cfg.write_text('name = "r"\ncommand = ["true"]\n')
+    cfg.chmod(0o644)
+    assert _config_problem(cfg) is None  # the positive control: the owner's alone
+    cfg.chmod(0o664)
+    assert "the file is writable by group" in (_config_problem(cfg) or "")
+    cfg.chmod(0o644)
+    os.link(cfg, d / "alias.toml")
+    assert "2 hard links" in (_config_problem(cfg) or "")
+    (d / "alias.toml").unlink()
+    d.chmod(0o775)
+    assert f"its directory {d} is writable by others (mode 0775): the file can be replaced" == _config_problem(cfg)
+    d.chmod(0o1777)  # sticky, as /tmp: only the file's owner may replace it
+    assert _config_problem(cfg) is None
+    d.chmod(0o755)
+    os.chown(d, NOBODY, -1)
+    assert f"its directory {d} belongs to uid {NOBODY}" in (_config_problem(cfg) or "")
+    os.chown(d, os.geteuid(), -1)
+    os.chown(cfg, NOBODY, -1)
+    assert f"the file belongs to uid {NOBODY}" in (_config_problem(cfg) or "")
+
+
+def test_load_config_refuses_a_config_others_can_write_with_the_one_sentence_and_reads_it_once_it_is_private(
+        tmp_path: Path):
+    from stepwatch.launcher.config import UntrustedConfig, load_config
+    from stepwatch.launcher.trust import CONFIG_REFUSAL
+
+    cfg = tmp_path / "run.toml"
+    cfg.write_text('name = "r"\ncommand = ["true"]\n')
+    cfg.chmod(0o666)
+    with pytest.raises(UntrustedConfig) as e:
+        load_config(cfg, runs_dir_override=tmp_path / "runs")
+    assert str(e.value) == (f"REFUSING the config file {cfg}: the file is writable by every user (mode 0666). "
+                            f"{CONFIG_REFUSAL}")
+    cfg.chmod(0o644)
+    assert load_config(cfg, runs_dir_override=tmp_path / "runs").name == "r"

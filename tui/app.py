@@ -19,6 +19,7 @@ from typing import Any
 from textual import work
 from textual.binding import Binding
 
+from stepwatch.monitors.runfiles import SECRET_MODE, STATE_DIR_MODE, write_bytes_atomic
 from stepwatch.monitors.states import RUNNING
 from stepwatch.tui.appbase import StepwatchAppBase
 from stepwatch.tui.messages import ActionDone
@@ -175,8 +176,8 @@ class StepwatchApp(StepwatchAppBase):
             self.notify(str(e), severity="error", timeout=15)
             return
         try:
-            STATE_FILE.parent.mkdir(parents=True, exist_ok=True)
-            STATE_FILE.write_text(str(Path(path).resolve()) + "\n")
+            STATE_FILE.parent.mkdir(mode=STATE_DIR_MODE, parents=True, exist_ok=True)
+            write_bytes_atomic(STATE_FILE, (str(Path(path).resolve()) + "\n").encode(), mode=SECRET_MODE)
         except OSError:
             pass
         self.push_screen(PreflightScreen(cfg, f"Launch {cfg.name} into {cfg.run_dir}"),

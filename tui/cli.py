@@ -60,8 +60,8 @@ def _open_tui(run_dir: Path, args: argparse.Namespace) -> int:
 def _launch_and_follow(args: argparse.Namespace, make_cfg, verb: str, follow_headless: bool = False) -> int:
     """Build the config with ``make_cfg()`` (may print), launch it, then open the TUI, follow it
     headless (``follow_headless``: the demo's --no-tui), or return. Maps refusals to exit codes:
-    ConfigError / RunNotFound -> 2, LaunchRefused -> 1."""
-    from stepwatch.launcher.config import ConfigError  # noqa: PLC0415
+    ConfigError / RunNotFound -> 2, LaunchRefused and a config file others can write -> 1."""
+    from stepwatch.launcher.config import ConfigError, UntrustedConfig  # noqa: PLC0415
     from stepwatch.launcher.launch import LaunchRefused, launch  # noqa: PLC0415
 
     try:
@@ -71,7 +71,7 @@ def _launch_and_follow(args: argparse.Namespace, make_cfg, verb: str, follow_hea
         res = launch(cfg, allow_dirty=getattr(args, "allow_dirty", None), override=getattr(args, "override", None))
     except (ConfigError, RunNotFound) as e:
         _err(str(e))
-        return EXIT_USAGE
+        return EXIT_FAILED if isinstance(e, UntrustedConfig) else EXIT_USAGE
     except LaunchRefused as e:
         _err(str(e))
         return EXIT_FAILED
@@ -209,14 +209,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:
-    from stepwatch.launcher.config import ConfigError, load_config  # noqa: PLC0415
+    from stepwatch.launcher.config import ConfigError, UntrustedConfig, load_config  # noqa: PLC0415
     from stepwatch.launcher.preflight import format_checklist, run_checklist  # noqa: PLC0415
 
     try:
         cfg = load_config(args.config, runs_dir_override=_runs_dir_flag(args))
     except (ConfigError, RunNotFound) as e:
         _err(str(e))
-        return EXIT_USAGE
+        return EXIT_FAILED if isinstance(e, UntrustedConfig) else EXIT_USAGE
     cl = run_checklist(cfg)
     if args.json:
         print(json.dumps(cl.to_json(), indent=2))

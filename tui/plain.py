@@ -27,7 +27,8 @@ from stepwatch.monitors.snapshot.metrics import metrics_words
 from stepwatch.monitors.snapshot.ranks import latest_per_rank, restarts_words
 from stepwatch.monitors.snapshot.observer import RunObserver
 from stepwatch.monitors.snapshot.types import Snapshot
-from stepwatch.monitors.states import EXITED, FLAGGED, NOT_JUDGED, OK, RUNNING, STALLED, SUSPECTED, UNKNOWN
+from stepwatch.monitors.states import (EXITED, FLAGGED, HELD, NOT_JUDGED, OK, RUNNING, STALLED, SUSPECTED, UNKNOWN,
+                                      UNWATCHED, WARDED)
 from stepwatch.monitors.watchdog import ProcessRef, wait_for_exit
 from stepwatch.tui.safe import one_line
 
@@ -52,6 +53,8 @@ def status_lines(snap: Snapshot) -> list[str]:
     if supervisor_gone(snap):
         lines.append("  WARNING: the supervisor is gone (killed?): the run goes on, but no exit code will be recorded "
                      "and `stop` will escalate from the command line itself")
+    if (watch := snap.get("watch") or {}).get("state") in (HELD, WARDED, UNWATCHED):  # who still watches it, if anyone
+        lines.append(f"  WARNING: {watch.get('reason')}")
     e = snap.get("eta") or {}
     eta = (f", ETA {eta_words(e)}: {e.get('remaining_steps')} steps at {_fmt(e.get('seconds_per_step'), 3)} s "
            f"({e.get('basis')})" if e.get("state") in (OK, STALLED) else "")

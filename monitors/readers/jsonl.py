@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Literal
 from collections.abc import Callable, Iterator
 
-from stepwatch.monitors.runfiles import open_regular
+from stepwatch.monitors.runfiles import ignored_once, open_regular, trust_problem
 
 try:  # a declared dependency; the standard library parses alone if it is missing
     from orjson import loads as _fast_loads
@@ -75,6 +75,9 @@ class EventReader:
             corrupt (an events line is ~150 bytes).
         digest: keep a SHA-256 of every byte read from the current file, for :meth:`position`
             (the supervisor's saved state names the exact bytes it was built from).
+        trust_uid: a reader that acts on what it reads (the owner's watchers reading alerts.jsonl): a file that
+            fails the trust rule for that uid (``runfiles.trust_problem``: the owner's, writable by no group or
+            other, one link; checked on the descriptor before each read) reads as empty from then on, said once.
 
     Attributes:
         corrupt_lines: lines skipped because they were not a JSON object.
@@ -90,9 +93,14 @@ class EventReader:
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], *, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES, digest: bool = False
+        self, path: str | os.PathLike[str], *, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES, digest: bool = False,
+        trust_uid: int | None = None,
     ) -> None:
         self.path = Path(path)
+        self.trust_uid = trust_uid
+        #: the file this reader holds failed the trust rule: nothing more is read from it (a line appended
+        #: while the group could write it is not believed later either)
+        self.untrusted = False
         self.max_line_bytes = max_line_bytes
         self._digest = hashlib.sha256() if digest else None
         self.corrupt_lines = 0
@@ -154,6 +162,14 @@ class EventReader:
             self._fd = fd
             self._id = (fst.st_dev, fst.st_ino)
             self.offset = 0
+            self.untrusted = False
+        if self.trust_uid is not None and not self.untrusted:
+            why = trust_problem(os.fstat(self._fd), str(self.path), self.trust_uid)
+            if why is not None:
+                self.untrusted = True
+                ignored_once(self.path, why)
+        if self.untrusted:
+            return
         while self._fd is not None:
             # at least as much as the carried-over part of a long line: the bytes copied to join
             # it stay proportional to its length (a 16 MiB line in 64 KiB reads would be copied 256 times)

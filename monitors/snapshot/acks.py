@@ -44,4 +44,6 @@ def acknowledge(run_dir: Path, alert_ids: list[str]) -> None:
         user = None
     lines = "".join(json.dumps({"v": 1, "alert_id": a, "acknowledged_at": utc_iso(t), "t": t, "by": user}) + "\n"
                     for a in alert_ids)
-    append_bytes(Path(run_dir) / ACKS_JSONL, lines.encode("utf-8"))  # never through a symlink
+    # never through a symlink; the umask's mode and any user's file, as before issue 43: acks are a view's notes
+    # that a team's members add to each other's runs (mode None), and they decide nothing but what is shown acknowledged
+    append_bytes(Path(run_dir) / ACKS_JSONL, lines.encode("utf-8"), mode=None)

@@ -27,7 +27,8 @@ from stepwatch.monitors.slurm import ABNORMAL_ENDS
 from stepwatch.monitors.snapshot.scheduler import scheduler_alerts
 from stepwatch.monitors.snapshot.ranks import rank_alerts, ranks_last_words, root_cause_words
 from stepwatch.monitors.snapshot.types import Alert, NewAlert, Snapshot
-from stepwatch.monitors.states import FLAGGED, RUNNING, STALLED, UNKNOWN
+from stepwatch.monitors.snapshot.watchers import supervisor_frozen
+from stepwatch.monitors.states import FLAGGED, HELD, RUNNING, STALLED, UNKNOWN
 
 
 def end_words(snap: Snapshot) -> str:
@@ -131,6 +132,10 @@ def alerts_for(snap: Snapshot, *, first_seen: MutableMapping[str, float],
                              f"{p['stopped_s']:.0f} s: it makes no progress until it gets SIGCONT"
                              + ("" if (snap.get("step") or {}).get("global_step") is None
                                 else f"; the run's last step {snap['step']['global_step']}"), None))
+    watch = snap.get("watch") or {}
+    if watch.get("state") == HELD and snap["state"] == RUNNING and (sup := watch.get("supervisor_pid")) is not None:
+        out.append(alert(first_seen, att, "frozen", f"supervisor-{sup}",  # its warden pages it (monitors/watch/warden.py)
+                         supervisor_frozen(sup, None, bool(watch.get("wardens_alive"))), None))
     for g in snap.get("gpu") or []:
         if str(g.get("verdict") or "").startswith("SM-busy, tensor-idle"):
             out.append(alert(first_seen, att, "gpu", f"{g.get('index')}-tensor-idle",

@@ -35,8 +35,11 @@ CPU_IDLE_KNOWN_S = 1.0
 
 
 class TreeHealth:
-    def __init__(self, run_dir: Path, first_look_s: float = FIRST_LOOK_S):
+    def __init__(self, run_dir: Path, first_look_s: float = FIRST_LOOK_S, trust_uid: int | None = None):
         self.procs_file = Path(run_dir) / PROCS_JSON
+        #: the owner's watchers: procs.json counts only under the trust rule (a member's stopped process written
+        #: into it must not page ``frozen`` on the owner's run); a view (None) shows what it names
+        self.trust_uid = trust_uid
         self.first_look_s = first_look_s
         self._prev: tuple[float, float] | None = None  # (monotonic s, the tree's CPU seconds)
         #: processes of the last look the kernel holds stopped, and how long this view has seen each so
@@ -65,7 +68,7 @@ class TreeHealth:
         looked: list[psutil.Process] = []
         now_wall, now = time.time(), time.monotonic()
         still_stopped: dict[tuple[int, float | None], float] = {}
-        for rp in [r for r in recorded_processes(self.procs_file) if not r.ended][:MAX_LOOKED_AT]:
+        for rp in [r for r in recorded_processes(self.procs_file, self.trust_uid) if not r.ended][:MAX_LOOKED_AT]:
             try:
                 p = psutil.Process(rp.ref.pid)
                 if abs(p.create_time() - (rp.ref.create_time or 0)) > 0.5:

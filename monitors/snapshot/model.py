@@ -57,6 +57,7 @@ def null_snapshot() -> Snapshot:
         "histogram": {"edges_s": [], "counts": []},
         "recent_dt": [],
         "process_verdict": None, "stop": None, "last_logs": None, "survivors": [], "supervisor_alive": None,
+        "watch": {"state": NOT_JUDGED, "reason": "not looked at yet", "supervisor_pid": None, "wardens_alive": None},
         "scheduler": None, "restart": None, "ledger": None,
         "scaling": cast(Scaling, ScalingFit().scaling()), "padding": cast(Padding, ScalingFit().padding()),
         "energy": cast(Energy, EnergyMeter().part([])),

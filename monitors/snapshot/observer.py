@@ -97,16 +97,18 @@ class ViewUpdate:
 class _Attempt:
     """Everything accumulated from one attempt's files (reset when run.json's attempt changes)."""
 
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, trust_uid: int | None = None):
         self.events = EventReader(run_dir / EVENTS_JSONL)
         log_path = run_dir / TRAIN_LOG
         self.log_from_start = size_at_most(log_path, LOG_FULL_READ_MAX_BYTES)  # missing: read from byte 0
         self.log = LogFollower(log_path, keep_lines=200, from_start=self.log_from_start)
-        self.ranks = RankWatch(run_dir)  # procs.json's ranked processes, torchrun's failure table
+        self.ranks = RankWatch(run_dir, trust_uid)  # procs.json's ranked processes, torchrun's failure table
         self.gpu = GpuView(run_dir)  # gpu.jsonl: the verdicts' window and the panel's history
         self.logsteps = EventReader(run_dir / LOG_STEPS_JSONL)  # the supervisor's log-timed steps
         self.log_ev = EventsFold()  # ... folded like events.jsonl
-        self.alerts_file = EventReader(run_dir / ALERTS_JSONL)  # the supervisor's alerts and deliveries
+        # the supervisor's alerts and deliveries; for the owner's watchers (``trust_uid``) only under the trust rule:
+        # a line a member wrote into it must not make an alert "recorded", which silences its page
+        self.alerts_file = EventReader(run_dir / ALERTS_JSONL, trust_uid=trust_uid)
         self.recorded_alerts: dict[str, dict[str, Any]] = {}
         self.deliveries: dict[str, dict[str, Any]] = {}
         self.shown_alerts: dict[str, dict[str, Any]] = {}  # every alert this view showed: they stay
@@ -162,7 +164,7 @@ class RunObserver:
         self.monotonic = monotonic  # how long it watched a step: immune to the run's clock and to clock steps
         self.survivors = CachedSurvivors(self.run_dir)  # what outlives the ended run (by recorded identity)
         self.log_lines = LogLines(self.run_dir / TRAIN_LOG)  # the whole log, for search (read on demand)
-        self.health = TreeHealth(self.run_dir)  # CPU and memory of the recorded tree, the host's load
+        self.health = TreeHealth(self.run_dir, trust_uid=trust_uid)  # CPU and memory of the recorded tree, the host's load
         self._attempt_no: Any = object()
         self.a: _Attempt | None = None
         #: alert ids acknowledged in this view that acks.jsonl could not take (a run dir the viewer
@@ -172,7 +174,7 @@ class RunObserver:
 
     def _new_attempt(self, key: tuple[Any, Any], resume: bool) -> _Attempt:
         """A fresh _Attempt; with ``resume``, its events fold from the saved state when it checks out."""
-        a = _Attempt(self.run_dir)
+        a = _Attempt(self.run_dir, self.trust_uid)
         if resume and self.use_saved_state:
             fold, a.ev_resume = load_saved_state(self.run_dir, key, a.events)
             if fold is not None:
@@ -248,7 +250,7 @@ class RunObserver:
             # A saved state that checked out (source, attempt, bytes, every type) and still fails:
             # made by hand. Drop it and fold every line, as without it.
             a.close()
-            self.a = _Attempt(self.run_dir)
+            self.a = _Attempt(self.run_dir, self.trust_uid)
             self.a.ev_resume = refused(f"the saved state failed in use: {type(e).__name__}: {e}")
             return self._refresh(now)
 
@@ -257,7 +259,7 @@ class RunObserver:
         snap = null_snapshot()
         snap["run_dir"] = str(self.run_dir)
         snap["run"] = self.run_dir.name
-        run = read_json(self.run_dir / RUN_JSON, self.trust_uid) or self.own_run
+        run = read_json(self.run_dir / RUN_JSON, self.trust_uid, private=self.trust_uid is not None) or self.own_run
         if run is None:
             return snap
         # an attempt is its number and its launch time: a run dir removed and launched again under

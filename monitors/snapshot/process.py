@@ -11,6 +11,7 @@ from typing import Any, cast
 from stepwatch.monitors.runfiles import EXIT_JSON, STOP_JSON, read_json
 from stepwatch.monitors.snapshot.scheduler import read_scheduler, scheduler_state
 from stepwatch.monitors.snapshot.types import Ended, Snapshot
+from stepwatch.monitors.snapshot.watchers import watch_part
 from stepwatch.monitors.states import ALIVE, EXITED, NEVER_RECORDED, RUNNING
 from stepwatch.monitors.watchdog import ProcessRef, probe
 
@@ -32,7 +33,7 @@ def process_part(run_dir: Path, snap: Snapshot, run: dict[str, Any], trust_uid: 
     verdict = probe(proc) if proc else None
     snap["process_verdict"] = verdict
     snap["alive"] = verdict == ALIVE
-    ex = read_json(run_dir / EXIT_JSON, trust_uid)
+    ex = read_json(run_dir / EXIT_JSON, trust_uid, private=trust_uid is not None)  # R17: the owner's alone
     if ex is not None:
         snap["returncode"] = ex.get("returncode")
         snap["signal"] = ex.get("signal")
@@ -40,7 +41,7 @@ def process_part(run_dir: Path, snap: Snapshot, run: dict[str, Any], trust_uid: 
                                                         "error", "write_errors", "log_lost_bytes", "log_lost_reason")})
     sup_ref = ProcessRef.from_json(run.get("supervisor"))
     snap["supervisor_alive"] = sup_ref is not None and probe(sup_ref) == ALIVE
-    snap["stop"] = read_json(run_dir / STOP_JSON, trust_uid)
+    snap["stop"] = read_json(run_dir / STOP_JSON, trust_uid, private=trust_uid is not None)  # R17: the owner's alone
     snap["scheduler"] = read_scheduler(run_dir, run)
     if snap["alive"]:
         snap["state"] = RUNNING
@@ -53,3 +54,4 @@ def process_part(run_dir: Path, snap: Snapshot, run: dict[str, Any], trust_uid: 
             # the supervisor died before it recorded the child: nothing will ever say more
             snap["process_verdict"] = NEVER_RECORDED
     scheduler_state(snap, run, ex)
+    snap["watch"] = watch_part(snap, run)  # who watches it: the supervisor, held stopped, its wardens, nobody

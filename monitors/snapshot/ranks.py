@@ -112,10 +112,13 @@ class RankWatch:
     ``straggler``. Each rank's events file is folded once some rank N > 0 writes its own
     (``events.rank<N>.jsonl``); rank 0's is events.jsonl."""
 
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, trust_uid: int | None = None):
         self.run_dir = run_dir
+        #: the owner's watchers (RunObserver's ``trust_uid``): procs.json and stop.json count only under the trust
+        #: rule (a straggler's pid is py-spy's target; a stop's time says which rank ended after it)
+        self.trust_uid = trust_uid
         self.table = FailureTable()
-        self._stamp: tuple[int, int] | None = None
+        self._stamp: tuple[int, int, int] | None = None
         self._records: list[dict[str, Any]] = []
         self.steps: dict[int, RankSteps] = {}
 
@@ -152,11 +155,11 @@ class RankWatch:
             st = os.stat(path)
         except OSError:
             return self._records
-        if (st.st_mtime_ns, st.st_size) != self._stamp:
-            rec = read_json(path)
+        if (st.st_mtime_ns, st.st_size, st.st_ctime_ns) != self._stamp:  # ctime: a chmod is a change too
+            rec = read_json(path, self.trust_uid, private=self.trust_uid is not None)
             items = rec.get("processes") if isinstance(rec, dict) else None
             self._records = [d for d in items if isinstance(d, dict)] if isinstance(items, list) else []
-            self._stamp = (st.st_mtime_ns, st.st_size)
+            self._stamp = (st.st_mtime_ns, st.st_size, st.st_ctime_ns)
         return self._records
 
     def part(self) -> tuple[list[Rank], Straggler, RankRestarts | None]:
@@ -168,7 +171,7 @@ class RankWatch:
         recs = self._read()
         ranked = {r["pid"]: r for r in recs if _int(r.get("pid"), 1) and _int(r.get("rank"), 0, 10**6) is not None}
         failures = self.table.by_pid()
-        stop = read_json(self.run_dir / STOP_JSON)
+        stop = read_json(self.run_dir / STOP_JSON, self.trust_uid, private=self.trust_uid is not None)
         stop_t = unix_time(stop.get("requested_at_unix")) if isinstance(stop, dict) else None
         out: list[Rank] = []
         for pid, r in ranked.items():

@@ -7,7 +7,7 @@ No ``from __future__ import annotations`` (see :mod:`.types`).
 from typing import TypedDict
 
 from stepwatch.monitors.detectors.frozen import Frozen
-from stepwatch.monitors.states import PhaseName
+from stepwatch.monitors.states import PhaseName, WatchState
 
 
 class Phase(TypedDict):
@@ -39,6 +39,17 @@ class Liveness(TypedDict):
 
     frozen: Frozen
     signals_s: LivenessSignals
+
+
+class Watch(TypedDict):
+    """``watch``: who watches the running run (its supervisor, the warden and keeper that take over when it is gone:
+    monitors/watch/warden.py), probed by identity from run.json; ``unwatched`` when the run's process lives and
+    none of them does (nothing reads its output, records or pages its end)."""
+
+    state: WatchState
+    reason: str
+    supervisor_pid: int | None  #: the supervisor run.json names (null: none)
+    wardens_alive: int | None  #: of the wardens run.json names (warden, keeper), how many live; null: it names none
 
 
 class RestartView(TypedDict):

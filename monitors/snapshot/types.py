@@ -23,7 +23,7 @@ from stepwatch.monitors.snapshot.resourcetypes import (DeviceHistory, Disk, Ener
 from stepwatch.monitors.snapshot.runmodeltypes import LIVENESS_SIGNALS as LIVENESS_SIGNALS, Liveness
 from stepwatch.monitors.snapshot.runmodeltypes import LivenessSignals as LivenessSignals, Phase as Phase
 from stepwatch.monitors.snapshot.runmodeltypes import AttemptLedger as AttemptLedger, Ledger as Ledger
-from stepwatch.monitors.snapshot.runmodeltypes import RestartView as RestartView
+from stepwatch.monitors.snapshot.runmodeltypes import RestartView as RestartView, Watch as Watch
 from stepwatch.monitors.states import (EtaState, FallbackState, RunState, StallState, StragglerState,
                                       WarmupState)
 
@@ -381,6 +381,8 @@ class Snapshot(TypedDict):
     last_logs: FileValue
     survivors: list[Survivor]
     supervisor_alive: bool | None
+    #: the supervisor held stopped, gone with a warden left, or every watcher gone (monitors/snapshot/process.py)
+    watch: Watch
     scheduler: Scheduler | None
     restart: RestartView | None
     ledger: Ledger | None

@@ -37,7 +37,8 @@ from stepwatch.monitors.watch.paging import LEVELS, digest_words, finished_chann
 #: slowed run is an error; a recompile limit, a storm or an idle tensor core a warning.
 KIND_LEVEL = {"watchdog": "error", "stall": "error", "fallback": "error", "recompile_limit": "warning",
               "recompile_storm": "warning", "gpu": "warning", "disk_full": "error", "rank_death": "error", "straggler": "warning", "stuck_rank": "error",
-              "nonfinite_loss": "error", "job_end": "error", "time_limit": "warning", "supervisor_lost": "error", "frozen": "error"}
+              "nonfinite_loss": "error", "job_end": "error", "time_limit": "warning", "supervisor_lost": "error", "frozen": "error",
+              "watchers_lost": "error", "restart_missed": "error"}
 DEFAULT_MIN_LEVEL = "warning"
 DEFAULT_RATE_LIMIT_S = 60.0
 DEFAULT_RETRIES = 3

@@ -8,13 +8,18 @@ first error's words), reading goes on, so the child never blocks and never sees 
 next chunk tries again: the log resumes the moment space returns. The count goes into exit.json.
 
 With the file as the child's stdout (as before), a program that prints died of its first ENOSPC.
-The cost: the bytes pass through one more read and write (microseconds), and a child whose
-supervisor and warden are both killed gets SIGPIPE at its next print.
+The cost: the bytes pass through one more read and write (microseconds). The pipe's read end is shared
+(one open file description) with the supervisor's warden and keeper, which pump it while the supervisor is
+held stopped or gone (:mod:`.warden`): it is non-blocking, each pump waits in ``poll`` and reads only what is
+there, and a warden's pump reads only while its ``gate`` says so (checked right before each read), so two
+pumps never wait in ``read`` at once. A child dies of SIGPIPE only once the supervisor, the warden and the
+keeper are all gone.
 """
 
 from __future__ import annotations
 
 import os
+import select
 import threading
 import time
 from pathlib import Path
@@ -25,6 +30,8 @@ from stepwatch.monitors.runfiles import open_append
 #: Bytes read from the pipe at once: the pipe's own capacity on Linux (64 KiB), so a chatty child
 #: is drained in one read per fill.
 CHUNK_BYTES = 65536
+#: How often a gated pump asks its gate again while it says no, and the longest wait in ``poll`` (s).
+GATE_POLL_S = 0.1
 #: After the command ended, how long the pump may take to read what is still in the pipe (a
 #: surviving worker that holds the pipe open never ends it; the record is written after this).
 DRAIN_S = 5.0
@@ -33,8 +40,12 @@ DRAIN_S = 5.0
 class LogPump:
     """Copies ``read_fd`` (the pipe's read end) to ``path`` until every writer closed the pipe."""
 
-    def __init__(self, read_fd: int, path: Path, log: Callable[[str], None] = lambda m: None):
-        self.read_fd, self.path, self.log = read_fd, path, log
+    def __init__(self, read_fd: int, path: Path, log: Callable[[str], None] = lambda m: None,
+                 gate: Callable[[], bool] | None = None):
+        """``gate``: read only while it returns True (a warden's pump: while the supervisor is held stopped or
+        gone); None: always."""
+        self.read_fd, self.path, self.log, self.gate = read_fd, path, log, gate
+        os.set_blocking(read_fd, False)  # a pump waits in poll, never in read: another may take what is there
         self.lost_bytes = 0
         self.lost_reason: str | None = None
         self.bytes_written = 0
@@ -52,10 +63,19 @@ class LogPump:
 
     def _run(self) -> None:
         try:
+            poller = select.poll()
+            poller.register(self.read_fd, select.POLLIN)
             while True:
+                if self.gate is not None and not self.gate():
+                    self.done.wait(GATE_POLL_S)  # never set here: a plain sleep that reads no clock
+                    continue
+                if not poller.poll(GATE_POLL_S * 1000 if self.gate is not None else None):
+                    continue
+                if self.gate is not None and not self.gate():  # the supervisor resumed while this one waited
+                    continue
                 try:
                     data = os.read(self.read_fd, CHUNK_BYTES)
-                except InterruptedError:
+                except (InterruptedError, BlockingIOError):  # another pump took what was there
                     continue
                 except OSError as e:
                     self.log(f"the run's output can no longer be read: {e}")

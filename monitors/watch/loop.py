@@ -273,9 +273,9 @@ class AlertRecorder:
     def record(self, al: NewAlert, evidence: Any, deliver: bool = True, page: dict[str, Any] | None = None) -> None:
         """Append one alert to alerts.jsonl and (``deliver``) hand it (``page``: with its headline) to the
         Deliverer (once per id)."""
-        self.recorded.add(al["id"])
-        if deliver:
-            self.paged.add(al["id"])
+        self.recorded.add(al["id"])  # not in ``paged``: an alert handed in (a warden's supervisor_lost) is no
+        # detector's, so its absence from the next look says nothing: only a detector's alert, paged by _confirm, has
+        # a resolution (an alert the warden resolves, a stopped supervisor's, it pages itself: watch/held.py)
         rec = {"v": 1, "kind": "alert", "id": al["id"], "alert_kind": al["kind"], "level": level_of(al["kind"]),
                "message": al["message"], "at": al["at"], "t": time.time(), "evidence": evidence}
         try:

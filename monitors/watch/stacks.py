@@ -8,6 +8,7 @@ thread: the detector loop never waits."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -109,8 +110,10 @@ def record_stack_later(alert_id: str, pid: int, append: Callable[[dict[str, Any]
 
 def tree_stacks(run_dir: Path) -> list[ProcessStack]:
     """The stack of each live process of the run's recorded tree (procs.json, each checked by identity:
-    pid and create time), MOST_PROCESSES at most, AT_ONCE py-spy at a time."""
-    live = [rp for rp in recorded_processes(Path(run_dir) / PROCS_JSON) if not rp.ended and is_alive(rp.ref)]
+    pid and create time), MOST_PROCESSES at most, AT_ONCE py-spy at a time. Only a procs.json this user wrote and
+    no one else can have since (the trust rule): py-spy never attaches to a pid a member wrote into it."""
+    live = [rp for rp in recorded_processes(Path(run_dir) / PROCS_JSON, os.geteuid())
+            if not rp.ended and is_alive(rp.ref)]
     live = live[:MOST_PROCESSES]
     with ThreadPoolExecutor(AT_ONCE, thread_name_prefix="py-spy") as pool:
         texts = list(pool.map(lambda rp: python_stack(rp.ref.pid), live))

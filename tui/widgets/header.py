@@ -10,7 +10,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from stepwatch.monitors.snapshot.types import Alert, Eta, Snapshot
-from stepwatch.monitors.states import RUNNING
+from stepwatch.monitors.states import HELD, RUNNING, UNWATCHED, WARDED
 from stepwatch.tui.format import SUPERVISOR_GONE_WORDS, eta_words, hms, state_word, supervisor_gone
 from stepwatch.tui.safe import safe_text
 
@@ -50,15 +50,19 @@ class RunHeader(Static):
 
 
 class SupervisorGone(Static):
-    """Under the header while the run runs and its supervisor is gone (``status`` warns the same):
-    nobody will record the run's exit status. Hidden otherwise; updated only when it changes."""
+    """Under the header while the run runs and its supervisor is gone or held stopped (``status`` warns the same):
+    nobody will record the run's exit status; in red (``.unwatched``) when none of its wardens lives either.
+    Hidden otherwise; updated only when it changes."""
 
     def show(self, snap: Snapshot) -> None:
-        gone = supervisor_gone(snap)
-        if gone and getattr(self, "_last", None) != SUPERVISOR_GONE_WORDS:
-            self._last = SUPERVISOR_GONE_WORDS
-            self.update(safe_text(SUPERVISOR_GONE_WORDS))
-        self.display = gone
+        watch = snap.get("watch") or {}
+        told = watch.get("state") in (HELD, WARDED, UNWATCHED)  # who still watches it: its words, in red when nobody
+        words = str(watch.get("reason")) if told else SUPERVISOR_GONE_WORDS if supervisor_gone(snap) else None
+        if words is not None and getattr(self, "_last", None) != words:
+            self._last = words
+            self.update(safe_text(words))
+        self.set_class(watch.get("state") == UNWATCHED, "unwatched")
+        self.display = words is not None
 
 
 class RestartLine(Static):

@@ -1,0 +1,196 @@
+"""Whether a checkpoint may be handed to the job: judged on its whole path, at the moment it is handed.
+
+A resume unpickles the checkpoint with the owner's rights, so it must be the owner's in every sense that matters,
+as ssh's ``StrictModes`` judges the path of ``authorized_keys`` (ARCHITECTURE.md "The restart policy", R17):
+
+- the checkpoint, and for a directory every entry a resume loads (files and subdirectories, recursively, at most
+  MAX_ENTRIES), is owned by the owner or root, writable by no group or other, a file with one link;
+- every directory above it, up to ``/``, is owned by the owner or root and writable by no one but them, except a
+  directory with the sticky bit (``/tmp``), which is safe for an entry below it that the owner or root owns: a safe
+  ``out/`` in a group-writable project dir is not safe, since the group can rename ``out/`` away and put their own;
+- no component is a symlink (never followed: it is unsafe, and named), and none is ``..``.
+
+Such a path can be changed by no one but the owner and root. So a check right before the next attempt's exec (after
+the policy's back-off and after the checklist, :func:`resume_at_exec` in ``launch``, and again in the supervisor
+just before it starts the command, :func:`refused_at_exec`) closes the window between the choice and the load: what
+passed cannot be swapped by a member afterwards. A refused resume stops, or starts from scratch where ``[restart]
+unsafe_checkpoint = "scratch"`` says so.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from stepwatch.launcher.checkpoints import MAX_ENTRIES
+from stepwatch.launcher.restartpolicy import RESTART, STOP, Decision, RestartSettings, restart_settings
+from stepwatch.launcher.trust import group_name
+
+if TYPE_CHECKING:
+    from stepwatch.launcher.config import RunConfig
+
+_WRITE_GO = stat.S_IWGRP | stat.S_IWOTH
+
+
+@dataclass(frozen=True, slots=True)
+class UnsafePath:
+    """What made a checkpoint's path unsafe: ``where`` (a directory above it, the checkpoint, or an entry in it) and
+    ``why`` (its mode, owner, links), e.g. ``/team/proj`` · ``is writable by group swteam (mode 2775): the group can
+    rename out/ away``."""
+
+    where: str
+    why: str
+
+    def __str__(self) -> str:
+        return f"{self.where} {self.why}"
+
+
+def _who(st: os.stat_result) -> str:
+    return "every user" if st.st_mode & stat.S_IWOTH else f"group {group_name(st.st_gid)}"
+
+
+def _mode(st: os.stat_result) -> str:
+    return f"mode {stat.S_IMODE(st.st_mode):04o}"
+
+
+def _owner_problem(st: os.stat_result, uid: int) -> str | None:
+    if st.st_uid not in (uid, 0):
+        return f"belongs to uid {st.st_uid}, not to you (uid {uid}) or root"
+    return None
+
+
+def _entry_problem(p: str, st: os.stat_result, uid: int) -> UnsafePath | None:
+    """The checkpoint itself, or an entry in it: the owner's or root's, writable by no one else, one link."""
+    if stat.S_ISLNK(st.st_mode):
+        return UnsafePath(p, "is a symlink: a checkpoint is never loaded through one")
+    if why := _owner_problem(st, uid):
+        return UnsafePath(p, f"{why}: its owner can change what a resume loads")
+    if st.st_mode & _WRITE_GO:
+        return UnsafePath(p, f"is writable by {_who(st)} ({_mode(st)}): they can change what a resume loads")
+    if stat.S_ISREG(st.st_mode) and st.st_nlink != 1:
+        return UnsafePath(p, f"has {st.st_nlink} hard links: another name may lead to it")
+    return None
+
+
+def _inside_problem(top: str, uid: int) -> UnsafePath | None:
+    """Every entry under the checkpoint directory ``top``, depth first, never through a symlink."""
+    seen, todo = 0, [top]
+    while todo:
+        d = todo.pop()
+        try:
+            with os.scandir(d) as it:
+                entries = list(it)
+        except OSError as e:
+            return UnsafePath(d, f"cannot be read: {e.strerror or e}")
+        for e in entries:
+            seen += 1
+            if seen > MAX_ENTRIES:
+                return UnsafePath(top, f"holds more than {MAX_ENTRIES} entries: not judged")
+            try:
+                st = os.lstat(e.path)
+            except OSError as err:
+                return UnsafePath(e.path, f"cannot be examined: {err.strerror or err}")
+            if problem := _entry_problem(e.path, st, uid):
+                return problem
+            if stat.S_ISDIR(st.st_mode):
+                todo.append(e.path)
+    return None
+
+
+def checkpoint_path_problem(path: str | Path, uid: int | None = None) -> UnsafePath | None:
+    """What makes ``path`` (absolute, as it is handed to the job) unsafe to resume from as ``uid`` (default: this
+    process's), or None when it is safe: the module's rule, from ``/`` down, then inside the checkpoint."""
+    uid = os.geteuid() if uid is None else uid
+    p = str(path)
+    parts = p.split("/")
+    if not p.startswith("/") or ".." in parts:
+        return UnsafePath(p, "is not an absolute path without '..': it is not judged")
+    names = [n for n in parts if n and n != "."]
+    if not names:
+        return UnsafePath(p, "is the root directory, not a checkpoint")
+    here = "/"
+    for name in names:
+        below = os.path.join(here, name)
+        try:
+            st, st_below = os.lstat(here), os.lstat(below)
+        except OSError as e:
+            return UnsafePath(below, f"cannot be examined: {e.strerror or e}")
+        if stat.S_ISLNK(st.st_mode):
+            return UnsafePath(here, "is a symlink: a checkpoint's path is never followed through one")
+        if not stat.S_ISDIR(st.st_mode):
+            return UnsafePath(here, "is not a directory")
+        if why := _owner_problem(st, uid):
+            return UnsafePath(here, f"{why}: its owner can rename {name} away")
+        if st.st_mode & _WRITE_GO and not st.st_mode & stat.S_ISVTX:  # sticky: only the entry's owner may rename
+            them = "anyone" if st.st_mode & stat.S_IWOTH else "the group"  # it, and its owner is judged next
+            return UnsafePath(here, f"is writable by {_who(st)} ({_mode(st)}): {them} can rename "
+                                    f"{name}{'/' if stat.S_ISDIR(st_below.st_mode) else ''} away")
+        here = below
+    try:
+        st = os.lstat(here)
+    except OSError as e:
+        return UnsafePath(here, f"cannot be examined: {e.strerror or e}")
+    if problem := _entry_problem(here, st, uid):
+        return problem
+    return _inside_problem(here, uid) if stat.S_ISDIR(st.st_mode) else None
+
+
+def refusal(checkpoint: str, problem: UnsafePath) -> str:
+    """One line: the resume refused, the path that made it unsafe and why."""
+    return (f"REFUSING to resume from {checkpoint}: {problem}. A resume loads it (a pickle) with your rights, so "
+            "its whole path must be writable by you and root alone (chmod g-w,o-w the directory named)")
+
+
+def judge_decision(d: Decision, s: RestartSettings) -> tuple[Decision, dict[str, str] | None]:
+    """The policy's RESTART from a checkpoint, judged at decision time: unchanged when its path is safe; else STOP,
+    or RESTART from scratch where ``unsafe_checkpoint = "scratch"``, with the reason; and what was refused."""
+    if d.verdict != RESTART or not d.checkpoint:
+        return d, None
+    cp = os.path.normpath(d.checkpoint)
+    problem = checkpoint_path_problem(cp)
+    if problem is None:
+        return d, None
+    refused = {"checkpoint": cp, "where": problem.where, "why": str(problem)}
+    if s.unsafe_checkpoint == "scratch":
+        lost = None if d.lost_steps is None else d.lost_steps + (d.checkpoint_step or 0)
+        return replace(d, checkpoint=None, checkpoint_step=None, lost_steps=lost,
+                       reason=f"{d.reason}; from scratch instead: {cp} is not safe to resume from: {problem}"), refused
+    return replace(d, verdict=STOP, checkpoint=None, checkpoint_step=None, lost_steps=None,
+                   reason=f"{cp} is not safe to resume from: {problem}"), refused
+
+
+def resume_at_exec(cfg: RunConfig, refuse: type[Exception]) -> None:
+    """The launch's last look at the checkpoint ``cfg`` resumes from, after the back-off and the checklist, right
+    before the supervisor starts the command: raises ``refuse`` (the launch's LaunchRefused) naming what made the path
+    unsafe; where ``[restart] unsafe_checkpoint = "scratch"`` says so, ``cfg`` becomes its command without the resume
+    argument instead (``resumed_from`` says why: :func:`scratch_note`)."""
+    rf = cfg.resumed_from or {}
+    cp = rf.get("checkpoint")
+    problem = checkpoint_path_problem(cp) if isinstance(cp, str) and cp else None
+    if problem is None:
+        return
+    if restart_settings(cfg.restart).unsafe_checkpoint == "scratch" and cfg.scratch_command is not None:
+        cfg.command = list(cfg.scratch_command)
+        cfg.resumed_from = {**rf, "checkpoint": None, "step": None, "unsafe_checkpoint": str(problem)}
+        return
+    raise refuse(refusal(str(cp), problem))
+
+
+def scratch_note(cfg: RunConfig) -> str | None:
+    """The launch's warning when :func:`resume_at_exec` turned a resume into a start from scratch, else None."""
+    why = (cfg.resumed_from or {}).get("unsafe_checkpoint")
+    return f'starting from scratch ([restart] unsafe_checkpoint = "scratch"), not from the checkpoint: {why}' if why else None
+
+
+def refused_at_exec(run: dict[str, Any]) -> str | None:
+    """The supervisor's look, just before it starts the command (a Slurm job may wait in the queue long after its
+    launch): why the checkpoint the attempt resumes from (run.json ``resumed_from``, the owner's) is refused."""
+    rf = run.get("resumed_from")
+    cp = rf.get("checkpoint") if isinstance(rf, dict) else None
+    if not isinstance(cp, str) or not cp:
+        return None
+    problem = checkpoint_path_problem(cp)
+    return refusal(cp, problem) if problem else None

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from stepwatch.launcher.config import ConfigError, RunConfig, UntrustedConfig, load_config
-from stepwatch.launcher.trust import read_owner_copy
+from stepwatch.launcher.trust import read_owner_copy, shared_dir_problem
 from stepwatch.monitors.rundirs import resolve_run
 from stepwatch.monitors.runfiles import read_push_urls
 from stepwatch.monitors.snapshot.alerts import push_channel_names
@@ -96,6 +96,10 @@ def alerts_test(target: str, runs_dir: Path | None) -> int:
     config = {**{k: v for k, v in alerts.items() if k not in ("channel_min_level", "quiet_hours")}, "urls": urls,
               "min_level": "info", "rate_limit_s": 0}  # a test page goes to every channel, whatever the hour
     if alerts.get("command"):
+        unsafe = shared_dir_problem(runs_in) if os.path.lexists(runs_in) else None
+        if unsafe:  # a dir another user made or may write: what lies in it (a module, a script) would run as you
+            print(f"stepwatch alerts test: REFUSING to run the alert command in {runs_in}: {unsafe}", file=sys.stderr)
+            return 1
         print(f"the command runs where the supervisor runs it: {runs_in}" + ("" if runs_in.is_dir() else
               " (not made yet: run from here instead)"))
     here = os.getcwd()

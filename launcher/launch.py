@@ -27,7 +27,7 @@ from stepwatch.launcher.config import ConfigError, RunConfig, config_to_json, re
 from stepwatch.launcher.identity import gate_message, read_tree, untracked_warning
 from stepwatch.launcher.preflight import Checklist, run_checklist
 from stepwatch.launcher.rotate import rotate
-from stepwatch.launcher.trust import launch_digest, read_owner_copy, save_owner_copy, shared_risk
+from stepwatch.launcher.trust import group_name, launch_digest, read_owner_copy, save_owner_copy, shared_risk
 from stepwatch.monitors.runfiles import (
     DIR_MODE, ENV_ATTEMPT, ENV_RUN_DIR, JOBWATCH_LOG, PUSH_URLS_JSON, RUN_JSON, SCHEMA_VERSION, SLURM_JOB_FILES, STOP_JSON,
     SUPERVISOR_LOG, make_run_dir, open_append, read_json, utc_iso, write_json_atomic,
@@ -169,14 +169,19 @@ def _lock_problem(lock: Path, e: OSError) -> str | None:
 
 
 def refuse_unsafe_dirs(runs_dir: Path, run_dir: Path) -> None:
-    """Refuse (LaunchRefused) to launch into a place another user controls: a runs dir every user
-    may write without the sticky bit (anyone could swap a run dir under us), a run dir that is a
-    symlink, or a run dir of another user (its files, links included, are theirs to choose)."""
+    """Refuse (LaunchRefused) to launch into a place another user controls: a runs dir its group or
+    every user may write without the sticky bit (a member could rename the run dir away and put one of
+    their choosing in its place: its files then read, and the alert command run in it, as you), a run
+    dir that is a symlink, or a run dir of another user (its files, links included, are theirs to
+    choose). Called at the launch lock and again once the run dir is made (a member may create the
+    name in between; with the sticky bit nobody but its owner can move it afterwards)."""
     st = runs_dir.stat()
-    if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
-        raise LaunchRefused(f"REFUSING: the runs dir {runs_dir} is writable by every user and has no sticky bit: "
-                            "another user could put a run dir of their choosing in its place. Use a runs dir "
-                            f"of your own (--runs-dir), or: chmod o-w {runs_dir}  (or chmod +t)")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+        who = "every user" if st.st_mode & stat.S_IWOTH else f"group {group_name(st.st_gid)}"
+        raise LaunchRefused(f"REFUSING: the runs dir {runs_dir} is writable by {who} and has no sticky bit: "
+                            "another user could rename your run dir away and put one of their choosing in its "
+                            f"place. Make it sticky, as /tmp is: chmod +t {runs_dir} (only an entry's owner may "
+                            "then move it), or use a runs dir of your own (--runs-dir)")
     try:
         rst = run_dir.lstat()
     except FileNotFoundError:
@@ -257,6 +262,7 @@ def _start(cfg: RunConfig, exe: str, tree, checklist: Checklist, allow_dirty: st
         warnings.append(f"launching from a dirty tree, as allowed: {allow_dirty}")
     try:
         make_run_dir(run_dir)  # 0755 whatever the umask, an earlier attempt's of yours too
+        refuse_unsafe_dirs(cfg.runs_dir, run_dir)  # a member's dir made under this name since the lock: refused
         attempt = next_attempt(run_dir)
         _let_the_last_supervisor_finish(run_dir)
         rotated = rotate(run_dir, SLURM_JOB_FILES if in_job else frozenset({JOBWATCH_LOG}) if _resubmitted_in_job(cfg)

@@ -11,6 +11,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from stepwatch.launcher.checkpointpath import resume_at_exec
 from stepwatch.launcher.checkpoints import Checkpoint, find_checkpoints, newest_complete, output_dir_of
 from stepwatch.launcher.config import RunConfig, UntrustedConfig, config_to_json, diff_configs, load_config
 from stepwatch.launcher.launch import LaunchRefused
@@ -117,10 +118,13 @@ def resume_from(cfg: RunConfig, checkpoint: str | None, step: int | None, *, by:
 
 def resume_by_hand(cfg: RunConfig, run_dir: Path, checkpoint: Checkpoint) -> None:
     """The operator's relaunch from ``checkpoint`` (``r``'s "from checkpoint-N", ``relaunch --from-checkpoint``):
-    recorded as theirs, after the attempt run.json names, with the policy's restarts in a row back at 0."""
+    recorded as theirs, after the attempt run.json names, with the policy's restarts in a row back at 0. Its path is
+    judged now, so that the operator hears of an unsafe one before the checklist runs, and again right before exec
+    (launcher/checkpointpath.py): LaunchRefused naming the directory, or a start from scratch where the config says."""
     attempt = (read_json(run_dir / RUN_JSON) or {}).get("attempt")
     resume_from(cfg, str(checkpoint.path), checkpoint.step, by="operator",
                 after_attempt=attempt if type(attempt) is int else None, restarts=0)
+    resume_at_exec(cfg, LaunchRefused)
 
 
 def resume_newest_by_hand(cfg: RunConfig, run_dir: Path) -> Checkpoint:

@@ -67,9 +67,9 @@ def slurm_cancel_line(run_dir: Path, run: dict[str, Any]) -> str | None:
 
 
 def recorded_decision(run_dir: Path, attempt: Any = None) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-    """restart.json (its owner's alone) and its last decision, that decision None when there is none or, with
-    ``attempt``, when it is on another attempt."""
-    doc = read_json(run_dir / RESTART_JSON, owner_uid=os.getuid())
+    """restart.json (its owner's alone, writable by no one else: runfiles.trust_problem) and its last decision, that
+    decision None when there is none or, with ``attempt``, when it is on another attempt."""
+    doc = read_json(run_dir / RESTART_JSON, owner_uid=os.getuid(), private=True)
     d = doc.get("decision") if isinstance(doc, dict) else None
     ok = isinstance(d, dict) and (attempt is None or d.get("attempt") == attempt)
     return doc, d if ok else None
@@ -77,7 +77,7 @@ def recorded_decision(run_dir: Path, attempt: Any = None) -> tuple[dict[str, Any
 
 def previous_ends(run_dir: Path, attempt: int) -> list[AttemptEnd]:
     """The ends of the run's earlier attempts as restart.json recorded them (a malformed row is left out)."""
-    doc = read_json(run_dir / RESTART_JSON, owner_uid=os.getuid()) or {}
+    doc = read_json(run_dir / RESTART_JSON, owner_uid=os.getuid(), private=True) or {}
     out: list[AttemptEnd] = []
     for row in doc.get("attempts") or []:
         try:

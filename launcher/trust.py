@@ -169,22 +169,15 @@ def read_owner_copy(run_dir: Path) -> tuple[dict[str, Any] | None, str | None]:
 
 
 def shared_risk(runs_dir: Path, run_dir: Path) -> str | None:
-    """The risk, stated at launch, of a runs dir or run dir that others may write (a team's shared
-    dir): they can change what a view shows of the run, never what runs (launcher/trust.py)."""
-    problem = shared_dir_problem(run_dir) or shared_dir_problem(runs_dir)
+    """The risk, stated at launch, of a run dir that others may write (one its owner opened to the team):
+    they can change what a view shows of the run, never what runs. A team's runs dir (group-writable,
+    sticky: a launch refuses one without the bit) holding a run dir of the owner's alone is no risk to it."""
+    problem = shared_dir_problem(run_dir)
     if problem is None:
         return None
-    unsticky = ""
-    try:
-        st = runs_dir.lstat()
-        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
-            unsticky = (f". The runs dir {runs_dir} has no sticky bit: they can also rename or replace the run dir "
-                        f"itself; make it sticky, as /tmp is (chmod +t {runs_dir}), so only its owner can")
-    except OSError:
-        pass
     return (f"{problem}: other users can replace this run's files, so what `status` and the TUI show of it "
             f"may be theirs. What runs, now and on relaunch, comes only from your own config and your copy "
-            f"of the launch in {owner_copy_path(run_dir).parent}, never from run.json{unsticky}")
+            f"of the launch in {owner_copy_path(run_dir).parent}, never from run.json")
 
 
 def note_processes_in_owner_copy(run_dir: Path, run: dict[str, Any]) -> None:

@@ -127,8 +127,8 @@ def _own_state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(autouse=True)
 def _reap_runs(tmp_path: Path, request: pytest.FixtureRequest):
-    """After each test, SIGKILL every process group a run in tmp_path recorded and that still lives,
-    and, after a system test, scancel the Slurm job a run recorded."""
+    """After each test, SIGKILL every process group a run in tmp_path recorded and that still lives (its warden and
+    keeper too), and, after a system test, scancel the Slurm job a run recorded."""
     yield
     may_hold_jobs = request.node.get_closest_marker("system") is not None
     from stepwatch.monitors.runfiles import read_json
@@ -150,6 +150,14 @@ def _reap_runs(tmp_path: Path, request: pytest.FixtureRequest):
                 subprocess.run(["scancel", job], capture_output=True, timeout=30)
             except (OSError, subprocess.SubprocessError):
                 pass
+        # the warden and the keeper first (launcher/wardens.py): once the supervisor is gone they would page its loss
+        wardens = w if isinstance(w := run.get("wardens"), list) else []
+        for ref in [ProcessRef.from_json(w) for w in wardens]:
+            if ref and ref.create_time is not None and not _is_this_test_run(ref.pid) and is_alive(ref):
+                try:
+                    os.kill(ref.pid, signal.SIGKILL)
+                except OSError:
+                    pass
         for key in ("process", "supervisor"):
             ref = ProcessRef.from_json(run.get(key))
             if ref and _is_this_test_run(ref.pid):
@@ -222,10 +230,19 @@ TEAM, MEMBER = "swteam", "swmember"
 MEMBER_PY = "/usr/bin/python3"  # the member's own interpreter: the standard library is all it needs
 
 
+#: The directories above the current test's tmp_path that the member must be able to traverse (set by ``shared``).
+_MEMBER_PATHS: list[Path] = []
+
+
 def as_member(member: tuple[int, int], code: str) -> subprocess.CompletedProcess:
     """Run ``code`` (Python, the member's own interpreter) as the team's member, in the team's group only; it
     must succeed."""
     uid, gid = member
+    for d in _MEMBER_PATHS:  # a pytest session started meanwhile (a checklist's suite) takes o+x off its basetemp
+        try:
+            d.chmod(d.stat().st_mode | 0o011)
+        except OSError:
+            pass
 
     def drop() -> None:
         os.setgroups([gid])
@@ -263,13 +280,17 @@ def member() -> tuple[int, int]:
 
 @pytest.fixture
 def shared(tmp_path: Path, member: tuple[int, int]) -> Path:
-    """The team's runs dir: setgid, group-writable, in a tmp_path the member may traverse."""
+    """The team's runs dir: setgid, sticky, group-writable, in a tmp_path the member may traverse (``as_member``
+    makes sure of it again before each of the member's acts: an attack refused only because the member could not
+    reach the file would be a pass that proves nothing)."""
+    _MEMBER_PATHS.clear()
     for d in [tmp_path, *tmp_path.parents]:
         if d == Path("/tmp"):
             break
+        _MEMBER_PATHS.append(d)
         d.chmod(d.stat().st_mode | 0o011)
     runs = tmp_path / "team-runs"
     runs.mkdir()
     os.chown(runs, 0, member[1])
-    runs.chmod(0o2775)
+    runs.chmod(0o3775)  # setgid + sticky: a launch refuses a group-writable runs dir without the sticky bit
     return runs

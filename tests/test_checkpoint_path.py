@@ -206,7 +206,7 @@ def test_the_control_a_private_project_dir_resumes_from_its_checkpoint(tmp_path:
 def test_relaunch_from_checkpoint_judges_the_path_after_its_checklist(
         tmp_path: Path, shared: Path, member: tuple[int, int], shared_dir: bool):
     ctl, marker = tmp_path / "ctl", tmp_path / "ctl" / "MARKER"
-    proj, run_dir, config = _project(tmp_path, member, "", shared_dir=shared_dir)
+    proj, run_dir, config = _project(tmp_path, member, "", shared_dir=False)  # private when the choice is made
     _launch(config)
     wait_exit(run_dir)
     (ctl / "HOLD").touch()
@@ -217,7 +217,8 @@ def test_relaunch_from_checkpoint_judges_the_path_after_its_checklist(
     try:
         wait_until(lambda: (ctl / "READY").exists() or p.poll() is not None, 60, what="the checklist's test suite")
         assert p.poll() is None, p.communicate()
-        if shared_dir:  # the choice is made; the checklist runs: the swap
+        if shared_dir:  # the choice is made; the checklist runs: the owner opens the project dir, the member swaps
+            _make_shared(proj, member)
             _swap(member, proj, marker)
         (ctl / "GO").touch()
         out, err = p.communicate(timeout=60)
@@ -236,6 +237,20 @@ def test_relaunch_from_checkpoint_judges_the_path_after_its_checklist(
         wait_until(lambda: b"resumed from" in (run_dir / "train.log").read_bytes(), 30, what="the resumed attempt")
         assert (run_dir / "train.log").read_text().startswith(f"resumed from {cp} at step 20")
     assert not marker.exists()
+
+
+def test_relaunch_from_checkpoint_refuses_a_path_already_unsafe_when_chosen_before_its_checklist_runs(
+        tmp_path: Path, shared: Path, member: tuple[int, int]):
+    ctl = tmp_path / "ctl"
+    proj, run_dir, config = _project(tmp_path, member, "", shared_dir=False)
+    _launch(config)
+    wait_exit(run_dir)
+    _make_shared(proj, member)
+    (ctl / "HOLD").touch()  # a checklist that ran would touch READY and wait 60 s for GO
+    r = stepwatch("relaunch", "--no-tui", "--from-checkpoint", str(run_dir), umask=0o002, timeout=30)
+    assert r.returncode == 1 and f"REFUSING to resume from {proj / 'out' / 'checkpoint-20'}: " \
+        f"{_unsafe_words(proj)}." in r.stderr, (r.stdout, r.stderr)
+    assert not (ctl / "READY").exists() and (read_json(run_dir / "run.json") or {})["attempt"] == 1
 
 
 @pytest.mark.parametrize("shared_dir", [True, False])

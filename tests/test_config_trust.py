@@ -85,3 +85,27 @@ def test_relaunch_refuses_its_config_once_the_group_can_write_it_in_the_words_la
     assert r.returncode == 0, r.stderr
     assert wait_exit(runs / "r") and read_json(runs / "r" / "run.json")["attempt"] == 2  # type: ignore[index]
     assert mark.read_text() == "ran\nran\n" and os.stat(cfg).st_mode & 0o777 == 0o644
+
+
+def test_alerts_test_never_runs_the_alert_command_in_a_run_dir_a_member_made(
+        shared: Path, member: tuple[int, int], tmp_path: Path):
+    """`alerts test CONFIG` runs the command where the supervisor would, the run dir: one a member made under the
+    run's name, with a module of theirs in it, is refused with the reason and nothing of theirs runs as the owner;
+    the control (no such dir) delivers the test page."""
+    imported, delivered = tmp_path / "imported", tmp_path / "delivered"
+    module = f"open({str(imported)!r}, 'w').write('x')\n"
+    as_member(member, f"import os\nd = {str(shared / 'z2')!r}\nos.mkdir(d, 0o2775)\n"
+                      f"open(d + '/json.py', 'w').write({module!r})\n")
+    page = [sys.executable, "-c", f"import json; open({str(delivered)!r}, 'w').write('page')"]
+    cfgs = tmp_path / "configs"
+    cfgs.mkdir(mode=0o755)
+    for name in ("z2", "z3"):
+        (cfgs / f"{name}.toml").write_text(f'name = "{name}"\nruns_dir = {json.dumps(str(shared))}\ncommand = ["true"]\n'
+                                           f'[alerts]\ncommand = {json.dumps(page)}\n')
+        (cfgs / f"{name}.toml").chmod(0o644)
+    r = stepwatch("alerts", "test", str(cfgs / "z2.toml"), cwd=tmp_path)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"REFUSING to run the alert command in {shared / 'z2'}: {shared / 'z2'} belongs to uid {member[0]}" in r.stderr
+    assert not imported.exists() and not delivered.exists()
+    r = stepwatch("alerts", "test", str(cfgs / "z3.toml"), cwd=tmp_path)  # the control
+    assert r.returncode == 0 and delivered.read_text() == "page" and not imported.exists(), r.stdout + r.stderr

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import as_member, git, make_repo, stepwatch, wait_exit, wait_until
+from conftest import TEAM, as_member, git, make_repo, stepwatch, wait_exit, wait_until
 from stepwatch.monitors.runfiles import read_json
 
 pytestmark = pytest.mark.system
@@ -255,30 +255,85 @@ def test_a_members_exit_record_and_run_json_never_silence_the_page_of_a_killed_s
     assert f"process {run['process']['pid']}" in deaths[0]["message"], deaths
 
 
-def test_a_runs_dir_without_the_sticky_bit_is_said_at_launch_and_with_it_a_member_cannot_move_a_run_dir(
+def test_a_runs_dir_the_group_may_write_without_the_sticky_bit_is_refused_and_with_it_a_member_cannot_move_a_run_dir(
         repo: Path, shared: Path, member: tuple[int, int]):
-    """In a group-writable runs dir a member may rename or replace any entry, the owner's run dir too: the
-    launch says so and how to stop it (chmod +t). With the sticky bit (the control) the launch does not say
-    it, and the member's rename of the owner's run dir is refused by the kernel."""
+    """In a group-writable runs dir without the sticky bit a member may rename any entry, the owner's run dir too, and
+    put a dir of their own in its place (its files then read, and the alert command run in it, as the owner): the
+    launch refuses it and says how to stop it (chmod +t). With the sticky bit (the control) the launch goes ahead
+    and says nothing of it, and the member's rename of the owner's run dir is refused by the kernel."""
+    shared.chmod(0o2775)  # setgid, no sticky bit
     r = stepwatch("launch", "--no-tui", "--runs-dir", str(shared), "--name", "loose", "--", sys.executable, "ok.py",
                   cwd=repo, umask=0o002)
-    assert r.returncode == 0, r.stderr
-    said = r.stdout + r.stderr
-    assert f"The runs dir {shared} has no sticky bit: they can also rename or replace the run dir itself" in said, said
-    assert f"chmod +t {shared}" in said, said
-    wait_exit(shared / "loose")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert (f"REFUSING: the runs dir {shared} is writable by group {TEAM} and has no sticky bit: another user could "
+            "rename your run dir away") in r.stderr and f"chmod +t {shared}" in r.stderr, r.stderr
+    assert not (shared / "loose").exists()
     shared.chmod(0o3775)  # setgid + sticky, as a team's /tmp-like dir
     r = stepwatch("launch", "--no-tui", "--runs-dir", str(shared), "--name", "pinned", "--", sys.executable, "ok.py",
                   cwd=repo, umask=0o002)
     assert r.returncode == 0, r.stderr
-    assert "no sticky bit" not in r.stdout + r.stderr, r.stdout + r.stderr
-    assert "other users can replace this run's files" in r.stdout + r.stderr  # the run dir itself stays shared
+    assert "sticky" not in r.stdout + r.stderr and "other users can replace" not in r.stdout + r.stderr, r.stderr
     wait_exit(shared / "pinned")
     code = (f"import os\ntry:\n    os.rename({str(shared / 'pinned')!r}, {str(shared / 'moved')!r})\n"
             "except PermissionError:\n    print('refused')\n")
     out = as_member(member, code)
     assert out.stdout.strip() == "refused", (out.stdout, out.stderr)
     assert (shared / "pinned" / "exit.json").exists() and not (shared / "moved").exists()
+
+
+HELD_SUITE_PY = r"""
+import pathlib, sys, time
+ctl = pathlib.Path(sys.argv[1])
+(ctl / "READY").touch()
+deadline = time.time() + 60
+while not (ctl / "GO").exists() and time.time() < deadline:
+    time.sleep(0.05)
+print("1 passed")
+"""
+
+
+def test_a_run_dir_a_member_makes_under_the_name_while_the_checklist_runs_is_refused_and_nothing_runs_in_it(
+        repo: Path, shared: Path, member: tuple[int, int], tmp_path: Path):
+    """The race the attack found: the member waits for the launch lock, then makes the run dir under the launch's name
+    with a module of theirs in it (the alert command, run in the run dir, would import it as root). The launch
+    refuses once it has made the run dir, naming its owner; the control, the same launch with nobody racing it, runs."""
+    ctl = tmp_path / "ctl"
+    ctl.mkdir(mode=0o755)
+    (repo / "suite.py").write_text(HELD_SUITE_PY)
+    mark = tmp_path / "imported"
+    ping = [sys.executable, "-c", "import json"]
+    for name in ("raced", "calm"):
+        (repo / f"{name}.toml").write_text(
+            f'name = "{name}"\ncommand = [{json.dumps(sys.executable)}, "ok.py"]\n'
+            f'[preflight]\ntest_command = [{json.dumps(sys.executable)}, "suite.py", {json.dumps(str(ctl))}]\n'
+            f'[alerts]\ncommand = {json.dumps(ping)}\n')
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "held checklist")
+    for name in ("raced", "calm"):
+        for f in ("READY", "GO"):
+            (ctl / f).unlink(missing_ok=True)
+        p = subprocess.Popen([sys.executable, "-m", "stepwatch.tui.cli", "launch", "--no-tui", "--runs-dir", str(shared),
+                              f"{name}.toml"], cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             stdin=subprocess.DEVNULL, umask=0o002)
+        try:
+            wait_until(lambda: (ctl / "READY").exists() or p.poll() is not None, 60, what="the checklist's suite")
+            assert p.poll() is None, p.communicate()
+            if name == "raced":
+                module = f"open({str(mark)!r}, 'w').write('x')\n"  # what `import json` in the run dir would run
+                as_member(member, f"import os\nd = {str(shared / name)!r}\nos.mkdir(d, 0o2775)\n"
+                                  f"open(d + '/json.py', 'w').write({module!r})\n")
+            (ctl / "GO").touch()
+            out, err = p.communicate(timeout=60)
+        finally:
+            if p.poll() is None:
+                p.kill()
+        if name == "raced":
+            assert p.returncode == 1, (out, err)
+            assert f"REFUSING: the run dir {shared / name} belongs to uid {member[0]}, not to you" in err, err
+            assert sorted(os.listdir(shared / name)) == ["json.py"] and not mark.exists()
+        else:
+            assert p.returncode == 0, (out, err)
+            assert wait_exit(shared / name)["returncode"] == 0 and not mark.exists()
 
 
 def test_a_members_run_json_never_keeps_the_owner_from_stopping_the_run(

@@ -99,3 +99,24 @@ async def wait_async(pilot, cond, timeout_s: float, what: str) -> None:
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
         await pilot.pause(0.05)
+
+
+async def test_r_from_a_checkpoint_whose_path_the_group_may_write_says_why_and_starts_nothing(tmp_path: Path):
+    """The run screen's "from checkpoint" judges the checkpoint's whole path when it is chosen
+    (launcher/checkpointpath.py): a project dir the group may write is named in the screen's error, the app goes on,
+    and no attempt starts; the control is the test above (the same choice in a private dir resumes)."""
+    repo, run_dir = _ended_run(tmp_path)
+    tmp_path.chmod(0o775)  # the owner opens the dir above the project to the group: it can rename repo/ away
+    app = StepwatchApp(run_dir, run_dir.parent)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_async(pilot, lambda: app.run_screen is not None and app.run_screen.snap.get("state") == "exited",
+                         20, "the ended run on screen")
+        await pilot.press("r")
+        await wait_async(pilot, lambda: type(app.screen).__name__ == "Choose", 20, "the choice")
+        await pilot.press("c")
+        await wait_async(pilot, lambda: any("REFUSING to resume from" in str(n.message) for n in app._notifications),
+                         20, "the refusal on screen")
+        said = " ".join(str(n.message) for n in app._notifications)
+        assert f"{tmp_path} is writable by group" in said and "the group can rename repo/ away" in said, said
+        assert type(app.screen).__name__ != "PreflightScreen"
+    assert (read_json(run_dir / "run.json") or {}).get("attempt") == 1

@@ -220,11 +220,11 @@ class StepwatchApp(StepwatchAppBase):
 
         try:
             cfg, changes = relaunch_config(run_dir)
+            if checkpoint is not None:  # its whole path judged now (and again at exec): an unsafe one is said here
+                resume_by_hand(cfg, run_dir, checkpoint)
         except (ConfigError, LaunchRefused) as e:
             self.notify(str(e), severity="error", timeout=15)
             return
-        if checkpoint is not None:
-            resume_by_hand(cfg, run_dir, checkpoint)
         title = (f"Relaunch {cfg.name}" + (f" from {checkpoint.path} (step {checkpoint.step})" if checkpoint else "")
                  + ": " + ("; ".join(changes) if changes else "config unchanged")
                  + f"\ncommand: {shlex.join(cfg.command)}  (cwd {cfg.cwd})")

@@ -35,8 +35,6 @@ from stepwatch.monitors.runfiles import (
 from stepwatch.monitors.rundirs import live_attempt, live_words  # noqa: F401 - live_attempt re-exported for callers
 
 SUPERVISOR_START_TIMEOUT_S = 60.0
-#: run.json is its owner's alone to write, whatever the umask (a group-writable run.json could be edited).
-RUN_JSON_MODE = 0o644
 # The supervisor runs the stepwatch this launcher is (the installed one, through this interpreter).
 # -P: the run dir, its cwd, is not put on sys.path, so nothing in it can shadow stepwatch's modules.
 # No PYTHONPATH either: an environment variable would leak into the training child.
@@ -169,19 +167,15 @@ def _lock_problem(lock: Path, e: OSError) -> str | None:
 
 
 def refuse_unsafe_dirs(runs_dir: Path, run_dir: Path) -> None:
-    """Refuse (LaunchRefused) to launch into a place another user controls: a runs dir its group or
-    every user may write without the sticky bit (a member could rename the run dir away and put one of
-    their choosing in its place: its files then read, and the alert command run in it, as you), a run
-    dir that is a symlink, or a run dir of another user (its files, links included, are theirs to
-    choose). Called at the launch lock and again once the run dir is made (a member may create the
-    name in between; with the sticky bit nobody but its owner can move it afterwards)."""
+    """Refuse (LaunchRefused) a place another user controls: a runs dir others may write without the sticky
+    bit (a member could swap the run dir: its files read, the alert command run in it, as you), a run dir
+    that is a symlink or another user's. At the lock and once the run dir is made (ARCHITECTURE.md R17)."""
     st = runs_dir.stat()
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
         who = "every user" if st.st_mode & stat.S_IWOTH else f"group {group_name(st.st_gid)}"
-        raise LaunchRefused(f"REFUSING: the runs dir {runs_dir} is writable by {who} and has no sticky bit: "
-                            "another user could rename your run dir away and put one of their choosing in its "
-                            f"place. Make it sticky, as /tmp is: chmod +t {runs_dir} (only an entry's owner may "
-                            "then move it), or use a runs dir of your own (--runs-dir)")
+        raise LaunchRefused(f"REFUSING: the runs dir {runs_dir} is writable by {who} and has no sticky bit: another user "
+                            f"could rename your run dir away and put one of their choosing in its place. Make it "
+                            f"sticky, as /tmp is: chmod +t {runs_dir}, or use a runs dir of your own (--runs-dir)")
     try:
         rst = run_dir.lstat()
     except FileNotFoundError:
@@ -305,11 +299,11 @@ def _start(cfg: RunConfig, exe: str, tree, checklist: Checklist, allow_dirty: st
     warnings.extend(w for w in [shared_risk(cfg.runs_dir, run_dir), save_owner_copy(run_dir, run)] if w)
     if in_job is not None:  # a requeued job's next attempt: its supervisor, the caller, runs it
         run["scheduler"] = in_job
-        write_json_atomic(run_dir / RUN_JSON, run, mode=RUN_JSON_MODE)
+        write_json_atomic(run_dir / RUN_JSON, run)  # 0644 whatever the umask (runfiles.FILE_MODE)
         return LaunchResult(run_dir, attempt, None, rotated, warnings, run)
     if cfg.slurm is not None:
         return _submit(cfg, cfg.slurm, run, rotated, warnings)
-    write_json_atomic(run_dir / RUN_JSON, run, mode=RUN_JSON_MODE)
+    write_json_atomic(run_dir / RUN_JSON, run)
     # What the supervisor runs reaches it over an inherited pipe, never by re-reading run.json: in a
     # shared run dir another user could replace that file between this write and its read.
     rfd, wfd = os.pipe()
@@ -356,15 +350,15 @@ def _submit(cfg: RunConfig, slurm_cfg: dict[str, Any], run: dict[str, Any], rota
                             sorted((p.stat().st_mtime, p.name) for p in run_dir.glob("run.*.json"))] if j]
     run["scheduler"] = {"kind": "slurm", "job_id": None, "poll_s": float(slurm_cfg.get("poll_s") or slurm.DEFAULT_POLL_S),
                         "sbatch_argv": None, "submitted_at": None, "previous_job_ids": previous[-20:]}
-    write_json_atomic(run_dir / RUN_JSON, run, mode=RUN_JSON_MODE)
+    write_json_atomic(run_dir / RUN_JSON, run)
     try:
         job_id, argv = slurm.submit_held(slurm_cfg, run_dir, f"stepwatch-{cfg.name}", launch_digest(run))
     except (slurm.SlurmError, OSError) as e:
         run["start_error"] = f"sbatch: {e}"
-        write_json_atomic(run_dir / RUN_JSON, run, mode=RUN_JSON_MODE)
+        write_json_atomic(run_dir / RUN_JSON, run)
         raise LaunchRefused(f"Slurm did not take the job: {e}") from None
     run["scheduler"].update(job_id=job_id, sbatch_argv=argv, submitted_at=utc_iso(time.time()))
-    write_json_atomic(run_dir / RUN_JSON, run, mode=RUN_JSON_MODE)  # before the release: the supervisor reads it when the job starts
+    write_json_atomic(run_dir / RUN_JSON, run)  # before the release: the supervisor reads it when the job starts
     if _resubmitted_in_job(cfg):
         return _release(run_dir, job_id, run, rotated, warnings)  # the last job's login-node watcher follows it
     rfd, wfd = os.pipe()  # the watcher delivers alerts (the [alerts] command): its run comes from here (R17)

@@ -15,6 +15,9 @@ from typing import Any, TypeVar
 
 import pytest
 
+#: The suite's guards on itself: no process left behind, a unit test over 2 s fails, wall time and load printed.
+pytest_plugins = ["session_guards"]
+
 T = TypeVar("T")
 REPO_ROOT = Path(__file__).resolve().parents[1]
 #: Real torch/transformers captures (tests/fixtures/real/README.md; re-capture: tools/capture_fixtures/capture.sh).

@@ -9,6 +9,7 @@ import json
 import os
 from pathlib import Path
 
+import pytest
 
 from conftest import REPO_ROOT
 from stepwatch.launcher.checkpoints import find_checkpoints, newest_complete, output_dir_of
@@ -60,7 +61,8 @@ def test_a_missing_shard_a_wrong_step_and_a_symlink_are_not_complete(tmp_path: P
                    "checkpoint-60": (False, "shards missing: model-00002-of-00002.safetensors")}
 
 
-def test_a_lightning_archive_cut_short_and_a_user_glob_with_its_marker(tmp_path: Path):
+@pytest.mark.system  # torch's import alone takes 1.5-5 s: over the unit tier's 2 s a test
+def test_a_lightning_archive_cut_short(tmp_path: Path):
     import torch  # the trainer's own format, as Lightning writes it (torch.save)
     out = tmp_path / "lightning"
     out.mkdir()
@@ -69,6 +71,9 @@ def test_a_lightning_archive_cut_short_and_a_user_glob_with_its_marker(tmp_path:
     (out / "epoch=0-step=60.ckpt").write_bytes(whole[: len(whole) // 2])  # killed mid-write
     got = [(c.step, c.kind, c.complete) for c in find_checkpoints(out)]
     assert got == [(30, "lightning", True), (60, "lightning", False)]
+
+
+def test_a_user_glob_with_its_marker(tmp_path: Path):
     for n, done in ((10, True), (20, False)):
         (tmp_path / f"ckpt_{n}").mkdir()
         if done:
@@ -94,13 +99,17 @@ def test_a_checkpoint_another_user_owns_or_can_write_is_never_chosen(tmp_path: P
     assert (newest := newest_complete(find_checkpoints(out))) is not None and newest.step == 20
 
 
-def test_a_glob_file_is_judged_as_an_archive_and_a_huge_state_file_is_not_read(tmp_path: Path):
+@pytest.mark.system  # torch's import alone takes 1.5-5 s: over the unit tier's 2 s a test
+def test_a_glob_file_is_judged_as_an_archive(tmp_path: Path):
     import torch
 
     torch.save({"w": torch.zeros(2)}, tmp_path / "ckpt_100.pt")
     (tmp_path / "ckpt_200.pt").write_bytes(os.urandom(100))  # cut short, or not a checkpoint at all
     got = [(c.step, c.complete) for c in find_checkpoints(None, "ckpt_*.pt", tmp_path, "DONE")]
     assert got == [(100, True), (200, False)]
+
+
+def test_a_huge_state_file_is_not_read(tmp_path: Path):
     out = _as_left(tmp_path / "hf", "complete_run")
     with (out / "checkpoint-60" / "trainer_state.json").open("r+b") as f:
         f.truncate(65 * 1024 * 1024)  # sparse: 65 MiB on paper

@@ -22,7 +22,7 @@ import pytest
 from conftest import step_controls
 from sortedcontainers import SortedList
 
-from stepwatch.monitors.detectors.baseline import NEIGHBORS, _Baseline
+from stepwatch.monitors.detectors.baseline import NEIGHBORS, Baseline
 from stepwatch.monitors.detectors.fallback import (
     EXEMPT_FLAGS,
     FLAG_WINDOW,
@@ -740,7 +740,7 @@ def test_widths_sharing_one_log_stay_shared_until_one_is_left(n_widths):
     ws = _shared_log_widths(n_widths)
     leaving, slow, mine = ws[-1], ws[1], ws[0]
     others = ws[2:-1]  # with 4 widths, one more that stays
-    b = _Baseline(16 + len(others))
+    b = Baseline(16 + len(others))
     b.add(100.0, leaving)  # the oldest step: the only one of its width
     for w in others:
         b.add(3.0, w)
@@ -1018,7 +1018,7 @@ def test_no_steps_and_bad_input():
 
 
 class _ReferenceBaseline:
-    """_Baseline as first written: SortedLists, a sorted (log w, seq, dt, w) list, islice + sort."""
+    """Baseline as first written: SortedLists, a sorted (log w, seq, dt, w) list, islice + sort."""
 
     def __init__(self, maxlen):
         self.maxlen, self.q, self.seq = maxlen, [], 0
@@ -1079,7 +1079,7 @@ def test_baseline_matches_the_reference_on_random_windows(seed):
         [1024.0, 2048.0, None],
         [None],
     ])
-    fast, ref = _Baseline(maxlen), _ReferenceBaseline(maxlen)
+    fast, ref = Baseline(maxlen), _ReferenceBaseline(maxlen)
     every = rng.choice([1, 5, 17, 60])  # reads this often: the sorted views go stale in between
     for i in range(rng.choice([50, 600])):
         dt = rng.choice([0.0, -0.0, round(rng.lognormvariate(3, 0.3), rng.choice([1, 6]))])
@@ -1109,7 +1109,7 @@ def test_trip_and_spread_match_the_formula_at_every_step():
         rng = random.Random(3)
         above = 0
         for i in range(1500):
-            sc = sorted(d._scores_q)  # the scores the step is judged against
+            sc = sorted(d.to_state().scores)  # the scores the step is judged against
             v = d.add(i, 20.0 * rng.lognormvariate(0, sigma), ["first"] if i == 0 else ())
             if v.trip_ratio is None or len(sc) < 4:
                 continue
@@ -1118,7 +1118,7 @@ def test_trip_and_spread_match_the_formula_at_every_step():
             above += trip > d.trip_ratio_min
             assert v.trip_ratio == trip, i
             if i % 97 == 0:  # reading spread() brings the sorted scores up to date
-                sc = sorted(d._scores_q)
+                sc = sorted(d.to_state().scores)
                 assert d.spread() == (nearest_rank(sc, 75) - nearest_rank(sc, 25)) / 1.349
         assert above == 0 if not params else above > 500
 
@@ -1138,7 +1138,7 @@ def test_the_trip_of_noisy_runs_matches_the_formula_where_it_leaves_the_minimum(
     above = crossings = 0
     was_above = False
     for i in range(3000):
-        sc = sorted(d._scores_q)
+        sc = sorted(d.to_state().scores)
         v = d.add(i, 20.0 * rng.lognormvariate(0, sigma), ["first"] if i == 0 else ())
         if v.trip_ratio is None or len(sc) < 4:
             continue
@@ -1212,7 +1212,7 @@ def test_add_many_raises_like_add_and_keeps_the_rows_before():
     bad = list(rows[:60]) + [(60, float("nan"), (), None, None, None)] + rows[61:]
     with pytest.raises(ValueError, match="finite"):
         d.add_many(bad)
-    assert _state(d) == _state(ref) and d._seen == ref._seen == 60
+    assert _state(d) == _state(ref) and d.to_state().seen == ref.to_state().seen == 60
 
 
 #: Long backlogs of one batch shape (the steady spans of monitors/detectors/steadyspan.py) and what breaks a span:
@@ -1267,7 +1267,7 @@ def test_a_long_backlog_fed_at_once_is_judged_as_one_add_per_step(kind, params):
     assert _state(many) == _state(one)
     r = random.Random(1)
     for s in range(1500):  # a fallback of one step in five after the backlog
-        dt = r.lognormvariate(0, 0.08) * (20 if r.random() < 0.2 else 1) * (one._base.median_s() or 1.0)
+        dt = r.lognormvariate(0, 0.08) * (20 if r.random() < 0.2 else 1) * (one.details()["baseline_s"] or 1.0)
         row = (10**6 + s, dt, [], 4091, rows[-1][4])
         assert many.add(*row) == one.add(*row)
     assert _state(many) == _state(one)
@@ -1300,8 +1300,8 @@ def test_the_steady_spans_of_a_backlog_are_judged_as_arrays_the_cost(monkeypatch
     consume = steadyspan.consume
 
     def counting(*a):
-        got = consume(*a)
-        spanned[0] += got
+        got = consume(*a)  # (rows applied, the state after them)
+        spanned[0] += got[0]
         return got
 
     monkeypatch.setattr(steadyspan, "consume", counting)

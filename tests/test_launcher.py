@@ -613,6 +613,7 @@ def test_a_relaunch_during_a_stop_waits_for_its_ladder_and_no_worker_runs_beside
     run_dir = repo / "runs" / "r"
     printed: list[str] = wait_until(lambda: (run_dir / "train.log").read_text().split()[1:2], 10, what="the worker")
     worker = int(printed[0])
+    workers = [worker]
     try:
         wait_until(lambda: worker in [p.get("pid") for p in (read_json(run_dir / "procs.json") or {}).get("processes", [])],
                    10, what="the worker in the recorded tree")
@@ -628,6 +629,20 @@ def test_a_relaunch_during_a_stop_waits_for_its_ladder_and_no_worker_runs_beside
         rotated = [read_json(p) for p in run_dir.glob("stop.*.json")]
         assert [s["signal"] for s in rotated[0]["signals"]] == ["SIGINT", "SIGTERM", "SIGKILL"], rotated  # type: ignore[index]
         assert run_json(run_dir)["attempt"] == 2
+        # attempt 2 starts a worker of its own that ignores INT and TERM: the stop's KILL rung ends it too
+        # (the suite fails on any process a test leaves behind, tests/session_guards.py)
+        log = run_dir / "train.log"
+        second: list[str] = wait_until(lambda: log.read_text().split()[1:2] if log.exists() else None, 10,
+                                       what="attempt 2's worker")
+        worker2 = int(second[0])
+        workers.append(worker2)
+        wait_until(lambda: worker2 in [p.get("pid") for p in (read_json(run_dir / "procs.json") or {}).get("processes", [])],
+                   10, what="attempt 2's worker in the recorded tree")
+        r = stepwatch("stop", str(run_dir), "--grace", "1")
+        assert r.returncode == 0, r.stderr
+        wait_until(lambda: not psutil.pid_exists(worker2) or psutil.Process(worker2).status() == psutil.STATUS_ZOMBIE,
+                   10, what="attempt 2's worker to be gone after the stop")
     finally:
-        if psutil.pid_exists(worker):
-            os.kill(worker, signal.SIGKILL)
+        for pid in workers:
+            if psutil.pid_exists(pid):
+                os.kill(pid, signal.SIGKILL)

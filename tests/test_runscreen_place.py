@@ -20,6 +20,7 @@ from conftest import REPO_ROOT, make_repo, stepwatch, until, wait_until
 from stepwatch.monitors.gpu.recorded import RecordedBackend, bundled_recording
 from stepwatch.monitors.gpu.sampler import GpuSampler
 from stepwatch.tui.app import StepwatchApp
+from stepwatch.tui.screens.run import RunScreen
 from stepwatch.tui.widgets.logpanel import LogPanel
 
 STATIC_RUN = REPO_ROOT / "tests" / "fixtures" / "runs" / "ended-sigkill"
@@ -84,9 +85,11 @@ async def test_with_the_fallback_banner_at_80x24_six_log_lines_and_the_acknowled
         assert len(_visible(panel)) >= 6 and _visible(panel)[-1] == "tail 05000 loss 0.00020"
 
 
+@pytest.mark.system  # a real app scrolled through 5,000 lines: 1.5-1.7 s a run, too near the unit tier's 2 s a test
 async def test_scrolled_up_six_pages_the_panel_holds_its_exact_lines_while_the_log_grows_and_end_follows(tmp_path: Path):
     run_dir = _run(tmp_path)
     app = StepwatchApp(run_dir, run_dir.parent)
+    app.animation_level = "none"  # a page is scrolled at once, not over a quarter second: the lines are the same
     async with app.run_test(size=(80, 24)) as pilot:
         panel = _panel(app)
         await until(pilot, lambda: _visible(panel) and _visible(panel)[-1] == "tail 05000 loss 0.00020", what="the tail")
@@ -99,6 +102,9 @@ async def test_scrolled_up_six_pages_the_panel_holds_its_exact_lines_while_the_l
         assert before and before[-1] != "tail 05000 loss 0.00020"
         with (run_dir / "train.log").open("a") as f:  # 2,000 new lines: more than the panel keeps (1,000)
             f.write("".join(f"new {i:05d}\n" for i in range(1, 2001)))
+        screen = app.screen
+        assert isinstance(screen, RunScreen)
+        screen.poll_soon()  # read them now, not at the next 1 s refresh (tui/screens/run.py)
         await until(pilot, lambda: panel.held[-1:] == ["new 02000"], what="the new lines read and held")
         await pilot.pause(0.3)
         assert _visible(panel) == before  # the same lines, where the operator left them

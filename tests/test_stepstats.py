@@ -448,8 +448,8 @@ def test_a_series_given_its_points_at_once_has_the_bins_one_point_at_a_time_give
             one.add(st, v)
         many.add_many(steps, values)
         assert repr(many.bins) == repr(one.bins) and many.per_bin == one.per_bin
-        assert (many.nonfinite, many.first_nonfinite_step, many._first_nonfinite_is_last) == \
-            (one.nonfinite, one.first_nonfinite_step, one._first_nonfinite_is_last)
+        assert (many.nonfinite, many.first_nonfinite_step, many.first_nonfinite_is_last) == \
+            (one.nonfinite, one.first_nonfinite_step, one.first_nonfinite_is_last)
     # the first NaN the last point of one read, finite points next: it is no longer the newest point
     one, many = MinMaxSeries(max_bins=4), MinMaxSeries(max_bins=4)
     for steps, values in ((list(range(100)), [1.0] * 100), ([101, 102, 103], [1.0, 2.0, float("nan")]),
@@ -457,7 +457,7 @@ def test_a_series_given_its_points_at_once_has_the_bins_one_point_at_a_time_give
         for st, v in zip(steps, values):
             one.add(st, v)
         many.add_many(steps, values)
-        assert repr(many.bins) == repr(one.bins) and many._first_nonfinite_is_last == one._first_nonfinite_is_last
+        assert repr(many.bins) == repr(one.bins) and many.first_nonfinite_is_last == one.first_nonfinite_is_last
     many.restep_last(9)
     one.restep_last(9)
     assert many.first_nonfinite_step == one.first_nonfinite_step == 103

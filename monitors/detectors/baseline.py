@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, insort
 from collections import deque
+from dataclasses import dataclass
 from itertools import islice
 from operator import itemgetter
 from typing import Any
@@ -20,14 +21,14 @@ from stepwatch.monitors.stats.stepstats import nearest_rank
 
 #: Neighbours (nearest in log padded width) the width-aware expected time is the median of.
 NEIGHBORS = 9
-#: A sorted view of _Baseline stops following the window after this many adds without a read.
-_VIEW_IDLE = 8
+#: A sorted view of Baseline stops following the window after this many adds without a read.
+VIEW_IDLE = 8
 _EXACT_INT = 2**53  # ints below convert to float exactly
 _DT_OF = itemgetter(0)
 _PT_OF = itemgetter(2)
 
 
-def _width(tokens: Any, padded_tokens: Any) -> float | None:
+def width_of(tokens: Any, padded_tokens: Any) -> float | None:
     """A step's width: its padded token count, else its real one, as a positive finite float; None
     when neither is one (a bool, text that is no number, 0, inf... are not counts)."""
     if type(padded_tokens) is int and 0 < padded_tokens < _EXACT_INT:  # nearly every step: exact
@@ -44,7 +45,7 @@ def _width(tokens: Any, padded_tokens: Any) -> float | None:
     return None
 
 
-def _ratio(dt: float, expected: float) -> float:
+def ratio(dt: float, expected: float) -> float:
     """dt / expected; a 0 s expectation makes any positive dt infinitely slow and 0 s a 1. (Every
     caller passes a non-empty baseline's expectation: never None.)"""
     if expected > 0:
@@ -68,7 +69,22 @@ def _remove(sorted_list: list, value: Any) -> None:
     del sorted_list[bisect_left(sorted_list, value)]
 
 
-class _Baseline:
+@dataclass(frozen=True, slots=True)
+class BaselineState:
+    """What a :class:`Baseline` holds, by name: its capacity and its steps, oldest first, each
+    ``(dt seconds, width or None)``. Everything else (width groups, sorted views) is derived from
+    these, so this is the whole of it: ``Baseline.from_state(b.to_state())`` expects what ``b`` does."""
+
+    maxlen: int
+    steps: tuple[tuple[float, float | None], ...]
+
+    @property
+    def widths(self) -> frozenset[float | None]:
+        """The distinct widths of the steps (None for a step without one)."""
+        return frozenset(w for _, w in self.steps)
+
+
+class Baseline:
     """Recent accepted steps: the median step time, and width-aware expected times.
 
     Holds at most ``maxlen`` steps, (dt seconds, width tokens or None), first in first out.
@@ -83,7 +99,7 @@ class _Baseline:
 
     Sorted views (the step times for ``median_s``, the times per token for ``level``): read at every
     step only in some runs (the step times when steps have no width). Each is kept in step with the
-    window while it is read, left as it was (stale) after ``_VIEW_IDLE`` adds without a read, and
+    window while it is read, left as it was (stale) after ``VIEW_IDLE`` adds without a read, and
     rebuilt by one sort at the next read. Both give the same list: the window is first in, first
     out, so a stable sort in arrival order places equal values (0.0 and -0.0) exactly where
     insort-right / delete-leftmost put them. A stale view still bounds the current median from
@@ -110,9 +126,27 @@ class _Baseline:
     def __len__(self) -> int:
         return len(self._q)
 
+    def to_state(self) -> BaselineState:
+        """The steps of the window, by name (see :class:`BaselineState`)."""
+        return BaselineState(self.maxlen, tuple((dt, w) for dt, w, _ in self._q))
+
+    @classmethod
+    def from_state(cls, st: BaselineState) -> Baseline:
+        """A window holding ``st``'s steps, as one :meth:`add` per step leaves it (its sorted views are
+        rebuilt at their next read: they give the same values either way)."""
+        b = cls(st.maxlen)
+        add = b.add
+        for dt, w in st.steps:
+            add(dt, w)
+        return b
+
     @property
     def n_width(self) -> int:
         return self._n_width
+
+    def all_have_width(self) -> bool:
+        """Every step of the window has a width (none: True). One call: read at every judged step."""
+        return self._n_width == len(self._q)
 
     def add(self, dt: float, w: float | None) -> None:
         q = self._q
@@ -128,14 +162,14 @@ class _Baseline:
                 g.append(dt)
             self._n_width += 1
             if self._pt_sync:
-                if self._pt_idle >= _VIEW_IDLE:
+                if self._pt_idle >= VIEW_IDLE:
                     self._pt_sync = False
                     self._pt_evicted = 0
                 else:
                     self._pt_idle += 1
                     insort(self._pt, pt)
         if self._dts_sync:
-            if self._dts_idle >= _VIEW_IDLE:
+            if self._dts_idle >= VIEW_IDLE:
                 self._dts_sync = False
             else:
                 self._dts_idle += 1

@@ -83,7 +83,10 @@ from typing import Any
 from collections.abc import Iterable, Mapping
 
 from stepwatch.monitors.detectors import steadyspan
-from stepwatch.monitors.detectors.baseline import NEIGHBORS, _VIEW_IDLE, _Baseline, _ratio, _width
+from stepwatch.monitors.detectors.baseline import NEIGHBORS, VIEW_IDLE, Baseline, ratio, width_of
+from stepwatch.monitors.detectors.fallbackstate import HISTORY_KEPT, FallbackState, SlowStep, trip_point
+# re-exported (`x as x`): the number of slow / excused step numbers kept for display
+from stepwatch.monitors.detectors.fallbackstate import KEEP_STEPS as KEEP_STEPS
 from stepwatch.monitors.protocol import FLAG_EVAL, FLAG_FIRST, FLAG_RECOMPILE, FLAG_SAVE, FLAG_SILENT, FLAG_IDLE, FLAG_STOPPED
 from stepwatch.monitors.states import FLAGGED, OK, STEADY, SUSPECTED, WARMING
 from stepwatch.monitors.stats.stepstats import check_step_seconds, nearest_rank
@@ -110,8 +113,6 @@ FLAG_MIN_SLOW = 3
 VALLEY_DIV = 2.0
 #: Flags whose steps are shown but never count (the protocol's flags), in the order they are named.
 EXEMPT_FLAGS = (FLAG_FIRST, FLAG_RECOMPILE, FLAG_SAVE, FLAG_EVAL, FLAG_STOPPED, FLAG_IDLE)
-#: How many slow / excused step numbers are kept for display.
-KEEP_STEPS = 1000
 #: Rows fed step by step where a backlog's steady span stopped, before the next span is tried.
 _EACH_AFTER_SPAN = 256
 
@@ -145,15 +146,6 @@ def _excuse(flags: Iterable[str]) -> str | None:
         if f in fl:
             return f
     return None
-
-
-@dataclass(slots=True)
-class _Slow:
-    step: int | None
-    dt_s: float
-    expected_s: float
-    score: float
-    silent: bool = False  # busy but silent past the step budget: counts towards a mode, never suspected alone
 
 
 class FallbackDetector:
@@ -200,16 +192,16 @@ class FallbackDetector:
         self._until_step: int | None = None
         self._last_first_step: int | None = None
         # warm-up: the last steady_run counted steps, and the current run of in-band steps
-        self._warm = _Baseline(self.steady_run)
+        self._warm = Baseline(self.steady_run)
         self._run = 0
         self._warm_count = 0
         self._warm_breaks = 0
         # counted, non-excused steps: (step, dt, w, tag) with tag "w" warming, "a" accepted, "s" slow
-        self._history: deque[tuple[int | None, float, float | None, str]] = deque(maxlen=4096)
+        self._history: deque[tuple[int | None, float, float | None, str]] = deque(maxlen=HISTORY_KEPT)
         # steady state
-        self._base = _Baseline(self.baseline_window)
+        self._base = Baseline(self.baseline_window)
         # scores of the last baseline_window accepted steps (arrival order), and a sorted view of them
-        # kept like _Baseline's (in step while read exactly, else stale; see _trip)
+        # kept like Baseline's (in step while read exactly, else stale; see _trip)
         self._scores_q: deque[float] = deque()
         self._scores: list[float] = []
         self._scores_sync = True
@@ -223,15 +215,15 @@ class FallbackDetector:
         # the full short window, so its median step is one of them, never under half of itself.
         self._short_in_base = self.steady_run <= self.baseline_window
         # the last flag_window judged steps: (the slow record or None, judged index, in the valley)
-        self._window: deque[tuple[_Slow | None, int, bool]] = deque(maxlen=self.flag_window)
+        self._window: deque[tuple[SlowStep | None, int, bool]] = deque(maxlen=self.flag_window)
         # results
-        self._slow: deque[_Slow] = deque(maxlen=KEEP_STEPS)
+        self._slow: deque[SlowStep] = deque(maxlen=KEEP_STEPS)
         self._n_slow = 0
         self._n_slow_before_onset = 0
         self._excused: deque[tuple[int | None, str, float | None]] = deque(maxlen=KEEP_STEPS)
-        self._onset: _Slow | None = None
+        self._onset: SlowStep | None = None
         self._onset_judged: int | None = None
-        self._flag_cluster: list[_Slow] = []
+        self._flag_cluster: list[SlowStep] = []
         self._flagged_at_step: int | None = None
         self._flagged_after_judged: int | None = None
         self._flagged_slow_after_onset: int | None = None
@@ -239,6 +231,57 @@ class FallbackDetector:
         self._seen = 0
         self._max_ok_score: float | None = None
         self._max_ok_step: int | None = None
+
+    # ------------------------------------------------------------------ explicit state
+    def to_state(self) -> FallbackState:
+        """Everything that decides the next verdicts, by name (:class:`FallbackState`): ``from_state`` of it goes on
+        exactly as this detector does. A copy: feeding this detector does not change it."""
+        return FallbackState(
+            trip_ratio_min=self.trip_ratio_min, spread_mult=self.spread_mult, baseline_window=self.baseline_window,
+            steady_run=self.steady_run, steady_band=self.steady_band, drop_factor=self.drop_factor,
+            flag_window=self.flag_window, flag_min_slow=self.flag_min_slow, valley_div=self.valley_div,
+            state=self._state, steady=self._steady, until_step=self._until_step, last_first_step=self._last_first_step,
+            warm=self._warm.to_state(), run=self._run, warm_count=self._warm_count, warm_breaks=self._warm_breaks,
+            history=tuple(self._history), base=self._base.to_state(), scores=tuple(self._scores_q),
+            short=tuple(self._short), window=tuple(self._window), valley=self._valley, slow=tuple(self._slow),
+            n_slow=self._n_slow, n_slow_before_onset=self._n_slow_before_onset, excused=tuple(self._excused),
+            onset=self._onset, onset_judged=self._onset_judged, flag_cluster=tuple(self._flag_cluster),
+            flagged_at_step=self._flagged_at_step, flagged_after_judged=self._flagged_after_judged,
+            flagged_slow_after_onset=self._flagged_slow_after_onset, judged=self._judged, seen=self._seen,
+            max_ok_score=self._max_ok_score, max_ok_step=self._max_ok_step,
+        )
+
+    @classmethod
+    def from_state(cls, st: FallbackState) -> FallbackDetector:
+        """A detector in state ``st`` (its settings checked as the constructor checks them: ValueError)."""
+        d = cls(trip_ratio_min=st.trip_ratio_min, spread_mult=st.spread_mult, baseline_window=st.baseline_window,
+                steady_run=st.steady_run, steady_band=st.steady_band, drop_factor=st.drop_factor,
+                flag_window=st.flag_window, flag_min_slow=st.flag_min_slow, valley_div=st.valley_div)
+        d._set_state(st)
+        return d
+
+    def _set_state(self, st: FallbackState) -> None:
+        """Take ``st``'s state (its settings are this detector's); the sorted views start exact."""
+        self._state, self._steady, self._until_step = st.state, st.steady, st.until_step
+        self._last_first_step = st.last_first_step
+        self._warm = Baseline.from_state(st.warm)
+        self._run, self._warm_count, self._warm_breaks = st.run, st.warm_count, st.warm_breaks
+        self._history = deque(st.history, maxlen=HISTORY_KEPT)
+        self._base = Baseline.from_state(st.base)
+        self._scores_q = deque(st.scores)
+        self._scores = sorted(st.scores)
+        self._scores_sync, self._scores_idle, self._scores_added, self._scores_evicted = True, 0, 0, 0
+        self._short = deque(st.short, maxlen=self.steady_run)
+        self._window = deque(st.window, maxlen=self.flag_window)
+        self._valley = st.valley
+        self._slow = deque(st.slow, maxlen=KEEP_STEPS)
+        self._n_slow, self._n_slow_before_onset = st.n_slow, st.n_slow_before_onset
+        self._excused = deque(st.excused, maxlen=KEEP_STEPS)
+        self._onset, self._onset_judged, self._flag_cluster = st.onset, st.onset_judged, list(st.flag_cluster)
+        self._flagged_at_step, self._flagged_after_judged = st.flagged_at_step, st.flagged_after_judged
+        self._flagged_slow_after_onset = st.flagged_slow_after_onset
+        self._judged, self._seen = st.judged, st.seen
+        self._max_ok_score, self._max_ok_step = st.max_ok_score, st.max_ok_step
 
     # ------------------------------------------------------------------ feeding
     def update(self, rec: Mapping[str, Any]) -> StepVerdict | None:
@@ -302,7 +345,12 @@ class FallbackDetector:
         out: list[tuple[int, StepVerdict]] = []
         i, n, size = 0, len(cols[1]), steadyspan.BLOCK_MIN
         while i < n:
-            got = steadyspan.consume(self, cols, i, size, _excuse) if steadyspan.applies(self) else 0
+            got = 0
+            if steadyspan.applies(self._steady, self._state, self._base.to_state(), self.baseline_window,
+                                  self.steady_run):
+                got, after = steadyspan.consume(self.to_state(), cols, i, size, _excuse)
+                if got:
+                    self._set_state(after)
             i += got
             if got == size:
                 size = min(2 * size, steadyspan.BLOCK_MAX)
@@ -321,7 +369,7 @@ class FallbackDetector:
         for i, (step, dt_s, flags, tokens, padded_tokens, _t) in rows:
             dt = check_step_seconds(dt_s)
             excuse = _excuse(flags) if flags else None
-            w = _width(tokens, padded_tokens)
+            w = width_of(tokens, padded_tokens)
             self._seen += 1
             if excuse is not None:
                 v = self._excused_step(step, dt, w, excuse)
@@ -344,11 +392,11 @@ class FallbackDetector:
         base = self._base
         exp = base.expected(w)[0]
         trip = self._trip()
-        score = _ratio(dt, exp)  # type: ignore[arg-type]  # a steady baseline is never empty
+        score = ratio(dt, exp)  # type: ignore[arg-type]  # a steady baseline is never empty
         self._judged += 1
         window = self._window
         if score > trip:
-            rec = _Slow(step, dt, exp, score, silent)  # type: ignore[arg-type]
+            rec = SlowStep(step, dt, exp, score, silent)  # type: ignore[arg-type]
             self._history.append((step, dt, w, "s"))
             window.append((rec, self._judged, False))
             self._on_slow(rec)
@@ -384,7 +432,7 @@ class FallbackDetector:
     # ------------------------------------------------------------------ warm-up
     def _warming_step(self, step: int | None, dt: float, w: float | None) -> StepVerdict:
         exp = self._warm.expected(w)[0] if len(self._warm) else None
-        score = None if exp is None else _ratio(dt, exp)
+        score = None if exp is None else ratio(dt, exp)
         if score is not None and score > self.steady_band:
             self._run = 0
             self._warm_breaks += 1
@@ -406,7 +454,7 @@ class FallbackDetector:
         self._steady = True
         run = [(dt, w) for _, dt, w, _ in list(self._history)[-min(self._run, self.baseline_window):]]
         self._restart_baseline(run)
-        keep = [(dt, w) for dt, w in run if _ratio(dt, self._base.expected(w)[0]) <= self.steady_band]
+        keep = [(dt, w) for dt, w in run if ratio(dt, self._base.expected(w)[0]) <= self.steady_band]
         if len(keep) < len(run) and 2 * len(keep) >= len(run):
             self._restart_baseline(keep)
         until = self._last_warmup_step(list(self._history))
@@ -414,7 +462,7 @@ class FallbackDetector:
 
     def _restart_baseline(self, recent: list[tuple[float, float | None]]) -> None:
         """Baseline, score window and short window restart from ``recent`` steps, (dt, width)."""
-        self._base = _Baseline(self.baseline_window)
+        self._base = Baseline(self.baseline_window)
         for dt, w in recent:
             self._base.add(dt, w)
         self._scores_q = deque()
@@ -423,12 +471,12 @@ class FallbackDetector:
         self._scores_idle = 0
         self._short.clear()
         for dt, w in recent:
-            self._push_score(_ratio(dt, self._base.expected(w)[0]))
+            self._push_score(ratio(dt, self._base.expected(w)[0]))
 
     def _last_warmup_step(self, hist: list[tuple[int | None, float, float | None, str]]) -> int | None:
         """Last non-slow step of ``hist`` that ran > steady_band x the current baseline, or None."""
         for step, dt, w, tag in reversed(hist):
-            if tag != "s" and _ratio(dt, self._base.expected(w)[0]) > self.steady_band:
+            if tag != "s" and ratio(dt, self._base.expected(w)[0]) > self.steady_band:
                 return step
         return None
 
@@ -439,7 +487,7 @@ class FallbackDetector:
         until_step to the last earlier step that ran > steady_band x the new level."""
         short = self._short  # full (steady_run steps), within the baseline, not flagged: _feed, the caller, says so
         base = self._base
-        per_token = base._n_width == len(base._q)  # and so every step of the short window (see _short_in_base)
+        per_token = base.all_have_width()  # and so every step of the short window (see _short_in_base)
         if per_token:
             # Most steps: a bound of the level without sorting. level <= bound, so a step at or
             # above bound / drop_factor is at or above the limit, and the exact test would stop too.
@@ -473,7 +521,7 @@ class FallbackDetector:
         q.append(s)
         if not self._scores_sync:
             self._scores_added += 1
-        elif self._scores_idle >= _VIEW_IDLE:
+        elif self._scores_idle >= VIEW_IDLE:
             self._scores_sync = False
             self._scores_added = 1
             self._scores_evicted = 0
@@ -504,7 +552,7 @@ class FallbackDetector:
         return (nearest_rank(sc, 75) - nearest_rank(sc, 25)) / 1.349
 
     def _trip(self) -> float:
-        """max(trip_ratio_min, 1 + spread_mult * spread()).
+        """max(trip_ratio_min, 1 + spread_mult * spread()): :func:`trip_point` of the scores window.
 
         At most steps the sorted scores are not needed. While they are stale (S, with a scores
         pushed and r evicted since), the nearest-rank p75 and p25 of the current window lie within
@@ -513,7 +561,7 @@ class FallbackDetector:
         (IEEE rounding is monotone; with spread_mult <= 0 it stays at the minimum), so when those
         bounds give a trip at or below trip_ratio_min, the exact trip is trip_ratio_min.
         """
-        tmin = self.trip_ratio_min
+        tmin, mult = self.trip_ratio_min, self.spread_mult
         n = len(self._scores_q)
         if n < 4:
             return tmin
@@ -524,14 +572,14 @@ class FallbackDetector:
             hi, lo = i75 + self._scores_evicted, i25 - self._scores_added
             # lo >= 0 puts hi inside the view: the a scores added (r <= a evicted) leave n = len(S) + a - r
             # with ceil(n / 4) - 1 >= a, so i75 + r = ceil(3n / 4) - 1 + r <= len(S) - 1
-            if lo >= 0 and not 1.0 + self.spread_mult * ((sc[hi] - sc[lo]) / 1.349) > tmin:
+            if lo >= 0 and not trip_point(sc[hi], sc[lo], tmin, mult) > tmin:
                 return tmin
             # a fresh snapshot; it stays a stale view (no add kept in step) unless the trip is needed
             self._scores = sc = sorted(self._scores_q)
             self._scores_added = self._scores_evicted = 0
         else:
             sc = self._scores
-        trip = 1.0 + self.spread_mult * ((sc[i75] - sc[i25]) / 1.349)
+        trip = trip_point(sc[i75], sc[i25], tmin, mult)
         if not trip > tmin:  # max(tmin, trip)
             return tmin
         # above the minimum: the exact value is read at every step, keep the view in step
@@ -539,7 +587,7 @@ class FallbackDetector:
         self._scores_idle = 0
         return trip
 
-    def _on_slow(self, s: _Slow) -> None:
+    def _on_slow(self, s: SlowStep) -> None:
         self._slow.append(s)
         self._n_slow += 1
         if self._state == FLAGGED:

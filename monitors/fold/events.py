@@ -28,7 +28,7 @@ from stepwatch.monitors.protocol import (
 from stepwatch.monitors.detectors.fallback import FallbackDetector
 from stepwatch.monitors.detectors.scaling import ScalingFit
 from stepwatch.monitors.fold.stepcolumns import (
-    _STEP_KEYS, STEP_FIELDS, UNIX_MAX as _UNIX_MAX, StepColumns, step_no, token_count, unix_time,
+    STEP_KEYS, STEP_FIELDS, UNIX_MAX as _UNIX_MAX, StepColumns, step_no, token_count, unix_time,
 )
 from stepwatch.monitors.fold.records import DecodedRead, EmittedStep, ReadDecoder
 from stepwatch.monitors.readers.jsonl import EventReader, parse_line
@@ -189,7 +189,7 @@ class EventsFold:
             try:  # every key is there in what the emitter writes: one lookup for all
                 rank, step, dt, flags, tokens, padded, t, step_end = STEP_FIELDS(ev)
             except KeyError:
-                rank, step, dt, flags, tokens, padded, t, step_end = map(ev.get, _STEP_KEYS)
+                rank, step, dt, flags, tokens, padded, t, step_end = map(ev.get, STEP_KEYS)
             if rank not in _RANK_0:
                 continue  # rank 0 speaks for the run
             flags = flags or ()

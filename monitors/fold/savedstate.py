@@ -11,8 +11,9 @@ then folds from byte 0, as without a state, and ``status --json`` says why in
 ``events.resume.refused``):
 
 * ``code``: a SHA-256 of the source of the modules whose objects it holds or whose rules made them
-  (fold.events, .stepcolumns and .records, readers.jsonl, detectors.fallback, .baseline and .steadyspan, stats.stepstats,
-  .stepbacklog and .nearest_rank, protocol, this one...): stepwatch upgraded meanwhile means refused;
+  (fold.events, .stepcolumns and .records, readers.jsonl, detectors.fallback, .fallbackstate, .baseline and .steadyspan,
+  stats.stepstats, .stepstate, .stepbacklog and .nearest_rank, protocol, this one...): stepwatch upgraded meanwhile
+  means refused (and ``FORMAT`` says when the layout itself changed);
 * ``attempt``: run.json's (attempt, launched_at_unix);
 * ``events``: the SHA-256 of the first ``offset`` bytes of events.jsonl as the supervisor read
   them, checked against the file by hashing those bytes again (:meth:`EventReader.resume`);
@@ -20,16 +21,17 @@ then folds from byte 0, as without a state, and ``status --json`` says why in
   saves it 0644). The state is trusted, not re-derived, so another user's is never used: their
   runs are folded line by line, which is always right (a crafted state could make a view slow);
 * the objects themselves: JSON, never a pickle. Only the classes in ``_CLASSES`` are made, each
-  with exactly the attributes a fresh one has, each of its type, windows of their length, and the
-  detector's width index consistent with its window.
+  with exactly the attributes a fresh one has, each of its type, windows of their length. The fallback
+  detector, its baselines and the step statistics are saved as their explicit state (``to_state()``, a
+  dataclass of named fields) and made again with ``from_state()``: their private attributes are no format.
 
 The format: every value is JSON; a float is a JSON number (``NaN``/``Infinity`` as Python's json
 writes them, which round-trips every float exactly, -0.0 included); anything else is an object
 with one tag: ``{"L": [...]}`` list, ``{"T": [...]}`` tuple, ``{"Q": [...], "m": maxlen}`` deque,
-``{"D": [[k, v], ...]}`` dict (keys may be numbers), ``{"S": [...]}`` set, ``{"SL": [...]}``
-SortedList, ``{"AD": [...]}`` an array of floats, ``{"O": class, "f": fields}`` object, ``{"J": value}`` a record read from events.jsonl
-kept as it was. The slotted records (a slow step, a StepRecord) sit in several windows at once:
-each is written once with ``"#": n`` and then referred to as ``{"R": n}``, so they stay shared.
+``{"D": [[k, v], ...]}`` dict (keys may be numbers), ``{"S": [...]}`` set, ``{"O": class, "f": fields}``
+object, ``{"J": value}`` a record read from events.jsonl kept as it was. The slotted records (a slow
+step, a StepRecord) sit in several windows at once: each is written once with ``"#": n`` and then
+referred to as ``{"R": n}``, so they stay shared.
 Nothing else may be shared, so a state read back is a tree the size of its file.
 """
 
@@ -44,25 +46,24 @@ import stat
 import sys
 import threading
 import time
-from array import array
 from collections import deque
 from pathlib import Path
 from typing import Any
 from collections.abc import Callable
 
-from sortedcontainers import SortedList
-
-from stepwatch.monitors.detectors.baseline import _Baseline
-from stepwatch.monitors.detectors.fallback import FallbackDetector, _Slow
+from stepwatch.monitors.detectors.baseline import Baseline, BaselineState
+from stepwatch.monitors.detectors.fallback import FallbackDetector
+from stepwatch.monitors.detectors.fallbackstate import FallbackState, SlowStep
 from stepwatch.monitors.detectors.scaling import ScalingFit
 from stepwatch.monitors.fold.events import EventsFold
 from stepwatch.monitors.fold.statecheck import RESTORED_CHECKS, StateError
 from stepwatch.monitors.readers.jsonl import EventReader
 from stepwatch.monitors.runfiles import EVENTS_JSONL, EVENTS_STATE, RUN_JSON, open_regular, read_json, write_json_atomic
 from stepwatch.monitors.stats.minmax import Bin, MinMaxSeries
+from stepwatch.monitors.stats.stepstate import StepStatsState
 from stepwatch.monitors.stats.stepstats import StepRecord, StepStats
 
-FORMAT = 2  # 2: a slow step says whether its interval was busy but silent (issue 32)
+FORMAT = 3  # 2: a slow step says whether its interval was busy but silent (issue 32); 3: explicit states (issue 45)
 #: How often the supervisor saves (seconds); an attach reads at most this much of the run's end.
 SAVE_EVERY_S = 30.0
 #: The supervisor waits at least this many times the cost of its last save before the next one
@@ -79,13 +80,17 @@ _CLASSES: dict[str, tuple[type, Callable[[], Any] | None]] = {
     "EventsFold": (EventsFold, EventsFold),
     "StepStats": (StepStats, StepStats),
     "FallbackDetector": (FallbackDetector, FallbackDetector),
-    "_Baseline": (_Baseline, lambda: _Baseline(1)),
+    "BaselineState": (BaselineState, lambda: Baseline(1)),
     "StepRecord": (StepRecord, None),
-    "_Slow": (_Slow, None),
+    "SlowStep": (SlowStep, None),
     "MinMaxSeries": (MinMaxSeries, MinMaxSeries),
     "ScalingFit": (ScalingFit, ScalingFit),
     "Bin": (Bin, None),
 }
+#: classes saved as their explicit state: name -> the state's dataclass, and the class's from_state
+_STATEFUL: dict[str, tuple[type, Callable[[Any], Any]]] = {
+    "StepStats": (StepStatsState, StepStats.from_state), "FallbackDetector": (FallbackState, FallbackDetector.from_state),
+    "BaselineState": (BaselineState, lambda st: st)}
 _NUM = (int, float)
 _MAX_INT = 2**53  # an int a state holds (a step, a token count) is one a float holds exactly
 _OPT_INT = (int, type(None))
@@ -94,7 +99,7 @@ _OPT_NUM = (int, float, type(None))
 #: sit in several windows at once; StepStats' records in its recent and window deques), and the
 #: types of their fields, in slot order (bool is never taken for an int).
 _RECORD_FIELDS: dict[str, tuple[tuple[type, ...], ...]] = {
-    "_Slow": (_OPT_INT, _NUM, _NUM, _NUM, (bool,)),
+    "SlowStep": (_OPT_INT, _NUM, _NUM, _NUM, (bool,)),
     "StepRecord": (_OPT_INT, _NUM, (tuple,), _OPT_INT, _OPT_INT, _OPT_NUM, (bool,)),
     "Bin": (_OPT_INT, _OPT_INT, _OPT_NUM, _OPT_NUM, _NUM, (int,), (int,)),
 }
@@ -104,7 +109,8 @@ _MODULES = ("stepwatch.monitors.fold.events", "stepwatch.monitors.readers.jsonl"
             "stepwatch.monitors.stats.stepstats", "stepwatch.monitors.stats.nearest_rank", "stepwatch.monitors.stats.minmax", "stepwatch.monitors.protocol", "stepwatch.monitors.fold.statecheck",
             # the backlog's ways to the same state (ARCHITECTURE.md, "Attach: one optimisation")
             "stepwatch.monitors.fold.stepcolumns", "stepwatch.monitors.fold.records", "stepwatch.monitors.detectors.steadyspan",
-            "stepwatch.monitors.stats.stepbacklog", __name__)
+            "stepwatch.monitors.stats.stepbacklog", "stepwatch.monitors.detectors.fallbackstate",
+            "stepwatch.monitors.stats.stepstate", __name__)
 _fields_cache: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {}
 
 
@@ -119,6 +125,14 @@ def code_digest() -> str:
     return h.hexdigest()
 
 
+def _values(name: str, o: Any) -> dict[str, Any]:
+    """What is saved of ``o``, a ``_CLASSES[name]``: its explicit state's fields, else its attributes."""
+    if name not in _STATEFUL:
+        return vars(o)
+    st = o if type(o) is BaselineState else o.to_state()
+    return {k: getattr(st, k) for k in st.__dataclass_fields__}
+
+
 def _fields(name: str) -> tuple[tuple[str, ...], dict[str, Any]]:
     """The attribute names of ``_CLASSES[name]`` in a fixed order, and a fresh instance's values
     ({} for the slotted records)."""
@@ -128,7 +142,7 @@ def _fields(name: str) -> tuple[tuple[str, ...], dict[str, Any]]:
         if fresh is None:
             f = (tuple(s for c in reversed(cls.__mro__) for s in getattr(c, "__slots__", ())), {})
         else:
-            v = vars(fresh())
+            v = _values(name, fresh())
             f = (tuple(v), v)
         _fields_cache[name] = f
     return f
@@ -151,7 +165,7 @@ def _enc(o: Any, memo: dict[int, int], seen: set[int]) -> Any:
     if t in _PLAIN:
         return o
     if t is tuple:
-        return {"T": [_enc(x, memo, seen) for x in o]}
+        return {"T": _items(o, memo, seen)}
     name = t.__name__
     if name in _RECORD_FIELDS and _CLASSES[name][0] is t:
         ref = memo.get(id(o))
@@ -170,13 +184,9 @@ def _enc(o: Any, memo: dict[int, int], seen: set[int]) -> Any:
         return {"D": [[_enc(k, memo, seen), _enc(v, memo, seen)] for k, v in o.items()]}
     if t is set:
         return {"S": _items(o, memo, seen)}
-    if t is SortedList:
-        return {"SL": _items(o, memo, seen)}
-    if t is array and o.typecode == "d":
-        return {"AD": o.tolist()}
     if _CLASSES.get(name, (None,))[0] is not t:
         raise StateError(f"cannot save a {t.__module__}.{t.__qualname__}")
-    d = vars(o)
+    d = _values(name, o)
     raw = _RAW_FIELDS.get(name, ())
     return {"O": name, "f": {k: {"J": d[k]} if k in raw else _enc(d[k], memo, seen) for k in _fields(name)[0]}}
 
@@ -223,13 +233,6 @@ def _dec(n: Any, objs: dict[int, Any]) -> Any:
         return {_dec(k, objs): _dec(v, objs) for k, v in n["D"]}
     if "S" in n:
         return set(_dec_items(n["S"], objs))
-    if "SL" in n:
-        return SortedList(_dec_items(n["SL"], objs))
-    if "AD" in n:
-        items = n["AD"]
-        if type(items) is not list or not all(type(x) is float for x in items):
-            raise StateError("a saved array of floats holds something else")
-        return array("d", items)
     if "R" in n:
         o = objs.get(n["R"]) if type(n["R"]) is int else None
         if o is None:
@@ -240,7 +243,7 @@ def _dec(n: Any, objs: dict[int, Any]) -> Any:
         raise StateError(f"a saved state may not make a {name!r}")
     cls, _ = _CLASSES[name]
     fields, fresh = _fields(name)
-    o = cls.__new__(cls)
+    o = object.__new__(cls) if name not in _STATEFUL else None
     f = n["f"]
     kinds = _RECORD_FIELDS.get(name)
     if kinds is not None:
@@ -260,7 +263,7 @@ def _dec(n: Any, objs: dict[int, Any]) -> Any:
     if type(f) is not dict or set(f) != set(fields):
         raise StateError(f"a saved {name} has the wrong fields")
     raw = _RAW_FIELDS.get(name, ())
-    d = vars(o)
+    d: dict[str, Any] = vars(o) if o is not None else {}
     for k, v in f.items():
         if k in raw:
             if type(v) is not dict or set(v) != {"J"}:
@@ -270,12 +273,17 @@ def _dec(n: Any, objs: dict[int, Any]) -> Any:
         v = d[k] = _dec(v, objs)
         want = fresh[k]
         if want is None:
-            if (type(v) not in _OPT_NUM and type(v) is not _Slow) or (type(v) is int and not -_MAX_INT < v < _MAX_INT):
+            if (type(v) not in _OPT_NUM and type(v) is not SlowStep) or (type(v) is int and not -_MAX_INT < v < _MAX_INT):
                 raise StateError(f"a saved {name}.{k} is a {type(v).__name__} ({str(v)[:40]})")
         elif type(v) is not type(want):
             raise StateError(f"a saved {name}.{k} is a {type(v).__name__}, not a {type(want).__name__}")
         elif type(v) is deque and v.maxlen != want.maxlen:
             raise StateError(f"a saved {name}.{k} keeps {v.maxlen} items, not {want.maxlen}")
+    if o is None:  # made from its explicit state, checked first
+        state_cls, from_state = _STATEFUL[name]
+        st = state_cls(**d)
+        RESTORED_CHECKS[name](st)
+        return from_state(st)
     check = RESTORED_CHECKS.get(name)
     if check is not None:
         check(o)

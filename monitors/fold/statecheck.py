@@ -5,12 +5,13 @@ object it makes): the invariants the code indexing those objects relies on, so a
 from __future__ import annotations
 
 import math
-from collections import Counter
 from typing import Any
 from collections.abc import Callable
 
-from stepwatch.monitors.detectors.baseline import _Baseline
+from stepwatch.monitors.detectors.baseline import BaselineState
+from stepwatch.monitors.detectors.fallbackstate import HISTORY_KEPT, KEEP_STEPS, FallbackState
 from stepwatch.monitors.detectors.scaling import ScalingFit
+from stepwatch.monitors.stats.stepstate import StepStatsState
 
 
 class StateError(ValueError):
@@ -18,18 +19,40 @@ class StateError(ValueError):
     not the class's own, a value of the wrong type, a container held twice."""
 
 
-def _check_baseline(b: _Baseline) -> None:
-    """The invariants a detector window keeps (its width groups index its steps), so a state cannot
-    make a lookup scan the window at every step. Raises StateError."""
-    widths = Counter(e[1] for e in b._q if type(e) is tuple and len(e) == 3 and e[1] is not None)
-    if (len(b._q) > b.maxlen or b._n_width != sum(widths.values()) or widths.keys() != b._groups.keys()
-            or any(len(b._groups[w]) != n for w, n in widths.items())):
-        raise StateError("a saved detector window does not match its width groups")
-    lw_ws = b._lw_ws
-    if (b._lws != sorted(lw_ws) or sorted(w for ws in lw_ws.values() for w in ws) != sorted(b._groups)
-            or any(math.log(w) != lw for lw, ws in lw_ws.items() for w in ws)
-            or b._shared != {lw for lw, ws in lw_ws.items() if len(ws) > 1}):
-        raise StateError("a saved detector window's width index is not its widths'")
+def _check_baseline(b: BaselineState) -> None:
+    """A detector window of at most its capacity, each step (seconds, a positive width or None): what its width
+    index is built from (a width without a logarithm would fail at each step). Raises StateError."""
+    if not 1 <= b.maxlen <= 1 << 24 or len(b.steps) > b.maxlen:
+        raise StateError(f"a saved detector window holds {len(b.steps)} steps, more than its {b.maxlen}")
+    for e in b.steps:
+        if (type(e) is not tuple or len(e) != 2 or type(e[0]) is not float
+                or not (e[1] is None or (type(e[1]) is float and 0.0 < e[1] < math.inf))):
+            raise StateError(f"a saved detector window holds {str(e)[:40]}, not (seconds, width)")
+
+
+def _check_lengths(name: str, lengths: dict[str, tuple[int, int]]) -> None:
+    """Each window of a saved ``name`` (field -> (its length, the most it keeps)) within its bound. Raises StateError."""
+    for k, (n, most) in lengths.items():
+        if n > most:
+            raise StateError(f"a saved {name}.{k} keeps {n} items, more than {most}")
+
+
+def _check_fallback(d: FallbackState) -> None:
+    """A detector's windows of their lengths, its baselines of its settings' sizes. Raises StateError."""
+    _check_lengths("FallbackDetector", {
+        "history": (len(d.history), HISTORY_KEPT), "window": (len(d.window), d.flag_window),
+        "short": (len(d.short), d.steady_run), "scores": (len(d.scores), d.baseline_window),
+        "slow": (len(d.slow), KEEP_STEPS), "excused": (len(d.excused), KEEP_STEPS)})
+    if d.warm.maxlen != d.steady_run or d.base.maxlen != d.baseline_window:
+        raise StateError("a saved FallbackDetector's windows are not of its settings' sizes")
+
+
+def _check_stats(s: StepStatsState) -> None:
+    """Step statistics of floats, their windows of their lengths. Raises StateError."""
+    _check_lengths("StepStats", {"recent": (len(s.recent), s.recent_maxlen),
+                                 "counted_recent": (len(s.counted_recent), s.window)})
+    if not all(type(x) is float for x in s.sorted_s) or not all(type(x) is float for x in s.pending_s):
+        raise StateError("a saved StepStats' step times hold something else than floats")
 
 
 def _check_scaling(f: ScalingFit) -> None:
@@ -45,4 +68,6 @@ def _check_scaling(f: ScalingFit) -> None:
 
 
 #: class name -> the check run on each restored instance
-RESTORED_CHECKS: dict[str, Callable[[Any], None]] = {"_Baseline": _check_baseline, "ScalingFit": _check_scaling}
+RESTORED_CHECKS: dict[str, Callable[[Any], None]] = {
+    "BaselineState": _check_baseline, "FallbackDetector": _check_fallback, "StepStats": _check_stats,
+    "ScalingFit": _check_scaling}

@@ -18,9 +18,9 @@ from typing import Any
 from stepwatch.monitors.protocol import EVENT_KEYS, KIND_STEP
 from stepwatch.monitors.stats.stepbacklog import all_in
 
-_STEP_KEYS = ("rank", "step", "dt", "flags", "tokens", "padded_tokens", "t", "step_end")
-assert set(_STEP_KEYS) <= set(EVENT_KEYS[KIND_STEP]), "a step key the protocol does not declare"
-STEP_FIELDS = itemgetter(*_STEP_KEYS)
+STEP_KEYS = ("rank", "step", "dt", "flags", "tokens", "padded_tokens", "t", "step_end")
+assert set(STEP_KEYS) <= set(EVENT_KEYS[KIND_STEP]), "a step key the protocol does not declare"
+STEP_FIELDS = itemgetter(*STEP_KEYS)
 _RANK_0 = frozenset((0, None))  # == as the fold's `rank in (0, None)`: 0.0 and False are rank 0 too
 _MAX_INT = 2**53  # token counts and step numbers read from a file stay below
 _INF = float("inf")

@@ -38,14 +38,15 @@ class MinMaxSeries:
         #: the whole run's NaN/inf points: how many, the step of the first (bins merge, these never do)
         self.nonfinite = 0
         self.first_nonfinite_step: int | None = None
-        self._first_nonfinite_is_last = False
+        #: whether the newest point is the run's first NaN/inf (restep_last then moves its step too)
+        self.first_nonfinite_is_last = False
 
     def add(self, step: int | None, value: float) -> None:
         finite = math.isfinite(value)
-        self._first_nonfinite_is_last = not finite and self.nonfinite == 0
+        self.first_nonfinite_is_last = not finite and self.nonfinite == 0
         if not finite:
             self.nonfinite += 1
-            if self._first_nonfinite_is_last:
+            if self.first_nonfinite_is_last:
                 self.first_nonfinite_step = step
         b = self.bins[-1] if self.bins else None
         if b is not None and b.n < self.per_bin:
@@ -84,7 +85,7 @@ class MinMaxSeries:
             lo, hi = min(chunk), max(chunk)
             b.lo = lo if b.lo is None else min(b.lo, lo)
             b.hi = hi if b.hi is None else max(b.hi, hi)
-            self._first_nonfinite_is_last = False
+            self.first_nonfinite_is_last = False
             i += len(chunk)
 
     def restep_last(self, step: int | None) -> None:
@@ -95,7 +96,7 @@ class MinMaxSeries:
             if b.n == 1:
                 b.first_step = step
             b.last_step = step
-        if self._first_nonfinite_is_last:
+        if self.first_nonfinite_is_last:
             self.first_nonfinite_step = step
 
     def _merge(self) -> None:

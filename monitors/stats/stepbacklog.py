@@ -5,20 +5,35 @@ Only the last ``recent_maxlen`` rows and the last ``window`` counted ones stay i
 them add nothing but their durations (and the counts of the uncounted ones). With every duration a float in
 [0, inf) and every flags value a list or a tuple, those durations are taken as slices between the uncounted rows,
 and only the rows whose records survive go through :meth:`StepStats.add`: the very state one add() per row leaves.
+The rows before them reach StepStats through its public :meth:`StepStats.add_unkept`, never its attributes.
 """
 
 from __future__ import annotations
 
 from itertools import compress
 from array import array
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
 
 _INF = float("inf")
+
+
+class StepStats(Protocol):
+    """What this reads and calls of :class:`~stepwatch.monitors.stats.stepstats.StepStats` (which imports this
+    module): its public face only."""
+
+    @property
+    def recent_maxlen(self) -> int: ...
+    @property
+    def window_size(self) -> int: ...
+    def add_unkept(self, counted_s: Iterable[Any], excluded_first: int, excluded_phase: int, seen: int,
+                   last_step: int | None) -> None: ...
+    def add(self, step: int | None, dt_s: float, flags: Iterable[str] = (), tokens: int | None = None,
+            padded_tokens: int | None = None, t: float | None = None) -> bool: ...
 _FLAG_SEQS = frozenset((list, tuple))
 
 
-def add_columns(stats: Any, steps: list[Any], dts: Any, flags: list[Any], tokens: list[Any], padded: list[Any],
+def add_columns(stats: StepStats, steps: list[Any], dts: Any, flags: list[Any], tokens: list[Any], padded: list[Any],
                 ts: list[Any], uncounted: Callable[[tuple[str, ...]], bool], first: str) -> int | None:
     """Add the rows ``zip(steps, dts, flags, tokens, padded, ts)`` (at least one; ``dts`` a list or an array of
     floats) to ``stats`` (a StepStats, whose
@@ -37,28 +52,28 @@ def add_columns(stats: Any, steps: list[Any], dts: Any, flags: list[Any], tokens
     n = len(dts)
     skipped = [j for j in compress(range(n), flags) if uncounted(tuple(flags[j]))]
     skip = set(skipped)
-    keep, need, i = max(0, n - (stats._recent.maxlen or n)), stats._window.maxlen or n, n
+    keep, need, i = max(0, n - (stats.recent_maxlen or n)), stats.window_size or n, n
     while i > 0 and need > 0:  # the first row whose record survives, as add_many's own way finds it
         i -= 1
         if i not in skip:
             need -= 1
     keep = min(keep, i)
-    pending, prev, counted_n = stats._pending, 0, 0
+    runs: list[Any] = []
+    prev = counted_n = n_first = n_phase = 0
     for j in skipped:
         if j >= keep:
             break
-        pending.extend(dts[prev:j])
+        runs.append(dts[prev:j])
         counted_n += j - prev
         if first in flags[j]:
-            stats._excluded_first += 1
+            n_first += 1
         else:
-            stats._excluded_phase += 1
+            n_phase += 1
         prev = j + 1
-    pending.extend(dts[prev:keep])
+    runs.append(dts[prev:keep])
     counted_n += max(0, keep - prev)
-    if keep:  # (the last counted row is among the rest: added below, it sets ``_last``)
-        stats._seen += keep
-        stats._last_step = steps[keep - 1]
+    # (the last counted row is among the rest: added below, it sets ``last``)
+    stats.add_unkept(runs, n_first, n_phase, keep, steps[keep - 1] if keep else None)
     add = stats.add
     for row in zip(steps[keep:], dts[keep:], flags[keep:], tokens[keep:], padded[keep:], ts[keep:]):
         counted_n += add(*row)

@@ -29,7 +29,6 @@ from __future__ import annotations
 import math
 from array import array
 from collections import deque
-from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
 from collections.abc import Iterable
@@ -38,6 +37,11 @@ from sortedcontainers import SortedList
 
 from stepwatch.monitors.protocol import FLAG_EVAL, FLAG_FIRST, FLAG_SAVE, FLAG_STOPPED
 from stepwatch.monitors.stats import stepbacklog
+# re-exported (`x as x`): a step's record and the check of its duration live with the statistics' state
+from stepwatch.monitors.stats.stepstate import StepRecord as StepRecord
+from stepwatch.monitors.stats.stepstate import StepStatsState
+from stepwatch.monitors.stats.stepstate import check_step_seconds as check_step_seconds
+from stepwatch.monitors.stats.stepstate import opt_count
 # re-exported (`x as x`): callers import the nearest-rank helpers from here too
 from stepwatch.monitors.stats.nearest_rank import nearest_rank as nearest_rank
 from stepwatch.monitors.stats.nearest_rank import nearest_rank_index as nearest_rank_index
@@ -66,19 +70,6 @@ UNIT = "seconds_per_optimizer_step"
 SUMMARY_KEYS = ("n", "min", "p50", "p90", "p99", "max", "last")
 
 
-@dataclass(frozen=True, slots=True)
-class StepRecord:
-    """One step as StepStats saw it. ``counted`` is False for the first step of a process."""
-
-    step: int | None
-    dt_s: float
-    flags: tuple[str, ...]
-    tokens: int | None
-    padded_tokens: int | None
-    t: float | None
-    counted: bool
-
-
 # StepRecord's generated __init__ sets its 7 fields with object.__setattr__ (it is frozen): ~1.5 us,
 # a third of an add. add() builds the same object (class StepRecord, the same slot values) as a
 # _RecordBuilder, a plain class with the very same slots whose __init__ stores them directly, then
@@ -87,16 +78,8 @@ class StepRecord:
 class _RecordBuilder:
     __slots__ = StepRecord.__slots__
 
-    def __init__(
-        self,
-        step: int | None,
-        dt_s: float,
-        flags: tuple[str, ...],
-        tokens: int | None,
-        padded_tokens: int | None,
-        t: float | None,
-        counted: bool,
-    ) -> None:
+    def __init__(self, step: int | None, dt_s: float, flags: tuple[str, ...], tokens: int | None,
+                 padded_tokens: int | None, t: float | None, counted: bool) -> None:
         self.step = step
         self.dt_s = dt_s
         self.flags = flags
@@ -107,31 +90,6 @@ class _RecordBuilder:
 
 
 _INF = math.inf
-
-
-def check_step_seconds(dt_s: Any) -> float:
-    """``dt_s`` as float seconds of one optimizer step. Raises ValueError, naming the value, when it
-    is not a number, not finite or negative (a NaN or a negative time is a caller bug, not a step).
-    Shared by :class:`StepStats` and the fallback detector."""
-    if type(dt_s) is float and 0.0 <= dt_s < _INF:  # nearly every step: already what it must be
-        return dt_s
-    try:
-        dt = float(dt_s)
-    except (TypeError, ValueError, OverflowError):  # OverflowError: an int beyond a float's range
-        raise ValueError(f"step duration must be a number of seconds, got {dt_s!r}") from None
-    if not math.isfinite(dt) or dt < 0:
-        raise ValueError(f"step duration must be finite and >= 0 seconds, got {dt_s!r}")
-    return dt
-
-
-def _opt_int(v: Any) -> int | None:
-    if v is None:
-        return None
-    try:
-        i = int(v)
-    except (TypeError, ValueError, OverflowError):  # OverflowError: int(inf)
-        return None
-    return i if i >= 0 else None
 
 
 class StepStats:
@@ -156,6 +114,52 @@ class StepStats:
         self._excluded_first = 0
         self._excluded_phase = 0
         self._seen = 0
+
+    # ------------------------------------------------------------------ explicit state
+    def to_state(self) -> StepStatsState:
+        """Everything that decides what this reports next, by name (:class:`StepStatsState`); a copy."""
+        return StepStatsState(
+            recent_maxlen=self.recent_maxlen, window=self.window_size, sorted_s=tuple(self._sorted_list),
+            pending_s=tuple(self._pending), recent=tuple(self._recent), counted_recent=tuple(self._window),
+            last=self._last, last_step=self._last_step, excluded_first=self._excluded_first,
+            excluded_phase=self._excluded_phase, seen=self._seen)
+
+    @classmethod
+    def from_state(cls, st: StepStatsState) -> StepStats:
+        """Statistics in state ``st`` (ValueError for sizes the constructor refuses, TypeError for a non-number)."""
+        s = cls(st.recent_maxlen, st.window)
+        s._sorted_list = SortedList(st.sorted_s)
+        s._pending = array("d", st.pending_s)
+        s._recent.extend(st.recent)
+        s._window.extend(st.counted_recent)
+        s._last, s._last_step, s._seen = st.last, st.last_step, st.seen
+        s._excluded_first, s._excluded_phase = st.excluded_first, st.excluded_phase
+        return s
+
+    @property
+    def recent_maxlen(self) -> int:
+        """How many recent steps (counted or not) are kept."""
+        return self._recent.maxlen or 0
+
+    @property
+    def window_size(self) -> int:
+        """How many recent counted steps throughput and the ETA look at."""
+        return self._window.maxlen or 0
+
+    def add_unkept(self, counted_s: Iterable[Any], excluded_first: int, excluded_phase: int, seen: int,
+                   last_step: int | None) -> None:
+        """Rows none of whose records would survive in the recent windows, summed up: their counted durations
+        (runs of floats in [0, inf), arrival order), how many were left out and why, how many in all, the last one's
+        step. The state one :meth:`add` per row leaves, but for ``last``: the caller adds the rows after them one by
+        one, the last counted among them. A backlog's way (``monitors/stats/stepbacklog.py``)."""
+        extend = self._pending.extend
+        for run in counted_s:
+            extend(run)
+        self._excluded_first += excluded_first
+        self._excluded_phase += excluded_phase
+        if seen:
+            self._seen += seen
+            self._last_step = last_step
 
     # ------------------------------------------------------------------ feeding
     def add(
@@ -183,10 +187,10 @@ class StepStats:
             step,
             dt,
             fl,
-            tokens if tokens is None or (type(tokens) is int and tokens >= 0) else _opt_int(tokens),
+            tokens if tokens is None or (type(tokens) is int and tokens >= 0) else opt_count(tokens),
             padded_tokens
             if padded_tokens is None or (type(padded_tokens) is int and padded_tokens >= 0)
-            else _opt_int(padded_tokens),
+            else opt_count(padded_tokens),
             t,
             counted,
         )

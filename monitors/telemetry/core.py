@@ -52,7 +52,7 @@ from stepwatch.monitors.protocol import (
     KIND_RUN_START, KIND_STEP, PHASE_NAMES, SCHEMA_VERSION,
 )
 from stepwatch.telemetry.stats import step_summary
-from stepwatch.telemetry.writer import EventFileWriter, _warn
+from stepwatch.telemetry.writer import EventFileWriter, warn
 
 
 
@@ -279,7 +279,7 @@ class StepTelemetry(EventFileWriter):
         if rd is None:
             if not _warned_unset:
                 _warned_unset = True
-                _warn(f"{ENV_RUN_DIR} is not set; no events will be written (launch with stepwatch to record them)")
+                warn(f"{ENV_RUN_DIR} is not set; no events will be written (launch with stepwatch to record them)")
         self._update_path()
         self._observer.try_install()
         if start:
@@ -601,11 +601,11 @@ class StepTelemetry(EventFileWriter):
                 self.dropped_events += 1
                 if not self._warned_serialise:
                     self._warned_serialise = True
-                    _warn(f"dropped a {ev.get('kind')} event that is not JSON-serialisable ({e}); training continues")
+                    warn(f"dropped a {ev.get('kind')} event that is not JSON-serialisable ({e}); training continues")
                 return False
             return self._write_after_buffer(data)
 
     def _internal_error(self, e: BaseException) -> None:
         if not self._warned_internal:
             self._warned_internal = True
-            _warn(f"internal error ({type(e).__name__}: {e}); training continues")
+            warn(f"internal error ({type(e).__name__}: {e}); training continues")

@@ -58,7 +58,7 @@ def _is_symlink(path: str | None) -> bool:
         return False
 
 
-def _warn(msg: str) -> None:
+def warn(msg: str) -> None:
     """One line on stderr; never raises (stderr may be closed)."""
     try:
         sys.stderr.write(_PREFIX + msg + "\n")
@@ -209,7 +209,7 @@ class EventFileWriter:
             self._partial_line = False
             if self._retrying:
                 self._retrying = False
-                _warn(f"writing events to {self.path} again ({self.dropped_events} dropped while it was full)")
+                warn(f"writing events to {self.path} again ({self.dropped_events} dropped while it was full)")
             return True
         except OSError as e:
             written = max(0, data[:done].count(b"\n") - len(prefix))  # whole lines of this write that went out
@@ -227,7 +227,7 @@ class EventFileWriter:
         self._close_fd()
         if not self._warned_disable:
             self._warned_disable = True
-            _warn(f"{said}; " + (f"events are counted as dropped and written again once there is room (tried every "
+            warn(f"{said}; " + (f"events are counted as dropped and written again once there is room (tried every "
                                  f"{RETRY_FULL_S:g} s; training continues)" if full else
                                  "telemetry disabled, further events are counted as dropped (training continues)"))
 

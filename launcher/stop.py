@@ -137,7 +137,7 @@ def request_stop(run_dir: Path, grace_s: float = 30.0, reason: str | None = None
         raise StopError(f"no readable {RUN_JSON} of the run dir's owner in {run_dir}: not a run directory")
     job = slurm_job_id(run)
     if job and not is_alive(ProcessRef.from_json(run.get("process"))) and (
-            read_json(run_dir / EXIT_JSON) is None or _requeued(run_dir, run)):  # queued, or Slurm will rerun it
+            read_json(run_dir / EXIT_JSON) is None or _requeued(run_dir, run) or _queued_again(run, job, uid)):
         return _stop_job(run_dir, run, job, grace_s, reason, wait, wait_timeout_s)
     run = _wait_while_starting(run_dir, run, uid)
     pin.check()
@@ -335,6 +335,16 @@ def _requeued(run_dir: Path, run: dict) -> bool:
     again (launcher/requeue.py), so a stop cancels the queued job."""
     d = recorded_decision(run_dir, run.get("attempt"))[1]
     return d is not None and "requeued" in d
+
+
+def _queued_again(run: dict, job: str, uid: int | None) -> bool:
+    """The attempt's supervisor is gone and Slurm holds its job in the queue again (a requeue whose decision the
+    supervisor never recorded: Slurm's KillWait took it first), so the job would start the run's next attempt
+    (launcher/requeue.py) unless the stop cancels it."""
+    from stepwatch.monitors.slurm import WAITING_STATES, query_job  # noqa: PLC0415
+
+    sup = ProcessRef.from_json(run.get("supervisor"))
+    return not (sup is not None and belongs_to(sup, uid)) and query_job(job)["state"] in WAITING_STATES
 
 
 def _restart_enforced(run: dict) -> bool:

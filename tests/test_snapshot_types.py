@@ -157,10 +157,11 @@ def test_the_parts_a_plain_run_leaves_out_are_there_in_these_run_dirs(tmp_path: 
     assert fb["throughput"]["tokens_per_s"] is not None and fb["scaling"]["steps"] > 0
 
 
-def test_every_hostile_run_dir_gives_a_declared_snapshot(tmp_path: Path):
+@pytest.mark.parametrize("third", [0, 1, 2])  # a third of the corpus a test: each well under the unit tier's 2 s
+def test_every_hostile_run_dir_gives_a_declared_snapshot(tmp_path: Path, third: int):
     corpus = hostile_runs().make_hostile_runs(tmp_path / "runs", tmp_path / "outside")
     assert len(corpus) >= 10
-    for name, run_dir in corpus.items():
+    for name, run_dir in sorted(corpus.items())[third::3]:
         found = problems(as_printed(RunObserver(run_dir).refresh()))
         assert not found, (name, found[:10])
 

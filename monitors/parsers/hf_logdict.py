@@ -10,7 +10,7 @@ from typing import Any
 
 from stepwatch.monitors.readers.rankprefix import rank_prefix
 
-_TRAIN_OUTPUT = re.compile(r"TrainOutput\(global_step=(\d+)")
+_TRAIN_OUTPUT = re.compile(r"TrainOutput\(global_step=(\d{1,12})(?!\d)")
 
 
 def _to_float(v: Any) -> float | None:

@@ -51,16 +51,18 @@ _SI = {"": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
 # with l_bar = '{desc}: {percentage:3.0f}%|' (or '{percentage:3.0f}%|' without desc).
 _BAR = re.compile(
     r"(?P<desc>.*?)(?P<pct>\d{1,3})%\|(?P<bar>[^|]*)\|\s*"
-    r"(?P<n>\d+)/(?P<total>\d+)\s*"
+    r"(?P<n>\d{1,12})/(?P<total>\d{1,12})\s*"
     r"\[(?P<elapsed>[^<,\]]+?)(?:<(?P<remaining>[^,\]]+?))?,\s*"
-    r"(?P<rate>\?|\d+(?:\.\d+)?)(?P<si>[kMGTP]?)(?P<unit>[A-Za-z_]+/s|s/[A-Za-z_]+)"
+    r"(?P<rate>\?|\d{1,15}(?:\.\d{1,15})?)(?P<si>[kMGTP]?)(?P<unit>[A-Za-z_]+/s|s/[A-Za-z_]+)"
     r"(?P<postfix>[^\]]*)\]"
 )
 # no total: '{desc}: {n_fmt}{unit} [{elapsed}, {rate_fmt}{postfix}]', e.g. '25it [00:03, 7.12it/s]'
+# Every count has a bound (a step below 10**12, as monitors/parsers/logformats.py reads it) and starts where a run of
+# digits starts: a 32 KiB line of digits is read in linear time and never reaches int()'s 4300-digit limit.
 _BAR_NO_TOTAL = re.compile(
-    r"(?P<desc>.*?)(?P<n>\d+)(?P<uname>[A-Za-z_]+) "
-    r"\[(?P<elapsed>\d+:\d\d(?::\d\d)?),\s*"
-    r"(?P<rate>\?|\d+(?:\.\d+)?)(?P<si>[kMGTP]?)(?P<unit>[A-Za-z_]+/s|s/[A-Za-z_]+)"
+    r"(?P<desc>.*?)(?<!\d)(?P<n>\d{1,12})(?P<uname>[A-Za-z_]+) "
+    r"\[(?P<elapsed>\d{1,9}:\d\d(?::\d\d)?),\s*"
+    r"(?P<rate>\?|\d{1,15}(?:\.\d{1,15})?)(?P<si>[kMGTP]?)(?P<unit>[A-Za-z_]+/s|s/[A-Za-z_]+)"
     r"(?P<postfix>[^\]]*)\]"
 )
 

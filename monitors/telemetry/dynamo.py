@@ -54,7 +54,7 @@ DYNAMO_LOGGER = "torch._dynamo"
 #: The logger that emits the recompile-limit warning.
 CONVERT_FRAME_LOGGER = "torch._dynamo.convert_frame"
 
-_COMPILE_ID_RE = re.compile(r"(\d+)/(\d+)$")
+_COMPILE_ID_RE = re.compile(r"(?<!\d)(\d{1,12})/(\d{1,12})$")
 
 
 def counters_snapshot(counters: Any) -> dict[str, dict[str, Any]] | None:

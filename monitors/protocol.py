@@ -60,6 +60,5 @@ FLAGS = (FLAG_FIRST, FLAG_EVAL, FLAG_SAVE, FLAG_RECOMPILE)
 FLAG_STOPPED, FLAG_IDLE, FLAG_SILENT = "stopped", "idle", "silent"
 LIVENESS_FLAGS = (FLAG_STOPPED, FLAG_IDLE, FLAG_SILENT)
 
-#: ``phase`` event names and states.
+#: ``phase`` event names (its states: ``begin``, ``end``).
 PHASE_NAMES = (FLAG_SAVE, FLAG_EVAL)
-PHASE_STATES = ("begin", "end")

@@ -161,8 +161,8 @@ class SelfTestResult:
 
 
 def self_test(limit_s: float = 2.0) -> SelfTestResult:
-    """Playbook 4.8 "watchdog tested negative": start a throwaway process, confirm the watchdog reads
-    it alive, SIGKILL it, and confirm the watchdog reports it dead within ``limit_s`` seconds.
+    """A watchdog is trusted only once it has been seen to fire: start a throwaway process, confirm the watchdog
+    reads it alive, SIGKILL it, and confirm the watchdog reports it dead within ``limit_s`` seconds.
 
     The throwaway is a child of this process and is reaped by a thread, as the supervisor reaps the
     real run. Never raises; failures are in the result.

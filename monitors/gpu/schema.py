@@ -78,8 +78,6 @@ METRIC_KEYS = (
     "energy_mj",
 )
 
-GPM_KEYS = ("sm_active_pct", "sm_occupancy_pct", "tensor_active_pct")
-
 DEVICE_KEYS = (
     "index",
     "name",

@@ -218,10 +218,6 @@ def eval_metrics(body: str) -> dict[str, float]:
 
 
 # --- the user's own patterns ([log] patterns in the run config) ----------------------------------
-#: Named groups a user pattern may use with a meaning of their own; any other named group is a metric.
-#: ``epoch`` with ``steps_per_epoch`` (the counter's total) makes ``step`` a counter within the epoch
-#: (timm's ``Train: 12 [  16/22``); ``epochs``: how many epochs the run has.
-PATTERN_GROUPS = ("step", "max_steps", "dt_s", "epoch", "steps_per_epoch", "epochs")
 MAX_PATTERNS = 16
 MAX_PATTERN_CHARS = 500
 
@@ -346,6 +342,9 @@ def user_pattern(rx: UserPattern, body: str) -> LineStep | None:
     if printed is None or not (printed.isascii() and printed.isdigit()) or len(printed) > 12:
         return None  # a global_step is a plain count below 10**12: 12 ASCII digits at most
     step = int(printed)
+    # The named groups with a meaning of their own (step, max_steps, dt_s, epoch, steps_per_epoch, epochs); any other
+    # named group is a metric. ``epoch`` with ``steps_per_epoch`` (the counter's total) makes ``step`` a counter
+    # within the epoch (timm's ``Train: 12 [  16/22``); ``epochs``: how many epochs the run has.
     got = {k: to_number(v) for k, v in m.groupdict().items() if v is not None}
     ms, dt = got.pop("max_steps", None), got.pop("dt_s", None)
     epoch, per_epoch, epochs = (_count(got.pop(k, None)) for k in ("epoch", "steps_per_epoch", "epochs"))

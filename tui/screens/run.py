@@ -27,7 +27,8 @@ from stepwatch.tui.messages import SnapshotReady
 from stepwatch.tui.safe import safe_text
 from stepwatch.tui.widgets.dynamo import DynamoPanel
 from stepwatch.tui.widgets.gpu import GpuPanel
-from stepwatch.tui.widgets.header import AlertBanner, RestartLine, RunHeader, SupervisorGone
+from stepwatch.tui.widgets.alertbanner import AlertBanner
+from stepwatch.tui.widgets.header import RestartLine, RunHeader, SupervisorGone
 from stepwatch.tui.widgets.identity import IdentityPanel
 from stepwatch.tui.screens.modals import AlertDetails, Prompt
 from stepwatch.tui.widgets.logpanel import WINDOW_LINES, LogPanel

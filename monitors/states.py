@@ -30,6 +30,8 @@ FallbackState = Literal["ok", "suspected", "flagged", "not judged"]
 #: ``stall.state``: ``suspected`` while the step runs past its budget but the processes' CPU moves (busy but
 #: silent: shown, never paged, until the busy budget).
 StallState = Literal["ok", "suspected", "stalled", "not judged"]
+#: ``stall.floor_source``: where the step budget's floor came from (``[stall] step_floor_s``, or the default).
+StallFloorSource = Literal["default", "run config"]
 #: ``straggler.state``.
 StragglerState = Literal["ok", "flagged", "not judged"]
 #: ``eta.state``: ``stalled`` when the stall detector says so (the views then show STALLED, not a time).

@@ -31,7 +31,7 @@ def test_twenty_fast_steps_then_a_hang_reads_stalled_within_seconds():
     assert isinstance(v, StallVerdict)
     assert v.state == "stalled" and v.current_step_elapsed_s == pytest.approx(3.5)
     assert v.threshold_s <= 3.0
-    assert v.as_dict() == {"state": "stalled", "current_step_elapsed_s": pytest.approx(3.5)}
+    assert v.as_dict() == {"state": "stalled", "current_step_elapsed_s": pytest.approx(3.5), "threshold_s": v.threshold_s}
 
 
 def test_save_or_eval_phase_is_not_a_stall():
@@ -62,7 +62,7 @@ def test_stall_threshold_scales_with_p99_and_takes_a_summary_dict():
 
 def test_stall_unknown_start_and_clock_skew():
     s = fast_stats()
-    assert stall_state(None, 100.0, s, None).as_dict() == {"state": "ok", "current_step_elapsed_s": None}
+    assert stall_state(None, 100.0, s, None).as_dict() == {"state": "ok", "current_step_elapsed_s": None, "threshold_s": None}
     assert stall_state(100.0, 90.0, s, None).current_step_elapsed_s == 0.0
 
 

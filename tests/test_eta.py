@@ -64,7 +64,8 @@ def test_the_eta_follows_a_20x_slowdown_within_10_steps_and_says_stalled(tmp_pat
 
 # --- the rate's change point (unit tier: monitors/snapshot/eta.py) -----------------------------------
 
-_NOT_STALLED: Stall = {"state": "ok", "reason": "", "current_step_elapsed_s": 0.0}
+_NOT_STALLED: Stall = {"state": "ok", "reason": "", "current_step_elapsed_s": 0.0, "threshold_s": 3.0, "floor_s": 3.0,
+                      "floor_source": "default"}
 
 
 def _eta(dts: list[float], step: int) -> Eta:

@@ -97,3 +97,45 @@ def test_without_the_supervisors_record_log_times_are_labelled_approximate(tmp_p
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.parametrize(("stall_table", "floor_s", "source"), [({}, 3.0, "default"),
+                                                                 ({"step_floor_s": 30}, 30.0, "run config")])
+def test_the_stall_part_says_its_budget_and_where_its_floor_came_from(tmp_path: Path, stall_table: dict, floor_s: float,
+                                                                      source: str):
+    """``[stall] step_floor_s`` the user set is in ``status --json``: the floor in use, its source, and the budget the
+    step in progress is judged against (max(10 x p99, floor)); an ended run still says its floor."""
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        run_dir = tmp_path / "live"
+        run_dir.mkdir()
+        now = time.time()
+        run = {"v": 1, "name": "live", "attempt": 1, "launched_at_unix": now - 30, "config": {"stall": stall_table},
+               "process": {"pid": proc.pid, "create_time": psutil.Process(proc.pid).create_time(), "pgid": proc.pid},
+               "supervisor": {"pid": None, "create_time": None}}
+        (run_dir / "run.json").write_text(json.dumps(run))
+        t0 = now - 21 * 0.5
+        steps = [{"v": 1, "kind": "step", "t": t0 + 0.5 * s, "step": s, "rank": 0, "dt": 0.5, "step_begin": t0 + 0.5 * (s - 1),
+                  "step_end": t0 + 0.5 * s, "tokens": None, "padded_tokens": None, "flags": ["first"] if s == 1 else []}
+                 for s in range(1, 21)]
+        (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in steps))
+        snap = RunObserver(run_dir).refresh()
+        st = snap["stall"]
+        assert snap["state"] == "running" and st["state"] == "ok", (snap["state"], st)
+        assert (st["floor_s"], st["floor_source"]) == (floor_s, source)
+        assert st["threshold_s"] == pytest.approx(max(10 * 0.5, floor_s))
+    finally:
+        proc.kill()
+        proc.wait()
+    (run_dir / "exit.json").write_text(json.dumps({"v": 1, "returncode": 0, "signal": None, "ended_at": "x",
+                                                   "ended_at_unix": time.time(), "duration_s": 30.0,
+                                                   "stop_requested": False, "error": None}))
+    ended = RunObserver(run_dir).refresh()["stall"]
+    assert ended["state"] == "not judged" and ended["threshold_s"] is None
+    assert (ended["floor_s"], ended["floor_source"]) == (floor_s, source)

@@ -237,7 +237,8 @@ def test_the_stall_table_sets_each_floor_and_a_bad_value_is_refused_naming_it(tm
     from stepwatch.monitors.snapshot.stepsource import busy_budget_s
 
     got = stall_settings_of({"config": {"stall": {"step_floor_s": 30, "busy_floor_s": 900, "phase_floor_s": 1800.0}}})
-    assert got == StallSettings(30.0, 900.0, 1800.0)
+    assert (got.step_floor_s, got.busy_floor_s, got.phase_floor_s) == (30.0, 900.0, 1800.0)
+    assert got.step_floor_source() == "run config" and StallSettings().step_floor_source() == "default"
     assert stall_settings_of({}) == StallSettings() == stall_settings_of({"config": {"stall": {"busy_floor_s": -1}}})
     summary = {"n": 50, "p99": 0.2}
     assert stall_state(0.0, 10.0, summary).state == STALLED  # the control: the default floor (3 s)

@@ -72,7 +72,7 @@ def test_the_call_and_the_verdict_keep_their_shape():
     assert stall_state(1000.0, 1010.0, {"n": 3, "p99": 0.1}, min_steps=3).state == "stalled"
     with pytest.raises(dataclasses.FrozenInstanceError):
         v.state = "ok"
-    assert not hasattr(v, "__dict__") and v.as_dict() == {"state": "stalled", "current_step_elapsed_s": 10.0}
+    assert not hasattr(v, "__dict__") and v.as_dict() == {"state": "stalled", "current_step_elapsed_s": 10.0, "threshold_s": 3.0}
 
 
 def test_what_the_judge_saw_of_the_step_bounds_the_wall_clock_difference():

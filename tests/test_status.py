@@ -38,7 +38,7 @@ NESTED_KEYS = {
     "throughput": ("tokens_per_s", "real_tokens_per_s", "padding_share"),
     "warmup": ("state", "until_step"),
     "fallback": ("state", "slow_steps", "onset_step", "reason"),
-    "stall": ("state", "current_step_elapsed_s"),
+    "stall": ("state", "current_step_elapsed_s", "threshold_s", "floor_s", "floor_source"),
     "dynamo": ("recompiles", "graph_breaks", "unique_graphs", "recompile_limit_hits", "source"),
     "attn_implementation": ("requested", "resolved"),
 }

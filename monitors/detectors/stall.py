@@ -25,7 +25,7 @@ from typing import Any
 from collections.abc import Mapping
 
 from stepwatch.monitors.parsers.phases import PHASE_FLOOR_S
-from stepwatch.monitors.states import NOT_JUDGED, OK, STALLED
+from stepwatch.monitors.states import NOT_JUDGED, OK, STALLED, StallFloorSource
 
 #: A stall: the step in progress ran longer than max(STALL_FACTOR x p99, STALL_FLOOR_S) seconds ...
 STALL_FACTOR = 10.0
@@ -47,6 +47,12 @@ class StallSettings:
     step_floor_s: float = STALL_FLOOR_S
     busy_floor_s: float = BUSY_FLOOR_S
     phase_floor_s: float = PHASE_FLOOR_S
+    #: the keys the run config set (the others are the defaults)
+    configured: frozenset[str] = frozenset()
+
+    def step_floor_source(self) -> StallFloorSource:
+        """Where ``step_floor_s`` came from: the snapshot's ``stall.floor_source``."""
+        return "run config" if "step_floor_s" in self.configured else "default"
 
 
 def stall_settings(table: Mapping[str, Any]) -> StallSettings:
@@ -59,7 +65,7 @@ def stall_settings(table: Mapping[str, Any]) -> StallSettings:
         if type(v) not in (int, float) or not 1.0 <= v <= 7 * 86400:
             raise ValueError(f"{key} must be a number of seconds from 1 to 604800; got {v!r}")
         got[key] = float(v)
-    return StallSettings(**got)
+    return StallSettings(**got, configured=frozenset(got))
 
 
 def stall_settings_of(run: Mapping[str, Any]) -> StallSettings:
@@ -86,8 +92,9 @@ class StallVerdict:
     reason: str = field(default="")
 
     def as_dict(self) -> dict[str, Any]:
-        """The status JSON's ``stall`` object: ``{state, current_step_elapsed_s}``."""
-        return {"state": self.state, "current_step_elapsed_s": self.current_step_elapsed_s}
+        """The status JSON's ``stall`` object's verdict: ``{state, current_step_elapsed_s, threshold_s}``."""
+        return {"state": self.state, "current_step_elapsed_s": self.current_step_elapsed_s,
+                "threshold_s": self.threshold_s}
 
 
 def _get(stats: Any, key: str) -> Any:

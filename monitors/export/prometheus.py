@@ -124,6 +124,8 @@ def families(snap: Snapshot) -> list[Metric]:
           "while not judged", _STALLED.get(st.get("state") or ""))
     gauge("stepwatch_current_step_elapsed_seconds", "Seconds since the last optimizer step ended",
           st.get("current_step_elapsed_s"))
+    gauge("stepwatch_stall_threshold_seconds", "How long the step in progress may run before it reads stalled "
+          "(max(10 x p99, the floor), or the busy budget); absent while not judged", st.get("threshold_s"))
     ph = snap.get("phase") or {}
     for name in PHASES:  # one series per phase word, 1 for the one in force (as stepwatch_scheduler_state)
         gauge("stepwatch_phase", "1 for what the attempt is doing", 1.0 if ph.get("name") == name else 0.0, {"phase": name})

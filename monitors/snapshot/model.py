@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any, cast
 
+from stepwatch.monitors.detectors.stall import STALL_FLOOR_S
 from stepwatch.monitors.detectors.frozen import STOPPED_S
 from stepwatch.monitors.detectors.scaling import ScalingFit
 from stepwatch.monitors.gpu.energy import EnergyMeter
@@ -35,7 +36,8 @@ def null_snapshot() -> Snapshot:
                 "state": NOT_JUDGED, "basis": "no steps"},
         "warmup": {"state": None, "until_step": None},
         "fallback": {"state": NOT_JUDGED, "slow_steps": [], "onset_step": None, "reason": "no step times"},
-        "stall": {"state": NOT_JUDGED, "current_step_elapsed_s": None, "reason": "no step times"},
+        "stall": {"state": NOT_JUDGED, "current_step_elapsed_s": None, "reason": "no step times", "threshold_s": None,
+                  "floor_s": STALL_FLOOR_S, "floor_source": "default"},
         "dynamo": {"recompiles": None, "graph_breaks": None, "unique_graphs": None, "recompile_limit_hits": None,
                    "source": None, "by_source": {"events": None, "log": None}, "top_recompile_reason": None},
         "attn_implementation": {"requested": None, "resolved": None},

@@ -386,9 +386,11 @@ class RunObserver:
                     if h["cpu_cores"] is not None and str(h["cpu_cores_basis"] or "").startswith("last") else None)
             snap["stall"], a.stall_at = stall_part(src, started, now, a.ev.open_phase, a.progress.finished,
                                                    a.log.last_byte_age_s, a.observed_start.observe(started, mono),
-                                                   log_phase, busy, a.stall.step_floor_s, ph.name == FINISHING)
+                                                   log_phase, busy, a.stall.step_floor_s, ph.name == FINISHING,
+                                                   a.stall.step_floor_source())
         else:
-            snap["stall"]["reason"] = "the run is not running"
+            snap["stall"].update(reason="the run is not running", floor_s=a.stall.step_floor_s,
+                                 floor_source=a.stall.step_floor_source())
         snap["eta"] = eta = eta_part([r.dt_s for r in stats.recent(4 * ETA_RECENT_STEPS) if r.counted], max_steps, gs,
                                      snap["stall"], snap["state"] == RUNNING, now)
         snap["eta_s"] = eta["eta_s"]

@@ -46,7 +46,7 @@ from stepwatch.monitors.fold.stepcolumns import step_no, unix_time
 from stepwatch.monitors.parsers.logtracker import LogTracker
 from stepwatch.monitors.snapshot.disk import full_words
 from stepwatch.monitors.snapshot.types import Snapshot, Stall
-from stepwatch.monitors.states import NOT_JUDGED, STALLED, SUSPECTED, StallState
+from stepwatch.monitors.states import NOT_JUDGED, STALLED, SUSPECTED, StallFloorSource, StallState
 from stepwatch.monitors.stats.stepstats import StepStats
 
 Timing = Literal["exact", "reported", "shared", "per_update", "approximate"]
@@ -143,23 +143,26 @@ def stall_part(src: StepSource, started: float | None, now: float, open_phase: A
                observed: tuple[float, float] | None = None,
                log_phase: tuple[str, float | None] | None = None,
                busy: tuple[float, float] | None = None, floor_s: float = STALL_FLOOR_S,
-               finish_line: bool = False) -> tuple[Stall, float | None]:
+               finish_line: bool = False, floor_source: StallFloorSource = "default") -> tuple[Stall, float | None]:
     """Rule 3 for a running run: ``(stall, stall_at)``. ``started``: unix s the step in progress began;
     ``open_phase``: events.jsonl's open save/eval phase; ``bar_complete`` / ``last_log_byte_age_s``:
     train.log's bar reached its total / how long ago the log was last written; ``observed``: what
     :meth:`ObservedStart.observe` said of ``started``; ``log_phase``: the evaluation or save the log says is
     under way and its budget (used where events.jsonl has no phase open); ``busy``: the run's processes' CPU
-    cores over the last look and the busy budget, where known (:func:`busy_but_silent`)."""
+    cores over the last look and the busy budget, where known (:func:`busy_but_silent`); ``floor_s`` / ``floor_source``:
+    the step budget's floor and where it came from (``[stall] step_floor_s`` or the default), said in the part."""
     budget = None
     if not open_phase and log_phase is not None:
         open_phase, budget = log_phase
     sv = stall_state(started, now, src.stats, open_phase, observed=observed, phase_budget_s=budget, floor_s=floor_s)
-    stall = cast(Stall, {**sv.as_dict(), "reason": sv.reason})
+    stall = cast(Stall, {**sv.as_dict(), "reason": sv.reason, "floor_s": floor_s, "floor_source": floor_source})
     if sv.threshold_s is None:
         stall["state"] = NOT_JUDGED
     elif budget is None and not src.use_events and (guard := log_only_guard(sv, bar_complete, last_log_byte_age_s,
                                                                                       finish_line)):
         stall.update(state=cast(StallState, guard[0]), reason=guard[1])
+        if stall["state"] == NOT_JUDGED:
+            stall["threshold_s"] = None
         return stall, None
     if sv.state == STALLED and budget is None and busy is not None and sv.current_step_elapsed_s is not None:
         judged = busy_but_silent(sv.current_step_elapsed_s, *busy)
@@ -186,7 +189,7 @@ def busy_but_silent(elapsed_s: float, cpu_cores: float, budget_s: float) -> dict
     if cpu_cores < BUSY_CORES:
         return {}
     if elapsed_s <= budget_s:
-        return {"state": SUSPECTED, "reason": (f"busy but silent: no step for {elapsed_s:.1f} s while the processes use "
+        return {"state": SUSPECTED, "threshold_s": budget_s, "reason": (f"busy but silent: no step for {elapsed_s:.1f} s while the processes use "
                                                f"{cpu_cores:.2f} CPU cores (a save or an evaluation the log does not "
                                                f"name?); judged stuck after {budget_s:.0f} s")}
     return {"state": STALLED, "threshold_s": budget_s,
@@ -200,5 +203,5 @@ def guard_stall(snap: Snapshot) -> None:
     written proves nothing)."""
     disk = snap.get("disk") or {}
     if disk.get("full") and snap["stall"].get("state") != NOT_JUDGED:
-        snap["stall"].update(state=NOT_JUDGED, reason=f"{full_words(disk)}: missing log lines and events "
+        snap["stall"].update(state=NOT_JUDGED, threshold_s=None, reason=f"{full_words(disk)}: missing log lines and events "
                                                        "prove nothing (ENOSPC)")

@@ -24,7 +24,7 @@ from stepwatch.monitors.snapshot.runmodeltypes import LIVENESS_SIGNALS as LIVENE
 from stepwatch.monitors.snapshot.runmodeltypes import LivenessSignals as LivenessSignals, Phase as Phase
 from stepwatch.monitors.snapshot.runmodeltypes import AttemptLedger as AttemptLedger, Ledger as Ledger
 from stepwatch.monitors.snapshot.runmodeltypes import RestartView as RestartView, Watch as Watch
-from stepwatch.monitors.states import (EtaState, FallbackState, RunState, StallState, StragglerState,
+from stepwatch.monitors.states import (EtaState, FallbackState, RunState, StallFloorSource, StallState, StragglerState,
                                       WarmupState)
 
 #: A counter read from a file: a finite number >= 0, else None (:func:`.model.count`).
@@ -193,6 +193,12 @@ class Stall(TypedDict):
     state: StallState
     current_step_elapsed_s: float | None
     reason: str
+    #: the elapsed time at which the step in progress reads stalled: max(10 x p99, floor_s), or the busy budget when
+    #: the processes computed past it; None while not judged
+    threshold_s: float | None
+    #: the step budget's floor in use, and where it came from
+    floor_s: float
+    floor_source: StallFloorSource
 
 
 class DynamoCounts(TypedDict):

@@ -26,6 +26,7 @@ from stepwatch.launcher.slurm import slurm_job_id
 from stepwatch.launcher.trust import launch_digest, read_owner_copy
 from stepwatch.launcher.exitrecord import new_exit_record
 from stepwatch.monitors.runfiles import EXIT_JSON, LEDGER_JSON, RESTART_JSON, TRAIN_LOG, read_json, write_json_atomic
+from stepwatch.monitors.states import ENFORCE
 
 BY = "slurm requeue"
 
@@ -68,7 +69,7 @@ def next_attempt_in_job(run_dir: Path, run: dict[str, Any], count: int, log: Cal
     head = f"Slurm requeued job {slurm_job_id(run)} (restart {count}) after attempt {prev}"
     try:
         cfg, _changes = relaunch_config(run_dir)
-        enforce = restart_settings(cfg.restart).mode == "enforce"
+        enforce = restart_settings(cfg.restart).mode == ENFORCE
         if enforce and dec is not None and dec.get("verdict") == STOP:
             raise _PolicyStop(f"the restart policy said stop: {dec.get('reason')}")
         if enforce:

@@ -30,9 +30,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from stepwatch.monitors.parsers.endcauses import NEVER_RESTART
+from stepwatch.monitors.states import OFF, RESTART_MODES, RestartMode
+from stepwatch.monitors.states import RESTART as RESTART, STOP as STOP  # re-exported: the policy speaks them
 
-RESTART, STOP = "RESTART", "STOP"
-MODES = ("off", "observe", "enforce")
+MODES = RESTART_MODES  # the modes and verdicts are state words: monitors/states.py
 RESTART_KEYS = ("mode", "max_restarts", "backoff_s", "storm_attempts", "storm_window_s", "checkpoints",
                 "complete_marker", "resume", "unsafe_checkpoint")
 UNSAFE_CHECKPOINT = ("stop", "scratch")
@@ -42,7 +43,7 @@ _NEVER_WORDS = {"completed": "the run completed", "operator_stop": "stopped by t
 
 @dataclass(frozen=True, slots=True)
 class RestartSettings:
-    mode: str = "off"
+    mode: RestartMode = OFF
     max_restarts: int = 3
     backoff_s: float = 30.0
     storm_attempts: int = 3

@@ -27,6 +27,7 @@ from stepwatch.monitors.runfiles import (ALERTS_JSONL, RESTART_JSON, SUPERVISOR_
                                          write_json_atomic)
 from stepwatch.monitors.snapshot.alerts import headline_of
 from stepwatch.monitors.snapshot.types import Snapshot
+from stepwatch.monitors.states import ENFORCE, OBSERVE, OFF
 
 #: The log's tail the end's signatures are read from.
 TAIL_BYTES = 64 * 1024
@@ -146,11 +147,11 @@ def decision_words(d: Decision, mode: str, backoff_s: float) -> str:
     if d.verdict == RESTART:
         where = f"from {d.checkpoint}" if d.checkpoint else "from scratch"
         lost = f"; {d.lost_steps} steps lost" if d.lost_steps else ""
-        head = (f"would restart {where} (observe mode: nothing started)" if mode == "observe"
+        head = (f"would restart {where} (observe mode: nothing started)" if mode == OBSERVE
                 else f"restarting {where} when Slurm runs the requeued job" if slurm_requeued(d.evidence)
                 else f"restarting in {backoff_s:g} s {where}")
         return f"{head}: {d.reason.split(':', 1)[0]}: {d.evidence}{lost}"
-    return f"{'would stop' if mode == 'observe' else 'not restarting'}: {d.reason}; {d.evidence}"
+    return f"{'would stop' if mode == OBSERVE else 'not restarting'}: {d.reason}; {d.evidence}"
 
 
 def restarts_so_far(run: dict[str, Any]) -> int:
@@ -167,7 +168,7 @@ def decide_after(run_dir: Path, run: dict[str, Any], snap: Snapshot, log: Callab
     A decision that could not be recorded never restarts (``recorded`` false): restart.json is the history the
     crash-loop rule reads."""
     s = restart_settings_of(run)
-    if s.mode == "off":
+    if s.mode == OFF:
         return None
     end, listed = end_of(run_dir, run, snap, exit_rec)
     previous = previous_ends(run_dir, end.attempt)
@@ -214,7 +215,7 @@ def page_decision(run_dir: Path, run: dict[str, Any], snap: Snapshot, record: di
 def run_policy(run_dir: Path, run: dict[str, Any], log: Callable[[str], None],
                exit_rec: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """The supervisor's call once its attempt ended: decide, record, page. Never raises; None when off."""
-    if restart_settings_of(run).mode == "off":
+    if restart_settings_of(run).mode == OFF:
         return None
     try:
         from stepwatch.monitors.snapshot.observer import snapshot  # noqa: PLC0415
@@ -235,7 +236,7 @@ def enforce(run_dir: Path, run: dict[str, Any], record: dict[str, Any] | None, s
     as its owner launched it (launcher/relaunch.py: never from a file others can write), its command resuming from
     the checkpoint (a Slurm run: a new job submitted; one Slurm requeued resumes in the same job, launcher/requeue.py); the outcome added to restart.json's decision (``started`` or ``not_started`` with the reason).
     Never raises; returns the updated record."""
-    if record is None or record["decision"]["mode"] != "enforce" or record["decision"]["verdict"] != RESTART:
+    if record is None or record["decision"]["mode"] != ENFORCE or record["decision"]["verdict"] != RESTART:
         return record
     d = record["decision"]
     if not record.get("recorded"):

@@ -29,6 +29,7 @@ from stepwatch.monitors.runfiles import EXIT_JSON, RUN_JSON, STOP_JSON, read_jso
 from stepwatch.monitors.rundirs import foreign_records
 from stepwatch.monitors.rundirs import run_survivors as run_survivors  # re-exported for the CLI
 from stepwatch.monitors.watchdog import ProcessRef, is_alive, wait_for_exit
+from stepwatch.monitors.states import ENFORCE, restart_awaited
 
 
 class StopError(Exception):
@@ -325,9 +326,7 @@ def kill_survivors(run_dir: Path) -> list[dict]:
 def restart_pending(run_dir: Path) -> bool:
     """The restart policy decided RESTART in enforce mode and has neither started the next attempt nor given up (nor
     left it to Slurm, which requeued the job: launcher/requeue.py)."""
-    d = recorded_decision(run_dir)[1]
-    return d is not None and d.get("mode") == "enforce" and d.get("verdict") == "RESTART" and not (
-        "started" in d or "not_started" in d or "requeued" in d)
+    return restart_awaited(recorded_decision(run_dir)[1])
 
 
 def _requeued(run_dir: Path, run: dict) -> bool:
@@ -351,4 +350,4 @@ def _restart_enforced(run: dict) -> bool:
     """The run's config enforces the restart policy (the words only: the signal is sent to a live supervisor)."""
     config = run.get("config")
     table = config.get("restart") if isinstance(config, dict) else None
-    return isinstance(table, dict) and table.get("mode") == "enforce"
+    return isinstance(table, dict) and table.get("mode") == ENFORCE

@@ -11,7 +11,7 @@ alias the snapshot's types (:mod:`stepwatch.monitors.snapshot.types`) use.
 
 from __future__ import annotations
 
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 # --- verdicts of the detectors ------------------------------------------------------------------
 #: Judged, and nothing wrong.
@@ -109,3 +109,26 @@ WARDED: Final = "warded"
 UNWATCHED: Final = "unwatched"
 #: ``watch.state`` (``not judged``: the run is not running, or run.json names no watcher this host can probe).
 WatchState = Literal["watched", "held", "warded", "unwatched", "not judged"]
+
+# --- the restart policy (launcher/restartpolicy.py; restart.json's decision: launcher/restartrun.py) --------------
+#: ``[restart] mode``: ``off`` (no policy), ``observe`` (decide, record and page what it would do), ``enforce`` (do it).
+OFF: Final = "off"
+OBSERVE: Final = "observe"
+ENFORCE: Final = "enforce"
+RestartMode = Literal["off", "observe", "enforce"]
+RESTART_MODES: Final = (OFF, OBSERVE, ENFORCE)
+#: The policy's verdict on an attempt that ended.
+RESTART: Final = "RESTART"
+STOP: Final = "STOP"
+RestartVerdict = Literal["RESTART", "STOP"]
+RESTART_VERDICTS: Final = (RESTART, STOP)
+#: What an enforced RESTART became, each a key the supervisor (or the requeued job's) adds to the decision: a new
+#: attempt ``started``, ``not_started`` (and why), or left to Slurm, which ``requeued`` the job.
+RESTART_OUTCOMES: Final = ("started", "not_started", "requeued")
+
+
+def restart_awaited(decision: Any) -> bool:
+    """The decision (restart.json's, already read under the trust rule) is an enforced RESTART with no outcome yet: a
+    new attempt is promised and neither started, refused nor left to Slurm."""
+    return (isinstance(decision, dict) and decision.get("mode") == ENFORCE and decision.get("verdict") == RESTART
+            and not any(k in decision for k in RESTART_OUTCOMES))

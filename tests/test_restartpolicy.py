@@ -100,3 +100,14 @@ def test_a_decision_that_could_not_be_recorded_never_restarts(tmp_path):
 
     os.mkfifo(tmp_path / "train.log")  # a FIFO in the log's place: read as nothing, never waited on
     assert log_tail(tmp_path) == []
+
+
+def test_a_restart_is_awaited_only_while_enforced_and_without_an_outcome():
+    from stepwatch.monitors.states import RESTART_OUTCOMES, restart_awaited
+
+    promised = {"mode": "enforce", "verdict": "RESTART", "attempt": 1}
+    assert restart_awaited(promised)  # the positive control: a page said "restarting in N s"
+    for outcome in RESTART_OUTCOMES:
+        assert not restart_awaited({**promised, outcome: "x"}), outcome
+    assert not restart_awaited({**promised, "mode": "observe"}) and not restart_awaited({**promised, "verdict": "STOP"})
+    assert not restart_awaited(None) and not restart_awaited(["enforce", "RESTART"])

@@ -253,7 +253,7 @@ def test_the_state_words_module_imports_only_the_standard_library_typing():
 #: Left out, because other things share the spelling: "alive" (also the snapshot's key), "unknown",
 #: "running", "exited", "pending" (Slurm's, a checklist's and the GPU probe's words too).
 ONE_HOME_WORDS = {"ok", "suspected", "flagged", "stalled", "not judged", "warming", "steady", "dead", "zombie",
-                  "reused", "never_recorded"}
+                  "reused", "never_recorded", "observe", "enforce", "RESTART", "STOP"}
 
 
 def _state_words_spelled(source: str) -> list[tuple[int, str]]:

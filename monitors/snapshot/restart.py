@@ -9,8 +9,7 @@ from typing import Any
 
 from stepwatch.monitors.runfiles import RESTART_JSON, read_json
 from stepwatch.monitors.snapshot.types import RestartView
-
-_VERDICTS = ("RESTART", "STOP")
+from stepwatch.monitors.states import RESTART, RESTART_VERDICTS, STOP
 
 
 def _text(v: Any, most: int = 500) -> str:
@@ -25,10 +24,10 @@ def restart_part(run_dir: Path) -> RestartView | None:
     """The last decision restart.json records, or None (no file, or not a decision)."""
     doc = read_json(run_dir / RESTART_JSON)
     d = doc.get("decision") if isinstance(doc, dict) else None
-    if not isinstance(d, dict) or d.get("verdict") not in _VERDICTS:
+    if not isinstance(d, dict) or d.get("verdict") not in RESTART_VERDICTS:
         return None
     cp = d.get("checkpoint")
-    return {"verdict": str(d["verdict"]), "mode": _text(d.get("mode"), 16), "cause": _text(d.get("cause"), 40),
+    return {"verdict": RESTART if d["verdict"] == RESTART else STOP, "mode": _text(d.get("mode"), 16), "cause": _text(d.get("cause"), 40),
             "reason": _text(d.get("reason")), "evidence": _text(d.get("evidence")),
             "checkpoint": cp[:1000] if isinstance(cp, str) else None, "checkpoint_step": _int(d.get("checkpoint_step")),
             "attempt": _int(d.get("attempt")), "lost_steps": _int(d.get("lost_steps")), "words": _text(d.get("words"), 800)}

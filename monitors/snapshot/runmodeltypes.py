@@ -7,7 +7,7 @@ No ``from __future__ import annotations`` (see :mod:`.types`).
 from typing import TypedDict
 
 from stepwatch.monitors.detectors.frozen import Frozen
-from stepwatch.monitors.states import PhaseName, WatchState
+from stepwatch.monitors.states import PhaseName, RestartVerdict, WatchState
 
 
 class Phase(TypedDict):
@@ -56,7 +56,7 @@ class RestartView(TypedDict):
     """``restart``: the restart policy's last decision (restart.json, written by the supervisor of the attempt that
     ended; ``[restart]`` in the run config), or null when the policy is off or has not decided yet."""
 
-    verdict: str  #: "RESTART" | "STOP"
+    verdict: RestartVerdict
     mode: str  #: "observe" (recorded and paged only) | "enforce"
     cause: str  #: why the attempt ended (monitors/parsers/endcauses.py CAUSES)
     reason: str  #: why this verdict (the rule that decided)

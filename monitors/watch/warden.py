@@ -38,6 +38,7 @@ from collections.abc import Callable
 from stepwatch.monitors.runfiles import EXIT_JSON, RESTART_JSON, TRAIN_LOG, diagnostic, read_json, read_run_fd, utc_iso
 from stepwatch.monitors.watch.held import HeldSupervisor
 from stepwatch.monitors.watchdog import ProcessRef, is_alive, wait_for_exit
+from stepwatch.monitors.states import restart_awaited
 
 #: How often the detector loop looks once the warden took it over (s): the supervisor's own pace.
 LOOP_S = 1.0
@@ -118,11 +119,7 @@ def promised_restart(run_dir: Path, run: dict[str, Any]) -> dict[str, Any] | Non
     must neither page nor silence); the caller checks no next attempt took the run dir over."""
     doc = read_json(run_dir / RESTART_JSON, os.geteuid(), private=True)
     d = doc.get("decision") if isinstance(doc, dict) else None
-    if not isinstance(d, dict) or d.get("attempt") != run.get("attempt") or d.get("mode") != "enforce":
-        return None
-    if d.get("verdict") != "RESTART" or any(k in d for k in ("started", "not_started", "requeued")):
-        return None
-    return d
+    return d if restart_awaited(d) and isinstance(d, dict) and d.get("attempt") == run.get("attempt") else None
 
 
 class Warding:

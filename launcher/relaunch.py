@@ -15,6 +15,7 @@ from stepwatch.launcher.checkpointpath import resume_at_exec
 from stepwatch.launcher.checkpoints import Checkpoint, find_checkpoints, newest_complete, output_dir_of
 from stepwatch.launcher.config import RunConfig, UntrustedConfig, config_to_json, diff_configs, load_config
 from stepwatch.launcher.launch import LaunchRefused
+from stepwatch.launcher.provenance import judge_provenance
 from stepwatch.launcher.restartpolicy import restart_settings, resume_argv
 from stepwatch.launcher.trust import launch_digest, read_owner_copy, read_private_json, shared_dir_problem
 from stepwatch.monitors.runfiles import RUN_JSON, read_json
@@ -84,13 +85,15 @@ def _what_differs(copy: dict[str, Any], run: dict[str, Any]) -> str:
 
 def newest_checkpoint_for(cfg: RunConfig) -> Checkpoint | None:
     """The newest complete checkpoint of ``cfg``'s run (launcher/checkpoints.py: the command's ``--output_dir``, or
-    ``[restart] checkpoints``), or None; None too when ``[restart] resume`` does not say how to resume from one."""
+    ``[restart] checkpoints``) that this run could have written (launcher/provenance.py: never one last written before
+    its first launch), or None; None too when ``[restart] resume`` does not say how to resume from one."""
     s = restart_settings(cfg.restart)
     if s.resume is None:
         return None
     cwd = Path(cfg.cwd)
-    return newest_complete(find_checkpoints(output_dir_of([str(a) for a in cfg.command], cwd), s.checkpoints, cwd,
-                                            s.complete_marker))
+    found = find_checkpoints(output_dir_of([str(a) for a in cfg.command], cwd), s.checkpoints, cwd, s.complete_marker)
+    run = read_json(cfg.run_dir / RUN_JSON, owner_uid=os.getuid()) or {}
+    return newest_complete(judge_provenance(found, cfg.run_dir, run, None))
 
 
 def resume_from(cfg: RunConfig, checkpoint: str | None, step: int | None, *, by: str, after_attempt: Any,
@@ -127,13 +130,30 @@ def resume_by_hand(cfg: RunConfig, run_dir: Path, checkpoint: Checkpoint) -> Non
     resume_at_exec(cfg, LaunchRefused)
 
 
-def resume_newest_by_hand(cfg: RunConfig, run_dir: Path) -> Checkpoint:
-    """``relaunch --from-checkpoint``: :func:`resume_by_hand` from the newest complete checkpoint; LaunchRefused,
-    naming why, when there is none or the config has no ``[restart] resume`` rule."""
-    cp = newest_checkpoint_for(cfg)
+def resume_newest_by_hand(cfg: RunConfig, run_dir: Path, path: str | None = None) -> Checkpoint:
+    """``relaunch --from-checkpoint``: :func:`resume_by_hand` from this run's newest complete checkpoint, or with
+    ``--checkpoint PATH`` from that one (another run's too: the operator's choice); LaunchRefused, naming why, when
+    there is none, PATH is no complete checkpoint where the config looks, or the config has no ``[restart] resume``."""
+    cp = _named_checkpoint(cfg, run_dir, path) if path else newest_checkpoint_for(cfg)
     if cp is None:
         raise LaunchRefused(f"REFUSING: --from-checkpoint: {run_dir.name} has no complete checkpoint to resume "
                             "from, or its config has no [restart] resume rule (\"hf\", \"lightning\" or a "
                             "template holding {checkpoint})")
     resume_by_hand(cfg, run_dir, cp)
     return cp
+
+
+def _named_checkpoint(cfg: RunConfig, run_dir: Path, path: str) -> Checkpoint:
+    """The complete checkpoint at ``path`` among those the config's rule finds (its provenance not judged: the operator
+    chose it); LaunchRefused naming why it is not one."""
+    s = restart_settings(cfg.restart)
+    cwd = Path(cfg.cwd)
+    want = os.path.normpath(os.path.join(cfg.cwd, path))
+    found = [c for c in find_checkpoints(output_dir_of([str(a) for a in cfg.command], cwd), s.checkpoints, cwd,
+                                         s.complete_marker) if os.path.normpath(str(c.path)) == want]
+    if s.resume is None or not found or not found[0].complete:
+        why = ("its config has no [restart] resume rule" if s.resume is None
+               else f"it is not complete: {found[0].why}" if found
+               else "it is none of the checkpoints the config's output dir or [restart] checkpoints names")
+        raise LaunchRefused(f"REFUSING: --checkpoint {path}: {run_dir.name} cannot resume from it: {why}")
+    return found[0]

@@ -20,6 +20,7 @@ from typing import Any
 
 from stepwatch.launcher.checkpointpath import judge_decision
 from stepwatch.launcher.checkpoints import find_checkpoints, newest_complete, output_dir_of
+from stepwatch.launcher.provenance import NOT_THIS_RUNS, judge_provenance, refused_words
 from stepwatch.launcher.restartpolicy import RESTART, AttemptEnd, Decision, decide, restart_settings_of
 from stepwatch.launcher.slurm import slurm_job_id
 from stepwatch.monitors.parsers.endcauses import SLURM_CANCELLED, EndFacts, classify, slurm_requeued
@@ -106,16 +107,18 @@ def end_of(run_dir: Path, run: dict[str, Any], snap: Snapshot,
     s = restart_settings_of(run)
     cwd = Path(str(run.get("cwd") or run_dir))
     argv = [str(a) for a in run.get("argv") or []]
-    cps = find_checkpoints(output_dir_of(argv, cwd), s.checkpoints, cwd, s.complete_marker)
+    step = (snap.get("step") or {}).get("global_step")
+    found = find_checkpoints(output_dir_of(argv, cwd), s.checkpoints, cwd, s.complete_marker)
+    cps = judge_provenance(found, run_dir, run, step)  # never another run's, nor one ahead of this attempt's line
     newest = newest_complete(cps)
     launched = float(run.get("launched_at_unix") or 0.0)
-    cut_short = any(not c.complete and (newest is None or c.step > newest.step) and _written_since(c.path, launched)
+    cut_short = any(not c.complete and not c.why.startswith(NOT_THIS_RUNS) and (newest is None or c.step > newest.step)
+                    and _written_since(c.path, launched)
                     for c in cps)  # a save this attempt began and did not finish (never one another user left)
     ended = dict(snap.get("ended") or {})
     if exit_rec is not None:
         ended.update(exit_rec)
         snap = {**snap, "returncode": exit_rec.get("returncode"), "signal": exit_rec.get("signal")}  # type: ignore[typeddict-item]
-    step = (snap.get("step") or {}).get("global_step")
     facts = EndFacts(returncode=snap.get("returncode"), signal=snap.get("signal"),
                      stop_requested=bool(ended.get("stop_requested")),
                      scheduler_state=(snap.get("scheduler") or {}).get("state"),
@@ -175,7 +178,9 @@ def decide_after(run_dir: Path, run: dict[str, Any], snap: Snapshot, log: Callab
     # a checkpoint whose path others can change is never resumed from: STOP, or from scratch (checkpointpath.py)
     d, unsafe = judge_decision(decide(previous, end, s, restarts_so_far(run)), s)
     record = {"v": 1, "attempts": [asdict(e) for e in [*previous, end]],
-              "decision": {**d.as_record(), "mode": s.mode, "cause": end.cause, "words": decision_words(d, s.mode, s.backoff_s),
+              "decision": {**d.as_record(), "mode": s.mode, "cause": end.cause,
+                           "words": decision_words(d, s.mode, s.backoff_s)
+                           + (refused_words(listed, d.checkpoint_step) if d.verdict == RESTART else ""),
                            "decided_at_unix": time.time(), "backoff_s": s.backoff_s, "unsafe_checkpoint": unsafe},
               "checkpoints": listed}
     record["decision"]["restarts"] = restarts_so_far(run)

@@ -117,8 +117,8 @@ def cmd_relaunch(args: argparse.Namespace) -> int:
                                 f"Stop it first: stepwatch stop {run_dir}")
         _warn_survivors(run_dir)
         cfg, changes = relaunch_config(run_dir)
-        if args.from_checkpoint:  # the newest complete checkpoint, resumed by [restart] resume
-            cp = resume_newest_by_hand(cfg, run_dir)
+        if args.from_checkpoint or args.checkpoint:  # resumed by [restart] resume
+            cp = resume_newest_by_hand(cfg, run_dir, args.checkpoint)
             print(f"resuming from {cp.path} (step {cp.step})")
         if changes:
             print("config changed since the last attempt:")
@@ -358,7 +358,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--allow-dirty", metavar="REASON")
     sp.add_argument("--override", metavar="REASON")
     sp.add_argument("--from-checkpoint", action="store_true",
-                    help="resume from the newest complete checkpoint ([restart] resume says how)")
+                    help="resume from this run's newest complete checkpoint ([restart] resume says how)")
+    sp.add_argument("--checkpoint", metavar="PATH", help="resume from this complete checkpoint, another run's too "
+                    "(recorded as the operator's choice)")
     sp.add_argument("--no-tui", action="store_true")
     sp.add_argument("--low-bandwidth", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     sp.set_defaults(func=cmd_relaunch)

@@ -189,11 +189,15 @@ def test_a_push_arrives_with_the_alerts_title_text_and_type(tmp_path: Path, endp
     d = r.deliverer(tmp_path, urls=[f"json://127.0.0.1:{endpoint}/hook"], min_level="info")
     d.submit(alert("stall", 1, "alive but stuck"))
     d.submit(alert("gpu", 2, "idle tensor cores"))
+    d.submit({"id": "stall-1-resolved", "kind": "resolved", "level": "error", "message": "resolved after 40 s"})
+    d.submit({"id": "a1-finished", "kind": "finished", "level": "info", "wanted": True, "message": "finished: exit 0"})
     assert d.wait(30)
     got = {x["title"]: (x["message"], x["type"]) for x in _Endpoint.received}
     assert got == {"stepwatch myrun: stall": ("alive but stuck", "failure"),
-                   "stepwatch myrun: gpu": ("idle tensor cores", "warning")}, _Endpoint.received
-    assert sorted(r.outcomes()) == [("json://127.0.0.1", "delivered")] * 2
+                   "stepwatch myrun: gpu": ("idle tensor cores", "warning"),
+                   "stepwatch myrun: resolved": ("resolved after 40 s", "success"),  # at the stall's level, good news
+                   "stepwatch myrun: finished": ("finished: exit 0", "info")}, _Endpoint.received
+    assert sorted(r.outcomes()) == [("json://127.0.0.1", "delivered")] * 4
     assert {x["attempts"] for x in r.records} == {1} and {x["detail"] for x in r.records} == {"accepted by the endpoint"}
     assert r.slept == []
 

@@ -233,9 +233,9 @@ class Deliverer:
         ap = apprise.Apprise()
         if not ap.add(url):
             return False, f"apprise does not understand the URL ({channel_name(url)})", 0
-        level = alert_level(alert)
-        ntype = {"error": apprise.NotifyType.FAILURE, "warning": apprise.NotifyType.WARNING}.get(
-            level, apprise.NotifyType.INFO)
+        level = alert_level(alert)  # a resolution goes where its alert went (its level) and reads as good news
+        ntype = apprise.NotifyType.SUCCESS if alert.get("kind") == "resolved" else {
+            "error": apprise.NotifyType.FAILURE, "warning": apprise.NotifyType.WARNING}.get(level, apprise.NotifyType.INFO)
         title = one_line(f"stepwatch {self.run_name}: {alert.get('kind')}")  # a phone shows no control, bidi or
         # zero-width character a run dir held: each is a visible stand-in (monitors/safechars.py)
         delay = 1.0

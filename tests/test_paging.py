@@ -113,6 +113,25 @@ def test_a_storm_is_folded_into_one_digest_page_with_its_counts_by_kind(tmp_path
     assert d.wait(20) and records[-1]["alert_id"] == "watchdog-9" and records[-1]["outcome"] == "delivered"
 
 
+def test_a_death_a_restart_decision_and_a_stop_are_never_folded_into_a_digest_nor_rate_limited(tmp_path: Path):
+    command, out = page_log(tmp_path)
+    records: list[dict] = []
+    d = deliverer(tmp_path, records, clock=Clock(), command=command, digest_after=2, rate_limit_s=30)
+    for n in range(20):  # a storm: two pages go, the rest wait for the digest
+        d.submit({"id": f"straggler-{n}", "kind": "straggler" if n % 2 else "gpu", "message": f"slow {n}"})
+    own = [{"id": "a1-watchdog-end", "kind": "watchdog", "message": "process 812 KILLED SIGKILL: exit code -9"},
+           {"id": "a1-restart", "kind": "restart", "level": "warning", "message": "restarting in 30 s from ckpt_40"},
+           {"id": "a2-watchdog-end", "kind": "watchdog", "message": "process 913 exited with code 1"},
+           {"id": "a2-restart", "kind": "restart", "level": "error", "message": "not restarting: crash loop"}]
+    for a in own:
+        d.submit(a)
+    assert d.wait(20)
+    pages = [json.loads(x) for x in out.read_text().splitlines()]
+    assert sorted(p["message"] for p in pages if p["kind"] in ("watchdog", "restart")) == sorted(a["message"] for a in own)
+    held = {r["alert_id"] for r in records if r["outcome"] in ("digested", "rate_limited")}
+    assert not held & {a["id"] for a in own} and len(held) == 18  # the control: the storm itself was folded
+
+
 def test_a_storm_at_the_end_of_the_attempt_still_gets_its_digest(tmp_path: Path):
     records: list[dict] = []
     d = deliverer(tmp_path, records, command=["true"], digest_after=1)

@@ -39,6 +39,11 @@ KIND_LEVEL = {"watchdog": "error", "stall": "error", "fallback": "error", "recom
               "recompile_storm": "warning", "gpu": "warning", "disk_full": "error", "rank_death": "error", "straggler": "warning", "stuck_rank": "error",
               "nonfinite_loss": "error", "job_end": "error", "time_limit": "warning", "supervisor_lost": "error", "frozen": "error",
               "watchers_lost": "error", "restart_missed": "error"}
+#: Pages each of which is an event of its own, never rate-limited nor folded into a digest: a death (the run's, a
+#: rank's, the job's), the restart policy's decision and its outcome (a STOP, a restart that did not start), the
+#: watchers' loss. They count toward the digest window (other pages fold sooner), and go out even past it.
+NEVER_FOLDED = frozenset({"watchdog", "rank_death", "job_end", "restart", "restart_missed", "supervisor_lost",
+                          "watchers_lost"})
 DEFAULT_MIN_LEVEL = "warning"
 DEFAULT_RATE_LIMIT_S = 60.0
 DEFAULT_RETRIES = 3
@@ -130,6 +135,10 @@ class Deliverer:
         now = self.clock()
         window = self.paging.digest_window_s
         with self._lock:
+            if kind in NEVER_FOLDED:  # its own page, whatever went before it
+                self._sent[name] = [*(t for t in self._sent.get(name, []) if now - t < window), now]
+                self._last_sent[(name, kind)] = now
+                return None
             last = self._last_sent.get((name, kind))
             if last is not None and now - last < self.rate_limit_s:
                 self._fold(alert, name, now)

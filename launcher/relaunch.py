@@ -75,7 +75,39 @@ def relaunch_config(run_dir: Path) -> tuple[RunConfig, list[str]]:
         data.setdefault("cwd", source.get("cwd"))
         cfg = _validate(data, Path("/"), "your copy of the launch", runs_dir_override=run_dir.parent)
         changes = []
-    return cfg, tampered + changes
+    # the commit it launched: from the owner's copy, or from a run.json that matches it (a member's says nothing)
+    moved = commit_change(source if "identity" in source else None if tampered else run, Path(cfg.cwd))
+    return cfg, tampered + changes + ([moved] if moved else [])
+
+
+#: Files a commit change names at most (the rest counted).
+NAMED_FILES = 5
+
+
+def commit_change(run: dict[str, Any] | None, cwd: Path) -> str | None:
+    """``commit 1a2b3c4 → 5d6e7f8 since the last attempt (2 files changed: train.py, model.py)`` when the harness's
+    HEAD moved since the attempt ``run`` describes (its identity, sampled at its launch); None when it did not or
+    either is unknown. The files come from git; a commit git no longer has is said so."""
+    import git  # noqa: PLC0415 - GitPython: only a relaunch pays for it
+
+    ident = (run or {}).get("identity")
+    old = ident.get("harness_commit") if isinstance(ident, dict) else None
+    if not isinstance(old, str) or not old.isalnum() or len(old) != 40:
+        return None
+    try:
+        repo = git.Repo(cwd, search_parent_directories=True)
+        new = repo.head.commit.hexsha
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError, git.GitCommandError, ValueError):
+        return None
+    if new == old:
+        return None
+    head = f"commit {old[:7]} → {new[:7]} since the last attempt"
+    try:
+        files = [f for f in repo.git.diff("--name-only", old, new).splitlines() if f]
+    except git.GitCommandError:
+        return f"{head} (the last attempt's commit is no longer in the repository)"
+    more = f", +{len(files) - NAMED_FILES} more" if len(files) > NAMED_FILES else ""
+    return f"{head} ({len(files)} file{'s' if len(files) != 1 else ''} changed: {', '.join(files[:NAMED_FILES])}{more})"
 
 
 def _what_differs(copy: dict[str, Any], run: dict[str, Any]) -> str:

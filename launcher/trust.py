@@ -146,7 +146,7 @@ def save_owner_copy(run_dir: Path, run: dict[str, Any]) -> str | None:
             return (f"what you launched is not kept where only you can write ({problem}): a relaunch of "
                     f"{run_dir.name} will need its run dir to be yours alone")
         doc = {"v": OWNER_COPY_VERSION, "run_dir": str(Path(run_dir).resolve()), "digest": launch_digest(run),
-               **{k: run.get(k) for k in LAUNCH_KEYS}}
+               **{k: run.get(k) for k in LAUNCH_KEYS}, "identity": run.get("identity")}  # (shown by relaunch)
         write_json_atomic(path, doc, mode=0o600)
     except OSError as e:
         return (f"could not keep a copy of what you launched in {path.parent}: {e.strerror or e}; a relaunch "

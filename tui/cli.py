@@ -121,11 +121,11 @@ def cmd_relaunch(args: argparse.Namespace) -> int:
             cp = resume_newest_by_hand(cfg, run_dir, args.checkpoint)
             print(f"resuming from {cp.path} (step {cp.step})")
         if changes:
-            print("config changed since the last attempt:")
+            print("changed since the last attempt:")
             for c in changes:
                 print(f"  {c}")
         else:
-            print("config unchanged since the last attempt")
+            print("config and commit unchanged since the last attempt")
         print(f"command: {shlex.join(cfg.command)}  (cwd {cfg.cwd})")
         return cfg
 

@@ -274,3 +274,21 @@ def test_an_idle_stall_is_dated_at_the_step_budget_and_a_busy_one_at_the_busy_bu
     busy, busy_at = stall_part(src, 1000.0, 1070.0, None, False, 70.0, busy=(1.0, 60.0))
     assert busy["state"] == STALLED and busy_at == 1060.0, (busy, busy_at)
 
+
+
+def test_a_phase_the_stacks_showed_holds_for_its_step_and_ends_when_the_run_steps_on():
+    from stepwatch.monitors.parsers.phases import LogPhases
+    from stepwatch.monitors.snapshot.phase import follow_stacks
+
+    ph = LogPhases()
+    ph.stepped(100.0, False)  # training
+    ph.stacks_saw = ("saving", 7)  # the stacks of the step after step 7
+    follow_stacks(ph, 8, 103.0)  # the run already stepped past it: nothing to say of the step in progress
+    assert (ph.name, ph.source) == ("training", "log")
+    ph.stacks_saw = ("saving", 8)
+    follow_stacks(ph, 8, 103.0)
+    assert (ph.name, ph.source, ph.since_s, ph.budget_s()) == ("saving", "stacks", 103.0, ph.floor_s)
+    follow_stacks(ph, 8, 103.0)  # the next look, the same step: the save goes on
+    assert ph.name == "saving"
+    follow_stacks(ph, 9, 108.5)  # the run stepped on: the save lasted 5.5 s
+    assert (ph.name, ph.source, ph.longest_s["saving"]) == ("training", "log", 5.5)

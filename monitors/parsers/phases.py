@@ -84,14 +84,19 @@ class LogPhases:
         self.longest_s: dict[str, float] = {}  #: the longest evaluation and save so far, seconds
         self.count: dict[str, int] = {}  #: evaluations and saves seen
         self.floor_s = PHASE_FLOOR_S  #: the budget's floor (``[stall] phase_floor_s`` sets it per run)
+        self.source = "log"  #: who said the phase in force: ``log`` (a line, a bar), ``stacks`` (the processes' stacks)
+        #: what the stacks of a step past its budget showed (the phase, the step they saw): set by the supervisor's
+        #: stack thread (one assignment), taken by the next look (monitors/snapshot/phase.py follow_stacks)
+        self.stacks_saw: tuple[str, int | None] | None = None
+        self.stacks_step: int | None = None  #: the step a phase the stacks said holds for; it ends when the run steps on
 
-    def saw(self, phase: str, at_s: float | None) -> None:
-        """A line or a bar says ``phase``. Before the first training step nothing interrupts training, and after
-        the last one an evaluation or a save is part of finishing."""
+    def saw(self, phase: str, at_s: float | None, source: str = "log") -> None:
+        """A line or a bar (``source``: or the stacks) says ``phase``. Before the first training step nothing
+        interrupts training, and after the last one an evaluation or a save is part of finishing."""
         if self.name in (STARTING, FINISHING) and phase != FINISHING:
             return  # before the first training step nothing interrupts it; after the last, all is finishing
         if phase != self.name:
-            self.name, self.since_s = phase, at_s
+            self.name, self.since_s, self.source = phase, at_s, source
             if phase in PHASE_FLAGS:
                 self.count[phase] = self.count.get(phase, 0) + 1
         if phase in PHASE_FLAGS:
@@ -104,7 +109,7 @@ class LogPhases:
             self.longest_s[self.name] = max(self.longest_s.get(self.name, 0.0), d)
         name = FINISHING if finished else TRAINING
         if name != self.name:
-            self.name, self.since_s = name, at_s
+            self.name, self.since_s, self.source = name, at_s, "log"
         self._ready |= self.since_step  # the phases before this step are its interval's: its records' flags
         self.since_step = set()
 

@@ -28,7 +28,7 @@ from stepwatch.monitors.snapshot.scheduler import scheduler_alerts
 from stepwatch.monitors.snapshot.ranks import rank_alerts, ranks_last_words, root_cause_words
 from stepwatch.monitors.snapshot.types import Alert, NewAlert, Snapshot
 from stepwatch.monitors.snapshot.watchers import supervisor_frozen
-from stepwatch.monitors.states import FLAGGED, HELD, RUNNING, STALLED, UNKNOWN
+from stepwatch.monitors.states import EVALUATING, FLAGGED, HELD, RUNNING, SAVING, STALLED, UNKNOWN
 
 
 def end_words(snap: Snapshot) -> str:
@@ -112,7 +112,8 @@ def alerts_for(snap: Snapshot, *, first_seen: MutableMapping[str, float],
     st = snap["stall"]
     if st.get("state") == STALLED:
         gs = snap["step"].get("global_step")
-        out.append(alert(first_seen, att, "stall", str(gs),
+        ph = (snap.get("phase") or {}).get("name")  # a save or evaluation past its own budget: a stall of its own
+        out.append(alert(first_seen, att, "stall", f"{gs}-{ph}" if ph in (SAVING, EVALUATING) else str(gs),
                          f"alive but stuck: no optimizer step for {st['current_step_elapsed_s']:.0f} s after "
                          f"step {gs} (its steps take {_secs(snap['step_seconds'].get('p99'))} s at p99)"
                          f"{ranks_last_words(snap)}", stall_at))

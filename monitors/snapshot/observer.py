@@ -45,7 +45,7 @@ from stepwatch.monitors.snapshot.gpuview import GpuView
 from stepwatch.monitors.detectors.frozen import frozen_verdict
 from stepwatch.monitors.snapshot.health import TreeHealth
 from stepwatch.monitors.parsers.traceback import last_text, traceback_last_line
-from stepwatch.monitors.snapshot.phase import learn_phase_lengths, phase_part
+from stepwatch.monitors.snapshot.phase import follow_stacks, learn_phase_lengths, phase_part
 from stepwatch.monitors.readers.jsonl import EventReader
 from stepwatch.monitors.readers.loglines import LogLines
 from stepwatch.monitors.readers.textlog import DEFAULT_MAX_BYTES_PER_POLL, LogFollower
@@ -380,6 +380,7 @@ class RunObserver:
         if snap["state"] == RUNNING:  # the step's start, and as this observer saw it begin (monotonic)
             started, mono = step_started(src, a.last_advance_at), self.monotonic()
             ph = a.progress.phases
+            follow_stacks(ph, gs, started)  # what the stacks said of a step past its budget (saw_in_stacks)
             log_phase = (ph.name, ph.budget_s()) if ph.budget_s() is not None else None  # an evaluation, a save
             h = snap["health"]  # the CPU over this observer's last look: a silent step that computes is busy
             busy = ((h["cpu_cores"], busy_budget_s(max(ph.longest_s.values(), default=0.0), a.stall.busy_floor_s))
@@ -395,6 +396,14 @@ class RunObserver:
                                      snap["stall"], snap["state"] == RUNNING, now)
         snap["eta_s"] = eta["eta_s"]
         snap["last_logs"] = shallow(a.ev.last_logs or a.progress.last_log)
+
+    def saw_in_stacks(self, phase: str, global_step: Any) -> None:
+        """The stacks the supervisor took of a step past its step budget show ``phase`` (saving, evaluating: however
+        the time is spent, a silent save on a slow file system with the CPU idle included): from the next refresh
+        until the run steps past ``global_step``, the step is judged against that phase's budget, as if the log had
+        said it (monitors/watch/stacks.py). Called from the stack thread: one assignment."""
+        if self.a is not None:
+            self.a.progress.phases.stacks_saw = (phase, global_step)
 
     def _dynamo_part(self, snap: Snapshot, a: _Attempt) -> None:
         snap["dynamo"] = dynamo_status(a.ev.dynamo_ev, a.ev.run_end, a.dynlog.counts(), snap["dynamo"])

@@ -27,7 +27,7 @@ def phase_part(open_phase: Any, phases: LogPhases, ended: bool, now: float) -> P
                             "longest_s": longest})
     since = phases.since_s
     return cast(Phase, {"name": phases.name, "for_s": None if since is None else round(max(0.0, now - since), 3),
-                        "source": "log" if phases.name != STARTING or since is not None else None,
+                        "source": phases.source if phases.name != STARTING or since is not None else None,
                         "budget_s": phases.budget_s(), "longest_s": longest})
 
 
@@ -38,3 +38,15 @@ def learn_phase_lengths(phases: LogPhases, *longest_by_flag: Mapping[str, float]
         for flag, seconds in longest.items():
             if flag in _EVENT_PHASES:
                 phases.learn(_EVENT_PHASES[flag], seconds)
+
+
+def follow_stacks(phases: LogPhases, global_step: Any, started: float | None) -> None:
+    """What the stacks of a step past its budget showed (``phases.stacks_saw``: the phase and the step they saw),
+    applied to the step still in progress (``started``: its start, unix s) as if the log had said it; a phase the
+    stacks said ends once the run steps past the step it held for (its length learned, as a logged phase's)."""
+    saw, phases.stacks_saw = phases.stacks_saw, None
+    if saw is not None and saw[1] == global_step:
+        phases.saw(saw[0], started, source="stacks")
+        phases.stacks_step = global_step
+    elif phases.source == "stacks" and global_step != phases.stacks_step:
+        phases.stepped(started, False)

@@ -15,7 +15,8 @@ class Phase(TypedDict):
 
     name: PhaseName
     for_s: float | None  #: how long it has been doing it (seconds; null when unknown)
-    source: str | None  #: "events" (the emitter's phase()), "log" (its lines, bars), "process" (it ended), null
+    source: str | None  #: "events" (the emitter's phase()), "log" (its lines, bars), "stacks" (the processes' stacks
+    #: showed a save or an evaluation in a step past its budget), "process" (it ended), null
     budget_s: float | None  #: how long an evaluation or a save may run before it is judged stuck
     longest_s: dict[str, float]  #: the longest evaluation and save seen so far, seconds
 

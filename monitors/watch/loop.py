@@ -29,7 +29,7 @@ from collections.abc import Callable
 
 from stepwatch.monitors import fdreserve
 from stepwatch.monitors.snapshot.ledger import record as record_ledger
-from stepwatch.monitors.protocol import FLAG_SILENT, FLAG_IDLE, FLAG_STOPPED
+from stepwatch.monitors.protocol import FLAG_EVAL, FLAG_IDLE, FLAG_SAVE, FLAG_SILENT, FLAG_STOPPED
 from stepwatch.monitors.readers.changes import ChangeNotifier
 from stepwatch.monitors.readers.textlog import LogFollower
 from stepwatch.monitors.runfiles import ALERTS_JSONL, LOG_STEPS_JSONL, TRAIN_LOG, open_append, rank_log_steps_name, read_push_urls, write_all
@@ -37,7 +37,7 @@ from stepwatch.monitors.snapshot.alerts import headline_of
 from stepwatch.monitors.snapshot.model import json_safe
 from stepwatch.monitors.snapshot.observer import RunObserver
 from stepwatch.monitors.snapshot.types import Alert, NewAlert, Snapshot
-from stepwatch.monitors.states import FLAGGED, STALLED, SUSPECTED
+from stepwatch.monitors.states import EVALUATING, FLAGGED, SAVING, STALLED, SUSPECTED
 from stepwatch.monitors.watch.stacks import (PY_SPY_TIMEOUT_S, STACK_KINDS, TREE_STACK_KINDS, record_stack_later,
                                              record_tree_stacks_later, stack_target)
 from stepwatch.monitors.watch.delivery import Deliverer, level_of
@@ -106,7 +106,8 @@ class AttemptFile:
 
 class LivenessFlags:
     """What the detector loop saw of the run's liveness since the log timer's last step record: the flags of
-    the interval the next record closes (``stopped``, ``idle``, ``silent``: monitors/protocol.py)."""
+    the interval the next record closes (``stopped``, ``idle``, ``silent``, and ``save`` or ``eval`` for a phase the
+    stacks showed: monitors/protocol.py)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -117,6 +118,8 @@ class LivenessFlags:
         frozen = ((snap.get("liveness") or {}).get("frozen") or {}).get("state")
         seen = {FLAG_SILENT} if stall == SUSPECTED else {FLAG_IDLE} if stall == STALLED else set()
         seen |= {FLAG_STOPPED} if frozen == FLAGGED else set()
+        phase = (snap.get("phase") or {}).get("name")  # a save or evaluation the stacks showed: booked as one
+        seen |= {FLAG_SAVE} if phase == SAVING else {FLAG_EVAL} if phase == EVALUATING else set()
         if seen:
             with self._lock:
                 self._flags |= seen
@@ -264,11 +267,24 @@ class AlertRecorder:
         page = {**al, "headline": headline_of(snap, self.host)}  # the page's first line
         if al["kind"] in TREE_STACK_KINDS:  # the stacks of every process first, then the page that says them
             self._stack_threads.append(record_tree_stacks_later(
-                page, self.run_dir, self.file.append_json, self.deliverer.submit, self.log))
+                page, self.run_dir, self.file.append_json, self.deliverer.submit, self.log,
+                None if snap["phase"]["name"] in (SAVING, EVALUATING)  # a save past its own budget: paged
+                else lambda phase, summary: self._phase_not_stall(al, snap, phase, summary)))
             return
         self.deliverer.submit(page)
         if al["kind"] in STACK_KINDS and (pid := stack_target(snap, al)) is not None:
             record_stack_later(al["id"], pid, self.file.append_json, self.log)
+
+    def _phase_not_stall(self, al: Alert, snap: Snapshot, phase: str, summary: str) -> None:
+        """The stacks of a stalled step show a save or an evaluation: not paged (never its ``resolved`` either); the
+        observer judges the step against that phase's budget from its next look, and a save or evaluation that runs
+        past it is a stall of its own (its own alert). From the stack thread."""
+        self.paged.discard(al["id"])
+        self.observer.saw_in_stacks(phase, snap["step"].get("global_step"))
+        self.deliverer.record_outcome(cast("dict[str, Any]", al), "not_confirmed",
+                                      f"the stacks show the run {phase}: judged against that phase's budget, not "
+                                      f"the step's ({summary[:300]})")
+        self.log(f"{al['id']} not paged: the stacks show the run {phase}")
 
     def record(self, al: NewAlert, evidence: Any, deliver: bool = True, page: dict[str, Any] | None = None) -> None:
         """Append one alert to alerts.jsonl and (``deliver``) hand it (``page``: with its headline) to the

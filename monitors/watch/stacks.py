@@ -25,6 +25,7 @@ from stepwatch.monitors.proctree import HELPER_PIDS, HELPERS_LOCK, recorded_proc
 from stepwatch.monitors.runfiles import PROCS_JSON
 from stepwatch.monitors.watchdog import is_alive
 from stepwatch.monitors.snapshot.types import Snapshot
+from stepwatch.monitors.states import EVALUATING, SAVING
 
 PY_SPY_TIMEOUT_S = 20.0
 STACK_KEEP_CHARS = 8000
@@ -121,10 +122,13 @@ def tree_stacks(run_dir: Path) -> list[ProcessStack]:
 
 
 def record_tree_stacks_later(alert: Mapping[str, Any], run_dir: Path, append: Callable[[dict[str, Any]], None],
-                             deliver: Callable[[dict[str, Any]], None], log: Callable[[str], None]) -> threading.Thread:
+                             deliver: Callable[[dict[str, Any]], None], log: Callable[[str], None],
+                             phase_seen: Callable[[str, str], None] | None = None) -> threading.Thread:
     """In a daemon thread: take every process's stack, append ``{"kind": "stack", "summary": ...}`` (the
     odd one out's stack as ``stack``), then hand ``alert`` to ``deliver`` with the summary after its
-    message (delivered as it is when the stacks could not be taken)."""
+    message (delivered as it is when the stacks could not be taken). A stall whose stacks show a save or an
+    evaluation (the whole tree, or its odd one out) is no stall: it goes to ``phase_seen`` (the phase, the summary)
+    instead, which judges the step against that phase's budget (a silent save on a slow file system, the CPU idle)."""
     def run() -> None:
         summary = ""
         try:
@@ -135,6 +139,9 @@ def record_tree_stacks_later(alert: Mapping[str, Any], run_dir: Path, append: Ca
             append({"v": 1, "kind": "stack", "alert_id": alert["id"], "pid": grouped["attached_pid"],
                     "stack": attached, "summary": summary, "phase": grouped["phase"], "groups": grouped["groups"],
                     "t": time.time()})
+            if phase_seen is not None and grouped["phase"] in (SAVING, EVALUATING):
+                phase_seen(grouped["phase"], summary)
+                return
         except Exception as e:  # noqa: BLE001 - the page goes out whatever py-spy or the disk did
             log(f"could not record the stacks for {alert['id']}: {type(e).__name__}: {e}")
         deliver({**alert, "message": f"{alert['message']} · stacks: {summary}" if summary else alert["message"]})

@@ -82,6 +82,8 @@ def relaunch_config(run_dir: Path) -> tuple[RunConfig, list[str]]:
 
 #: Files a commit change names at most (the rest counted).
 NAMED_FILES = 5
+#: How the line that says the harness's commit moved begins (among relaunch_config's changes).
+COMMIT_MOVED = "commit "
 
 
 def commit_change(run: dict[str, Any] | None, cwd: Path) -> str | None:
@@ -101,7 +103,7 @@ def commit_change(run: dict[str, Any] | None, cwd: Path) -> str | None:
         return None
     if new == old:
         return None
-    head = f"commit {old[:7]} → {new[:7]} since the last attempt"
+    head = f"{COMMIT_MOVED}{old[:7]} → {new[:7]} since the last attempt"
     try:
         files = [f for f in repo.git.diff("--name-only", old, new).splitlines() if f]
     except git.GitCommandError:

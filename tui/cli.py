@@ -105,7 +105,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 
 def cmd_relaunch(args: argparse.Namespace) -> int:
-    from stepwatch.launcher.relaunch import relaunch_config, resume_newest_by_hand  # noqa: PLC0415
+    from stepwatch.launcher.relaunch import COMMIT_MOVED, relaunch_config, resume_newest_by_hand  # noqa: PLC0415
 
     def make_cfg():
         run_dir = resolve_run(args.run, _runs_dir(args))
@@ -120,12 +120,15 @@ def cmd_relaunch(args: argparse.Namespace) -> int:
         if args.from_checkpoint or args.checkpoint:  # resumed by [restart] resume
             cp = resume_newest_by_hand(cfg, run_dir, args.checkpoint)
             print(f"resuming from {cp.path} (step {cp.step})")
-        if changes:
-            print("changed since the last attempt:")
-            for c in changes:
+        moved = [c for c in changes if c.startswith(COMMIT_MOVED)]  # the harness's commit, said on its own line
+        if config_changes := [c for c in changes if c not in moved]:
+            print("config changed since the last attempt:")
+            for c in config_changes:
                 print(f"  {c}")
         else:
-            print("config and commit unchanged since the last attempt")
+            print("config unchanged since the last attempt")
+        for c in moved:
+            print(c)
         print(f"command: {shlex.join(cfg.command)}  (cwd {cfg.cwd})")
         return cfg
 

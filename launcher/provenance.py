@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from stepwatch.launcher.checkpoints import MAX_ENTRIES, Checkpoint
+from stepwatch.monitors.fold.stepcolumns import unix_time
 from stepwatch.monitors.runfiles import RUN_JSON, read_json, utc_iso
 
 #: Seconds a file system's clock may lag the launching host's (a network file system stamps with the server's clock).
@@ -69,7 +70,7 @@ def run_began_at(run_dir: Path, run: dict[str, Any]) -> float | None:
         rec = read_json(run_dir / n, owner_uid=uid, private=True)
         if isinstance(rec, dict) and rec.get("name") == run.get("name"):
             times.append(rec.get("launched_at_unix"))
-    good = [float(t) for t in times if isinstance(t, (int, float)) and not isinstance(t, bool) and 0 < t < 1e11]
+    good = [u for t in times if (u := unix_time(t))]
     return min(good) if good else None
 
 
@@ -86,8 +87,7 @@ def judge_provenance(checkpoints: list[Checkpoint], run_dir: Path, run: dict[str
     """``checkpoints`` with every complete one this run could not have written made not complete, the reason in its
     ``why`` (see the module). ``reached_step``: the step this attempt reached (None: unknown, the step rule is off)."""
     began = run_began_at(run_dir, run)
-    t0 = run.get("launched_at_unix")
-    attempt_began = float(t0) if isinstance(t0, (int, float)) and not isinstance(t0, bool) else None
+    attempt_began = unix_time(run.get("launched_at_unix")) or None
     named = operator_named(run)
     out: list[Checkpoint] = []
     for c in checkpoints:

@@ -124,10 +124,17 @@ def newest_checkpoint_for(cfg: RunConfig) -> Checkpoint | None:
     s = restart_settings(cfg.restart)
     if s.resume is None:
         return None
-    cwd = Path(cfg.cwd)
-    found = find_checkpoints(output_dir_of([str(a) for a in cfg.command], cwd), s.checkpoints, cwd, s.complete_marker)
+    found = _checkpoints_of(cfg)
     run = read_json(cfg.run_dir / RUN_JSON, owner_uid=os.getuid()) or {}
     return newest_complete(judge_provenance(found, cfg.run_dir, run, None))
+
+
+def _checkpoints_of(cfg: RunConfig) -> list[Checkpoint]:
+    """Every checkpoint where ``cfg`` looks (launcher/checkpoints.py: the command's ``--output_dir``, ``[restart]
+    checkpoints``), complete or not."""
+    s = restart_settings(cfg.restart)
+    cwd = Path(cfg.cwd)
+    return find_checkpoints(output_dir_of([str(a) for a in cfg.command], cwd), s.checkpoints, cwd, s.complete_marker)
 
 
 def resume_from(cfg: RunConfig, checkpoint: str | None, step: int | None, *, by: str, after_attempt: Any,
@@ -181,10 +188,8 @@ def _named_checkpoint(cfg: RunConfig, run_dir: Path, path: str) -> Checkpoint:
     """The complete checkpoint at ``path`` among those the config's rule finds (its provenance not judged: the operator
     chose it); LaunchRefused naming why it is not one."""
     s = restart_settings(cfg.restart)
-    cwd = Path(cfg.cwd)
     want = os.path.normpath(os.path.join(cfg.cwd, path))
-    found = [c for c in find_checkpoints(output_dir_of([str(a) for a in cfg.command], cwd), s.checkpoints, cwd,
-                                         s.complete_marker) if os.path.normpath(str(c.path)) == want]
+    found = [c for c in _checkpoints_of(cfg) if os.path.normpath(str(c.path)) == want]
     if s.resume is None or not found or not found[0].complete:
         why = ("its config has no [restart] resume rule" if s.resume is None
                else f"it is not complete: {found[0].why}" if found

@@ -134,18 +134,15 @@ class Deliverer:
             return "quiet_hours", f"{level} < quiet_min_level {self.paging.quiet_min_level} in the quiet hours"
         now = self.clock()
         window = self.paging.digest_window_s
+        own = kind in NEVER_FOLDED  # its own page, whatever went before it
         with self._lock:
-            if kind in NEVER_FOLDED:  # its own page, whatever went before it
-                self._sent[name] = [*(t for t in self._sent.get(name, []) if now - t < window), now]
-                self._last_sent[(name, kind)] = now
-                return None
             last = self._last_sent.get((name, kind))
-            if last is not None and now - last < self.rate_limit_s:
+            if not own and last is not None and now - last < self.rate_limit_s:
                 self._fold(alert, name, now)
                 return "rate_limited", (f"a {kind} alert went to {name} {now - last:.0f} s ago (rate_limit_s "
                                         f"{self.rate_limit_s:g}); counted in its next digest")
             sent = self._sent[name] = [t for t in self._sent.get(name, []) if now - t < window]
-            if len(sent) >= self.paging.digest_after:
+            if not own and len(sent) >= self.paging.digest_after:
                 self._fold(alert, name, now)
                 return "digested", (f"{len(sent)} pages went to {name} in {window:g} s (digest_after "
                                     f"{self.paging.digest_after}); folded into one digest page")

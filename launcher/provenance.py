@@ -26,7 +26,8 @@ from typing import Any
 
 from stepwatch.launcher.checkpoints import MAX_ENTRIES, Checkpoint
 from stepwatch.monitors.fold.stepcolumns import unix_time
-from stepwatch.monitors.runfiles import RUN_JSON, read_json, utc_iso
+from stepwatch.monitors.runfiles import utc_iso
+from stepwatch.monitors.snapshot.process import run_began_at as run_began_at  # the finished page reads it too
 
 #: Seconds a file system's clock may lag the launching host's (a network file system stamps with the server's clock).
 CLOCK_SLACK_S = 5.0
@@ -55,23 +56,6 @@ def written_at(path: Path) -> float | None:
         except OSError:
             pass
     return newest
-
-
-def run_began_at(run_dir: Path, run: dict[str, Any]) -> float | None:
-    """When this run's first attempt was launched: the earliest ``launched_at_unix`` of run.json and its rotated
-    copies (``run.<stamp>.json``) that the run dir's owner wrote and no one else can write; None when none says."""
-    uid = os.getuid()
-    times = [run.get("launched_at_unix")]
-    try:
-        names = [n for n in os.listdir(run_dir) if n.startswith("run.") and n.endswith(".json") and n != RUN_JSON][:MAX_ENTRIES]
-    except OSError:
-        names = []
-    for n in names:
-        rec = read_json(run_dir / n, owner_uid=uid, private=True)
-        if isinstance(rec, dict) and rec.get("name") == run.get("name"):
-            times.append(rec.get("launched_at_unix"))
-    good = [u for t in times if (u := unix_time(t))]
-    return min(good) if good else None
 
 
 def operator_named(run: dict[str, Any]) -> str | None:

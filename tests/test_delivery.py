@@ -259,6 +259,23 @@ def test_a_pages_first_line_is_host_run_state_and_step_and_its_second_the_messag
     assert headline_of(snap, "h").endswith(" · RUNNING · step ?/?")  # unknown is said, never a made-up 0
 
 
+def test_a_pages_state_word_is_the_screens():
+    """The death page said EXITED where the screen said KILLED SIGKILL (issue 44): one word, from one function."""
+    from stepwatch.monitors.snapshot.alerts import headline_of
+    from stepwatch.monitors.snapshot.model import null_snapshot
+    from stepwatch.tui.format import state_word
+
+    snap = null_snapshot()
+    snap["run"], snap["state"] = "r", "exited"
+    for rc, sig, stop, want in ((None, "SIGKILL", False, "KILLED SIGKILL"), (3, None, False, "EXITED 3"),
+                                (0, None, False, "EXITED 0"), (None, "SIGTERM", True, "STOPPED (SIGTERM)")):
+        snap["returncode"], snap["signal"] = rc, sig
+        snap["ended"] = {"ended_at": None, "ended_at_unix": None, "duration_s": None, "stop_requested": stop,
+                         "error": None, "write_errors": None, "log_lost_bytes": None, "log_lost_reason": None}
+        assert state_word(snap) == want
+        assert headline_of(snap, "h") == f"h · r · {want} · step ?/?"
+
+
 def test_a_refused_push_is_retried_with_back_off_then_failed(tmp_path: Path, endpoint: int):
     _Endpoint.status = 500
     r = Recorder()

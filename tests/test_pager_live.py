@@ -63,11 +63,11 @@ def test_a_stall_that_clears_pages_firing_then_resolved_and_exit_0_pages_finishe
     assert kinds == ["stall", "resolved", "finished"], got["asks"]
     stall, resolved, finished = got["asks"]
     for page in got["asks"]:  # host · run · STATE · step N/M, then the message
-        assert re.fullmatch(r"\S+ · asks · [A-Z]+ · step (\d+|\?)/(\d+|\?)", page["message"].split("\n")[0]), page
+        assert re.fullmatch(r"\S+ · asks · [A-Z]+( \d+| SIG[A-Z]+| \(.+\))? · step (\d+|\?)/(\d+|\?)", page["message"].split("\n")[0]), page
     assert stall["message"].split("\n")[0].endswith(" · RUNNING · step 39/80")
     lasted = re.search(r"resolved after (\d+) s: alive but stuck", resolved["message"])
     assert lasted and 12 <= int(lasted.group(1)) <= 22 and resolved["level"] == stall["level"] == "error", resolved
-    assert finished["message"].split("\n")[0].endswith(" · EXITED · step 80/80"), finished
+    assert finished["message"].split("\n")[0].endswith(" · EXITED 0 · step 80/80"), finished
     assert re.search(r"finished: exit 0 after \d+ s, 80 steps; final loss 0\.0125", finished["message"]), finished
     assert [x["kind"] for x in got["quiet"]] == ["stall", "resolved"]  # the control: finished not asked for
 

@@ -188,3 +188,44 @@ def test_a_full_disks_resolution_and_the_finished_page_say_what_train_log_lost(t
     assert "lost" not in _message(finished_page(snap, "vm", 1))
     snap["state"] = "running"
     assert _message(resolved_page(disk_full, snap, "vm", 1_796_482_860.0)).endswith("file system is full")
+
+
+def test_a_stall_or_stuck_rank_a_stopped_process_causes_is_the_frozen_pages_evidence_not_a_page():
+    """One cause, one page (issue 44): while a process of the tree is held stopped, a stall or a stuck rank due to
+    page waits for the frozen detector (STOPPED_S) and then is that alert's evidence; with nothing held stopped, or
+    for another kind, it pages on its own."""
+    from stepwatch.monitors.snapshot.model import null_snapshot
+    from stepwatch.monitors.watch.lifecycle import WAIT_FOR_FROZEN, stopped_cause
+
+    from stepwatch.monitors.snapshot.types import Alert
+
+    def al(kind: str, aid: str, active: bool = True) -> Alert:
+        return {"id": aid, "kind": kind, "at": "2026-12-07T15:00:00Z", "message": "m", "recorded": True,
+                "active": active, "delivered": None, "acknowledged": False}
+
+    snap = null_snapshot()
+    stall, stuck, death = al("stall", "stall-3"), al("stuck_rank", "stuck_rank-1"), al("watchdog", "watchdog")
+    snap["alerts"] = [stall, stuck, death]
+    assert stopped_cause(stall, snap, held_stopped=False) is None  # the control: nothing held stopped, it pages
+    assert stopped_cause(stall, snap, held_stopped=True) == WAIT_FOR_FROZEN  # held, the frozen verdict not in yet
+    snap["alerts"].append(al("frozen", "frozen-812"))
+    assert stopped_cause(stall, snap, held_stopped=True) == "frozen-812"
+    assert stopped_cause(stuck, snap, held_stopped=True) == "frozen-812"
+    assert stopped_cause(death, snap, held_stopped=True) is None  # a death is its own page, always
+    snap["alerts"][-1]["active"] = False  # the frozen alert cleared: a stall that still holds is a cause of its own
+    assert stopped_cause(stall, snap, held_stopped=True) == WAIT_FOR_FROZEN
+
+
+def test_the_finished_page_of_a_later_attempt_gives_the_runs_whole_time_and_its_attempts(tmp_path: Path):
+    """The finished page gave the last attempt's time alone (issue 44): after a restart it says the run's time since
+    its first launch and the attempt; a first attempt's page says its own time once."""
+    from stepwatch.monitors.watch.lifecycle import finished_page
+
+    snap = _ended_snapshot(tmp_path)
+    snap.update(state="exited", returncode=0, signal=None)
+    assert snap["ended"] is not None
+    snap["ended"] = {**snap["ended"], "duration_s": 80.0, "ended_at_unix": 1_796_482_800.0}
+    first = _message(finished_page(snap, "vm", 1, run_began_unix=1_796_482_720.0))
+    assert first.startswith("finished: exit 0 after 0:01:20, ") and "attempt" not in first, first
+    third = _message(finished_page(snap, "vm", 3, run_began_unix=1_796_482_800.0 - 3723))
+    assert third.startswith("finished: exit 0 after 0:01:20 (attempt 3; the run 1:02:03 since its first launch), "), third

@@ -23,6 +23,7 @@ from stepwatch.monitors.snapshot.model import run_ended, shallow
 from stepwatch.monitors.detectors.frozen import who as frozen_who
 from stepwatch.monitors.snapshot.disk import end_cause, full_words
 from stepwatch.monitors.snapshot.metrics import metric_alerts
+from stepwatch.monitors.snapshot.process import state_word
 from stepwatch.monitors.slurm import ABNORMAL_ENDS
 from stepwatch.monitors.snapshot.scheduler import scheduler_alerts
 from stepwatch.monitors.snapshot.ranks import rank_alerts, ranks_last_words, root_cause_words
@@ -170,10 +171,11 @@ def reached_words(snap: Snapshot) -> str:
 
 
 def headline_of(snap: Snapshot, host: str) -> str:
-    """A page's first line: ``host · run · STATE · step N/M`` (``?`` for what is not known), one line."""
-    step = snap.get("step") or {}
-    gs, most = step.get("global_step"), step.get("max_steps")
-    return " · ".join((host, str(snap.get("run") or "?"), str(snap.get("state") or "?").upper(),
+    """A page's first line: ``host · run · STATE · step N/M`` (``?`` for what is not known), one line; STATE is the
+    word the screen's header shows (``KILLED SIGKILL``, ``EXITED 3``: :func:`.process.state_word`)."""
+    step = snap["step"]
+    gs, most = step["global_step"], step["max_steps"]
+    return " · ".join((host, str(snap["run"] or "?"), state_word(snap),
                        f"step {gs if gs is not None else '?'}/{most if most else '?'}"))
 
 

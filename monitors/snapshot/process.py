@@ -4,20 +4,25 @@ the state where no local probe can (queued, on another node, ended by Slurm)."""
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any, cast
 
-from stepwatch.monitors.runfiles import EXIT_JSON, STOP_JSON, read_json
+from stepwatch.monitors.fold.stepcolumns import unix_time
+from stepwatch.monitors.runfiles import EXIT_JSON, RUN_JSON, STOP_JSON, read_json
+from stepwatch.monitors.slurm import ABNORMAL_ENDS
 from stepwatch.monitors.snapshot.scheduler import read_scheduler, scheduler_state
-from stepwatch.monitors.snapshot.types import Ended, Snapshot
+from stepwatch.monitors.snapshot.types import Ended, Scheduler, Snapshot
 from stepwatch.monitors.snapshot.watchers import watch_part
-from stepwatch.monitors.states import ALIVE, EXITED, NEVER_RECORDED, RUNNING
+from stepwatch.monitors.states import ALIVE, EXITED, NEVER_RECORDED, PENDING, RUNNING
 from stepwatch.monitors.watchdog import ProcessRef, probe
 
 #: A run.json whose supervisor recorded nothing this long after launch: the supervisor died first
 #: (a Slurm run's supervisor starts when the job does: the scheduler says when).
 SUPERVISOR_SILENT_S = 60.0
+#: The rotated run.json copies read for the run's first launch, at most (a hostile dir may hold millions of names).
+MAX_ROTATED = 10_000
 
 
 def process_part(run_dir: Path, snap: Snapshot, run: dict[str, Any], trust_uid: int | None = None) -> None:
@@ -55,3 +60,42 @@ def process_part(run_dir: Path, snap: Snapshot, run: dict[str, Any], trust_uid: 
             snap["process_verdict"] = NEVER_RECORDED
     scheduler_state(snap, run, ex)
     snap["watch"] = watch_part(snap, run)  # who watches it: the supervisor, held stopped, its wardens, nobody
+
+
+def state_word(snap: Snapshot) -> str:
+    """RUNNING / PENDING (a queued Slurm job) / EXITED code / STOPPED (the operator asked) / KILLED signal /
+    Slurm's end (TIMEOUT, CANCELLED, ...) / UNKNOWN: the one word for the run's state that the screen's header, the
+    home list and every page's first line (:func:`.alerts.headline_of`) show."""
+    st = snap["state"]
+    sch: Scheduler | None = snap["scheduler"]
+    job = sch["state"] if sch is not None else None
+    if st == RUNNING:
+        return "RUNNING"
+    if st == PENDING:
+        return job if job in ("PENDING", "CONFIGURING", "RUNNING") else "PENDING"
+    if st != EXITED:
+        return "UNKNOWN"
+    rc, sig = snap["returncode"], snap["signal"]
+    if job in ABNORMAL_ENDS:  # Slurm's word first: TIMEOUT, CANCELLED, NODE_FAIL ...
+        return job if rc is None and not sig else f"{job} ({sig or 'exit ' + str(rc)})"
+    ended: Ended | None = snap["ended"]
+    if ended is not None and ended["stop_requested"]:
+        return f"STOPPED ({sig or 'exit ' + str(rc)})"
+    return f"KILLED {sig}" if sig else f"EXITED {rc}"
+
+
+def run_began_at(run_dir: Path, run: dict[str, Any]) -> float | None:
+    """When this run's first attempt was launched: the earliest ``launched_at_unix`` of run.json and its rotated
+    copies (``run.<stamp>.json``) that the run dir's owner wrote and no one else can write; None when none says."""
+    uid = os.getuid()
+    times = [run.get("launched_at_unix")]
+    try:
+        names = [n for n in os.listdir(run_dir) if n.startswith("run.") and n.endswith(".json") and n != RUN_JSON][:MAX_ROTATED]
+    except OSError:
+        names = []
+    for n in names:
+        rec = read_json(run_dir / n, owner_uid=uid, private=True)
+        if isinstance(rec, dict) and rec.get("name") == run.get("name"):
+            times.append(rec.get("launched_at_unix"))
+    good = [u for t in times if (u := unix_time(t))]
+    return min(good) if good else None

@@ -11,7 +11,8 @@ that comes and goes must not ring every time). A push is retried ``retries`` tim
 ``{"v":1, "kind":"delivery", "alert_id", "channel", "outcome", "detail", "attempts", "t"}`` with
 ``outcome`` one of ``delivered``, ``failed``, ``rate_limited``, ``below_min_level``, ``quiet_hours``,
 ``digested`` (folded into the channel's next digest page), ``not_asked`` (a finished page this channel was
-not listed for), and from the recorder ``pending`` and ``not_confirmed`` (:mod:`.paging`). A channel is
+not listed for), and from the recorder ``pending``, ``not_confirmed`` (:mod:`.paging`) and ``same_cause`` (shown
+as the evidence of another alert that is paged: a stall a frozen process causes, :mod:`.lifecycle`). A channel is
 named without its secrets: ``command``, or the URL's scheme and host (``ntfy://ntfy.sh``).
 """
 
@@ -44,6 +45,8 @@ KIND_LEVEL = {"watchdog": "error", "stall": "error", "fallback": "error", "recom
 #: watchers' loss. They count toward the digest window (other pages fold sooner), and go out even past it.
 NEVER_FOLDED = frozenset({"watchdog", "rank_death", "job_end", "restart", "restart_missed", "supervisor_lost",
                           "watchers_lost"})
+#: The recorder's outcome for an alert shown as the evidence of another one's page (one cause, one page).
+SAME_CAUSE = "same_cause"
 DEFAULT_MIN_LEVEL = "warning"
 DEFAULT_RATE_LIMIT_S = 60.0
 DEFAULT_RETRIES = 3
@@ -186,7 +189,7 @@ class Deliverer:
         th.start()
 
     def record_outcome(self, alert: dict[str, Any], outcome: str, detail: str) -> None:
-        """Record one outcome the recorder decided (``pending``, ``not_confirmed``) for every channel."""
+        """Record one outcome the recorder decided (``pending``, ``not_confirmed``, ``same_cause``) for every channel."""
         for name in self.targets:
             self._record(alert, name, outcome, detail, 0)
 

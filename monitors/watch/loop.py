@@ -40,8 +40,9 @@ from stepwatch.monitors.snapshot.types import Alert, NewAlert, Snapshot
 from stepwatch.monitors.states import EVALUATING, FLAGGED, SAVING, STALLED, SUSPECTED
 from stepwatch.monitors.watch.stacks import (PY_SPY_TIMEOUT_S, STACK_KINDS, TREE_STACK_KINDS, record_stack_later,
                                              record_tree_stacks_later, stack_target)
-from stepwatch.monitors.watch.delivery import Deliverer, level_of
-from stepwatch.monitors.watch.lifecycle import finished_page, resolved_page, unix_of
+from stepwatch.monitors.snapshot.process import run_began_at
+from stepwatch.monitors.watch.delivery import SAME_CAUSE, Deliverer, level_of
+from stepwatch.monitors.watch.lifecycle import WAIT_FOR_FROZEN, finished_page, resolved_page, stopped_cause, unix_of
 from stepwatch.monitors.watch.paging import paging_settings_of
 from stepwatch.monitors.parsers.logtracker import LogTracker, patterns_of, settings_of
 from stepwatch.monitors.watch.logsteps import TIMING_REPORTED, LogStepTimer, RankLogTimers, encode_records
@@ -216,7 +217,9 @@ class AlertRecorder:
         self.paging = paging_settings_of(config)
         #: shown, not yet paged: alert id -> when its window ends (time.monotonic(): a wall clock step moves nothing)
         self.pending: dict[str, float] = {}
-        self.attempt = run.get("attempt")
+        #: shown, not paged: the frozen alert that causes it (lifecycle.stopped_cause), while that alert holds
+        self.caused_by: dict[str, str] = {}
+        self.attempt, self.run = run.get("attempt"), run  # the supervisor's own record of the launch
         self._stack_threads: list[threading.Thread] = []  # a stall's stacks, its delivery after them
         self.host = socket.gethostname()
         self.log_lost = log_lost  # the supervisor's log pump: output bytes train.log could not take so far, and why
@@ -231,6 +234,7 @@ class AlertRecorder:
             if lost:
                 disk["log_lost_bytes"], disk["log_lost_reason"] = lost, why
         now = time.time() if now is None else now
+        self._cause_gone(snap)
         for al in snap.get("alerts") or []:
             if al["id"] in self.paged and (page := resolved_page(cast("dict[str, Any]", al), snap, self.host,
                                                                   now)) is not None:
@@ -262,18 +266,45 @@ class AlertRecorder:
             return
         if time.monotonic() < due:
             return
+        cause = stopped_cause(al, snap, bool(self.observer.health.stopped))
+        if cause == WAIT_FOR_FROZEN:
+            return  # a process is held stopped: the frozen detector decides within its STOPPED_S which page this is
         del self.pending[al["id"]]
+        if cause is not None:  # one cause, one page: the frozen alert's page and its resolved say it; its stacks stay
+            self.caused_by[al["id"]] = cause
+            self.deliverer.record_outcome(cast("dict[str, Any]", al), SAME_CAUSE,
+                                          f"shown as the evidence of {cause}, which is paged: a process held stopped "
+                                          "makes no step; one cause, one page")
+            self._stacks(al, snap, None)
+            return
         self.paged.add(al["id"])
-        page = {**al, "headline": headline_of(snap, self.host)}  # the page's first line
+        self._stacks(al, snap, {**al, "headline": headline_of(snap, self.host)})  # the page's first line
+
+    def _stacks(self, al: Alert, snap: Snapshot, page: dict[str, Any] | None) -> None:
+        """Take the stacks an alert of its kind carries and hand ``page`` to the deliverer (for a stall, after its
+        stacks, which it then names); ``page`` None: the stacks alone, as evidence."""
+        deliver = self.deliverer.submit if page is not None else (lambda _page: None)
         if al["kind"] in TREE_STACK_KINDS:  # the stacks of every process first, then the page that says them
             self._stack_threads.append(record_tree_stacks_later(
-                page, self.run_dir, self.file.append_json, self.deliverer.submit, self.log,
-                None if snap["phase"]["name"] in (SAVING, EVALUATING)  # a save past its own budget: paged
+                page or cast("dict[str, Any]", al), self.run_dir, self.file.append_json, deliver, self.log,
+                None if snap["phase"]["name"] in (SAVING, EVALUATING) or page is None  # a save past its budget: paged
                 else lambda phase, summary: self._phase_not_stall(al, snap, phase, summary)))
             return
-        self.deliverer.submit(page)
+        if page is not None:
+            deliver(page)
         if al["kind"] in STACK_KINDS and (pid := stack_target(snap, al)) is not None:
             record_stack_later(al["id"], pid, self.file.append_json, self.log)
+
+    def _cause_gone(self, snap: Snapshot) -> None:
+        """An alert held as a frozen alert's evidence that still holds once that alert cleared (the process was let go,
+        the step still does not end) is a cause of its own now: it pages (from its next look)."""
+        active = {a["id"] for a in snap["alerts"] if a["active"]}
+        for aid, cause in list(self.caused_by.items()):
+            if aid not in active:
+                del self.caused_by[aid]
+            elif cause not in active:
+                del self.caused_by[aid]
+                self.pending[aid] = time.monotonic()
 
     def _phase_not_stall(self, al: Alert, snap: Snapshot, phase: str, summary: str) -> None:
         """The stacks of a stalled step show a save or an evaluation: not paged (never its ``resolved`` either); the
@@ -310,7 +341,8 @@ class AlertRecorder:
             if al is not None:
                 self.deliverer.record_outcome(cast("dict[str, Any]", al), "not_confirmed",
                                               "the attempt ended before its confirmation window did")
-        if self.finished_wanted and (page := finished_page(snap, self.host, self.attempt)) is not None:
+        began = run_began_at(self.run_dir, self.run) if self.finished_wanted else None  # the run's whole time
+        if self.finished_wanted and (page := finished_page(snap, self.host, self.attempt, began)) is not None:
             self.deliverer.submit(page)
 
     def finish(self) -> None:

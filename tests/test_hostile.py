@@ -78,7 +78,7 @@ async def _open_in_tui(run_dir: Path) -> tuple[str, str]:
     app = StepwatchApp(run_dir, run_dir.parent)
     async with app.run_test(size=(120, 40)) as pilot:
         deadline = time.monotonic() + 8
-        while time.monotonic() < deadline and not getattr(app.screen, "snap", None):
+        while time.monotonic() < deadline and getattr(app.screen, "snap", {"run_dir": None})["run_dir"] is None:
             await pilot.pause(0.05)
         await pilot.pause(1.2)  # a second refresh
         screen = app.screen

@@ -259,7 +259,7 @@ async def _tui_step_panel(run_dir: Path, header: bool = False) -> tuple[str, ...
     app = StepwatchApp(run_dir, run_dir.parent)
     async with app.run_test(size=(160, 45)) as pilot:
         for _ in range(100):
-            if getattr(app.screen, "snap", None):
+            if getattr(app.screen, "snap", {"run_dir": None})["run_dir"] is not None:  # the first refresh came
                 break
             await pilot.pause(0.05)
         await pilot.pause(0.2)

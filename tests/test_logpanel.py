@@ -134,7 +134,12 @@ async def test_scrolled_up_the_panel_stays_put_says_so_and_end_follows_again(tmp
 async def test_every_alerts_whole_text_and_its_acknowledge_key_are_on_screen_at_80x24(tmp_path: Path):
     import html
 
+    from stepwatch.monitors.snapshot.alerts import alert, merge_alerts
     from stepwatch.tui.screens.modals import AlertDetails
+
+    def listed(key: str, kind: str, message: str) -> dict:
+        """An alert as the snapshot lists it (every key its type declares), not acknowledged."""
+        return {**merge_alerts([alert({}, 1, kind, key, message, 1.7e9)], {}, {}, {}, [])[0], "acknowledged": False}
 
     run_dir = tmp_path / "runs" / "ended-sigkill"
     shutil.copytree(STATIC_RUN, run_dir)
@@ -142,13 +147,13 @@ async def test_every_alerts_whole_text_and_its_acknowledge_key_are_on_screen_at_
     async with app.run_test(size=(80, 24)) as pilot:
         await until(pilot, lambda: app.screen.snap.get("alerts"), what="the alerts")
         alerts = list(app.screen.snap["alerts"])
-        long_one = {"id": "x", "kind": "stuck_rank", "message": "rank 3 (pid 81234) stopped stepping: its last step "
-                    "1,204 ended 95 s before rank 0's step 1,212 (threshold 31.2 s); its Python stack is in "
-                    "stepwatch status; ranks by last step: 3 at step 1204 (pid 81234), 0 at step 1212 (pid 81230) END"}
+        long_one = listed("x", "stuck_rank", "rank 3 (pid 81234) stopped stepping: its last step 1,204 ended 95 s "
+                          "before rank 0's step 1,212 (threshold 31.2 s); its Python stack is in stepwatch status; "
+                          "ranks by last step: 3 at step 1204 (pid 81234), 0 at step 1212 (pid 81230) END")
         # The kinds the fixture has not, each as long as it gets (the numbers at their widest), and a
         # message of one 2,000-character word (a path, a repr): cut by characters, never unmarked.
         synthetic = [
-            {"id": f"s-{kind}", "kind": kind, "message": msg + " END"} for kind, msg in (
+            listed(f"s-{kind}", kind, msg + " END") for kind, msg in (
                 ("stall", "alive but stuck: no optimizer step for 86,400 s after step 1,234,567 (its steps take "
                           "12.3456 s at p99); its Python stack is in stepwatch status"),
                 ("rank_death", "rank 7 (pid 4194304) was killed by SIGKILL at step 1,234,567 while the others "

@@ -17,11 +17,13 @@ import sys
 import urllib.parse
 import urllib.request
 from pathlib import Path
+from typing import cast
 
 import pytest
 
 from conftest import REPO_ROOT, make_repo, stepwatch, wait_until
 from stepwatch.monitors.export.prometheus import families, text_of
+from stepwatch.monitors.snapshot.types import GpuDevice, Snapshot
 
 RULES = REPO_ROOT / "assets" / "prometheus" / "stepwatch-rules.yml"
 RULES_TEST = REPO_ROOT / "tests" / "fixtures" / "prometheus" / "stepwatch-rules.test.yml"
@@ -51,19 +53,29 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rich_snapshot() -> dict:
+def _rich_snapshot() -> Snapshot:
     """A real snapshot (the fixture run) with every optional part present: GPUs, ranks, a Slurm job."""
+    from stepwatch.monitors.gpu.reading import status_row
     from stepwatch.monitors.snapshot.observer import snapshot
 
     snap = snapshot(STATIC_RUN)
-    snap["gpu"] = [{"index": i, "util_pct": 97.0, "sm_active_pct": 80.0, "tensor_active_pct": 55.0, "power_w": 600.0,
-                    "power_limit_w": 700.0, "mem_used_bytes": 7e10, "used_by_run": True} for i in range(2)]
-    snap["ranks"] = [{"rank": r, "alive": True, "steps": {"p50": 0.25}} for r in range(2)]
-    snap["scheduler"] = {"state": "RUNNING", "time_left_s": 3000.0, "time_limit_s": 3600.0}
-    snap["metrics"] = {"loss": {"value": 2.5, "finite": True, "step": 100}, "bad\nname{}": {"value": 1.0}}
-    snap["throughput"] = {"tokens_per_s": 1000.0, "real_tokens_per_s": 900.0}
-    snap["eta"] = {"eta_s": 1200.0}
-    snap["stall"] = {"state": "stalled", "current_step_elapsed_s": 40.0}
+    snap["gpu"] = [cast(GpuDevice, status_row(
+        {"index": i, "util_pct": 97.0, "sm_active_pct": 80.0, "tensor_active_pct": 55.0, "power_w": 600.0,
+         "power_limit_w": 700.0, "mem_used_bytes": 7e10, "used_by_run": True}, [])) for i in range(2)]
+    snap["ranks"] = [{"rank": r, "local_rank": r, "pid": None, "alive": True, "ended_at_unix": None, "returncode": None,
+                      "signal": None, "exit_source": None, "root_cause": False, "after_stop": False,
+                      "restart_count": None, "max_restarts": None, "started_at_unix": None,
+                      "steps": {"n": 10, "p50": 0.25, "p99": 0.25, "last_step": 10, "last_step_end_unix": None,
+                                "source": "events", "metrics": {}}} for r in range(2)]
+    snap["scheduler"] = {"kind": "slurm", "job_id": "1", "state": "RUNNING", "reason": None, "nodes": None,
+                         "exit_code": None, "time_limit_s": 3600.0, "time_left_s": 3000.0, "start_unix": None,
+                         "end_unix": None, "source": None, "error": None, "poll_age_s": None, "stale": False,
+                         "previous_job_ids": []}
+    snap["metrics"] = {name: {"step": 100, "value": value, "finite": True, "nonfinite_count": 0,
+                              "first_nonfinite_step": None} for name, value in (("loss", 2.5), ("bad\nname{}", 1.0))}
+    snap["throughput"].update(tokens_per_s=1000.0, real_tokens_per_s=900.0)
+    snap["eta"]["eta_s"] = 1200.0
+    snap["stall"].update(state="stalled", current_step_elapsed_s=40.0)
     snap["returncode"] = 0
     return snap
 
@@ -113,11 +125,11 @@ def test_every_metric_the_rules_and_the_dashboard_name_is_served_and_names_pass_
 
 def test_an_unknown_value_is_absent_never_zero():
     snap = _rich_snapshot()
-    snap["stall"] = {"state": "not judged"}
-    snap["dynamo"] = {"recompiles": None}
+    snap["stall"].update(state="not judged", current_step_elapsed_s=None, threshold_s=None)
+    snap["dynamo"]["recompiles"] = None
     text = text_of(snap).decode()
     assert not re.search(r"^stepwatch_stalled\{", text, re.M) and not re.search(r"^stepwatch_recompiles_total\{", text, re.M)
-    snap["stall"] = {"state": "ok"}  # control: a judged stall is there, as 0
+    snap["stall"]["state"] = "ok"  # control: a judged stall is there, as 0
     assert re.search(r'^stepwatch_stalled\{attempt="1",run="ended-sigkill"\} 0\.0$', text_of(snap).decode(), re.M)
     assert {f.name for f in families(snap)} >= {"stepwatch_steps", "stepwatch_stalled"}
 

@@ -280,7 +280,7 @@ def _tui_ranks(run_dir: Path) -> str:
         async with app.run_test(size=(160, 45)) as pilot:
             await pilot.pause(0.1)
             wait = 0
-            while not getattr(app.screen, "snap", None) and wait < 100:
+            while getattr(app.screen, "snap", {"run_dir": None})["run_dir"] is None and wait < 100:
                 await pilot.pause(0.05)
                 wait += 1
             await pilot.pause(0.2)

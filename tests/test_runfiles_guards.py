@@ -238,6 +238,7 @@ def test_a_panels_line_and_a_gpu_row_stay_one_line(monkeypatch):
     """The run screen's panels: a version or backend read from events.jsonl, a GPU name read from
     gpu.jsonl, never start a line of their own (Panel._set shows one line unless asked for lines; the
     GPU panel's rows are one line each)."""
+    from stepwatch.monitors.gpu.reading import status_row
     from stepwatch.monitors.snapshot.model import null_snapshot
     from stepwatch.tui.widgets.dynamo import DynamoPanel
     from stepwatch.tui.widgets.gpu import device_line
@@ -259,7 +260,8 @@ def test_a_panels_line_and_a_gpu_row_stay_one_line(monkeypatch):
     panel.show(snap)
     assert "torch 2.4\u240aALERT fake" in shown["#dyn-attn"] and "sdpa\u240aGPU0 fake" in shown["#dyn-attn"], shown
     assert all(len(v.splitlines()) == 1 for v in shown.values()), shown
-    device: Any = {"index": 0, "name": "H100\nGPU1 NVIDIA fake", "verdict": "ok\rx"}  # the keys the row reads
+    # a row as the snapshot makes it from a gpu.jsonl device (every key), with a hostile name and verdict
+    device: Any = {**status_row({"index": 0, "name": "H100\nGPU1 NVIDIA fake"}, []), "verdict": "ok\rx"}
     row = device_line(device).plain
     assert row.startswith("GPU0 H100\u240aGPU1 NVIDIA fake") and len(row.splitlines()) == 1, row
 

@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from textual import work
 from textual.binding import Binding
@@ -27,6 +27,10 @@ from stepwatch.tui.safe import visible
 from stepwatch.tui.screens.home import HomeScreen
 from stepwatch.tui.screens.modals import Choose, Confirm, Help, PreflightScreen, Prompt
 from stepwatch.tui.screens.run import RunScreen
+
+if TYPE_CHECKING:
+    from stepwatch.monitors.snapshot.types import RestartView
+
 
 def _tolerate_non_utf8_input() -> None:
     """Make Textual's Linux input thread decode stdin with ``errors="replace"``.
@@ -152,8 +156,8 @@ class StepwatchApp(StepwatchAppBase):
 
     def action_quit_app(self) -> None:
         rs = self.run_screen
-        if rs is not None and rs.snap.get("state") == RUNNING:
-            self.exit_message = (f"stepwatch: left {rs.snap.get('run')} running (pid {rs.snap.get('pid')}); "
+        if rs is not None and rs.snap["state"] == RUNNING:
+            self.exit_message = (f"stepwatch: left {rs.snap['run']} running (pid {rs.snap['pid']}); "
                                  f"reattach with: stepwatch attach {rs.run_dir}")
         else:
             self.exit_message = "stepwatch: closed; quitting the app never stops a run"
@@ -187,10 +191,10 @@ class StepwatchApp(StepwatchAppBase):
         rs = self.run_screen
         if rs is None or self._debounced("relaunch"):
             return
-        if rs.snap.get("state") == RUNNING:
+        if rs.snap["state"] == RUNNING:
             self.notify(f"{rs.run_dir.name} is still running: stop it first (x)", severity="warning")
             return
-        question = (f"Relaunch {rs.run_dir.name}? The logs of attempt {rs.snap.get('attempt')} are rotated (kept under "
+        question = (f"Relaunch {rs.run_dir.name}? The logs of attempt {rs.snap['attempt']} are rotated (kept under "
                     "stamped names) and a new attempt starts.")
         cp = self._checkpoint_offer(rs.run_dir)
         if cp is None:
@@ -242,7 +246,7 @@ class StepwatchApp(StepwatchAppBase):
         from stepwatch.launcher.launch import LaunchRefused, launch  # noqa: PLC0415
 
         cl = res["checklist"]
-        reason = res["reason"]
+        reason = res["reason"]  # not a snapshot read: the preflight screen's answer
         allow_dirty = reason if "clean_tree" in cl.failed else None
         override = reason if [f for f in cl.failed if f != "clean_tree"] else None
         try:
@@ -263,14 +267,15 @@ class StepwatchApp(StepwatchAppBase):
             if yes:
                 self._stop_worker(rs.run_dir)
 
-        if rs.snap.get("state") != RUNNING:
+        if rs.snap["state"] != RUNNING:
             if not restart_pending(rs.run_dir):  # [restart] enforce, in its back-off: x calls the restart off
                 self.notify(f"{rs.run_dir.name} is not running", severity="warning")
                 return
-            words = (rs.snap.get("restart") or {}).get("words") or "the restart policy's"
+            restart: RestartView | None = rs.snap["restart"]
+            words = (restart["words"] if restart is not None else None) or "the restart policy's"
             self.push_screen(Confirm(f"Cancel the pending restart of {rs.run_dir.name}? ({words})"), stop_if)
             return
-        self.push_screen(Confirm(f"Stop {rs.run_dir.name} (pid {rs.snap.get('pid')})? SIGINT now, SIGTERM and "
+        self.push_screen(Confirm(f"Stop {rs.run_dir.name} (pid {rs.snap['pid']})? SIGINT now, SIGTERM and "
                                  "SIGKILL after 30 s each, carried out by the supervisor."), stop_if)
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="action")

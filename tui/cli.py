@@ -157,7 +157,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
                 return EXIT_FAILED
             killed = kill_survivors(run_dir)
             print(f"killed {len(killed)} surviving process(es) of {run_dir.name}"
-                  + "".join(f"\n  pid {p['pid']} {p['name']}" for p in killed))
+                  + "".join(f"\n  pid {p['pid']} {p['name']}" for p in killed))  # not a snapshot read: kill_survivors'
             return EXIT_OK
         out = request_stop(run_dir, grace_s=args.grace, reason=args.reason, wait=not args.no_wait)
     except RunNotFound as e:
@@ -233,13 +233,14 @@ def _warn_survivors(run_dir: Path) -> None:
 
     left = run_survivors(run_dir)
     if left:
+        who = ", ".join(f"{p['pid']} ({p['name']})" for p in left[:10])  # not a snapshot read: run_survivors'
         _err(f"warning: {len(left)} process(es) of the ended run survive (recorded in its process tree) "
-             f"(they may hold GPU memory): " + ", ".join(f"{p['pid']} ({p['name']})" for p in left[:10])
-             + f"\n  kill them with: stepwatch stop {run_dir} --survivors")
+             f"(they may hold GPU memory): " + who + f"\n  kill them with: stepwatch stop {run_dir} --survivors")
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
     from stepwatch.monitors.snapshot.observer import process_snapshot  # noqa: PLC0415
+    from stepwatch.monitors.snapshot.types import Ended  # noqa: PLC0415
     from stepwatch.tui.format import pid_or_job  # noqa: PLC0415
 
     runs_dir = _runs_dir(args)  # a runs dir that is a symlink loop: RunNotFound, said by main()
@@ -247,11 +248,12 @@ def cmd_runs(args: argparse.Namespace) -> int:
     if not runs:
         print(f"no runs under {runs_dir}")
         return EXIT_OK
+    ended: Ended | None
     print(f"{'NAME':24} {'ATT':>3} {'STATE':9} {'PID':>8} {'STARTED':24} EXIT")
     for d in runs:
         s = process_snapshot(d)  # the columns need no events: a long run's events.jsonl is not read
         end = s["signal"] or ("" if s["returncode"] is None else f"code {s['returncode']}")
-        if (s.get("ended") or {}).get("stop_requested"):
+        if (ended := s["ended"]) is not None and ended["stop_requested"]:
             end = f"stopped ({end})" if end else "stopped"
         print(one_line(f"{one_line(s['run'])[:24]:24} {str(s['attempt'] or '-'):>3} {s['state']:9} {pid_or_job(s):>8} "
                        f"{_launched_at(d) or '-':24} {end}"))  # a run's row is one line, whatever its files hold

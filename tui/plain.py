@@ -26,7 +26,11 @@ from stepwatch.monitors.snapshot.model import json_safe, run_ended
 from stepwatch.monitors.snapshot.metrics import metrics_words
 from stepwatch.monitors.snapshot.ranks import latest_per_rank, restarts_words
 from stepwatch.monitors.snapshot.observer import RunObserver
-from stepwatch.monitors.snapshot.types import Snapshot
+from stepwatch.monitors.detectors.frozen import Frozen
+from stepwatch.monitors.snapshot.runmodeltypes import Liveness
+from stepwatch.monitors.snapshot.types import (Alert, Count, Delivery, Disk, Dynamo, Ended, Eta, Fallback, GpuDevice,
+                                               Identity, Log, Rank, RankStepSummary, RestartView, Snapshot, Stall, Step,
+                                               Straggler, Survivor, Watch)
 from stepwatch.monitors.states import (EXITED, FLAGGED, HELD, NOT_JUDGED, OK, RUNNING, STALLED, SUSPECTED, UNKNOWN,
                                       UNWATCHED, WARDED)
 from stepwatch.monitors.watchdog import ProcessRef, wait_for_exit
@@ -41,111 +45,226 @@ def _fmt(v: Any, nd: int = 2) -> str:
     return str(v)
 
 
-def status_lines(snap: Snapshot) -> list[str]:
-    """A few readable lines with the same content as ``status --json``; each one line (what a run's
-    files say is shown with its line breaks visible: tui/safe.py ``one_line``)."""
-    step = snap.get("step") or {}
-    lines = [f"{snap['run']} attempt {snap.get('attempt') or '-'}: {snap['state']}"
-             + (f", pid {snap['pid']}" if snap.get("pid") else "")
-             + (f" ({end_words(snap)})" if run_ended(snap) else "")]
-    if snap.get("scheduler"):
-        lines.append(f"  {scheduler_words(snap['scheduler'])}")
+def _fmt_known(v: Count) -> str:
+    """A dynamo count, ``unknown`` (never ``-`` nor 0) when nothing reported it."""
+    return "unknown" if v is None else str(v)
+
+
+def _commit(ident: Identity | None) -> str:
+    """The launch's commit, short (``none`` when run.json names none)."""
+    return ((ident.get("harness_commit") if ident is not None else None) or "none")[:12]
+
+
+def _run_lines(snap: Snapshot) -> list[str]:
+    """The run, its attempt and state, its pid, and how it ended."""
+    return [f"{snap['run']} attempt {snap['attempt'] or '-'}: {snap['state']}"
+            + (f", pid {snap['pid']}" if snap["pid"] else "")
+            + (f" ({end_words(snap)})" if run_ended(snap) else "")]
+
+
+def _scheduler_lines(snap: Snapshot) -> list[str]:
+    """A Slurm run's job."""
+    sched = snap["scheduler"]
+    return [] if sched is None else [f"  {scheduler_words(sched)}"]
+
+
+def _watcher_lines(snap: Snapshot) -> list[str]:
+    """Who no longer watches the run: its supervisor gone, or all its watchers."""
+    lines = []
     if supervisor_gone(snap):
         lines.append("  WARNING: the supervisor is gone (killed?): the run goes on, but no exit code will be recorded "
                      "and `stop` will escalate from the command line itself")
-    if (watch := snap.get("watch") or {}).get("state") in (HELD, WARDED, UNWATCHED):  # who still watches it, if anyone
-        lines.append(f"  WARNING: {watch.get('reason')}")
-    e = snap.get("eta") or {}
-    eta = (f", ETA {eta_words(e)}: {e.get('remaining_steps')} steps at {_fmt(e.get('seconds_per_step'), 3)} s "
-           f"({e.get('basis')})" if e.get("state") in (OK, STALLED) else "")
-    src = f" (from {step['source']})" if step.get("source") else ""
-    lines.append(f"  step {_fmt(step.get('global_step'))}/{_fmt(step.get('max_steps'))}{src}{eta}")
+    watch: Watch = snap["watch"]
+    if watch["state"] in (HELD, WARDED, UNWATCHED):  # who still watches it, if anyone
+        lines.append(f"  WARNING: {watch['reason']}")
+    return lines
+
+
+def _step_lines(snap: Snapshot) -> list[str]:
+    """The step of max steps with the ETA, and the step times with how they were taken."""
+    step: Step = snap["step"]
+    e: Eta = snap["eta"]
+    eta = (f", ETA {eta_words(e)}: {e['remaining_steps']} steps at {_fmt(e['seconds_per_step'], 3)} s "
+           f"({e['basis']})" if e["state"] in (OK, STALLED) else "")
+    src = f" (from {step['source']})" if step["source"] else ""
     words = timing_words(snap)
-    lines.append(f"  {snap.get('step_line') or 'n=0 seconds_per_optimizer_step'}" + (f" ({words})" if words else ""))
-    log = snap.get("log") or {}
-    mw = metrics_words(snap.get("metrics") or {})
-    lines.append(f"  log: {mw or 'no loss or other metric read'}; format "
-                 + (f"{log['format']} ({log.get('matched_lines')} lines)" if log.get("format") else "not recognised"))
-    if log.get("hint"):
+    return [f"  step {_fmt(step['global_step'])}/{_fmt(step['max_steps'])}{src}{eta}",
+            f"  {snap['step_line'] or 'n=0 seconds_per_optimizer_step'}" + (f" ({words})" if words else "")]
+
+
+def _log_lines(snap: Snapshot) -> list[str]:
+    """The metrics read, train.log's format, its hint, and its interleaved bars."""
+    log: Log = snap["log"]
+    mw = metrics_words(snap["metrics"])
+    lines = [f"  log: {mw or 'no loss or other metric read'}; format "
+             + (f"{log['format']} ({log['matched_lines']} lines)" if log["format"] else "not recognised")]
+    if log["hint"]:
         lines.append(f"  HINT: {log['hint']}")
     if sw := streams_words(log):
         lines.append(f"  NOTE: {sw}")
-    lines.append(f"  {health_words(snap)}")
-    lines.append("  " + "; ".join(w for w in (scaling_words(snap.get("scaling")), padding_words(snap.get("padding")),
-                                              energy_words(snap.get("energy"), replayed(snap))) if w))
-    fb, st = snap.get("fallback") or {}, snap.get("stall") or {}
-    stall = st.get("state")
-    pw = phase_words(snap.get("phase")) if snap.get("state") == RUNNING else None
-    lines.append(f"  fallback {fb.get('state')}" + (f" ({fb['reason']})" if fb.get("reason") and fb.get("state") != OK else "")
-                 + f"; stall {stall}" + (f" ({_fmt(st.get('current_step_elapsed_s'), 1)} s)" if stall == STALLED
-                                         else f" ({st['reason']})" if stall in (NOT_JUDGED, SUSPECTED) and st.get("reason")
-                                         else "")
-                 + (f"; phase {pw}" if pw else "")
-                 + (f"; {lw}" if snap.get("state") == RUNNING and (lw := liveness_words(snap.get("liveness"))) else ""))
-    d = snap.get("dynamo") or {}
+    return lines
+
+
+def _health_lines(snap: Snapshot) -> list[str]:
+    return [f"  {health_words(snap)}"]
+
+
+def _cost_lines(snap: Snapshot) -> list[str]:
+    """The step-time fit over the batch shape, the padding, the energy."""
+    return ["  " + "; ".join(w for w in (scaling_words(snap["scaling"]), padding_words(snap["padding"]),
+                                         energy_words(snap["energy"], replayed(snap))) if w)]
+
+
+def _stall_words(st: Stall) -> str:
+    """``stall ok`` / ``stall stalled (412.0 s)`` / ``stall not judged (no step times)``."""
+    stall = st["state"]
+    if stall == STALLED:
+        return f"stall {stall} ({_fmt(st['current_step_elapsed_s'], 1)} s)"
+    if stall in (NOT_JUDGED, SUSPECTED) and st["reason"]:
+        return f"stall {stall} ({st['reason']})"
+    return f"stall {stall}"
+
+
+def _verdict_lines(snap: Snapshot) -> list[str]:
+    """The fallback and stall verdicts, and (while it runs) the run's phase and liveness signals."""
+    fb: Fallback = snap["fallback"]
+    running = snap["state"] == RUNNING
+    pw = phase_words(snap["phase"]) if running else None
+    lw = liveness_words(snap["liveness"]) if running else None
+    return [f"  fallback {fb['state']}" + (f" ({fb['reason']})" if fb["reason"] and fb["state"] != OK else "")
+            + f"; {_stall_words(snap['stall'])}"
+            + (f"; phase {pw}" if pw else "")
+            + (f"; {lw}" if lw else "")]
+
+
+def _dynamo_lines(snap: Snapshot) -> list[str]:
+    d: Dynamo = snap["dynamo"]
     if no_dynamo_output(d):
-        lines.append("  " + NO_DYNAMO_WORDS)
-    else:
-        u = {k: "unknown" if d.get(k) is None else d[k] for k in ("recompiles", "graph_breaks", "recompile_limit_hits")}
-        lines.append(f"  dynamo: recompiles {u['recompiles']}, graph breaks {u['graph_breaks']}, "
-                     f"recompile-limit hits {u['recompile_limit_hits']} (from {d.get('source') or '-'})")
-    a, v = snap.get("attn_implementation") or {}, snap.get("versions") or {}
-    lines.append(f"  {attention_words(a)[0]}; {versions_words(v)}")
-    if gpu := snap.get("gpu"):
-        src = snap.get("gpu_source") or ""
-        if src.startswith("recorded"):
-            lines.append(f"  GPU: RECORDED replay, not this machine's GPU ({src.split(':', 1)[-1]})")
-        for g in gpu:
-            held = f" (the run's rank {', '.join(map(str, run_ranks))})" if (run_ranks := g.get("run_ranks")) else ""
-            lines.append(f"  GPU{g.get('index')} {g.get('name')}{held}: kernel-active {_fmt(g.get('util_pct'), 0)}%, "
-                         f"power {_fmt(g.get('power_w'), 0)}/{_fmt(g.get('power_limit_w'), 0)} W"
-                         + (f"; over the last 30 s: {g['verdict']}" if g.get("verdict") else ""))
-    else:
-        lines.append(f"  GPU: {snap.get('gpu_error') or 'no samples'}")
-    ranks = latest_per_rank(snap.get("ranks") or [])
-    if ranks:
-        lines.append("  ranks: " + "; ".join(
-            f"rank {r['rank']} pid {r['pid']} " + ("alive" if r["alive"] else f"killed by {r['signal']}" if r["signal"]
-                                                   else f"exited with code {_fmt(r['returncode'])}")
-            + (f", step {_fmt(rs['last_step'])}, n={rs['n']} p50={_fmt(rs['p50'], 3)} "
-               f"p99={_fmt(rs['p99'], 3)}" + (f", loss {loss:.4g}" if (loss := rank_loss(rs)) is not None else "")
-               if (rs := r.get("steps")) else "")
-            for r in ranks[:16]) + (f"; {len(ranks) - 16} more" if len(ranks) > 16 else "")
-            + restarts_words(snap.get("rank_restarts")))
-    sg = snap.get("straggler") or {}
-    if snap.get("ranks") and sg.get("state") != NOT_JUDGED:
-        lines.append(f"  straggler {sg.get('state')} ({sg.get('reason')})")
-    frozen = (snap.get("liveness") or {}).get("frozen") or {}
-    if frozen.get("state") == FLAGGED:
-        lines.append(f"  FROZEN: {frozen.get('reason')} (held stopped: no progress until SIGCONT)")
-    disk = snap.get("disk") or {}
-    if disk.get("full") or disk.get("write_errors") or disk.get("log_lost_bytes"):
-        lines.append("  disk: " + "; ".join(
-            ([full_words(disk)] if disk.get("full") else [])
-            + ([lost_words(disk)] if disk.get("log_lost_bytes") else [])
-            + [f"supervisor: {e}" for e in disk.get("write_errors") or []]))
-    ident = snap.get("identity") or {}
-    if ident:
-        lines.append(f"  commit {(ident.get('harness_commit') or 'none')[:12]} {tree_words(ident)}")
-    if lw := ledger_words(snap.get("ledger")):  # where the run's hours went
-        lines.append(f"  {lw}")
-    if rs := snap.get("restart"):  # the restart policy's last decision ([restart]), as its page said it
-        lines.append(f"  restart ({rs['mode']}, after attempt {rs['attempt']}): {rs['verdict']}: {rs['words']}")
-    for al in snap.get("alerts") or []:
-        notes = [n for n in ("acknowledged" if al.get("acknowledged") else None,
-                              "cleared" if al.get("active") is False else None) if n]
-        delivered = delivery_words(al.get("delivered") or {})
-        lines.append(f"  ALERT [{al['kind']}] {al['message']}" + (f" ({', '.join(notes)})" if notes else "")
-                     + (f" [delivery {delivered}]" if delivered else ""))
-        if summary := al.get("stacks_summary"):  # where each process of the tree stands (py-spy), grouped
-            lines.append(f"    stacks (py-spy): {summary}")
-        if stack := al.get("stack"):  # the supervisor's py-spy dump of the rank: each thread, innermost frame first
-            lines.append("    stack (py-spy): " + " | ".join(ln.strip() for ln in (stack_frames(stack) or ["-"])))
-    if snap.get("survivors"):
-        lines.append(f"  {len(snap['survivors'])} process(es) of the ended run survive (they may hold GPU memory): "
-                     + ", ".join(f"{p['pid']} ({p['name']})" for p in snap["survivors"][:10])
-                     + f"; kill them with: stepwatch stop {snap['run_dir']} --survivors")
-    return [one_line(ln) for ln in lines]  # a line break read from a run file never starts a line of its own
+        return ["  " + NO_DYNAMO_WORDS]
+    return [f"  dynamo: recompiles {_fmt_known(d['recompiles'])}, graph breaks {_fmt_known(d['graph_breaks'])}, "
+            f"recompile-limit hits {_fmt_known(d['recompile_limit_hits'])} (from {d['source'] or '-'})"]
+
+
+def _build_lines(snap: Snapshot) -> list[str]:
+    """The attention backend and the library versions the training process imported."""
+    return [f"  {attention_words(snap['attn_implementation'])[0]}; {versions_words(snap['versions'])}"]
+
+
+def _device_line(g: GpuDevice) -> str:
+    held = f" (the run's rank {', '.join(map(str, run_ranks))})" if (run_ranks := g["run_ranks"]) else ""
+    return (f"  GPU{g['index']} {g['name']}{held}: kernel-active {_fmt(g['util_pct'], 0)}%, "
+            f"power {_fmt(g['power_w'], 0)}/{_fmt(g['power_limit_w'], 0)} W"
+            + (f"; over the last 30 s: {g['verdict']}" if g["verdict"] else ""))
+
+
+def _gpu_lines(snap: Snapshot) -> list[str]:
+    """One line per device (a replayed recording said first), else why there is none."""
+    if not (gpu := snap["gpu"]):
+        return [f"  GPU: {snap['gpu_error'] or 'no samples'}"]
+    lines = []
+    if (src := snap["gpu_source"] or "").startswith("recorded"):
+        lines.append(f"  GPU: RECORDED replay, not this machine's GPU ({src.split(':', 1)[-1]})")
+    return lines + [_device_line(g) for g in gpu]
+
+
+def _rank_words(r: Rank) -> str:
+    """``rank 0 pid 12 alive, step 40, n=40 p50=0.512 p99=0.530, loss 2.31``."""
+    how = ("alive" if r["alive"] else f"killed by {r['signal']}" if r["signal"]
+           else f"exited with code {_fmt(r['returncode'])}")
+    rs: RankStepSummary | None = r["steps"]
+    if rs is None:
+        return f"rank {r['rank']} pid {r['pid']} {how}"
+    loss = rank_loss(rs)
+    return (f"rank {r['rank']} pid {r['pid']} {how}, step {_fmt(rs['last_step'])}, n={rs['n']} "
+            f"p50={_fmt(rs['p50'], 3)} p99={_fmt(rs['p99'], 3)}" + (f", loss {loss:.4g}" if loss is not None else ""))
+
+
+def _rank_lines(snap: Snapshot) -> list[str]:
+    """Each rank's latest process (16 at most) and torchrun's restarts; the straggler verdict."""
+    lines = []
+    if ranks := latest_per_rank(snap["ranks"]):
+        lines.append("  ranks: " + "; ".join(_rank_words(r) for r in ranks[:16])
+                     + (f"; {len(ranks) - 16} more" if len(ranks) > 16 else "") + restarts_words(snap["rank_restarts"]))
+    sg: Straggler = snap["straggler"]
+    if snap["ranks"] and sg["state"] != NOT_JUDGED:
+        lines.append(f"  straggler {sg['state']} ({sg['reason']})")
+    return lines
+
+
+def _frozen_lines(snap: Snapshot) -> list[str]:
+    liveness: Liveness = snap["liveness"]
+    frozen: Frozen = liveness["frozen"]
+    return [f"  FROZEN: {frozen['reason']} (held stopped: no progress until SIGCONT)"] if frozen["state"] == FLAGGED else []
+
+
+def _disk_lines(snap: Snapshot) -> list[str]:
+    """The run dir's file system when it is full, the supervisor could not write, or train.log lost output."""
+    disk: Disk | None = snap["disk"]
+    if disk is None or not (disk["full"] or disk["write_errors"] or disk["log_lost_bytes"]):
+        return []
+    return ["  disk: " + "; ".join(([full_words(disk)] if disk["full"] else [])
+                                  + ([lost_words(disk)] if disk["log_lost_bytes"] else [])
+                                  + [f"supervisor: {e}" for e in disk["write_errors"]])]
+
+
+def _identity_lines(snap: Snapshot) -> list[str]:
+    ident = snap["identity"]
+    return [f"  commit {_commit(ident)} {tree_words(ident)}"] if ident else []
+
+
+def _ledger_lines(snap: Snapshot) -> list[str]:
+    """Where the run's hours went."""
+    return [f"  {lw}"] if (lw := ledger_words(snap["ledger"])) else []
+
+
+def _restart_lines(snap: Snapshot) -> list[str]:
+    """The restart policy's last decision ([restart]), as its page said it."""
+    rs: RestartView | None = snap["restart"]
+    if rs is None:
+        return []
+    return [f"  restart ({rs['mode']}, after attempt {rs['attempt']}): {rs['verdict']}: {rs['words']}"]
+
+
+def _alert_lines(al: Alert) -> list[str]:
+    """The alert with its acknowledgement and delivery; the stacks the supervisor took for it."""
+    notes = [n for n in ("acknowledged" if al["acknowledged"] else None,
+                          "cleared" if al["active"] is False else None) if n]
+    delivered = delivery_words(d) if (d := al["delivered"]) is not None else ""
+    lines = [f"  ALERT [{al['kind']}] {al['message']}" + (f" ({', '.join(notes)})" if notes else "")
+             + (f" [delivery {delivered}]" if delivered else "")]
+    if summary := al.get("stacks_summary"):  # where each process of the tree stands (py-spy), grouped
+        lines.append(f"    stacks (py-spy): {summary}")
+    if stack := al.get("stack"):  # the supervisor's py-spy dump of the rank: each thread, innermost frame first
+        lines.append("    stack (py-spy): " + " | ".join(ln.strip() for ln in (stack_frames(stack) or ["-"])))
+    return lines
+
+
+def _alerts_lines(snap: Snapshot) -> list[str]:
+    return [ln for al in snap["alerts"] for ln in _alert_lines(al)]
+
+
+def _survivor_lines(snap: Snapshot) -> list[str]:
+    """The ended run's processes still alive, and how to kill them."""
+    survivors: list[Survivor] = snap["survivors"]
+    if not survivors:
+        return []
+    return [f"  {len(survivors)} process(es) of the ended run survive (they may hold GPU memory): "
+            + ", ".join(f"{p['pid']} ({p['name']})" for p in survivors[:10])
+            + f"; kill them with: stepwatch stop {snap['run_dir']} --survivors"]
+
+
+#: ``status``'s lines, one function per part of the snapshot, in the order they print.
+_PARTS: tuple[Callable[[Snapshot], list[str]], ...] = (
+    _run_lines, _scheduler_lines, _watcher_lines, _step_lines, _log_lines, _health_lines, _cost_lines,
+    _verdict_lines, _dynamo_lines, _build_lines, _gpu_lines, _rank_lines, _frozen_lines, _disk_lines,
+    _identity_lines, _ledger_lines, _restart_lines, _alerts_lines, _survivor_lines)
+
+
+def status_lines(snap: Snapshot) -> list[str]:
+    """A few readable lines with the same content as ``status --json``; each one line (what a run's
+    files say is shown with its line breaks visible: tui/safe.py ``one_line``)."""
+    # a line break read from a run file never starts a line of its own
+    return [one_line(ln) for part in _PARTS for ln in part(snap)]
 
 
 class Narrator:
@@ -168,34 +287,38 @@ class Narrator:
         self.out.flush()
 
     def feed(self, snap: Snapshot) -> None:
-        if snap.get("attempt") != self.attempt:
-            self.attempt = snap.get("attempt")
-            ident = snap.get("identity") or {}
-            self.emit("attempt", f"{snap['run']} attempt {self.attempt}: {snap['state']}, pid {snap.get('pid')}, "
-                                 f"commit {(ident.get('harness_commit') or 'none')[:12]}",
-                      attempt=self.attempt, pid=snap.get("pid"))
+        if snap["attempt"] != self.attempt:
+            self.attempt = snap["attempt"]
+            self.emit("attempt", f"{snap['run']} attempt {self.attempt}: {snap['state']}, pid {snap['pid']}, "
+                                 f"commit {_commit(snap['identity'])}",
+                      attempt=self.attempt, pid=snap["pid"])
             self.last_step_printed, self.ended_printed = None, False
-        gs = (snap.get("step") or {}).get("global_step")
+        step: Step = snap["step"]
+        gs = step["global_step"]
         if gs is not None and (self.last_step_printed is None or gs >= self.last_step_printed + self.every):
             self.last_step_printed = gs - gs % self.every if gs >= self.every else gs
-            mx = (snap.get("step") or {}).get("max_steps")
-            self.emit("step", f"step {gs}/{mx or '?'} {snap.get('step_line') or ''}", step=gs,
-                      step_seconds=snap.get("step_seconds"))
-        for al in snap.get("alerts") or []:
+            mx = step["max_steps"]
+            self.emit("step", f"step {gs}/{mx or '?'} {snap['step_line'] or ''}", step=gs,
+                      step_seconds=snap["step_seconds"])
+        alerts: list[Alert] = snap["alerts"]
+        for al in alerts:
             if al["id"] not in self.alerts_seen:
                 self.alerts_seen.add(al["id"])
                 self.emit("alert", f"ALERT [{al['kind']}] {al['message']}", alert=al)
         if run_ended(snap) and not self.ended_printed:
             self.ended_printed = True
-            self.emit("exit", f"{snap['run']} {end_words(snap)}; {snap.get('step_line') or ''}",
-                      returncode=snap.get("returncode"), signal=snap.get("signal"))
+            self.emit("exit", f"{snap['run']} {end_words(snap)}; {snap['step_line'] or ''}",
+                      returncode=snap["returncode"], signal=snap["signal"])
 
 
 def outcome_code(snap: Snapshot) -> int:
     """0 when the run exited 0 or was stopped because the operator asked (``stepwatch stop``), else 1."""
-    if snap.get("state") == EXITED and (snap.get("ended") or {}).get("stop_requested"):
+    if snap["state"] != EXITED:
+        return 1
+    ended: Ended | None = snap["ended"]
+    if ended is not None and ended["stop_requested"]:
         return 0
-    return 0 if snap.get("state") == EXITED and snap.get("returncode") == 0 else 1
+    return 0 if snap["returncode"] == 0 else 1
 
 
 def watch(run_dir: Path, as_json: bool = False, every_n_steps: int = 10, out: TextIO | None = None,
@@ -221,7 +344,7 @@ def watch(run_dir: Path, as_json: bool = False, every_n_steps: int = 10, out: Te
             return outcome_code(snap)
         if should_stop is not None and should_stop():
             return outcome_code(snap)
-        ref = ProcessRef(pid, None) if (pid := snap.get("pid")) else None
+        ref = ProcessRef(pid, None) if (pid := snap["pid"]) else None
         if ref is not None:
             wait_for_exit(ref, timeout_s=poll_s, poll_s=poll_s)
         else:
@@ -235,11 +358,12 @@ def launch_lines(res: Any, verb: str) -> tuple[list[str], list[str]]:
 
     out = list(format_checklist_json(res.run.get("preflight") or {}))
     out += [f"rotated {a.name} -> {b.name}" for a, b in res.rotated]
-    ident = res.run.get("identity") or {}
-    job = (res.run.get("scheduler") or {}).get("job_id")
+    ident = res.run.get("identity") or {}  # not a snapshot read: run.json
+    job = (res.run.get("scheduler") or {}).get("job_id")  # not a snapshot read: run.json
     where = f"submitted as Slurm job {job} (the supervisor starts with it)" if job else f"pid {res.pid}"
-    out += [f"{verb} {res.run_dir.name} attempt {res.attempt}: {where}, commit {(ident.get('harness_commit') or 'none')[:12]}"
-            f"{' (dirty)' if ident.get('harness_dirty_at_launch') else ''}",
+    commit = (ident.get("harness_commit") or "none")[:12]  # not a snapshot read: run.json
+    dirty = " (dirty)" if ident.get("harness_dirty_at_launch") else ""  # not a snapshot read: run.json
+    out += [f"{verb} {res.run_dir.name} attempt {res.attempt}: {where}, commit {commit}{dirty}",
             f"  run dir: {res.run_dir}", f"  log:     {res.run_dir / 'train.log'}",
             f"  watch:   stepwatch watch {res.run_dir} --plain"]
     return out, list(res.warnings)
@@ -249,20 +373,22 @@ def describe_end(ex: dict | None) -> str:
     """``exited with code 3 after 1.2 s`` / ``stopped as requested: ended by SIGINT after ...`` (exit.json)."""
     if ex is None:
         return "ended, status unknown (no exit.json)"
-    asked = "stopped as requested: " if ex.get("stop_requested") else ""
-    if ex.get("signal"):
-        return f"{asked}ended by {ex['signal']} after {ex.get('duration_s')} s"
-    return f"{asked}exited with code {ex.get('returncode')} after {ex.get('duration_s')} s"
+    # exit.json as read: any JSON, a key may be missing (the snapshot's ``ended`` is not this)
+    stop, sig, rc, dur = (ex.get(k) for k in ("stop_requested", "signal", "returncode", "duration_s"))
+    asked = "stopped as requested: " if stop else ""
+    if sig:
+        return f"{asked}ended by {sig} after {dur} s"
+    return f"{asked}exited with code {rc} after {dur} s"
 
 
 def stop_lines(run_dir: Path, out: Any) -> tuple[list[str], bool]:
     """What ``stop`` prints once it waited (a StopOutcome), and whether the run has not ended (exit 1;
     the last line then goes to stderr)."""
-    sent = [s["signal"] for s in (out.stop or {}).get("signals", [])]
+    sent = [s["signal"] for s in (out.stop or {}).get("signals", [])]  # not a snapshot read: the stop's outcome
     queued = ((out.stop or {}).get("ended_by") or {}).get("job_cancelled_while")
     if queued:
-        return [f"{run_dir.name}: Slurm job {(out.stop['signals'][0] or {}).get('job_id')} cancelled while {queued}; "
-                "nothing had started"], False
+        job = (out.stop["signals"][0] or {}).get("job_id")  # not a snapshot read: the stop's outcome
+        return [f"{run_dir.name}: Slurm job {job} cancelled while {queued}; nothing had started"], False
     lines = [f"signals sent: {', '.join(sent) or 'none'}"]
     if out.supervisor_gone:
         lines.append(f"note: the supervisor of {run_dir.name} was gone, so this command escalated itself")
@@ -275,16 +401,15 @@ def stop_lines(run_dir: Path, out: Any) -> tuple[list[str], bool]:
 
 
 #: The outcomes ``status`` gives with their reason: why a page failed, or why it was shown and not paged.
-REASONED_OUTCOMES = ("failed", "pending", "not_confirmed", "quiet_hours", "digested", "not_asked")
+REASONED_OUTCOMES = ("failed", "pending", "not_confirmed", "same_cause", "quiet_hours", "digested", "not_asked")
 
 
-def delivery_words(delivered: Mapping[str, Any]) -> str:
+def delivery_words(delivered: Mapping[str, Delivery]) -> str:
     """Each channel's last outcome, a failure or a page held back with its reason; said once when every
     channel reads the same (``all 3 channels: not_confirmed (cleared before …)``)."""
-    def one(d: Any) -> str:
-        d = d if isinstance(d, dict) else {}
-        outcome = d.get("outcome") or "not recorded"
-        return outcome + (f" ({str(d.get('detail'))[:200]})" if outcome in REASONED_OUTCOMES and d.get("detail") else "")
+    def one(d: Delivery) -> str:
+        outcome = str(d["outcome"] or "not recorded")  # as alerts.jsonl recorded it: shown as text
+        return outcome + (f" ({str(d['detail'])[:200]})" if outcome in REASONED_OUTCOMES and d["detail"] else "")
     words = {ch: one(d) for ch, d in delivered.items()}
     if len(words) > 1 and len(set(words.values())) == 1:
         return f"all {len(words)} channels: {next(iter(words.values()))}"

@@ -1,7 +1,8 @@
 """A run's state in Prometheus' text format, from the status snapshot (the one object every view draws).
 
 :class:`SnapshotCollector` turns a snapshot into metric families on each scrape (``prometheus_client``,
-a registry of its own, never the process default). The supervisor serves it for its run when the
+a registry of its own, never the process default; :mod:`.families` makes them, one collector per part of the
+snapshot). The supervisor serves it for its run when the
 config asks (``[export] prometheus = "127.0.0.1:9464"``, or a port range ``"127.0.0.1:9464-9480"``:
 the first free one; a port alone binds the loopback), from the snapshot its detector loop made last
 (about once a second): a scrape reads no file. Whoever connects, the endpoint holds a bounded number
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import re
 import socket
 import threading
 import time
@@ -28,32 +28,12 @@ from typing import Any, cast
 from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, MetricsHandler, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from stepwatch.monitors import fdreserve
-from stepwatch.monitors.snapshot.gpuview import replayed
-from stepwatch.monitors.snapshot.types import LIVENESS_SIGNALS, Snapshot
-from stepwatch.monitors.states import EXITED, FLAGGED, OK, PHASES, RUNNING, STALLED, SUSPECTED
-
-#: Slurm job states exported as ``stepwatch_scheduler_state{state=...}`` (1 for the current one).
-SCHEDULER_STATES = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "COMPLETED", "FAILED", "CANCELLED",
-                    "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "UNKNOWN")
-_FALLBACK: dict[str, float] = {OK: 0.0, SUSPECTED: 1.0, FLAGGED: 2.0}
-_STALLED: dict[str, float] = {STALLED: 1.0, SUSPECTED: 0.0, OK: 0.0}  # suspected: busy but silent, no page yet
-
-_LABEL_OK = re.compile(r"[^A-Za-z0-9 _.+:/@-]")
-_METRIC_NAME = re.compile(r"^[A-Za-z0-9_./-]{1,32}$")
-
-
-def _label(v: Any) -> str:
-    """A label value read from a run's files: printable ASCII of a few safe kinds, at most 64 chars."""
-    return _LABEL_OK.sub("?", str(v or ""))[:64]
-
-
-def _num(v: Any) -> float | None:
-    """A sample value: a finite int or float within +-1e300 (a file's 400-digit int is no value)."""
-    return float(v) if type(v) in (int, float) and -1e300 < v < 1e300 else None
+from stepwatch.monitors.export.families import PREFIX, families as families  # re-exported: the tests import it here
+from stepwatch.monitors.snapshot.types import Snapshot
 
 
 class SnapshotCollector(Collector):
@@ -64,151 +44,12 @@ class SnapshotCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         snap = self.snapshot()
-        up = GaugeMetricFamily("stepwatch_exporter_snapshot_ready", "1 once the exporter holds a snapshot of the run")
+        up = GaugeMetricFamily(PREFIX + "exporter_snapshot_ready", "1 once the exporter holds a snapshot of the run")
         up.add_metric([], 0.0 if snap is None else 1.0)
         yield up
         if snap is None:
             return
         yield from families(snap)
-
-
-def families(snap: Snapshot) -> list[Metric]:
-    """Every metric family of one snapshot (see the module docstring for the names)."""
-    base = ["run", "attempt"]
-    lv = [_label(snap.get("run")), _label(snap.get("attempt"))]
-    out: list[Metric] = []
-    gauges: dict[str, GaugeMetricFamily] = {}
-
-    def gauge(name: str, doc: str, value: Any, extra: dict[str, str] | None = None) -> None:
-        """One sample of the gauge family ``name`` (made on first use); an unknown value adds none."""
-        if name not in gauges:
-            gauges[name] = GaugeMetricFamily(name, doc, labels=base + list(extra or {}))
-            out.append(gauges[name])
-        v = _num(value)
-        if v is not None:
-            gauges[name].add_metric(lv + list((extra or {}).values()), v)
-
-    ident = snap.get("identity") or {}
-    info = InfoMetricFamily("stepwatch_run", "The run's identity, sampled at launch", labels=base)
-    versions = snap.get("versions") or {}
-    info.add_metric(lv, {"commit": _label(ident.get("harness_commit"))[:12], "branch": _label(ident.get("branch")),
-                         "torch": _label(versions.get("torch")), "transformers": _label(versions.get("transformers"))})
-    out.append(info)
-    gauge("stepwatch_training_process_up", "1 while the training process (pid + create time) is alive",
-          1.0 if snap.get("state") == RUNNING else 0.0)
-    gauge("stepwatch_supervisor_up", "1 while the run's supervisor is alive", 1.0 if snap.get("supervisor_alive") else 0.0)
-    gauge("stepwatch_run_ended", "1 once the attempt ended (exit.json, or Slurm said so)",
-          1.0 if snap.get("state") == EXITED else 0.0)
-    if snap.get("state") == EXITED:
-        gauge("stepwatch_exit_code", "The training process's exit code (absent when killed by a signal)",
-              snap.get("returncode"))
-    step = snap.get("step") or {}
-    steps = CounterMetricFamily("stepwatch_steps", "Optimizer steps completed (global_step)", labels=base)
-    if (global_step := _num(step.get("global_step"))) is not None:
-        steps.add_metric(lv, global_step)
-    out.append(steps)
-    gauge("stepwatch_max_steps", "The planned number of optimizer steps", step.get("max_steps"))
-    ss = snap.get("step_seconds") or {}
-    counted = CounterMetricFamily("stepwatch_step_time_observations", "Step times counted (the first step excluded)",
-                                  labels=base)
-    counted.add_metric(lv, float(ss.get("n") or 0))
-    out.append(counted)
-    for key in ("p50", "p90", "p99", "min", "max"):  # not a Prometheus summary: nearest-rank over the attempt
-        gauge(f"stepwatch_step_time_{key}_seconds", f"Seconds per optimizer step, {key} (nearest-rank over the "
-              "attempt's counted steps, the first step excluded)", ss.get(key))
-    gauge("stepwatch_step_time_last_seconds", "The last optimizer step's seconds", ss.get("last"))
-    fb, st = snap.get("fallback") or {}, snap.get("stall") or {}
-    gauge("stepwatch_fallback_state", "Bimodal step times (a silent eager fallback): 0 ok, 1 suspected, 2 flagged; "
-          "absent while not judged", _FALLBACK.get(fb.get("state") or ""))
-    gauge("stepwatch_stalled", "1 while the process is alive but no optimizer step ends (stall detector); absent "
-          "while not judged", _STALLED.get(st.get("state") or ""))
-    gauge("stepwatch_current_step_elapsed_seconds", "Seconds since the last optimizer step ended",
-          st.get("current_step_elapsed_s"))
-    gauge("stepwatch_stall_threshold_seconds", "How long the step in progress may run before it reads stalled "
-          "(max(10 x p99, the floor), or the busy budget); absent while not judged", st.get("threshold_s"))
-    ph = snap.get("phase") or {}
-    for name in PHASES:  # one series per phase word, 1 for the one in force (as stepwatch_scheduler_state)
-        gauge("stepwatch_phase", "1 for what the attempt is doing", 1.0 if ph.get("name") == name else 0.0, {"phase": name})
-    gauge("stepwatch_phase_seconds", "Seconds the attempt has been in its current phase", ph.get("for_s"))
-    gauge("stepwatch_phase_budget_seconds", "How long the current evaluation or save may run", ph.get("budget_s"))
-    for signal in LIVENESS_SIGNALS:  # absent while unknown: no sample is ever a made-up 0
-        gauge("stepwatch_liveness_seconds", "Seconds since the run's CPU time, train.log's bytes, its step moved",
-              ((snap.get("liveness") or {}).get("signals_s") or {}).get(signal), {"signal": signal})
-    led = snap.get("ledger") or {}  # where the run's hours went: every attempt, restart gaps, lost work (the ledger)
-    spent = CounterMetricFamily("stepwatch_time_seconds", "The run's wall time by account (the ledger)", labels=base + ["phase"])
-    for name, seconds in (led.get("phases_s") or {}).items():
-        spent.add_metric(lv + [name], float(seconds))
-    out.append(spent)
-    gauge("stepwatch_goodput_ratio", "Training time over the run's wall time (0..1; the ledger)", led.get("goodput"))
-    eta = snap.get("eta") or {}
-    gauge("stepwatch_eta_seconds", "Seconds to the planned last step at the recent rate", eta.get("eta_s"))
-    tp = snap.get("throughput") or {}
-    gauge("stepwatch_tokens_per_second", "Padded tokens per second (the job's own counts)", tp.get("tokens_per_s"))
-    gauge("stepwatch_real_tokens_per_second", "Real (unpadded) tokens per second", tp.get("real_tokens_per_s"))
-    en = snap.get("energy") or {}
-    src = {"source": "replay" if replayed(snap) else "nvml"}  # every GPU figure: NVML measured it, or a recording
-    joules = CounterMetricFamily("stepwatch_energy_joules", "Energy of the run's GPUs this attempt", labels=base + ["source"])
-    if (j := _num(en.get("joules"))) is not None:
-        joules.add_metric(lv + [src["source"]], j)
-    out.append(joules)
-    gauge("stepwatch_energy_joules_per_step", "Joules per optimizer step (median of the recent steps)",
-          en.get("joules_per_step"), src)
-    gauge("stepwatch_tokens_per_joule", "Real tokens per joule over the recent steps", en.get("tokens_per_joule"), src)
-    sc = snap.get("scaling") or {}
-    if sc.get("verdict") not in (None, "undetermined"):
-        for term, share in (sc.get("shares") or {}).items():
-            gauge("stepwatch_step_time_share", "The step's scaling fit t = A·Σbw + B·Σbw² + C: each term's share of "
-                  "the mean step at the run's widths (linear, quadratic, constant)", share, {"term": str(term)})
-    d = snap.get("dynamo") or {}
-    for key, name, doc in (("recompiles", "stepwatch_recompiles", "torch.compile / dynamo recompiles"),
-                           ("graph_breaks", "stepwatch_graph_breaks", "dynamo graph breaks"),
-                           ("recompile_limit_hits", "stepwatch_recompile_limit_hits",
-                            "dynamo recompile-limit hits (that frame then runs eagerly)")):
-        c = CounterMetricFamily(name, doc, labels=base)
-        if _num(d.get(key)) is not None:
-            c.add_metric(lv, float(d[key]))
-        out.append(c)
-    raised = CounterMetricFamily("stepwatch_alerts", "Alerts raised in the attempt, by kind", labels=base + ["kind"])
-    active: dict[str, int] = {}
-    for kind in sorted({_label(a.get("kind")) for a in snap.get("alerts") or [] if isinstance(a.get("kind"), str)}):
-        mine = [a for a in snap["alerts"] if _label(a.get("kind")) == kind]
-        raised.add_metric(lv + [kind], float(len(mine)))
-        active[kind] = sum(1 for a in mine if a.get("active") is not False and not a.get("acknowledged"))
-    out.append(raised)
-    for kind, n in active.items():
-        gauge("stepwatch_alerts_unacknowledged", "Alerts of a kind not acknowledged and still active", n, {"kind": kind})
-    for name, m in (snap.get("metrics") or {}).items():
-        if not (isinstance(name, str) and _METRIC_NAME.match(name)):
-            continue  # a name the log made up: not a label
-        gauge("stepwatch_log_metric", "The latest value the training log or the emitter gave a metric "
-              "(loss, learning rate, grad norm, eval loss)", m.get("value") if isinstance(m, dict) else None,
-              {"name": name})
-    for r in snap.get("ranks") or []:
-        if isinstance(r, dict) and isinstance(r.get("rank"), int) and r.get("alive") is not None:
-            gauge("stepwatch_rank_up", "1 while a rank's latest process is alive", 1.0 if r.get("alive") else 0.0,
-                  {"rank": str(r["rank"])})
-            gauge("stepwatch_rank_step_time_p50_seconds", "A rank's median seconds per optimizer step (nearest-rank)",
-                  (r.get("steps") or {}).get("p50"), {"rank": str(r["rank"])})
-    for g in snap.get("gpu") or []:
-        lab = {"gpu": str(g.get("index")), **src}
-        pct = lambda k: None if _num(g.get(k)) is None else g[k] / 100.0  # noqa: E731 - percent to a ratio
-        gauge("stepwatch_gpu_utilization_ratio", "NVML utilization (kernel-active time), 0..1", pct("util_pct"), lab)
-        gauge("stepwatch_gpu_sm_active_ratio", "SM activity (GPM), 0..1", pct("sm_active_pct"), lab)
-        gauge("stepwatch_gpu_tensor_active_ratio", "Tensor-core activity (GPM), 0..1", pct("tensor_active_pct"), lab)
-        gauge("stepwatch_gpu_power_watts", "Power draw", g.get("power_w"), lab)
-        gauge("stepwatch_gpu_power_limit_watts", "The enforced power limit", g.get("power_limit_w"), lab)
-        gauge("stepwatch_gpu_memory_used_bytes", "Device memory in use", g.get("mem_used_bytes"), lab)
-        gauge("stepwatch_gpu_used_by_run", "1 when a process of the run holds the device", 1.0 if g.get("used_by_run") else 0.0, lab)
-    gauge("stepwatch_gpu_visible", "GPUs NVML reports for the run (absent: NVML unavailable)",
-          len(gpu) if (gpu := snap.get("gpu")) is not None else None, src)
-    sch = snap.get("scheduler")
-    if sch:
-        for state in SCHEDULER_STATES:
-            gauge("stepwatch_scheduler_state", "1 for the Slurm job's current state", 1.0 if sch.get("state") == state else 0.0,
-                  {"state": state})
-        gauge("stepwatch_scheduler_time_left_seconds", "Seconds left of the Slurm job's time limit", sch.get("time_left_s"))
-        gauge("stepwatch_scheduler_time_limit_seconds", "The Slurm job's time limit", sch.get("time_limit_s"))
-    return out
 
 
 def registry_for(snapshot: Callable[[], Snapshot | None]) -> CollectorRegistry:

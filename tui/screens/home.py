@@ -15,6 +15,7 @@ from textual.widgets import DataTable, Footer, Static
 
 from stepwatch.monitors.rundirs import list_runs
 from stepwatch.monitors.snapshot.observer import RunObserver
+from stepwatch.monitors.snapshot.types import Alert, Step, StepSeconds
 from stepwatch.tui.format import pid_or_job, secs, state_word
 from stepwatch.tui.messages import HomeRow, RunsListed
 from stepwatch.tui.safe import safe_text
@@ -71,7 +72,8 @@ class HomeScreen(Screen):
         """The run's snapshot, with ``_open_alerts``: its alerts not acknowledged yet (refresh()
         has marked each from acks.jsonl)."""
         snap = cast(HomeRow, obs.refresh())
-        snap["_open_alerts"] = sum(1 for a in snap.get("alerts") or [] if not a.get("acknowledged"))
+        alerts: list[Alert] = snap["alerts"]
+        snap["_open_alerts"] = sum(1 for a in alerts if not a["acknowledged"])
         return snap
 
     def on_runs_listed(self, msg: RunsListed) -> None:
@@ -80,10 +82,12 @@ class HomeScreen(Screen):
         t.clear()
         self.rows = msg.rows
         for s in msg.rows:
-            step = s.get("step") or {}
-            cells = (s.get("run"), state_word(s), str(s.get("attempt") or "-"), pid_or_job(s),
-                     f"{step.get('global_step') if step.get('global_step') is not None else '-'}/{step.get('max_steps') or '?'}",
-                     secs((s.get("step_seconds") or {}).get("p50")), str(s["_open_alerts"] or ""))
+            step: Step = s["step"]
+            ss: StepSeconds = s["step_seconds"]
+            k, n = step["global_step"], step["max_steps"]
+            cells = (s["run"], state_word(s), str(s["attempt"] or "-"), pid_or_job(s),
+                     f"{k if k is not None else '-'}/{n or '?'}", secs(ss["p50"]),
+                     str(s["_open_alerts"] or ""))
             t.add_row(*(safe_text(c) for c in cells))  # a str cell would be parsed as markup
         if msg.rows:
             t.move_cursor(row=min(keep, len(msg.rows) - 1))

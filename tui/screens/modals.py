@@ -126,8 +126,8 @@ class AlertDetails(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         t = Text()
         for a in reversed(self.alerts):  # the newest first, as the banner shows it
-            t.append(one_line(f"{a.get('kind')} ({str(a.get('at'))[:19].replace('T', ' ')}Z): "), "bold")
-            t.append(f"{one_line(a.get('message'))}\n")  # read from alerts.jsonl: one line, whatever it holds
+            t.append(one_line(f"{a['kind']} ({str(a['at'])[:19].replace('T', ' ')}Z): "), "bold")
+            t.append(f"{one_line(a['message'])}\n")  # read from alerts.jsonl: one line, whatever it holds
             if summary := a.get("stacks_summary"):  # every process's stack, grouped: the odd one out first
                 t.append("  where the processes stand (py-spy): ", "bold")
                 t.append(f"{one_line(summary)}\n")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from textual import work
 from textual.app import ComposeResult
@@ -21,7 +21,8 @@ from textual.worker import Worker, WorkerState
 
 from stepwatch.monitors.readers.loglines import ERROR_RE, literal
 from stepwatch.monitors.snapshot.observer import RunObserver
-from stepwatch.monitors.snapshot.types import Snapshot
+from stepwatch.monitors.snapshot.model import null_snapshot
+from stepwatch.monitors.snapshot.types import Alert, Ended, Log, Snapshot
 from stepwatch.monitors.states import RUNNING
 from stepwatch.tui.messages import SnapshotReady
 from stepwatch.tui.safe import safe_text
@@ -52,6 +53,12 @@ def _age(seconds: float) -> str:
     if seconds < 3600:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h"
+
+
+def open_alerts(snap: Snapshot) -> list[Alert]:
+    """The snapshot's alerts not acknowledged yet, oldest first."""
+    alerts: list[Alert] = snap["alerts"]
+    return [a for a in alerts if not a["acknowledged"]]
 
 
 class RunScreen(Screen):
@@ -85,8 +92,8 @@ class RunScreen(Screen):
         super().__init__()
         self.run_dir = Path(run_dir)
         self.observer = RunObserver(self.run_dir)
-        #: the latest snapshot (empty until the first refresh: read with .get)
-        self.snap: Snapshot = cast(Snapshot, {})
+        #: the latest snapshot (a run with no files until the first refresh)
+        self.snap: Snapshot = null_snapshot()
         self.seen_alerts: set[str] = set()  # alerts this screen has rung the bell for
         self._pending_lines: list[str] = []
         self._pending_reset = False
@@ -172,11 +179,11 @@ class RunScreen(Screen):
         self.query_one(SupervisorGone).show(msg.snapshot)
         self.query_one(RestartLine).show(msg.snapshot)
         self._fit()
-        state_changed = msg.snapshot.get("state") != self._shown_state
+        state_changed = msg.snapshot["state"] != self._shown_state
         if panels_due or state_changed:
             # In low-bandwidth mode everything but alerts (and a change of state) waits for the
             # 5-second tick; the sparklines are left out there (each bar carries its own colour).
-            self._shown_state = msg.snapshot.get("state")
+            self._shown_state = msg.snapshot["state"]
             self.query_one(RunHeader).show(msg.snapshot)
             self.query_one(StepPanel).show(msg.snapshot, plots=not low)
             self.query_one(DynamoPanel).show(msg.snapshot)
@@ -189,11 +196,11 @@ class RunScreen(Screen):
 
     def _log_title(self, snap: Snapshot) -> None:
         """The log panel's title: which file, and how long ago its last byte arrived."""
-        lg = snap.get("log") or {}
-        age = lg.get("last_byte_age_s")
-        name = lg.get("file") or "train.log"
-        if snap.get("state") != RUNNING:
-            ended = (snap.get("ended") or {}).get("ended_at")
+        log: Log = snap["log"]
+        end: Ended | None
+        age, name = log["last_byte_age_s"], log["file"] or "train.log"
+        if snap["state"] != RUNNING:
+            ended = end["ended_at"] if (end := snap["ended"]) is not None else None
             title = f"{name} · run ended {ended}" if ended else f"{name} · run not running"
         elif age is None:
             title = f"{name} · no bytes yet"
@@ -220,7 +227,7 @@ class RunScreen(Screen):
             part.update(safe_text(text))
 
     def _show_alerts(self, snap: Snapshot) -> None:
-        alerts = [a for a in snap.get("alerts") or [] if not a.get("acknowledged")]
+        alerts = open_alerts(snap)
         self.query_one(AlertBanner).show(alerts)
         new = [a for a in alerts if a["id"] not in self.seen_alerts]
         if not new:
@@ -233,7 +240,7 @@ class RunScreen(Screen):
         self.notify(msg + more, title=f"stepwatch: {newest['kind']}", severity="error", timeout=8)
 
     def action_ack(self) -> None:
-        alerts = [a for a in self.snap.get("alerts") or [] if not a.get("acknowledged")]
+        alerts = open_alerts(self.snap)
         if not alerts:
             self.notify("no alert to acknowledge")
             return
@@ -246,7 +253,7 @@ class RunScreen(Screen):
         self._fit()
 
     def action_alert_details(self) -> None:
-        alerts = [a for a in self.snap.get("alerts") or [] if not a.get("acknowledged")]
+        alerts = open_alerts(self.snap)
         if not alerts:
             self.notify("no alert to show")
             return

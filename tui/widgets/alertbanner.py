@@ -25,7 +25,7 @@ class AlertBanner(Static):
             return
         newest = alerts[-1]
         more = f"  (+{len(alerts) - 1} more)" if len(alerts) > 1 else ""
-        cleared = " (cleared)" if newest.get("active") is False else ""  # e.g. a stall the stop ended
+        cleared = "" if newest["active"] else " (cleared)"  # e.g. a stall the stop ended
         head = f" [a] acknowledge · [d] details · ALERT {newest['kind']}{cleared}: "  # the keys first: never cut
         words = newest["message"].split(" ")
         width = max(40, (self.size.width or 80) - 2)

@@ -9,7 +9,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Sparkline, Static
 
-from stepwatch.monitors.snapshot.types import GpuDevice, Snapshot
+from stepwatch.monitors.snapshot.types import DeviceHistory, GpuDevice, Snapshot
 from stepwatch.monitors.snapshot.gpuview import replayed
 from stepwatch.tui.format import energy_words, gib, health_words
 from stepwatch.tui.safe import one_line
@@ -23,18 +23,18 @@ def _pct(v: float | None) -> str:
 def device_line(d: GpuDevice) -> Text:
     """``GPU0 NVIDIA H100  kernel-active 98%  power 290/700 W (41%)  tensor 12%  mem 40.1/80.0 GiB  verdict``."""
     t = Text()
-    t.append(one_line(f"GPU{d.get('index')} {d.get('name') or ''}"), "bold")  # a name read from gpu.jsonl: one line
-    if d.get("used_by_run"):
-        ranks = d.get("run_ranks") or []
+    t.append(one_line(f"GPU{d['index']} {d['name'] or ''}"), "bold")  # a name read from gpu.jsonl: one line
+    if d["used_by_run"]:
+        ranks = d["run_ranks"] or []
         t.append(f" [run: rank {', '.join(map(str, ranks))}]" if ranks else " [run]", "cyan")
-    t.append(f"  kernel-active {_pct(d.get('util_pct'))}")
-    if d.get("power_w") is not None and d.get("power_limit_w"):
-        t.append(f"  power {d['power_w']:.0f}/{d['power_limit_w']:.0f} W ({100 * (d.get('power_share') or 0):.0f}%)")
+    t.append(f"  kernel-active {_pct(d['util_pct'])}")
+    if d["power_w"] is not None and d["power_limit_w"]:
+        t.append(f"  power {d['power_w']:.0f}/{d['power_limit_w']:.0f} W ({100 * (d['power_share'] or 0):.0f}%)")
     else:
         t.append("  power n/a")
-    t.append(f"  tensor {_pct(d.get('tensor_active_pct'))}")
-    t.append(f"  mem {gib(d.get('mem_used_bytes'))}/{gib(d.get('mem_total_bytes'))} GiB")
-    if verdict := d.get("verdict"):
+    t.append(f"  tensor {_pct(d['tensor_active_pct'])}")
+    t.append(f"  mem {gib(d['mem_used_bytes'])}/{gib(d['mem_total_bytes'])} GiB")
+    if verdict := d["verdict"]:
         t.append(one_line(f"  {verdict}"), "bold red" if "tensor-idle" in str(verdict) else "yellow")
     return t
 
@@ -54,24 +54,24 @@ class GpuPanel(Panel):
                 yield Sparkline([], id="gpu-power")
 
     def show(self, snap: Snapshot, plots: bool = True) -> None:
-        energy = energy_words(snap.get("energy"), replayed(snap))
+        energy = energy_words(snap["energy"], replayed(snap))
         self._set("#health", Text(health_words(snap, basis=False) + (f" · {energy}" if energy else "")))
-        gpus = snap.get("gpu")
+        gpus: list[GpuDevice] | None = snap["gpu"]
         if not gpus:
-            err = snap.get("gpu_error") or "no GPU samples yet"
+            err = snap["gpu_error"] or "no GPU samples yet"
             self._set("#gpu-lines", Text(err, "yellow"))
             self.query_one(".plots").display = False
             return
         self.query_one(".plots").display = plots
         lines = Text("\n").join(device_line(d) for d in gpus)
-        src = snap.get("gpu_source") or ""
+        src = snap["gpu_source"] or ""
         if src.startswith("recorded"):
             lines = Text.assemble((f"RECORDED replay, not this machine: {one_line(src.split(':', 1)[-1])}\n", "bold yellow"),
                                   lines)
         self._set("#gpu-lines", lines, lines=True)  # one line per device
         if plots:
-            hist = (snap.get("gpu_history") or {}).get(str(gpus[0].get("index"))) or {}
-            util = [v or 0 for v in hist.get("util_pct", [])][-120:]
-            power = [100 * (v or 0) for v in hist.get("power_share", [])][-120:]
+            hist: DeviceHistory | None = snap["gpu_history"].get(str(gpus[0]["index"]))  # keyed by the device's index: None before a sample
+            util = [v or 0 for v in hist["util_pct"]][-120:] if hist is not None else []
+            power = [100 * (v or 0) for v in hist["power_share"]][-120:] if hist is not None else []
             self.query_one("#gpu-util", Sparkline).data = util
             self.query_one("#gpu-power", Sparkline).data = power

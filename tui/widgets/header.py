@@ -4,12 +4,12 @@ banner: tui/widgets/alertbanner.py)."""
 from __future__ import annotations
 
 import time
-from typing import cast
 
 from rich.text import Text
 from textual.widgets import Static
 
-from stepwatch.monitors.snapshot.types import Eta, Snapshot
+from stepwatch.monitors.snapshot.runmodeltypes import RestartView, Watch
+from stepwatch.monitors.snapshot.types import Ended, Eta, Scheduler, Snapshot, Step
 from stepwatch.monitors.states import HELD, RUNNING, UNWATCHED, WARDED
 from stepwatch.tui.format import SUPERVISOR_GONE_WORDS, eta_words, hms, state_word, supervisor_gone
 from stepwatch.tui.safe import safe_text
@@ -17,11 +17,11 @@ from stepwatch.tui.safe import safe_text
 
 def _where(snap: Snapshot) -> str:
     """``pid 812``, or for a Slurm run ``job 12 0:41:03 left`` (the time left of its limit)."""
-    sch = snap.get("scheduler")
-    if not sch:
-        return f"pid {snap.get('pid') or '-'}"
-    left = sch.get("time_left_s")
-    return f"job {sch.get('job_id') or '-'}" + (f" {hms(left)} left" if left is not None and snap.get("state") == RUNNING else "")
+    sch: Scheduler | None
+    if (sch := snap["scheduler"]) is None:
+        return f"pid {snap['pid'] or '-'}"
+    left = sch["time_left_s"]
+    return f"job {sch['job_id'] or '-'}" + (f" {hms(left)} left" if left is not None and snap["state"] == RUNNING else "")
 
 
 class RunHeader(Static):
@@ -29,20 +29,23 @@ class RunHeader(Static):
 
     def show(self, snap: Snapshot, now: float | None = None) -> None:
         now = time.time() if now is None else now
-        started = snap.get("launched_at_unix")
-        ended = (snap.get("ended") or {}).get("ended_at_unix")
+        started = snap["launched_at_unix"]
+        end: Ended | None = snap["ended"]
+        sch: Scheduler | None = snap["scheduler"]
+        ended = end["ended_at_unix"] if end is not None else None
         elapsed = None if started is None else (ended or now) - started
-        step = snap.get("step") or {}
-        k, n = step.get("global_step"), step.get("max_steps")
+        step: Step = snap["step"]
+        eta: Eta = snap["eta"]
+        k, n = step["global_step"], step["max_steps"]
         word = state_word(snap)
         style = {"RUNNING": "bold green"}.get(word, "bold" if word.startswith("STOPPED") else "bold red" if word.startswith(("KILLED", "EXITED")) and word != "EXITED 0" else "bold yellow")
         t = Text.assemble(
-            (f" {snap.get('run')} ", "bold"), (f"#{snap.get('attempt') or '-'} ", "dim"), (f" {word} ", style),
+            (f" {snap['run']} ", "bold"), (f"#{snap['attempt'] or '-'} ", "dim"), (f" {word} ", style),
             f" {_where(snap)} {hms(elapsed)} step {k if k is not None else '-'}/{n or '?'}",
-            f" ETA {eta_words(snap.get('eta') or cast(Eta, {}))}",
+            f" ETA {eta_words(eta)}",
         )
-        eta_s, left = (snap.get("eta") or {}).get("eta_s"), (snap.get("scheduler") or {}).get("time_left_s")
-        if isinstance(eta_s, (int, float)) and isinstance(left, (int, float)) and eta_s > left:
+        eta_s, left = eta["eta_s"], sch["time_left_s"] if sch is not None else None
+        if eta_s is not None and left is not None and eta_s > left:
             t.append(" past the time limit", "bold red")  # the time_limit alert says how far
         if t.plain != getattr(self, "_last", None):
             self._last = t.plain
@@ -55,13 +58,13 @@ class SupervisorGone(Static):
     Hidden otherwise; updated only when it changes."""
 
     def show(self, snap: Snapshot) -> None:
-        watch = snap.get("watch") or {}
-        told = watch.get("state") in (HELD, WARDED, UNWATCHED)  # who still watches it: its words, in red when nobody
-        words = str(watch.get("reason")) if told else SUPERVISOR_GONE_WORDS if supervisor_gone(snap) else None
+        watch: Watch = snap["watch"]
+        told = watch["state"] in (HELD, WARDED, UNWATCHED)  # who still watches it: its words, in red when nobody
+        words = watch["reason"] if told else SUPERVISOR_GONE_WORDS if supervisor_gone(snap) else None
         if words is not None and getattr(self, "_last", None) != words:
             self._last = words
             self.update(safe_text(words))
-        self.set_class(watch.get("state") == UNWATCHED, "unwatched")
+        self.set_class(watch["state"] == UNWATCHED, "unwatched")
         self.display = words is not None
 
 
@@ -70,9 +73,9 @@ class RestartLine(Static):
     in the words its page said; hidden otherwise, updated only when it changes."""
 
     def show(self, snap: Snapshot) -> None:
-        rs = snap.get("restart")
+        rs: RestartView | None = snap["restart"]
         words = (f"RESTART POLICY ({rs['mode']}, after attempt {rs['attempt']}): {rs['verdict']}: {rs['words']}"
-                 if rs else None)
+                 if rs is not None else None)
         if words and words != getattr(self, "_last", None):
             self._last = words
             self.update(safe_text(words))

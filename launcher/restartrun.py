@@ -260,10 +260,15 @@ def enforce(run_dir: Path, run: dict[str, Any], record: dict[str, Any] | None, s
                         restarts=restarts_so_far(run) + 1)
             if stop.is_set():  # asked while the back-off ended
                 raise RuntimeError("the operator stopped the run: no new attempt")
-            res = launch(cfg)
+            # the operator's reasons for the launch hold for its restarts (as for a requeued job's, requeue.py): a run
+            # launched with --override was never restarted, its checklist item failing again (issue 44)
+            carried = {"override": (run.get("preflight") or {}).get("override_reason"),
+                       "allow_dirty": run.get("allow_dirty_reason")}
+            res = launch(cfg, allow_dirty=carried["allow_dirty"], override=carried["override"])
             d["started"] = {"attempt": res.run.get("attempt"), "pid": (res.run.get("process") or {}).get("pid"),
                             "argv": res.run.get("argv"),  # and why it went from scratch, when the checkpoint was refused
-                            "unsafe_checkpoint": (res.run.get("resumed_from") or {}).get("unsafe_checkpoint")}
+                            "unsafe_checkpoint": (res.run.get("resumed_from") or {}).get("unsafe_checkpoint"),
+                            "carried": {k: v for k, v in carried.items() if v is not None} or None}
         except Exception as e:  # noqa: BLE001 - a refusal (dirty tree, failed checklist) is a recorded outcome
             d["not_started"] = f"{type(e).__name__}: {str(e)[:800]}"
     log("restart policy (enforce): " + (f"attempt {d['started']['attempt']} started" if "started" in d

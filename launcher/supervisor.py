@@ -40,7 +40,7 @@ from stepwatch.launcher.slurm import slurm_job_id
 from stepwatch.launcher.wardens import start_wardens
 from stepwatch.launcher.trust import launch_digest, note_processes_in_owner_copy, read_private_json
 from stepwatch.monitors import fdreserve
-from stepwatch.monitors.oomkills import oom_count, oom_kills_between
+from stepwatch.monitors.oomkills import oom_count, oom_kills_between, oom_victims
 from stepwatch.monitors.proctree import TreeRecorder, become_subreaper
 from stepwatch.monitors.runfiles import (
     RUN_JSON, STOP_JSON, TRAIN_LOG, open_append, read_run_fd, write_json_atomic,
@@ -239,6 +239,7 @@ def supervise(run_dir: Path, run_fd: int | None = None, launch_sha256: str | Non
             os.close(out_w)  # the child holds its own copy: the pipe ends when the run's writers are gone
     pump = LogPump(out_r, run_dir / TRAIN_LOG, _log).start()
     oom_start = oom_count(os.getpid())  # the child's cgroup is this one (forked here): the kernel's OOM kills so far
+    oom_since_s = time.monotonic() - 1.0  # the kernel log's clock: its victims from the attempt's start
 
     try:
         ctime = psutil.Process(child.pid).create_time()
@@ -283,7 +284,8 @@ def supervise(run_dir: Path, run_fd: int | None = None, launch_sha256: str | Non
     exit_rec = new_exit_record(t_end, round(t_end - t_start, 3), returncode=rc if rc >= 0 else None, signal=sig_name,
                                stop_requested=escalation is not None, log_lost_bytes=pump.lost_bytes,
                                log_lost_reason=pump.lost_reason)
-    exit_rec["oom_kills"], exit_rec["oom_where"] = oom_kills_between(oom_start, oom_count(os.getpid()))
+    exit_rec["oom_kills"], exit_rec["oom_where"] = oom_kills_between(
+        oom_start, oom_count(os.getpid()), [p.ref.pid for p in tree.recorded()], lambda: oom_victims(oom_since_s))
     tree.finish(5.0)  # the last look at the tree first: once exit.json is there, what the command left behind is on record
     record_exit(run_dir, exit_rec, reserve, log=_log)
     exit_recorded.set()

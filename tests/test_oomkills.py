@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO_ROOT
-from stepwatch.monitors.oomkills import OomCount, oom_count, oom_kills_between
+from stepwatch.monitors.oomkills import OomCount, oom_count, oom_kills_between, oom_victims
 from stepwatch.monitors.parsers.endcauses import EndFacts, classify
 
 VMSTAT = "pgfault 1\noom_kill 7\n"
@@ -49,13 +49,31 @@ def test_a_cgroup_path_that_climbs_out_is_never_followed(tmp_path: Path):
 
 @pytest.mark.parametrize("start, end, want", [
     (OomCount(1, "/a", 7), OomCount(2, "/a", 8), (1, "the run's memory cgroup (/a)")),
-    (OomCount(1, "/a", 7), OomCount(1, "/a", 9), (2, "this host (the run's own cgroup counted none or could not be read)")),
+    (OomCount(1, "/a", 7), OomCount(1, "/a", 9), (0, None)),  # the host's count alone: anyone's kill, not the run's
     (OomCount(None, None, 7), OomCount(None, None, 7), (0, None)),
     (OomCount(None, None, None), OomCount(None, None, None), (0, None)),
     (OomCount(1, "/a", 7), OomCount(5, "/b", 7), (0, None)),  # another cgroup's count is no delta
 ])
 def test_the_kills_of_an_attempt_are_the_difference_where_it_moved(start, end, want):
     assert oom_kills_between(start, end) == want
+
+
+def test_a_kill_counted_only_on_the_host_is_the_runs_only_when_the_kernel_log_names_a_pid_of_its_tree():
+    """Another user's job killed by the OOM killer moved the host's count and turned the operator's own SIGKILL into
+    ``host_oom`` (issue 44). Now: the kernel log's victim must be in the run's recorded tree."""
+    start, end = OomCount(1, "/a", 7), OomCount(1, "/a", 8)
+    assert oom_kills_between(start, end, [812, 813], lambda: {4242}) == (0, None)  # someone else's process
+    assert oom_kills_between(start, end, [812, 813], lambda: None) == (0, None)  # the kernel log unreadable
+    assert oom_kills_between(start, end, [812, 813], lambda: {4242, 813}) == (
+        1, "this host, the kernel's log naming pid 813 of the run's tree as its victim")
+    assert oom_kills_between(OomCount(1, "/a", 7), OomCount(1, "/a", 7), [813], lambda: {813}) == (0, None)  # no kill
+
+
+def test_the_kernel_logs_victims_are_read_from_its_records_since_a_time(tmp_path: Path):
+    kmsg = tmp_path / "kmsg"  # /dev/kmsg's record format: priority,sequence,microseconds,flags;text
+    kmsg.write_text("6,100,5000000,-;Out of memory: Killed process 700 (python) total-vm:1kB\n")
+    assert oom_victims(4.0, kmsg) == {700} and oom_victims(6.0, kmsg) == set()  # stamped before: not this attempt's
+    assert oom_victims(1.0, tmp_path / "absent") is None
 
 
 def test_torchruns_rank_killed_by_sigkill_with_oom_kills_counted_is_the_hosts_memory_not_a_signal_from_outside():

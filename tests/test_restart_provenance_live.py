@@ -85,3 +85,27 @@ def test_a_reused_output_dir_holding_another_runs_newer_checkpoint_resumes_from_
     run = read_json(run_dir / "run.json") or {}
     assert run["attempt"] == 4 and run["argv"][-1] == str(repo / "out" / "ckpt_400"), run["argv"]
     assert run["resumed_from"]["by"] == "operator" and run["resumed_from"]["step"] == 400
+
+
+@pytest.mark.slow
+def test_a_run_launched_with_override_is_restarted_by_the_policy_with_the_operators_reason_carried(tmp_path: Path):
+    """A run launched with --override past a failing checklist item was never restarted (issue 44): the restart's
+    launch ran the checklist again and refused. The operator's reason holds for the policy's restarts (as for a
+    requeued Slurm job's), recorded in the restarted attempt's run.json."""
+    config = (f'name = "forced"\ncommand = [{json.dumps(sys.executable)}, "train.py"]\n'
+              f'[preflight]\ntest_command = ["{sys.executable}", "-c", "raise SystemExit(1)"]\n'
+              '[restart]\nmode = "enforce"\nbackoff_s = 1\ncheckpoints = "out/ckpt_*"\ncomplete_marker = "DONE"\n'
+              'resume = ["--resume", "{checkpoint}"]\n')
+    repo = make_repo(tmp_path / "repo", {"train.py": TRAIN_PY, ".gitignore": "out/\n", "forced.toml": config})
+    refused = stepwatch("launch", "--no-tui", "forced.toml", cwd=repo)
+    assert refused.returncode != 0 and "--override" in refused.stderr + refused.stdout  # the control: the item fails
+    r = stepwatch("launch", "--no-tui", "--override", "the suite is known red on this branch", "forced.toml", cwd=repo)
+    assert r.returncode == 0, r.stdout + r.stderr
+    run_dir = repo / "runs" / "forced"
+    rec: dict = wait_until(lambda: (x := read_json(run_dir / "restart.json")) and len(x.get("attempts") or []) == 2
+                           and x or None, 120, interval_s=0.5, what="the restarted attempt to end")
+    assert rec["attempts"][1]["cause"] == "completed", rec  # the restarted attempt ran (the code before: none)
+    run = read_json(run_dir / "run.json")
+    assert run is not None, "run.json"
+    assert run["attempt"] == 2 and run["preflight"]["override_reason"] == \
+        "the suite is known red on this branch", run["preflight"]  # the restart's launch carried the reason

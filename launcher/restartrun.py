@@ -127,7 +127,8 @@ def end_of(run_dir: Path, run: dict[str, Any], snap: Snapshot,
                      alert_kinds=frozenset(str(a.get("kind")) for a in snap.get("alerts") or []),
                      scheduler_line=slurm_cancel_line(run_dir, run), oom_kills=_count(ended.get("oom_kills")),
                      oom_where=str(ended.get("oom_where") or "the run's cgroup"),
-                     ended=snap.get("returncode") is not None or snap.get("signal") is not None or bool(ended.get("error")))
+                     ended=snap.get("returncode") is not None or snap.get("signal") is not None or bool(ended.get("error")),
+                     resumed_step=rs if type(rs := (run.get("resumed_from") or {}).get("step")) is int else None)
     cause = classify(facts)
     end = AttemptEnd(attempt=int(run.get("attempt") or 1), cause=cause.cause, evidence=cause.evidence, step=step,
                      checkpoint=str(newest.path) if newest else None, checkpoint_step=newest.step if newest else None,

@@ -57,6 +57,16 @@ def test_the_order_of_the_table(facts: EndFacts, cause: str):
     assert classify(facts).cause == cause
 
 
+def test_an_error_before_the_first_step_of_a_resumed_attempt_is_no_configuration_error():
+    """A CUDA error right after a resume read as a configuration error (issue 44), which the policy never restarts:
+    the config ran in the attempts before. Before the first step of an attempt from scratch it still is one."""
+    cuda = "RuntimeError: CUDA error: an illegal memory access was encountered"
+    resumed = classify(EndFacts(returncode=1, traceback_last_line=cuda, step=None, resumed_step=200))
+    assert (resumed.cause, resumed.evidence) == ("exception", f"after resuming from step 200, before its first step: {cuda}")
+    assert classify(EndFacts(returncode=1, step=None, resumed_step=200)).cause == "exception"
+    assert classify(EndFacts(returncode=1, traceback_last_line=cuda, step=None)).cause == "config_error"  # the control
+
+
 EXITS = json.loads((REAL / "death_exits.json").read_text())
 
 

@@ -17,7 +17,8 @@ The causes, checked in this order (the first that fits wins):
 - ``save_crash``: it died while a checkpoint was being written (the run model's phase ``saving``);
 - ``killed_by_signal``: a signal from outside (SIGKILL, SIGTERM ...), no traceback of its own, or the rank torchrun's
   failure table names as the root cause;
-- ``config_error``: an exception before the first optimizer step (a bad argument, a missing file, a shape error);
+- ``config_error``: an exception before the first optimizer step (a bad argument, a missing file, a shape error) of
+  an attempt that started from scratch (one that resumed ran its config before: an ``exception``, a device's error);
 - ``exception``: an exception after training began;
 - ``unknown``: nothing above fits (the supervisor gone, no exit record).
 """
@@ -81,6 +82,7 @@ class EndFacts:
     oom_where: str = "the run's cgroup"  # where they were counted
     scheduler_line: str | None = None  # slurmstepd's cancellation line for this attempt's job (SLURM_CANCELLED)
     ended: bool = True  # False: no exit record (the supervisor gone)
+    resumed_step: int | None = None  # the checkpoint's step this attempt resumed from (a restart's), None: from scratch
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,11 +139,16 @@ def classify(f: EndFacts) -> EndCause:
     if f.signal:
         return EndCause("killed_by_signal", f"killed by {f.signal} from outside" + (
             f" at step {f.step}" if f.step is not None else ""))
+    # before the first step of an attempt that resumed, the config has run before: a device's error, not the config's
+    resumed = f"after resuming from step {f.resumed_step}, before its first step" if f.resumed_step is not None else None
     if f.traceback_last_line:
         if f.step is None:
-            return EndCause("config_error", f"before the first step: {f.traceback_last_line.strip()[:300]}")
+            return EndCause("exception" if resumed else "config_error",
+                            f"{resumed or 'before the first step'}: {f.traceback_last_line.strip()[:300]}")
         return EndCause("exception", f"at step {f.step}: {f.traceback_last_line.strip()[:300]}")
     if f.returncode is not None:
-        return (EndCause("config_error", f"exit code {f.returncode} before the first step") if f.step is None
-                else EndCause("exception", f"exit code {f.returncode} at step {f.step}"))
+        if f.step is None:
+            return EndCause("exception" if resumed else "config_error",
+                            f"exit code {f.returncode} {resumed or 'before the first step'}")
+        return EndCause("exception", f"exit code {f.returncode} at step {f.step}")
     return EndCause("unknown", how)

@@ -28,6 +28,7 @@ from stepwatch.launcher.identity import TreeState, read_tree
 from stepwatch.launcher.rotate import plan_rotation
 from stepwatch.launcher.trust import group_name
 from stepwatch.monitors.runfiles import open_regular
+from stepwatch.monitors.watch.stacks import py_spy
 from stepwatch.monitors.watchdog import self_test
 
 DEFAULT_TEST_TIMEOUT_S = 600.0
@@ -237,10 +238,14 @@ def check_config(cfg: RunConfig) -> Item:
 
 
 def check_watchdog() -> Item:
-    """Item 5: the watchdog self-test (start, watch, SIGKILL a throwaway process; dead within 2 s)."""
+    """Item 5: the watchdog self-test (start, watch, SIGKILL a throwaway process; dead within 2 s); and py-spy, which
+    a stall's page needs for the stacks it names (a warning without it: the page goes out without them)."""
     r = self_test()
-    return Item("watchdog", "watchdog tested negative", "pass" if r.ok else "fail", r.detail,
-                {"noticed_after_s": r.noticed_after_s})
+    spy = py_spy()
+    status = "fail" if not r.ok else "pass" if spy else "warn"
+    words = r.detail if spy else f"{r.detail}; py-spy not found: a stall's page will carry no stacks (pip install py-spy)"
+    return Item("watchdog", "watchdog tested negative", status, words,
+                {"noticed_after_s": r.noticed_after_s, "py_spy": spy})
 
 
 def check_rotation(cfg: RunConfig) -> Item:

@@ -113,6 +113,18 @@ def test_watchdog_item_passes_on_a_working_watchdog(monkeypatch):
 
 
 @pytest.mark.system
+def test_the_watchdog_item_warns_when_py_spy_is_missing_as_a_stall_page_would_carry_no_stacks(monkeypatch):
+    """py-spy was only in the test extra: a plain install paged stalls without stacks and the checklist did not say
+    so (issue 44). It is a dependency now, and the checklist says when it cannot be found."""
+    import stepwatch.launcher.preflight as pf
+
+    assert check_watchdog().status == "pass"  # the control: installed (a dependency)
+    monkeypatch.setattr(pf, "py_spy", lambda: None)
+    item = check_watchdog()
+    assert item.status == "warn" and "py-spy not found: a stall's page will carry no stacks" in item.reason, item
+
+
+@pytest.mark.system
 def test_preflight_cli_exit_codes_and_launch_refusal(harness: Path):
     cfg = write_cfg(harness, '[preflight.training_arguments]\nwarmup_ratio = 0.1\n')
     r = stepwatch("preflight", str(cfg), cwd=harness)

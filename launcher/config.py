@@ -38,8 +38,9 @@ PREFLIGHT_KEYS = ("test_command", "test_timeout_s", "training_arguments", "pytho
 ALERTS_KEYS = ("command", "urls", "min_level", "rate_limit_s", "retries", "command_timeout_s", "finished", *PAGING_KEYS)
 #: ``[log]``: the user's own step patterns (regexes with named groups step, max_steps, dt_s and any
 #: metric) and example lines the checklist tries them on before there is a log; what the log may not
-#: say: ``max_steps``, ``epochs`` (of an epoch-scoped counter), ``logging_steps`` (per HF log dict).
-LOG_KEYS = ("patterns", "examples", "max_steps", "epochs", "logging_steps")
+#: say: ``max_steps``, ``epochs`` (of an epoch-scoped counter), ``logging_steps`` (per HF log dict); and the run's own
+#: words for an evaluation or a save (``eval_lines``, ``save_lines``: patterns searched in a line).
+LOG_KEYS = ("patterns", "examples", "max_steps", "epochs", "logging_steps", "eval_lines", "save_lines")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 

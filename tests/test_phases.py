@@ -292,3 +292,34 @@ def test_a_phase_the_stacks_showed_holds_for_its_step_and_ends_when_the_run_step
     assert ph.name == "saving"
     follow_stacks(ph, 9, 108.5)  # the run stepped on: the save lasted 5.5 s
     assert (ph.name, ph.source, ph.longest_s["saving"]) == ("training", "log", 5.5)
+
+
+def test_a_runs_own_eval_and_save_lines_say_its_phase_before_the_known_programs_words():
+    """``[log] eval_lines`` / ``save_lines`` (issue 44): a plain loop's own words for an evaluation or a save. Without
+    them its ``running eval...`` is no phase (the control); with them the line starts one, and a save word wins."""
+    from stepwatch.monitors.parsers.logtracker import log_settings
+
+    def phase_after(settings: LogSettings, line: str) -> str:
+        t = LogTracker([], settings)
+        for i in range(1, 6):
+            t.feed_text(f"step {i}/100 loss 0.5", at_s=float(i))
+        t.feed_text(line, at_s=6.0)
+        return t.phases.name
+
+    own = log_settings({"eval_lines": ["running eval"], "save_lines": [r"^ckpt -> \S+"]})
+    assert phase_after(LogSettings(), "running eval...") == TRAINING  # the control: no word of a known program
+    assert phase_after(own, "running eval...") == EVALUATING
+    assert phase_after(own, "ckpt -> out/step5.pt") == SAVING
+    assert phase_after(own, "Saving model checkpoint to out/checkpoint-5") == SAVING  # the known words still count
+
+
+@pytest.mark.parametrize("table, words", [
+    ({"eval_lines": "running eval"}, "eval_lines must be a list of regular expressions"),
+    ({"save_lines": ["(unclosed"]}, "save_lines pattern 1 '(unclosed' is not a regular expression"),
+    ({"eval_lines": ["(a+)+\\1"]}, "eval_lines pattern 1 "),  # a backreference: RE2 refuses it (linear time)
+])
+def test_eval_and_save_lines_are_refused_at_load_naming_the_bad_one(table, words):
+    from stepwatch.monitors.parsers.logtracker import log_settings
+
+    with pytest.raises(ValueError, match=words.replace("(", r"\(").replace("+", r"\+")):
+        log_settings(table)

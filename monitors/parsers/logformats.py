@@ -327,6 +327,24 @@ def compile_patterns(patterns: object) -> list[UserPattern]:
     return out
 
 
+def compile_phase_lines(patterns: object, key: str) -> tuple[UserPattern, ...]:
+    """``[log] eval_lines`` / ``save_lines`` (``key``): the run's own words for an evaluation or a save, each a
+    pattern searched in a line, compiled in RE2 like ``patterns`` (no group needed); ValueError naming the bad one."""
+    if not isinstance(patterns, list) or not all(isinstance(p, str) and p for p in patterns):
+        raise ValueError(f"{key} must be a list of regular expressions (non-empty strings), e.g. [\"running eval\"]")
+    if len(patterns) > MAX_PATTERNS:
+        raise ValueError(f"{key}: at most {MAX_PATTERNS} patterns; got {len(patterns)}")
+    out = []
+    for i, p in enumerate(patterns, 1):
+        if len(p) > MAX_PATTERN_CHARS:
+            raise ValueError(f"{key} pattern {i} is longer than {MAX_PATTERN_CHARS} characters")
+        try:
+            out.append(compile_user_pattern(p))
+        except ValueError as e:
+            raise ValueError(f"{key} pattern {i} {p!r} {e}") from None
+    return tuple(out)
+
+
 def user_pattern(rx: UserPattern, body: str) -> LineStep | None:
     """One user pattern against one line of at most MAX_LINE_CHARS: ``step`` (an integer), ``max_steps``,
     ``dt_s`` (seconds), and every other named group that holds a number as a metric."""

@@ -26,13 +26,14 @@ from pathlib import Path
 from stepwatch.monitors.parsers.epochscope import EpochScope
 from stepwatch.monitors.parsers.barroles import TRAINING_BARS
 from stepwatch.monitors.parsers.hf_progress import ProgressTracker, StepAdvance, parse_progress
-from stepwatch.monitors.parsers.phases import LogPhases, bar_phase, line_phase
+from stepwatch.monitors.parsers.phases import MAX_PHASE_LINE_CHARS, LogPhases, bar_phase, line_phase
 from stepwatch.monitors.parsers.logformats import (MAX_LINE_CHARS, RECOGNISERS, LineStep, UserPattern,
-                                                   compile_patterns, eval_metrics, lightning_rich, pairs, recognise,
+                                                   compile_patterns, compile_phase_lines, eval_metrics, lightning_rich, pairs, recognise,
                                                    strip_escapes, user_pattern)
 from stepwatch.monitors.readers.rankprefix import rank_prefix
 from stepwatch.monitors.runfiles import RUN_JSON, read_json
 from stepwatch.monitors.stats.minmax import MinMaxSeries
+from stepwatch.monitors.states import EVALUATING, SAVING
 
 FORMAT_TQDM = "tqdm"  #: a tqdm bar: the HF Trainer's, accelerate's, a plain loop's (any description)
 FORMAT_LIGHTNING_TQDM = "lightning_tqdm"  #: Lightning's TQDM bar, ``Epoch N`` (its counter restarts each epoch)
@@ -51,11 +52,24 @@ _BAR_LIKE = re.compile(r"━|it/s|s/it")
 class LogSettings:
     """What the run config's ``[log]`` table says that the log may not: ``max_steps`` (the run's total
     where the log never prints it), ``epochs`` (how many epochs an epoch-scoped counter runs) and
-    ``logging_steps`` (optimizer steps per printed HF Trainer log dict when no bar is drawn; 1 by default)."""
+    ``logging_steps`` (optimizer steps per printed HF Trainer log dict when no bar is drawn; 1 by default); and the
+    run's own words for an evaluation or a save (``eval_lines``, ``save_lines``: patterns, compiled in RE2), which
+    a line is matched against before the words of the programs this knows (monitors/parsers/phases.py)."""
 
     max_steps: int | None = None
     epochs: int | None = None
     logging_steps: int = 1
+    eval_lines: tuple[UserPattern, ...] = ()
+    save_lines: tuple[UserPattern, ...] = ()
+
+    def line_phase(self, body: str) -> str | None:
+        """The phase a line announces: the run's own save or evaluation words first, then the known programs'."""
+        if len(body) <= MAX_PHASE_LINE_CHARS:
+            if any(rx.search(body) for rx in self.save_lines):
+                return SAVING
+            if any(rx.search(body) for rx in self.eval_lines):
+                return EVALUATING
+        return line_phase(body)
 #: The first line Lightning's Trainer prints (lightning 2.x, tests/fixtures/real/lightning_*.log).
 LIGHTNING_BANNER = "GPU available: "
 #: Metric names kept at most, and bins per metric series (the whole run: bins merge as it grows).
@@ -124,7 +138,7 @@ class LogTracker(ProgressTracker):
                 self.phases.saw(ph, at_s)
         elif text and not advs and "%|" not in text:
             rank, body = rank_prefix(text)
-            if rank in (None, self.rank) and (ph := line_phase(strip_escapes(body))) is not None:
+            if rank in (None, self.rank) and (ph := self.settings.line_phase(strip_escapes(body))) is not None:
                 self.phases.saw(ph, at_s)
         return advs
 
@@ -321,7 +335,8 @@ def settings_of(run: dict) -> LogSettings:
 
 
 def log_settings(log: dict) -> LogSettings:
-    """The ``[log]`` table's settings; ValueError naming a bad one (each a whole number from 1)."""
+    """The ``[log]`` table's settings; ValueError naming a bad one (the counts each a whole number from 1, the
+    phase lines a list of patterns RE2 compiles)."""
     got: dict[str, int] = {}
     for key in ("max_steps", "epochs", "logging_steps"):
         v = log.get(key)
@@ -330,7 +345,9 @@ def log_settings(log: dict) -> LogSettings:
         if type(v) is not int or not 0 < v < 10**12:
             raise ValueError(f"{key} must be a whole number from 1; got {v!r}")
         got[key] = v
-    return LogSettings(**got)
+    return LogSettings(got.get("max_steps"), got.get("epochs"), got.get("logging_steps", 1),
+                       compile_phase_lines(log["eval_lines"], "eval_lines") if "eval_lines" in log else (),
+                       compile_phase_lines(log["save_lines"], "save_lines") if "save_lines" in log else ())
 
 
 def patterns_of(run: dict) -> list[UserPattern]:

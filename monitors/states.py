@@ -56,8 +56,12 @@ PHASES: Final = (STARTING, TRAINING, EVALUATING, SAVING, FINISHING, ENDED)
 # --- the ledger of where the hours went (monitors/snapshot/ledger.py) ----------------------------
 #: Waiting in the scheduler's queue (Slurm: submission to the job's start).
 QUEUED: Final = "queued"
-#: Between one attempt's end and the next one's launch (the restart policy's back-off, the operator).
+#: Between one attempt's end and the launch of the next one the system started (the restart policy's back-off and
+#: launch, a Slurm requeue).
 RESTART_GAP: Final = "restart_gap"
+#: Between one attempt's end and the next one's launch by hand (``stepwatch relaunch``, the run screen's ``r``): the
+#: operator's own time, booked apart from the policy's gap and left out of goodput.
+OPERATOR_IDLE: Final = "operator_idle"
 #: Training time a later attempt did again: the steps after the checkpoint it resumed from, and a failed
 #: attempt's step in flight when it died.
 LOST: Final = "lost"
@@ -65,9 +69,10 @@ LOST: Final = "lost"
 UNACCOUNTED: Final = "unaccounted"
 #: Every account of the ledger, in order (``ledger.*.phases_s``; ``stepwatch_time_seconds_total{phase=...}``);
 #: the sum of a run's accounts is its wall time.
-LEDGER_PHASES: Final = (QUEUED, STARTING, TRAINING, EVALUATING, SAVING, STALLED, FINISHING, RESTART_GAP, LOST, UNACCOUNTED)
+LEDGER_PHASES: Final = (QUEUED, STARTING, TRAINING, EVALUATING, SAVING, STALLED, FINISHING, RESTART_GAP, OPERATOR_IDLE,
+                         LOST, UNACCOUNTED)
 LedgerPhase = Literal["queued", "starting", "training", "evaluating", "saving", "stalled", "finishing", "restart_gap",
-                      "lost", "unaccounted"]
+                      "operator_idle", "lost", "unaccounted"]
 
 # --- the fallback detector's warm-up ------------------------------------------------------------
 WARMING: Final = "warming"
@@ -124,7 +129,18 @@ RestartVerdict = Literal["RESTART", "STOP"]
 RESTART_VERDICTS: Final = (RESTART, STOP)
 #: What an enforced RESTART became, each a key the supervisor (or the requeued job's) adds to the decision: a new
 #: attempt ``started``, ``not_started`` (and why), or left to Slurm, which ``requeued`` the job.
-RESTART_OUTCOMES: Final = ("started", "not_started", "requeued")
+STARTED: Final = "started"
+NOT_STARTED: Final = "not_started"
+REQUEUED: Final = "requeued"
+RestartOutcome = Literal["started", "not_started", "requeued"]
+RESTART_OUTCOMES: Final = (STARTED, NOT_STARTED, REQUEUED)
+#: The state word (monitors/snapshot/process.py ``state_word``) while an enforced RESTART's back-off runs and its next
+#: attempt is not started yet: ``RESTARTING in 12 s (attempt 2 from ckpt_200)``.
+RESTARTING: Final = "RESTARTING"
+#: Who started an attempt (run.json ``resumed_from.by``; none: the operator's launch or relaunch): the ledger's
+#: ``attempts[].started_by``.
+BY_POLICY: Final = "restart policy"
+BY_OPERATOR: Final = "operator"
 
 
 def restart_awaited(decision: Any) -> bool:

@@ -100,7 +100,7 @@ def _attempt(no: int, launched: float, ended: float | None, training: float, las
     return {"attempt": no, "launched_at_unix": launched, "ended_at_unix": ended,
             "wall_s": (ended or launched) - launched, "phases_s": ph, "last_step": last_step, "step_p50_s": 0.5,
             "resumed_from_step": resumed_from, "after_attempt": no - 1 if resumed_from is not None else None,
-            "lost_steps": None, "source": "record"}
+            "started_by": None, "lost_steps": None, "source": "record"}
 
 
 def test_a_resumed_attempt_moves_the_steps_after_its_checkpoint_to_lost_and_the_gap_is_a_restart_gap():

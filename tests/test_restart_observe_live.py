@@ -7,6 +7,7 @@ System tier: real supervisors, the alert command."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -182,9 +183,16 @@ def _cancelled(run_dir: Path) -> dict:
 @pytest.mark.slow
 def test_a_stop_during_the_back_off_cancels_the_pending_restart(tmp_path: Path):
     run_dir = _pending(tmp_path)
+    # the back-off: status says what the header says (issue 44: the header read UNKNOWN pid -), counting down
+    first, *rest = stepwatch("status", str(run_dir)).stdout.splitlines()
+    assert re.search(r" · RESTARTING in \d+ s \(attempt 2 from ckpt_40\)$", first), first
+    assert any(re.fullmatch(r"  restarting: attempt 1 died \(SIGKILL\), attempt 2 starts in \d+ s from ckpt_40", ln)
+               for ln in rest), rest
     r = stepwatch("stop", str(run_dir))
     assert r.returncode == 0 and "its pending restart is cancelled" in r.stdout, (r.stdout, r.stderr)
     _cancelled(run_dir)
+    words = stepwatch("status", str(run_dir)).stdout
+    assert "RESTARTING" not in words and "the restart did not start: the operator stopped the run" in words, words
 
 
 @pytest.mark.slow
@@ -197,6 +205,11 @@ async def test_x_on_the_run_screen_cancels_a_pending_restart_after_saying_which(
     run_dir = _pending(tmp_path)
     app = StepwatchApp(run_dir, run_dir.parent)
     async with app.run_test(size=(120, 40)) as pilot:
+        from stepwatch.tui.widgets.header import RunHeader  # noqa: PLC0415
+
+        header = app.screen.query_one(RunHeader)
+        await until(pilot, lambda: "RESTARTING in " in str(header.render()), 5, "the header's RESTARTING")
+        assert "(attempt 2 from ckpt_40)" in str(header.render()), str(header.render())
         for answer in ("n", "y"):
             await pilot.pause(0.5)
             await pilot.press("x")

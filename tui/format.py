@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import time
 from typing import Any
 
@@ -12,7 +13,9 @@ from stepwatch.monitors.snapshot.types import (Arrival, AttemptLedger, AttnImple
                                                Phase, RankStepSummary, Scaling, ScalingShares, Scheduler, Snapshot, Step,
                                                Versions)
 from stepwatch.monitors.snapshot.process import state_word as state_word  # the views' and the pages' one state word
-from stepwatch.monitors.states import OK, RUNNING, STALLED
+from stepwatch.monitors.snapshot.restart import from_words, restart_pending
+from stepwatch.monitors.snapshot.runmodeltypes import RestartView
+from stepwatch.monitors.states import NOT_STARTED, OK, RUNNING, STALLED, STARTED
 
 
 #: What the dynamo panel and ``status`` say when neither the log nor the events showed dynamo output.
@@ -33,6 +36,53 @@ def supervisor_gone(snap: Snapshot) -> bool:
     """The run runs and its supervisor is gone (``supervisor_alive`` false; a Slurm run's supervisor
     is on another node, never judged from here)."""
     return snap["state"] == RUNNING and snap["supervisor_alive"] is False and snap["scheduler"] is None
+
+
+#: How an attempt ended, from its cause's evidence (monitors/parsers/endcauses.py): its signal or its exit code.
+_HOW = re.compile(r"\bkilled by (SIG[A-Z0-9]+)|\bexit(?:ed with)? code (-?\d+)")
+#: Causes whose words add nothing to the signal or exit code that says how the attempt died.
+_PLAIN_CAUSES = ("killed_by_signal", "exception", "unknown")
+
+
+def died_words(rs: RestartView) -> str:
+    """``SIGKILL``, ``exit 3``, ``save crash, SIGKILL``, ``device oom``: how the attempt the policy judged ended."""
+    m = _HOW.search(rs["evidence"])
+    how = (m[1] or f"exit {m[2]}") if m else None
+    cause = rs["cause"].replace("_", " ") or "unknown"
+    return how if how and rs["cause"] in _PLAIN_CAUSES else f"{cause}, {how}" if how else cause
+
+
+def restart_words(snap: Snapshot, now: float | None = None, head: str = "RESTART POLICY") -> str | None:
+    """The restart line (the run screen's under the header, ``status``'s ``restart`` line), in the tense of the
+    attempt on screen; None when the policy has not decided:
+
+    - the back-off: ``restarting: attempt 1 died (SIGKILL), attempt 2 starts in 12 s from ckpt_200``;
+    - the attempt the policy started: ``attempt 2: restarted by the policy after attempt 1 died (SIGKILL) · resumed
+      from ckpt_200``;
+    - an attempt launched by hand after the decision: ``attempt 3: launched by hand after attempt 2 (the policy:
+      STOP: …)``;
+    - else the decision on the attempt on screen, as its page said it (``head (enforce, after attempt 2): STOP: …``),
+      and why a promised restart did not start."""
+    rs: RestartView | None = snap["restart"]
+    if rs is None:
+        return None
+    ended, on_screen = rs["attempt"], snap["attempt"]
+    pending = restart_pending(snap, time.time() if now is None else now)
+    if pending is not None:
+        nxt, left = pending
+        when = "is being launched" if left is None else f"starts in {left} s"
+        return f"restarting: attempt {ended} died ({died_words(rs)}), attempt {nxt} {when} {from_words(rs)}"
+    if ended is not None and type(on_screen) is int and on_screen > ended:  # a later attempt is on screen
+        if rs["outcome"] == STARTED and rs["started_attempt"] in (on_screen, None) and on_screen == ended + 1:
+            how = (f"started from scratch ({rs['outcome_words']})" if rs["outcome_words"]
+                   else "resumed " + from_words(rs) if rs["checkpoint"] else "started from scratch")
+            return f"attempt {on_screen}: restarted by the policy after attempt {ended} died ({died_words(rs)}) · {how}"
+        return (f"attempt {on_screen}: launched by hand after attempt {ended} (the policy: {rs['verdict']}: "
+                f"{rs['words']})")
+    words = f"{head} ({rs['mode']}, after attempt {ended}): {rs['verdict']}: {rs['words']}"
+    if rs["outcome"] == NOT_STARTED:
+        words += f"; the restart did not start: {rs['outcome_words']}"
+    return words
 
 
 def hms(seconds: float | None) -> str:

@@ -20,7 +20,7 @@ from stepwatch.monitors.snapshot.alerts import end_words
 from stepwatch.monitors.snapshot.disk import full_words, lost_words
 from stepwatch.monitors.snapshot.gpuview import replayed
 from stepwatch.tui.format import (NO_DYNAMO_WORDS, ledger_words, stack_frames, streams_words, phase_words, liveness_words, rank_loss, attention_words, energy_words, eta_words, health_words, no_dynamo_output,
-                                  padding_words, scaling_words, scheduler_words, supervisor_gone, timing_words,
+                                  padding_words, restart_words, scaling_words, scheduler_words, state_word, supervisor_gone, timing_words,
                                   tree_words, versions_words)
 from stepwatch.monitors.snapshot.model import json_safe, run_ended
 from stepwatch.monitors.snapshot.metrics import metrics_words
@@ -29,10 +29,10 @@ from stepwatch.monitors.snapshot.observer import RunObserver
 from stepwatch.monitors.detectors.frozen import Frozen
 from stepwatch.monitors.snapshot.runmodeltypes import Liveness
 from stepwatch.monitors.snapshot.types import (Alert, Count, Delivery, Disk, Dynamo, Ended, Eta, Fallback, GpuDevice,
-                                               Identity, Log, Rank, RankStepSummary, RestartView, Snapshot, Stall, Step,
+                                               Identity, Log, Rank, RankStepSummary, Snapshot, Stall, Step,
                                                Straggler, Survivor, Watch)
-from stepwatch.monitors.states import (EXITED, FLAGGED, HELD, NOT_JUDGED, OK, RUNNING, STALLED, SUSPECTED, UNKNOWN,
-                                      UNWATCHED, WARDED)
+from stepwatch.monitors.states import (EXITED, FLAGGED, HELD, NOT_JUDGED, OK, RESTARTING, RUNNING, STALLED, SUSPECTED,
+                                      UNKNOWN, UNWATCHED, WARDED)
 from stepwatch.monitors.watchdog import ProcessRef, wait_for_exit
 from stepwatch.tui.safe import one_line
 
@@ -56,10 +56,13 @@ def _commit(ident: Identity | None) -> str:
 
 
 def _run_lines(snap: Snapshot) -> list[str]:
-    """The run, its attempt and state, its pid, and how it ended."""
+    """The run, its attempt and state, its pid, and how it ended; during a restart's back-off, the header's words
+    (``RESTARTING in 12 s (attempt 2 from ckpt_200)``)."""
+    word = state_word(snap)
     return [f"{snap['run']} attempt {snap['attempt'] or '-'}: {snap['state']}"
             + (f", pid {snap['pid']}" if snap["pid"] else "")
-            + (f" ({end_words(snap)})" if run_ended(snap) else "")]
+            + (f" ({end_words(snap)})" if run_ended(snap) else "")
+            + (f" · {word}" if word.startswith(RESTARTING) else "")]
 
 
 def _scheduler_lines(snap: Snapshot) -> list[str]:
@@ -218,11 +221,9 @@ def _ledger_lines(snap: Snapshot) -> list[str]:
 
 
 def _restart_lines(snap: Snapshot) -> list[str]:
-    """The restart policy's last decision ([restart]), as its page said it."""
-    rs: RestartView | None = snap["restart"]
-    if rs is None:
-        return []
-    return [f"  restart ({rs['mode']}, after attempt {rs['attempt']}): {rs['verdict']}: {rs['words']}"]
+    """The restart policy's last decision ([restart]) in the tense of the attempt on screen, the run screen's words
+    (:func:`~stepwatch.tui.format.restart_words`)."""
+    return [f"  {words}"] if (words := restart_words(snap, head="restart")) else []
 
 
 def _alert_lines(al: Alert) -> list[str]:

@@ -172,7 +172,7 @@ def _liveness_families(snap: Snapshot) -> list[Metric]:
 
 
 def _ledger_families(snap: Snapshot) -> list[Metric]:
-    """``ledger``: where the run's hours went (every attempt, restart gaps, lost work)."""
+    """``ledger``: where the run's hours went (every attempt, restart gaps, the operator's idle time, lost work)."""
     f = _Families(snap)
     led: Ledger | None = snap["ledger"]
     phases_s, goodput = (led["phases_s"], led["goodput"]) if led is not None else (None, None)

@@ -11,10 +11,12 @@ An attempt's time, from its launch to its end (or now):
 - after the last step: the phase the run is in (live), ``finishing`` for an attempt that exited 0, ``lost`` for one
   that failed (the step in flight never completed).
 
-The run's: the attempts' accounts, ``restart_gap`` between one attempt's end and the next's launch, and ``lost``
-moved out of ``training``: the steps after the checkpoint a later attempt resumed from (``run.json``
-``resumed_from``), at the attempt's p50 each. An attempt with no record (its supervisor died before writing
-``ledger.json``) is ``unaccounted``. goodput = training over the run's wall time.
+The run's: the attempts' accounts; between one attempt's end and the next's launch, ``restart_gap`` when the system
+started the next (the restart policy's back-off and launch, a Slurm requeue: run.json ``resumed_from.by``) and
+``operator_idle`` when the operator did (a launch or ``relaunch`` by hand: the time until they came back is theirs,
+not a restart's cost); and ``lost`` moved out of ``training``: the steps after the checkpoint a later attempt resumed
+from (``run.json`` ``resumed_from``), at the attempt's p50 each. An attempt with no record (its supervisor died before
+writing ``ledger.json``) is ``unaccounted``. goodput = training over the run's wall time less the operator's idle time.
 
 Past attempts come from their ``ledger.<stamp>.json``, written by each attempt's supervisor at its end (the
 watch's last look: :func:`record`); read like every run file, hostile until checked.
@@ -31,7 +33,8 @@ from stepwatch.monitors.fold.events import EventsFold
 from stepwatch.monitors.runfiles import LEDGER_JSON, read_json, write_json_atomic
 from stepwatch.monitors.snapshot.types import AttemptLedger, Ledger, Snapshot
 from stepwatch.monitors.states import (
-    EVALUATING, FINISHING, LEDGER_PHASES, LOST, QUEUED, RESTART_GAP, SAVING, STALLED, STARTING, TRAINING, UNACCOUNTED,
+    BY_OPERATOR, EVALUATING, FINISHING, LEDGER_PHASES, LOST, OPERATOR_IDLE, QUEUED, RESTART_GAP, SAVING, STALLED, STARTING,
+    TRAINING, UNACCOUNTED,
 )
 
 #: The split accounts: a step that held an evaluation, a save or a stall also trained for about one typical step.
@@ -47,6 +50,18 @@ def _num(v: Any) -> float | None:
 
 def _int(v: Any) -> int | None:
     return v if type(v) is int and 0 <= v < _BIG else None
+
+
+def _by(v: Any) -> str | None:
+    return v[:40] if isinstance(v, str) and v else None
+
+
+def started_by(run: dict[str, Any]) -> str | None:
+    """Who started the attempt run.json describes: its ``resumed_from.by`` (the restart policy, a Slurm requeue, the
+    operator's relaunch from a checkpoint); the operator when it has none (a launch or relaunch by hand records none);
+    None when it has one that does not say."""
+    rf = run.get("resumed_from")
+    return _by(rf.get("by")) if isinstance(rf, dict) else BY_OPERATOR
 
 
 def zero_phases() -> dict[str, float]:
@@ -112,7 +127,7 @@ def this_attempt(snap: Snapshot, run: dict[str, Any], fold: EventsFold | None, p
             "phases_s": None if phases is None else {k: round(v, 3) for k, v in phases.items()},
             "last_step": _int((last or {}).get("step")), "step_p50_s": p50_s,
             "resumed_from_step": _int(rf.get("step")), "after_attempt": _int(rf.get("after_attempt")),
-            "lost_steps": None, "source": "live" if snap["ended"] is None else "ended"}
+            "started_by": started_by(run), "lost_steps": None, "source": "live" if snap["ended"] is None else "ended"}
 
 
 def _record(doc: dict[str, Any] | None) -> AttemptLedger | None:
@@ -123,14 +138,16 @@ def _record(doc: dict[str, Any] | None) -> AttemptLedger | None:
     launched, end = _num(doc.get("launched_at_unix")), _num(doc.get("ended_at_unix"))
     if not isinstance(phases, dict) or launched is None or end is None or end < launched:
         return None
-    clean = {k: _num(phases.get(k)) for k in LEDGER_PHASES}
+    # (a record written before an account existed lacks it: none of its time went there; operator_idle is never an
+    # attempt's own, only the run's)
+    clean = {k: _num(phases.get(k, 0.0 if k == OPERATOR_IDLE else None)) for k in LEDGER_PHASES}
     if any(v is None for v in clean.values()):
         return None
     return {"attempt": _int(doc.get("attempt")), "launched_at_unix": launched, "ended_at_unix": end,
             "wall_s": round(end - launched, 3), "phases_s": {k: v or 0.0 for k, v in clean.items()},
             "last_step": _int(doc.get("last_step")), "step_p50_s": _num(doc.get("step_p50_s")),
             "resumed_from_step": _int(doc.get("resumed_from_step")), "after_attempt": _int(doc.get("after_attempt")),
-            "lost_steps": None, "source": "record"}
+            "started_by": _by(doc.get("started_by")), "lost_steps": None, "source": "record"}
 
 
 _cache: dict[str, tuple[tuple[Any, ...], AttemptLedger | None]] = {}
@@ -168,7 +185,8 @@ def past_attempts(run_dir: Path, owner_uid: int | None) -> list[AttemptLedger]:
 
 def run_ledger(attempts: list[AttemptLedger], now_end: float) -> Ledger:
     """The whole run's ledger from its attempts (oldest first; the last is this snapshot's): lost work moved out of
-    training, restart gaps and unaccounted attempts between them, and goodput."""
+    training, restart gaps (the operator's idle time, before an attempt they started by hand) and unaccounted attempts
+    between them, and goodput (the operator's idle time left out)."""
     by_no = {a["attempt"]: a for a in attempts if a["attempt"] is not None}
     for a in attempts:  # a resumed attempt: the steps after its checkpoint were done again
         after = a["after_attempt"]
@@ -190,13 +208,15 @@ def run_ledger(attempts: list[AttemptLedger], now_end: float) -> Ledger:
             prev = known[i - 1]
             gap = max(0.0, (a["launched_at_unix"] or 0.0) - (prev["ended_at_unix"] or prev["launched_at_unix"] or 0.0))
             consecutive = a["attempt"] is not None and prev["attempt"] is not None and a["attempt"] == prev["attempt"] + 1
-            total[RESTART_GAP if consecutive else UNACCOUNTED] += gap
+            by_hand = a["started_by"] == BY_OPERATOR  # (an older record that does not say: the policy's, as before)
+            total[UNACCOUNTED if not consecutive else OPERATOR_IDLE if by_hand else RESTART_GAP] += gap
     if not known:
         return {"attempts": attempts, "phases_s": None, "wall_s": None, "goodput": None,
                 "reason": "no launch time on record"}
     wall = max(0.0, (known[-1]["ended_at_unix"] or now_end) - (known[0]["launched_at_unix"] or now_end))
+    busy = wall - total[OPERATOR_IDLE]  # the operator's own time before a relaunch is no cost of the run's
     return {"attempts": attempts, "phases_s": {k: round(v, 3) for k, v in total.items()}, "wall_s": round(wall, 3),
-            "goodput": round(total[TRAINING] / wall, 4) if wall > 0 else None, "reason": None}
+            "goodput": round(min(1.0, total[TRAINING] / busy), 4) if busy > 0 else None, "reason": None}
 
 
 def ledger_part(run_dir: Path, run: dict[str, Any], snap: Snapshot, fold: EventsFold | None, p50_s: float | None,

@@ -12,10 +12,11 @@ from typing import Any, cast
 from stepwatch.monitors.fold.stepcolumns import unix_time
 from stepwatch.monitors.runfiles import EXIT_JSON, RUN_JSON, STOP_JSON, read_json
 from stepwatch.monitors.slurm import ABNORMAL_ENDS
+from stepwatch.monitors.snapshot.restart import from_words, restart_pending
 from stepwatch.monitors.snapshot.scheduler import read_scheduler, scheduler_state
 from stepwatch.monitors.snapshot.types import Ended, Scheduler, Snapshot
 from stepwatch.monitors.snapshot.watchers import watch_part
-from stepwatch.monitors.states import ALIVE, EXITED, NEVER_RECORDED, PENDING, RUNNING
+from stepwatch.monitors.states import ALIVE, EXITED, NEVER_RECORDED, PENDING, RESTARTING, RUNNING
 from stepwatch.monitors.watchdog import ProcessRef, probe
 
 #: A run.json whose supervisor recorded nothing this long after launch: the supervisor died first
@@ -62,15 +63,20 @@ def process_part(run_dir: Path, snap: Snapshot, run: dict[str, Any], trust_uid: 
     snap["watch"] = watch_part(snap, run)  # who watches it: the supervisor, held stopped, its wardens, nobody
 
 
-def state_word(snap: Snapshot) -> str:
-    """RUNNING / PENDING (a queued Slurm job) / EXITED code / STOPPED (the operator asked) / KILLED signal /
-    Slurm's end (TIMEOUT, CANCELLED, ...) / UNKNOWN: the one word for the run's state that the screen's header, the
-    home list and every page's first line (:func:`.alerts.headline_of`) show."""
+def state_word(snap: Snapshot, now: float | None = None) -> str:
+    """RUNNING / PENDING (a queued Slurm job) / RESTARTING in N s (attempt 2 from ckpt_200) (an enforced restart's
+    back-off, counting down to ``now``; ``RESTARTING now`` once it is over and the attempt is being launched) /
+    EXITED code / STOPPED (the operator asked) / KILLED signal / Slurm's end (TIMEOUT, CANCELLED, ...) / UNKNOWN: the
+    one word for the run's state that the screen's header, ``status``, the home list and every page's first line
+    (:func:`.alerts.headline_of`) show."""
     st = snap["state"]
     sch: Scheduler | None = snap["scheduler"]
     job = sch["state"] if sch is not None else None
     if st == RUNNING:
         return "RUNNING"
+    if (pending := restart_pending(snap, time.time() if now is None else now)) is not None and snap["restart"] is not None:
+        nxt, left = pending
+        return f"{RESTARTING} {'now' if left is None else f'in {left} s'} (attempt {nxt} {from_words(snap['restart'])})"
     if st == PENDING:
         return job if job in ("PENDING", "CONFIGURING", "RUNNING") else "PENDING"
     if st != EXITED:

@@ -7,7 +7,7 @@ No ``from __future__ import annotations`` (see :mod:`.types`).
 from typing import TypedDict
 
 from stepwatch.monitors.detectors.frozen import Frozen
-from stepwatch.monitors.states import PhaseName, RestartVerdict, WatchState
+from stepwatch.monitors.states import PhaseName, RestartOutcome, RestartVerdict, WatchState
 
 
 class Phase(TypedDict):
@@ -67,6 +67,12 @@ class RestartView(TypedDict):
     attempt: int | None  #: the attempt that ended
     lost_steps: int | None  #: steps after the checkpoint, done again by a resumed attempt
     words: str  #: the decision in one line, as the page said it
+    #: an enforced RESTART: when its back-off ends and the next attempt is due (decided + back-off, unix s); null otherwise
+    starts_at_unix: float | None
+    #: what an enforced RESTART became (monitors/states.py RESTART_OUTCOMES); null: not yet (the back-off), or none due
+    outcome: RestartOutcome | None
+    outcome_words: str  #: why it did not start, Slurm's requeue, why the started attempt went from scratch; "" if none
+    started_attempt: int | None  #: the attempt the restart started
 
 
 class AttemptLedger(TypedDict):
@@ -82,6 +88,9 @@ class AttemptLedger(TypedDict):
     step_p50_s: float | None
     resumed_from_step: int | None  #: the checkpoint's step this attempt resumed from (run.json ``resumed_from``)
     after_attempt: int | None  #: the attempt it resumed after
+    #: who started it (run.json ``resumed_from.by``): "restart policy", "slurm requeue", "operator" (a launch or relaunch
+    #: by hand: the gap before it is ``operator_idle``); null: an older record that does not say
+    started_by: str | None
     lost_steps: int | None  #: the steps a later attempt did again (after its checkpoint); null: none resumed after it
     source: str  #: "live" (running), "ended" (this snapshot's, ended), "record" (an earlier attempt's ledger.json)
 

@@ -178,3 +178,16 @@ def test_log_lines_keep_only_the_last_drawing_of_a_bar_that_never_ends_its_line(
         f.write(b"\n")
     ll.refresh()
     assert ll.lines[-1] == " 199999/99999 [00:00<00:00]"  # the bar as a terminal shows it
+
+
+def test_status_names_every_channel_with_its_last_outcome_even_when_all_were_delivered():
+    """Plain ``status`` named a push channel only when its delivery failed (``all 2 channels: delivered``), where each
+    channel with its last outcome was asked (issue 44)."""
+    from stepwatch.monitors.snapshot.types import Delivery
+    from stepwatch.tui.plain import delivery_words
+
+    ok: Delivery = {"outcome": "delivered", "detail": "", "attempts": 1, "t": 1.0}
+    failed: Delivery = {"outcome": "failed", "detail": "HTTP 500", "attempts": 3, "t": 2.0}
+    assert delivery_words({"ntfy://ntfy.sh": ok, "command": ok}) == "ntfy://ntfy.sh, command: delivered"
+    assert delivery_words({"ntfy://ntfy.sh": ok, "json://127.0.0.1": failed, "command": ok}) == \
+        "ntfy://ntfy.sh, command: delivered; json://127.0.0.1: failed (HTTP 500)"

@@ -406,12 +406,12 @@ REASONED_OUTCOMES = ("failed", "pending", "not_confirmed", "same_cause", "quiet_
 
 
 def delivery_words(delivered: Mapping[str, Delivery]) -> str:
-    """Each channel's last outcome, a failure or a page held back with its reason; said once when every
-    channel reads the same (``all 3 channels: not_confirmed (cleared before …)``)."""
+    """Each channel by name with its last outcome, a failure or a page held back with its reason; the channels that
+    read the same are named together (``ntfy://ntfy.sh, command: delivered; json://127.0.0.1: failed (…)``)."""
     def one(d: Delivery) -> str:
         outcome = str(d["outcome"] or "not recorded")  # as alerts.jsonl recorded it: shown as text
         return outcome + (f" ({str(d['detail'])[:200]})" if outcome in REASONED_OUTCOMES and d["detail"] else "")
-    words = {ch: one(d) for ch, d in delivered.items()}
-    if len(words) > 1 and len(set(words.values())) == 1:
-        return f"all {len(words)} channels: {next(iter(words.values()))}"
-    return "; ".join(f"{ch}: {w}" for ch, w in words.items())
+    by_words: dict[str, list[str]] = {}
+    for ch, d in delivered.items():
+        by_words.setdefault(one(d), []).append(ch)
+    return "; ".join(f"{', '.join(chs)}: {w}" for w, chs in by_words.items())

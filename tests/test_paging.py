@@ -229,3 +229,28 @@ def test_the_finished_page_of_a_later_attempt_gives_the_runs_whole_time_and_its_
     assert first.startswith("finished: exit 0 after 0:01:20, ") and "attempt" not in first, first
     third = _message(finished_page(snap, "vm", 3, run_began_unix=1_796_482_800.0 - 3723))
     assert third.startswith("finished: exit 0 after 0:01:20 (attempt 3; the run 1:02:03 since its first launch), "), third
+
+
+def test_a_rank_death_waits_for_the_groups_end_and_is_then_its_evidence_or_pages_when_the_run_goes_on():
+    """One cause, one page (issue 44): a rank's death due to page waits GROUP_END_WAIT_S for the group's end (torchrun
+    tears the others down within its monitor interval); when the run ended it is the death page's evidence; when the
+    run went on past the wait it pages on its own ("the run goes on" is then true)."""
+    from stepwatch.monitors.snapshot.model import null_snapshot
+    from stepwatch.monitors.snapshot.types import Alert
+    from stepwatch.monitors.watch.lifecycle import GROUP_END_WAIT_S, WAIT_FOR_FROZEN, group_end_cause, unix_of
+
+    def al(kind: str, aid: str) -> Alert:
+        return {"id": aid, "kind": kind, "at": "2026-12-07T15:00:00Z", "message": "m", "recorded": True,
+                "active": True, "delivered": None, "acknowledged": False}
+
+    died = unix_of("2026-12-07T15:00:00Z")
+    assert died is not None
+    death = al("rank_death", "a1-rank_death-1-812")
+    snap = null_snapshot()
+    snap["state"], snap["alerts"] = "running", [death]
+    assert group_end_cause(death, snap, died + 0.5) == WAIT_FOR_FROZEN  # the group may end with it
+    assert group_end_cause(death, snap, died + GROUP_END_WAIT_S + 0.1) is None  # the run went on: its own page
+    snap["state"] = "exited"
+    snap["alerts"].append(al("watchdog", "a1-watchdog-end"))
+    assert group_end_cause(death, snap, died + 0.5) == "a1-watchdog-end"  # the group ended: the death's page says it
+    assert group_end_cause(al("stall", "a1-stall-3"), snap, died + 0.5) is None  # another kind

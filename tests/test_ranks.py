@@ -97,6 +97,46 @@ def test_sigkill_of_rank_1_is_an_alert_naming_rank_pid_and_signal_within_2_s(tmp
     assert f"rank 1 pid {victim} killed by SIGKILL" in text, text
 
 
+PING_PY = """\
+import json, os, sys
+with open(sys.argv[1], "a") as f:
+    f.write(json.dumps({"kind": os.environ["STEPWATCH_ALERT_KIND"], "id": os.environ["STEPWATCH_ALERT_ID"]}) + "\\n")
+"""
+
+
+@pytest.mark.slow
+def test_a_rank_death_that_ends_the_group_is_one_page_the_deaths_naming_the_rank(tmp_path: Path):
+    """One cause, one page (issue 44): rank 1 SIGKILLed, torchrun tears rank 0 down and ends 0.1 s later. The code
+    before paged rank_death ("the run goes on") and then the run's death; now the death's page, which names the
+    root-cause rank, is the one page, and the rank_death is shown as its evidence."""
+    pings = tmp_path / "pings.jsonl"
+    toml = (f'name = "ddp"\ncommand = {json.dumps([TORCHRUN, "--nproc_per_node", "2", "--monitor-interval", "0.1", "ddp.py", "600"])}\n'
+            'env = { OMP_NUM_THREADS = "1" }\n'
+            f"[alerts]\ncommand = {json.dumps([sys.executable, str(tmp_path / 'repo' / 'ping.py'), str(pings)])}\n")
+    repo = make_repo(tmp_path / "repo", {"ddp.py": DDP_PY, "ping.py": PING_PY, "ddp.toml": toml})
+    r = stepwatch("launch", "--no-tui", "ddp.toml", cwd=repo)
+    assert r.returncode == 0, r.stderr
+    run_dir = repo / "runs" / "ddp"
+    ranks = _wait_both_ranks_step(run_dir)
+    victim = ranks[1]["pid"]
+    os.kill(victim, signal.SIGKILL)
+    wait_until(lambda: read_json(run_dir / "exit.json"), 60, what="torchrun to end")
+
+    def records() -> list[dict]:
+        return [json.loads(ln) for ln in (run_dir / "alerts.jsonl").read_text().splitlines()]
+
+    death = wait_until(lambda: next((r for r in records() if r.get("alert_kind") == "rank_death"), None), 15,
+                       what="the rank_death shown")
+    same = wait_until(lambda: [r for r in records() if r["kind"] == "delivery" and r["alert_id"] == death["id"]], 20,
+                      what="the rank_death's delivery record")
+    assert [r["outcome"] for r in same] == ["same_cause"] and "watchdog" in same[0]["detail"], same
+    got = wait_until(lambda: [p for p in (json.loads(x) for x in pings.read_text().splitlines())]
+                     if pings.exists() else None, 20, what="the death's page")
+    assert [p["kind"] for p in got] == ["watchdog"], got
+    end = next(r["message"] for r in records() if r.get("alert_kind") == "watchdog")
+    assert f"root cause: rank 1 (pid {victim}) killed by SIGKILL" in end, end
+
+
 @pytest.mark.slow
 def test_a_clean_two_rank_run_raises_no_rank_alert(tmp_path: Path):
     run_dir = _launch_ddp(tmp_path, 20)

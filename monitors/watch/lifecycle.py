@@ -5,7 +5,10 @@ full disk's resolution and the finished page say what train.log lost meanwhile (
 
 One cause, one page: a process the kernel holds stopped makes its step stall and its rank stuck too. While a process
 of the run's tree is held stopped, those alerts are shown (the frozen alert's evidence) but not paged: the frozen
-alert is the page, its ``resolved`` the one resolution (:func:`stopped_cause`).
+alert is the page, its ``resolved`` the one resolution (:func:`stopped_cause`). A rank's death that ends the group
+(torchrun tears the others down within a second or so) is the run's death: the death's page names the root-cause
+rank, and the rank's own alert is its evidence; a rank death is paged on its own once the run went on past
+:data:`GROUP_END_WAIT_S` (:func:`group_end_cause`).
 
 Pure: the supervisor's detector loop (:class:`.loop.AlertRecorder`) decides when, these say what."""
 
@@ -41,6 +44,24 @@ def stopped_cause(al: Alert, snap: Snapshot, held_stopped: bool) -> str | Litera
         return None
     frozen = [a for a in snap["alerts"] if a["kind"] == "frozen" and a["active"]]
     return frozen[0]["id"] if frozen else WAIT_FOR_FROZEN
+
+
+#: Seconds a rank's death waits to see whether the group ends with it (torchrun's agent ends the other workers within
+#: its monitor interval, 0.1 s to 5 s): then it is the run's death, one page.
+GROUP_END_WAIT_S = 5.0
+
+
+def group_end_cause(al: Alert, snap: Snapshot, now: float) -> str | Literal["wait"] | None:
+    """For a ``rank_death`` due to page: the id of the run's death alert when the run ended with it (the rank's death
+    is that page's evidence; ``"the run's end"`` when the end raised no alert of its own), :data:`WAIT_FOR_FROZEN`'s
+    ``"wait"`` while the run still runs within :data:`GROUP_END_WAIT_S` of the death, None when it is a page of its
+    own (the run went on) or another kind."""
+    if al["kind"] != "rank_death":
+        return None
+    if snap["state"] != RUNNING:
+        return next((a["id"] for a in snap["alerts"] if a["kind"] == "watchdog"), "the run's end")
+    died = unix_of(al["at"])
+    return WAIT_FOR_FROZEN if died is not None and 0 <= now - died < GROUP_END_WAIT_S else None
 
 
 def unix_of(at: Any) -> float | None:

@@ -42,9 +42,10 @@ from stepwatch.monitors.watch.stacks import (PY_SPY_TIMEOUT_S, STACK_KINDS, TREE
                                              record_tree_stacks_later, stack_target)
 from stepwatch.monitors.snapshot.process import run_began_at
 from stepwatch.monitors.watch.delivery import SAME_CAUSE, Deliverer, level_of
-from stepwatch.monitors.watch.lifecycle import WAIT_FOR_FROZEN, finished_page, resolved_page, stopped_cause, unix_of
-from stepwatch.monitors.watch.paging import paging_settings_of
-from stepwatch.monitors.parsers.logtracker import LogTracker, patterns_of, settings_of
+from stepwatch.monitors.watch.lifecycle import (WAIT_FOR_FROZEN, finished_page, group_end_cause, resolved_page,
+                                               stopped_cause, unix_of)
+from stepwatch.monitors.parsers.logtracker import LogTracker
+from stepwatch.monitors.runsettings import RunSettings
 from stepwatch.monitors.watch.logsteps import TIMING_REPORTED, LogStepTimer, RankLogTimers, encode_records
 
 #: The detector loop's period, seconds (alerts reach alerts.jsonl within about this, plus a refresh).
@@ -142,8 +143,8 @@ class LogTimerThread(threading.Thread):
         self.liveness = liveness or LivenessFlags()
         self.out = AttemptFile(run_dir / LOG_STEPS_JSONL, log)
         self.follower = LogFollower(run_dir / TRAIN_LOG, keep_lines=1, from_start=True)
-        patterns = patterns_of(run)  # the supervisor's own record, never run.json re-read
-        settings = settings_of(run)  # [log] max_steps, epochs, logging_steps
+        own = RunSettings.of_run(run)  # the supervisor's own record, never run.json re-read
+        patterns, settings = list(own.patterns), own.log  # [log] patterns; max_steps, epochs, logging_steps
         resumed = run.get("resumed_from")  # the restart policy resumed this attempt from a checkpoint of that step
         resume_step = resumed.get("step") if isinstance(resumed, dict) and type(resumed.get("step")) is int else None
         self.timer = LogStepTimer(LogTracker(patterns, settings), resume_step=resume_step)
@@ -213,8 +214,9 @@ class AlertRecorder:
         self.kinds, self.skip, self.log, self.run_dir = kinds, skip, log, Path(run_dir)
         self.recorded: set[str] = set()
         self.paged: set[str] = set()  # the alerts this recorder paged: their resolution is paged too
-        self.finished_wanted = config.get("finished") not in (None, False, [])  # a page on exit 0
-        self.paging = paging_settings_of(config)
+        alerts = RunSettings.of_run(run).alerts
+        self.finished_wanted = alerts.finished not in (False, ())  # a page on exit 0
+        self.paging = alerts.paging
         #: shown, not yet paged: alert id -> when its window ends (time.monotonic(): a wall clock step moves nothing)
         self.pending: dict[str, float] = {}
         #: shown, not paged: the frozen alert that causes it (lifecycle.stopped_cause), while that alert holds
@@ -267,8 +269,9 @@ class AlertRecorder:
         if time.monotonic() < due:
             return
         cause = stopped_cause(al, snap, bool(self.observer.health.stopped))
-        if cause == WAIT_FOR_FROZEN:
-            return  # a process is held stopped: the frozen detector decides within its STOPPED_S which page this is
+        group = group_end_cause(al, snap, time.time())
+        if WAIT_FOR_FROZEN in (cause, group):
+            return  # a process held stopped (the frozen verdict decides), or a rank's death the group's end may follow
         del self.pending[al["id"]]
         if cause is not None:  # one cause, one page: the frozen alert's page and its resolved say it; its stacks stay
             self.caused_by[al["id"]] = cause
@@ -276,6 +279,11 @@ class AlertRecorder:
                                           f"shown as the evidence of {cause}, which is paged: a process held stopped "
                                           "makes no step; one cause, one page")
             self._stacks(al, snap, None)
+            return
+        if group is not None:  # the group ended with the rank: the death's page names the root-cause rank
+            self.deliverer.record_outcome(cast("dict[str, Any]", al), SAME_CAUSE,
+                                          f"shown as the evidence of {group}: the group ended with this rank, and the "
+                                          "end's page names it; one cause, one page")
             return
         self.paged.add(al["id"])
         self._stacks(al, snap, {**al, "headline": headline_of(snap, self.host)})  # the page's first line

@@ -1,8 +1,12 @@
-"""Modal screens: yes/no confirmation, a one-line prompt, help, and the preflight checklist."""
+"""Modal screens: yes/no confirmation, a one-line prompt, help, and the preflight checklist.
+
+Each is a :class:`Dialog`: its body scrolls inside the box and its keys sit in a row fixed at the box's foot, so at
+80x24 (an SSH terminal) a checklist of 40 rows, the help or an alert's whole text scrolls while the keys that act on
+it stay on screen."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 from rich.text import Text
 from textual import work
@@ -50,7 +54,52 @@ def key_hints(*pairs: tuple[str, str]) -> Text:
     return t
 
 
-class Confirm(ModalScreen[bool]):
+def key_words(*pairs: tuple[str, str]) -> Text:
+    """``Esc closes · PgUp/PgDn scroll``: each key in reverse video, its words right after it (a dialog's foot)."""
+    t = Text(" ")
+    for i, (key, words) in enumerate(pairs):
+        t.append(" · " if i else "")
+        t.append(key, "reverse bold")
+        t.append(f" {words}")
+    return t
+
+
+ResultT = TypeVar("ResultT")
+#: The box's bottom border says so when its body holds more than it shows.
+SCROLL_MARK = " PgUp/PgDn scroll "
+
+
+class DialogBody(VerticalScroll):
+    """A dialog's scrolling part (not focusable: the dialog's keys scroll it, an Input keeps the focus). Each time
+    its size or its content's changes, the box's bottom border says whether it holds more than it shows."""
+
+    def on_resize(self) -> None:
+        frame = self.parent
+        if isinstance(frame, Vertical):
+            frame.border_subtitle = SCROLL_MARK if self.max_scroll_y > 0 else ""
+
+
+class Dialog(ModalScreen[ResultT]):
+    """A box whose body (``.dialog-body``) scrolls and whose keys (``.dialog-keys``, docked at its foot) are always
+    drawn: styles.tcss caps the box at the screen and the body at what the keys leave. PgUp/PgDn/Home/End scroll the
+    body whatever has the focus (an Input keeps Home/End for itself)."""
+
+    BINDINGS = [Binding("pagedown", "scroll_body('down')", show=False), Binding("pageup", "scroll_body('up')", show=False),
+                Binding("end", "scroll_body('end')", show=False), Binding("home", "scroll_body('home')", show=False),
+                Binding("down", "scroll_body('line_down')", show=False),
+                Binding("up", "scroll_body('line_up')", show=False)]
+
+    @staticmethod
+    def body(id: str | None = None) -> DialogBody:
+        return DialogBody(classes="dialog-body", id=id, can_focus=False)
+
+    def action_scroll_body(self, where: str) -> None:
+        box = self.query_one(DialogBody)
+        {"end": box.scroll_end, "home": box.scroll_home, "down": box.scroll_page_down, "up": box.scroll_page_up,
+         "line_down": box.scroll_down, "line_up": box.scroll_up}[where](animate=False)
+
+
+class Confirm(Dialog[bool]):
     """Ask a yes/no question; ``y``/Enter answers yes, ``n``/Esc no."""
 
     BINDINGS = [Binding("y,enter", "answer(True)", "yes"), Binding("n,escape", "answer(False)", "no")]
@@ -61,14 +110,15 @@ class Confirm(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
-            yield Static(safe_text(self.question, newlines=True))
-            yield Static(key_hints(("y", "yes (Enter)"), ("n", "no (Esc)")), id="confirm-keys")
+            with self.body():
+                yield Static(safe_text(self.question, newlines=True))
+            yield Static(key_hints(("y", "yes (Enter)"), ("n", "no (Esc)")), id="confirm-keys", classes="dialog-keys")
 
     def action_answer(self, yes: bool) -> None:
         self.dismiss(yes)
 
 
-class Choose(ModalScreen[str | None]):
+class Choose(Dialog[str | None]):
     """Pick one of a few answers by its key (``r``: from scratch or from a checkpoint); ``n``/Esc cancels."""
 
     BINDINGS = [Binding("n,escape", "cancel", "cancel")]
@@ -79,8 +129,9 @@ class Choose(ModalScreen[str | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
-            yield Static(safe_text(self.question, newlines=True))
-            yield Static(key_hints(*self.choices, ("n", "cancel (Esc)")), id="choose-keys")
+            with self.body():
+                yield Static(safe_text(self.question, newlines=True))
+            yield Static(key_hints(*self.choices, ("n", "cancel (Esc)")), id="choose-keys", classes="dialog-keys")
 
     def on_key(self, event: Any) -> None:
         if event.key in {k for k, _ in self.choices}:
@@ -91,10 +142,11 @@ class Choose(ModalScreen[str | None]):
         self.dismiss(None)
 
 
-class Prompt(ModalScreen[str | None]):
+class Prompt(Dialog[str | None]):
     """Ask for one line of text (a config path, an override reason); Esc cancels."""
 
     BINDINGS = [Binding("escape", "cancel", "cancel")]
+    AUTO_FOCUS = "#prompt-input"
 
     def __init__(self, question: str, value: str = ""):
         super().__init__()
@@ -102,8 +154,11 @@ class Prompt(ModalScreen[str | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
-            yield Static(safe_text(self.question, newlines=True))
-            yield Input(value=self.value, id="prompt-input")
+            with self.body():
+                yield Static(safe_text(self.question, newlines=True))
+            with Vertical(classes="dialog-keys"):
+                yield Input(value=self.value, id="prompt-input")
+                yield Static(key_words(("Enter", "done"), ("Esc", "cancels")), id="prompt-keys")
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         self.dismiss(event.value.strip() or None)
@@ -112,12 +167,11 @@ class Prompt(ModalScreen[str | None]):
         self.dismiss(None)
 
 
-class AlertDetails(ModalScreen[None]):
-    """Every unacknowledged alert, whole (``d`` on the run screen; Esc closes)."""
+class AlertDetails(Dialog[None]):
+    """Every unacknowledged alert, whole (``d`` on the run screen; Esc closes); a text longer than the screen scrolls
+    (PgUp/PgDn/space/Home/End, the arrows, the wheel) to its last word, the keys fixed below it."""
 
-    BINDINGS = [Binding("escape,d,q", "close", "close"), Binding("end", "scroll('end')", show=False),
-                Binding("home", "scroll('home')", show=False), Binding("pagedown,space", "scroll('down')", show=False),
-                Binding("pageup", "scroll('up')", show=False)]
+    BINDINGS = [Binding("escape,d,q", "close", "close"), Binding("space", "scroll_body('down')", show=False)]
 
     def __init__(self, alerts: list[Alert]):
         super().__init__()
@@ -135,31 +189,31 @@ class AlertDetails(ModalScreen[None]):
                 frames = stack_frames(stack, most=40)
                 t.append("  its Python stack (py-spy, innermost frame first):\n", "bold")
                 t.append("".join(f"    {ln}\n" for ln in frames or ["(py-spy printed no frame)"]))
-        t.append("a (on the run screen) acknowledges them all · PgUp/PgDn/End scroll · Esc closes", "dim")
-        with VerticalScroll(classes="dialog", id="alert-details"):
-            yield Static(safe_text(t, newlines=True))
+        t.rstrip()  # the keys below say the rest
+        with Vertical(classes="dialog", id="alert-dialog"):
+            with self.body("alert-details"):
+                yield Static(safe_text(t, newlines=True))
+            yield Static(key_words(("Esc", "closes"), ("PgUp/PgDn/End", "scroll"), ("a", "(run screen) acknowledges all")),
+                         id="alert-keys", classes="dialog-keys")
 
     def on_mount(self) -> None:
         self.app.clear_notifications()  # a toast says less than this and would cover its end
-
-    def action_scroll(self, where: str) -> None:
-        """A text longer than the screen scrolls, whichever widget has the focus."""
-        box = self.query_one("#alert-details", VerticalScroll)
-        {"end": box.scroll_end, "home": box.scroll_home, "down": box.scroll_page_down,
-         "up": box.scroll_page_up}[where](animate=False)
 
     def action_close(self) -> None:
         self.dismiss(None)
 
 
-class Help(ModalScreen[None]):
-    """The key list."""
+class Help(Dialog[None]):
+    """The key list (it scrolls on a short terminal; its close keys stay on screen)."""
 
-    BINDINGS = [Binding("escape,question_mark,q", "close", "close")]
+    BINDINGS = [Binding("escape,question_mark,q", "close", "close"), Binding("space", "scroll_body('down')", show=False)]
 
     def compose(self) -> ComposeResult:
-        with Vertical(classes="dialog"):
-            yield Static(HELP)
+        with Vertical(classes="dialog", id="help"):
+            with self.body():
+                yield Static(HELP.rstrip("\n"), id="help-text")
+            yield Static(key_words(("Esc", "closes (? and q too)"), ("PgUp/PgDn/Home/End", "scroll")), id="help-keys",
+                         classes="dialog-keys")
 
     def action_close(self) -> None:
         self.dismiss(None)
@@ -168,7 +222,7 @@ class Help(ModalScreen[None]):
 _MARK = {"pass": ("PASS", "green"), "fail": ("FAIL", "bold red"), "warn": ("WARN", "yellow"), "skipped": ("SKIP", "dim")}
 
 
-class PreflightScreen(ModalScreen[dict[str, Any] | None]):
+class PreflightScreen(Dialog[dict[str, Any] | None]):
     """Runs the pre-launch checklist in a worker and shows it item by item.
 
     Dismisses with ``{"checklist": Checklist, "reason": str | None}`` when the operator launches
@@ -186,10 +240,12 @@ class PreflightScreen(ModalScreen[dict[str, Any] | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog", id="preflight"):
-            yield Static(safe_text(self.title_text, newlines=True), classes="bold")
-            yield Static("running the pre-launch checklist ...", id="pf-items")
-            yield Static("", id="pf-hint", classes="dim")
-            yield Input(placeholder="override reason (recorded in run.json)", id="pf-reason")
+            with self.body():
+                yield Static(safe_text(self.title_text, newlines=True), classes="bold")
+                yield Static("running the pre-launch checklist ...", id="pf-items")
+            with Vertical(classes="dialog-keys"):  # the keys that act on the checklist: never scrolled away
+                yield Static("Esc cancels (the checklist is running)", id="pf-hint")
+                yield Input(placeholder="override reason (recorded in run.json)", id="pf-reason")
 
     def on_mount(self) -> None:
         self.query_one("#pf-reason", Input).display = False
@@ -209,6 +265,7 @@ class PreflightScreen(ModalScreen[dict[str, Any] | None]):
             word, style = _MARK[it.status]
             t.append(f"[{word}] ", style)
             t.append(f"{it.title}: {it.reason}\n")
+        t.rstrip()
         self.query_one("#pf-items", Static).update(safe_text(t, newlines=True))
         if cl.failed:
             self.query_one("#pf-hint", Static).update(

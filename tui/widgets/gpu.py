@@ -39,11 +39,34 @@ def device_line(d: GpuDevice) -> Text:
     return t
 
 
+def summary_line(gpus: list[GpuDevice], replay: bool) -> Text:
+    """The GPU in one line, for a short terminal: the run's first device (the first one if none is the run's),
+    ``GPU0: SM 93% · 280/300 W · 41.0/80.0 GiB`` (kernel-active where SM activity is not known), how many more, and a
+    recorded replay said first."""
+    mine = [d for d in gpus if d["used_by_run"]] or gpus
+    d = mine[0]
+    busy = f"SM {_pct(d['sm_active_pct'])}" if d["sm_active_pct"] is not None else f"kernel-active {_pct(d['util_pct'])}"
+    power = (f"{d['power_w']:.0f}/{d['power_limit_w']:.0f} W" if d["power_w"] is not None and d["power_limit_w"]
+             else "power n/a")
+    t = Text()
+    if replay:
+        t.append("RECORDED replay ", "bold yellow")  # the health line above says "not this machine"
+    t.append(one_line(f"GPU{d['index']}"), "bold")
+    t.append(f": {busy} · {power} · {gib(d['mem_used_bytes'])}/{gib(d['mem_total_bytes'])} GiB")
+    if verdict := d["verdict"]:
+        t.append(one_line(f" · {verdict}"), "bold red" if "tensor-idle" in str(verdict) else "yellow")
+    if len(gpus) > 1:
+        t.append(f" (+{len(gpus) - 1} more GPU{'s' if len(gpus) > 2 else ''}; a taller terminal lists them)", "dim")
+    return t
+
+
 class GpuPanel(Panel):
-    """Per-device lines and, for the run's first device, util and power-share sparklines."""
+    """Per-device lines and, for the run's first device, util and power-share sparklines; on a short terminal
+    (styles.tcss ``RunScreen.short``) one summary line instead (:func:`summary_line`)."""
 
     def compose(self) -> ComposeResult:
         yield Static("", id="health", classes="dim")
+        yield Static("GPU: waiting for gpu.jsonl", id="gpu-summary")
         yield Static("GPU: waiting for gpu.jsonl", id="gpu-lines")
         with Horizontal(classes="plots"):
             with Vertical():
@@ -60,11 +83,13 @@ class GpuPanel(Panel):
         if not gpus:
             err = snap["gpu_error"] or "no GPU samples yet"
             self._set("#gpu-lines", Text(err, "yellow"))
-            self.query_one(".plots").display = False
+            self._set("#gpu-summary", Text(err, "yellow"))
+            self.query_one(".plots").set_class(True, "off")
             return
-        self.query_one(".plots").display = plots
+        self.query_one(".plots").set_class(not plots, "off")  # a class, so that a short screen's CSS hides them too
         lines = Text("\n").join(device_line(d) for d in gpus)
         src = snap["gpu_source"] or ""
+        self._set("#gpu-summary", summary_line(gpus, src.startswith("recorded")))
         if src.startswith("recorded"):
             lines = Text.assemble((f"RECORDED replay, not this machine: {one_line(src.split(':', 1)[-1])}\n", "bold yellow"),
                                   lines)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stepwatch.launcher.checkpoints import MAX_ENTRIES
-from stepwatch.launcher.restartpolicy import RESTART, STOP, Decision, RestartSettings, restart_settings
+from stepwatch.launcher.restartpolicy import RESTART, STOP, Decision, RestartSettings
 from stepwatch.launcher.trust import group_name
 
 if TYPE_CHECKING:
@@ -172,7 +172,7 @@ def resume_at_exec(cfg: RunConfig, refuse: type[Exception]) -> None:
     problem = checkpoint_path_problem(cp) if isinstance(cp, str) and cp else None
     if problem is None:
         return
-    if restart_settings(cfg.restart).unsafe_checkpoint == "scratch" and cfg.scratch_command is not None:
+    if cfg.settings.restart.unsafe_checkpoint == "scratch" and cfg.scratch_command is not None:
         cfg.command = list(cfg.scratch_command)
         cfg.resumed_from = {**rf, "checkpoint": None, "step": None, "unsafe_checkpoint": str(problem)}
         return

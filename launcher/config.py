@@ -10,39 +10,35 @@ names, not only values). Relative paths in a file are relative to the file's dir
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 import re
 import shutil
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+from collections.abc import Callable
 
-from stepwatch.launcher.restartpolicy import RESTART_KEYS, restart_settings
 from stepwatch.launcher.slurm import SLURM_KEYS, validate_slurm_table
 from stepwatch.launcher.trust import CONFIG_REFUSAL, config_file_problem
-from stepwatch.monitors.parsers.logformats import compile_patterns
-from stepwatch.monitors.detectors.stall import STALL_KEYS, stall_settings
-from stepwatch.monitors.watch.paging import PAGING_KEYS, check_finished, paging_settings
-from stepwatch.monitors.parsers.logtracker import log_settings
 from stepwatch.monitors.rundirs import RunsDirError, default_runs_dir, resolve_runs_dir
 from stepwatch.monitors.runfiles import open_regular
+from stepwatch.monitors.runsettings import (TABLE_TYPES, FinalWords, RunSettings, alert_settings, check_examples,
+                                            export_settings, log_patterns, preflight_settings)
+from stepwatch.monitors.detectors.stall import stall_settings
+from stepwatch.monitors.parsers.logtracker import log_settings
+from stepwatch.monitors.restartsettings import restart_settings
 
-TOP_KEYS = ("name", "command", "cwd", "runs_dir", "env", "shell", "preflight", "alerts", "log", "stall", "restart", "slurm",
-            "export")
-#: ``[export]``: ``prometheus`` (HOST:PORT or HOST:FIRST-LAST, served by the supervisor) and
-#: ``linger_s`` (how long the endpoint stays up after the run ended, for a last scrape).
-EXPORT_KEYS = ("prometheus", "linger_s")
-PREFLIGHT_KEYS = ("test_command", "test_timeout_s", "training_arguments", "python", "min_free_bytes")
-ALERTS_KEYS = ("command", "urls", "min_level", "rate_limit_s", "retries", "command_timeout_s", "finished", *PAGING_KEYS)
-#: ``[log]``: the user's own step patterns (regexes with named groups step, max_steps, dt_s and any
-#: metric) and example lines the checklist tries them on before there is a log; what the log may not
-#: say: ``max_steps``, ``epochs`` (of an epoch-scoped counter), ``logging_steps`` (per HF log dict); and the run's own
-#: words for an evaluation or a save (``eval_lines``, ``save_lines``: patterns searched in a line).
-LOG_KEYS = ("patterns", "examples", "max_steps", "epochs", "logging_steps", "eval_lines", "save_lines")
+#: The tables a config may hold, in order, each with its accepted keys (declared once, beside its settings type:
+#: monitors/runsettings.py ``TABLE_TYPES``; ``[slurm]``'s in launcher/slurm.py).
+TABLE_KEYS: dict[str, tuple[str, ...]] = {
+    **{name: TABLE_TYPES[name].KEYS for name in ("preflight", "alerts", "log", "stall", "restart")},
+    "slurm": SLURM_KEYS, "export": TABLE_TYPES["export"].KEYS}
+#: The top-level keys: the run's own, then its tables.
+TOP_KEYS = ("name", "command", "cwd", "runs_dir", "env", "shell", *TABLE_KEYS)
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+T = TypeVar("T")
 
 
 class ConfigError(ValueError):
@@ -83,6 +79,9 @@ class RunConfig:
     slurm: dict[str, Any] | None = None
     #: ``[export]``: the supervisor's Prometheus endpoint (monitors/export/prometheus.py)
     export: dict[str, Any] = field(default_factory=dict)
+    #: every table, typed (monitors/runsettings.py): what the launcher reads; the tables above are their plain form,
+    #: as run.json records it (config_to_json)
+    settings: RunSettings = field(default_factory=RunSettings)
     config_path: Path | None = None
     config_sha256: str | None = None
     config_data: dict[str, Any] | None = None
@@ -105,13 +104,8 @@ def _check_unknown(table: dict, accepted: tuple[str, ...], where: str) -> None:
 def _unknown_keys(data: dict[str, Any], where: str) -> None:
     """Every unknown key at every level in one error (a newcomer fixes them all in one go)."""
     problems = []
-    for table, accepted, label in ((data, TOP_KEYS, where),
-                                   (data.get("preflight"), PREFLIGHT_KEYS, f"{where} [preflight]"),
-                                   (data.get("alerts"), ALERTS_KEYS, f"{where} [alerts]"),
-                                   (data.get("log"), LOG_KEYS, f"{where} [log]"),
-                                   (data.get("stall"), STALL_KEYS, f"{where} [stall]"),
-                                   (data.get("slurm"), SLURM_KEYS, f"{where} [slurm]"),
-                                   (data.get("export"), EXPORT_KEYS, f"{where} [export]")):
+    for table, accepted, label in ((data, TOP_KEYS, where), *((data.get(name), TABLE_KEYS[name], f"{where} [{name}]")
+                                                              for name in TABLE_KEYS if name != "restart")):
         if isinstance(table, dict):
             try:
                 _check_unknown(table, accepted, label)
@@ -121,7 +115,10 @@ def _unknown_keys(data: dict[str, Any], where: str) -> None:
         raise ConfigError("\n".join(problems))
 
 
-def _validate(data: dict[str, Any], base: Path, where: str, runs_dir_override: Path | None = None) -> RunConfig:
+def validate_config(data: dict[str, Any], base: Path, where: str, runs_dir_override: Path | None = None) -> RunConfig:
+    """The config ``data`` (a TOML document's tables; paths relative to ``base``) checked and typed, its settings
+    converted once (``RunConfig.settings``); ConfigError naming every unknown key, else the first bad value
+    (``where`` begins each message)."""
     _unknown_keys(data, where)
     for key in ("name", "command"):
         if key not in data:
@@ -174,94 +171,42 @@ def _validate(data: dict[str, Any], base: Path, where: str, runs_dir_override: P
                               "(letters, digits and '_', not starting with a digit)")
         if "\0" in v:
             raise ConfigError(f"{where}: env {k} holds a NUL byte, which no environment can carry")
-    preflight = data.get("preflight", {})
-    if not isinstance(preflight, dict):
-        raise ConfigError(f"{where}: [preflight] must be a table")
-    _check_unknown(preflight, PREFLIGHT_KEYS, f"{where} [preflight]")
-    for key in ("test_timeout_s", "min_free_bytes"):
-        v = preflight.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0):
-            raise ConfigError(f"{where} [preflight]: {key} must be a positive number; got {v!r}")
-    if "python" in preflight and not isinstance(preflight["python"], str):
-        raise ConfigError(f"{where} [preflight]: python must be a path string")
-    alerts = data.get("alerts", {})
-    if not isinstance(alerts, dict):
-        raise ConfigError(f"{where}: [alerts] must be a table")
-    _check_unknown(alerts, ALERTS_KEYS, f"{where} [alerts]")
-    ac = alerts.get("command")
-    if ac is not None and not (isinstance(ac, list) and ac and all(isinstance(a, str) for a in ac)):
-        raise ConfigError(f"{where} [alerts]: command must be an argv list, e.g. [\"notify-send\", \"stepwatch\"]; got {ac!r}")
-    urls = alerts.get("urls")
-    if urls is not None and not (isinstance(urls, list) and all(isinstance(u, str) and "://" in u for u in urls)):
-        raise ConfigError(f"{where} [alerts]: urls must be a list of apprise URLs (scheme://...), e.g. "
-                          f"[\"ntfy://ntfy.sh/my-topic\"]; got a {type(urls).__name__} with an entry that is not one "
-                          "(not shown: URLs may hold tokens)")
-    lvl = alerts.get("min_level")
-    if lvl is not None and lvl not in ("info", "warning", "error"):
-        raise ConfigError(f"{where} [alerts]: min_level must be \"info\", \"warning\" or \"error\"; got {lvl!r}")
-    try:
-        if "finished" in alerts:
-            check_finished(alerts["finished"])
-        paging_settings(alerts)  # confirm_s, channel_min_level, quiet hours, digests (monitors/watch/paging.py)
-    except ValueError as e:
-        raise ConfigError(f"{where} [alerts]: {e}") from None
-    for key, hi in (("rate_limit_s", 86400), ("retries", 10), ("command_timeout_s", 600)):
-        v = alerts.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= hi
-                              or (key == "retries" and not isinstance(v, int))):
-            raise ConfigError(f"{where} [alerts]: {key} must be a number from 0 to {hi}; got {v!r}")
-    log = data.get("log", {})
-    if not isinstance(log, dict):
-        raise ConfigError(f"{where}: [log] must be a table, e.g. [log] patterns = ['step (?P<step>\\d+) loss (?P<loss>\\S+)']")
-    try:
-        compile_patterns(log.get("patterns", []))
-    except ValueError as e:
-        raise ConfigError(f"{where} [log]: {e}") from None
-    try:
-        log_settings(log)
-    except ValueError as e:
-        raise ConfigError(f"{where} [log]: {e}") from None
-    ex = log.get("examples", [])
-    if not (isinstance(ex, list) and all(isinstance(x, str) for x in ex)):
-        raise ConfigError(f"{where} [log]: examples must be a list of log lines (strings); got {ex!r}")
-    stall = data.get("stall", {})
-    if not isinstance(stall, dict):
-        raise ConfigError(f"{where}: [stall] must be a table, e.g. [stall] busy_floor_s = 600")
-    try:
-        stall_settings(stall)
-    except ValueError as e:
-        raise ConfigError(f"{where} [stall]: {e}") from None
-    restart = data.get("restart", {})
-    if not isinstance(restart, dict):
-        raise ConfigError(f'{where}: [restart] must be a table, e.g. [restart] mode = "observe"')
-    _check_unknown(restart, RESTART_KEYS, f"{where} [restart]")
-    try:
-        restart_settings(restart)  # launcher/restartpolicy.py
-    except ValueError as e:
-        raise ConfigError(f"{where} [restart]: {e}") from None
+    preflight, pre = _table(data, "preflight", where, preflight_settings)
+    alerts, al = _table(data, "alerts", where, alert_settings)
+    log, (patterns, log_s, _) = _table(data, "log", where, lambda t: (log_patterns(t), log_settings(t), check_examples(t)))
+    stall, stall_s = _table(data, "stall", where, stall_settings)
+    restart, restart_s = _table(data, "restart", where, restart_settings)
     try:
         slurm = validate_slurm_table(data["slurm"], where) if "slurm" in data else None
-        export = _export_table(data.get("export", {}), where)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    export, export_s = _table(data, "export", where, export_settings)
+    settings = RunSettings(preflight=pre, alerts=al, log=log_s, patterns=patterns, stall=stall_s, restart=restart_s,
+                           slurm=slurm, export=export_s)
     return RunConfig(name=name, command=list(command), cwd=cwd, runs_dir=runs_dir, env=dict(env), shell=shell,
-                     preflight=dict(preflight), alerts=dict(alerts), log=dict(log), stall=dict(stall), restart=dict(restart), slurm=slurm,
-                     export=export)
+                     preflight=preflight, alerts=alerts, log=log, stall=stall, restart=restart, slurm=slurm,
+                     export=export, settings=settings)
 
 
-def _export_table(table: Any, where: str) -> dict[str, Any]:
+#: What a table that is not one is refused with, after ``<where>: [<table>] must be a table``.
+_TABLE_EXAMPLES = {"preflight": "", "alerts": "", "log": ", e.g. [log] patterns = ['step (?P<step>\\d+) loss (?P<loss>\\S+)']",
+                   "stall": ", e.g. [stall] busy_floor_s = 600", "restart": ', e.g. [restart] mode = "observe"',
+                   "export": ', e.g. [export] prometheus = "127.0.0.1:9464"'}
+
+
+def _table(data: dict[str, Any], name: str, where: str, parse: Callable[[dict[str, Any]], T]) -> tuple[dict[str, Any], T]:
+    """``[name]`` of ``data`` (a copy; {} when absent) and its settings as ``parse`` makes them; ConfigError naming
+    what is wrong."""
+    table = data.get(name, {})
     if not isinstance(table, dict):
-        raise ValueError(f"{where}: [export] must be a table, e.g. [export] prometheus = \"127.0.0.1:9464\"")
-    if "prometheus" in table:
-        from stepwatch.monitors.export.prometheus import parse_address  # noqa: PLC0415
-
-        if not isinstance(table["prometheus"], str):
-            raise ValueError(f"{where} [export]: prometheus must be a string HOST:PORT; got {table['prometheus']!r}")
-        parse_address(table["prometheus"])
-    v = table.get("linger_s")
-    if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 3600):
-        raise ValueError(f"{where} [export]: linger_s must be a number of seconds from 0 to 3600; got {v!r}")
-    return dict(table)
+        raise ConfigError(f"{where}: [{name}] must be a table{_TABLE_EXAMPLES[name]}")
+    _check_unknown(table, TABLE_KEYS[name], f"{where} [{name}]")
+    try:
+        return dict(table), parse(table)
+    except FinalWords as e:
+        raise ConfigError(str(e)) from None
+    except ValueError as e:
+        raise ConfigError(f"{where} [{name}]: {e}") from None
 
 
 def load_config(path: str | os.PathLike[str], runs_dir_override: Path | None = None) -> RunConfig:
@@ -294,7 +239,7 @@ def load_config(path: str | os.PathLike[str], runs_dir_override: Path | None = N
         raise ConfigError(f"{path}: not valid TOML: {e}") from None
     except RecursionError:  # tomllib recurses per level: a 100,000-deep array is no config
         raise ConfigError(f"{path}: not valid TOML: nested too deeply to read") from None
-    cfg = _validate(data, path.parent, str(path), runs_dir_override)
+    cfg = validate_config(data, path.parent, str(path), runs_dir_override)
     cfg.config_path = path
     cfg.config_sha256 = hashlib.sha256(raw).hexdigest()
     cfg.config_data = data
@@ -325,7 +270,7 @@ def config_from_flags(command: list[str], name: str | None, cwd: str | None, run
         rd = resolve_runs_dir(runs_dir) if runs_dir else None
     except RunsDirError as e:
         raise ConfigError(str(e)) from None
-    return _validate(data, Path.cwd(), "flags", runs_dir_override=rd)
+    return validate_config(data, Path.cwd(), "flags", runs_dir_override=rd)
 
 
 def resolve_executable(cfg: RunConfig) -> str:

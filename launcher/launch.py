@@ -294,8 +294,8 @@ def _start(cfg: RunConfig, exe: str, tree, checklist: Checklist, allow_dirty: st
         "process": {"pid": None, "create_time": None, "pgid": None, "host": None},
         "start_error": None,
     }
-    if cfg.alerts.get("urls"):  # tokens: readable by the run's owner (its supervisor) alone
-        write_json_atomic(run_dir / PUSH_URLS_JSON, {"v": 1, "urls": list(cfg.alerts["urls"])}, mode=0o600)
+    if cfg.settings.alerts.urls:  # tokens: readable by the run's owner (its supervisor) alone
+        write_json_atomic(run_dir / PUSH_URLS_JSON, {"v": 1, "urls": list(cfg.settings.alerts.urls)}, mode=0o600)
     warnings.extend(w for w in [shared_risk(cfg.runs_dir, run_dir), save_owner_copy(run_dir, run)] if w)
     if in_job is not None:  # a requeued job's next attempt: its supervisor, the caller, runs it
         run["scheduler"] = in_job

@@ -31,8 +31,6 @@ from stepwatch.monitors.runfiles import open_regular
 from stepwatch.monitors.watch.stacks import py_spy
 from stepwatch.monitors.watchdog import self_test
 
-DEFAULT_TEST_TIMEOUT_S = 600.0
-DEFAULT_MIN_FREE_BYTES = 1 << 30  # 1 GiB in the runs dir's file system
 OUTPUT_TAIL_CHARS = 2000
 
 # Run in the job's interpreter: prints the accepted keyword names of TrainingArguments as JSON.
@@ -126,12 +124,12 @@ def check_test_suite(cfg: RunConfig) -> Item:
     output is a FAIL: an instrument nobody runs is not an instrument (ARCHITECTURE.md R10).
     """
     title = "test suite green"
-    cmd = cfg.preflight.get("test_command")
+    cmd = cfg.settings.preflight.test_command
     if cmd is None:
         return Item("test_suite", title, "skipped", "no [preflight] test_command in the config")
     if not (isinstance(cmd, list) and cmd and all(isinstance(a, str) for a in cmd)):
         return Item("test_suite", title, "fail", f"[preflight] test_command must be an argv list; got {cmd!r}")
-    timeout = float(cfg.preflight.get("test_timeout_s", DEFAULT_TEST_TIMEOUT_S))
+    timeout = cfg.settings.preflight.test_timeout_s
     env = dict(os.environ)
     env.update(cfg.env)
     try:
@@ -155,8 +153,8 @@ def check_test_suite(cfg: RunConfig) -> Item:
 def job_python(cfg: RunConfig) -> str | None:
     """The run's own interpreter: ``[preflight] python``, else the command's program when it is a
     Python (``python``, ``python3.11``, ...), else None."""
-    if cfg.preflight.get("python"):
-        return str(cfg.preflight["python"])
+    if cfg.settings.preflight.python:
+        return cfg.settings.preflight.python
     if cfg.shell:
         return None
     try:
@@ -171,7 +169,7 @@ def check_training_arguments(cfg: RunConfig) -> Item:
     ``inspect.signature(transformers.TrainingArguments)``, in the run's interpreter, in a subprocess.
     Unknown names fail, each with the closest accepted names (difflib)."""
     title = "arguments checked by name"
-    kwargs = cfg.preflight.get("training_arguments")
+    kwargs = cfg.settings.preflight.training_arguments
     if kwargs is None:
         return Item("training_arguments", title, "skipped", "no [preflight] training_arguments in the config")
     if not isinstance(kwargs, dict):
@@ -228,7 +226,7 @@ def check_config(cfg: RunConfig) -> Item:
         free = shutil.disk_usage(probe_dir).free
     except OSError:
         pass
-    need = int(cfg.preflight.get("min_free_bytes", DEFAULT_MIN_FREE_BYTES))
+    need = cfg.settings.preflight.min_free_bytes
     if free is not None and free < need:
         problems.append(f"only {free / 2**30:.2f} GiB free under {probe_dir} (need {need / 2**30:.2f} GiB)")
     detail = {"executable": exe, "free_bytes": free, "min_free_bytes": need}

@@ -13,10 +13,11 @@ from typing import Any
 
 from stepwatch.launcher.checkpointpath import resume_at_exec
 from stepwatch.launcher.checkpoints import Checkpoint, find_checkpoints, newest_complete, output_dir_of
-from stepwatch.launcher.config import RunConfig, UntrustedConfig, config_to_json, diff_configs, load_config
+from stepwatch.launcher.config import (TOP_KEYS, RunConfig, UntrustedConfig, config_to_json, diff_configs, load_config,
+                                       validate_config)
 from stepwatch.launcher.launch import LaunchRefused
 from stepwatch.launcher.provenance import judge_provenance
-from stepwatch.launcher.restartpolicy import restart_settings, resume_argv
+from stepwatch.launcher.restartpolicy import resume_argv
 from stepwatch.launcher.trust import launch_digest, read_owner_copy, read_private_json, shared_dir_problem
 from stepwatch.monitors.runfiles import RUN_JSON, read_json
 
@@ -64,16 +65,13 @@ def relaunch_config(run_dir: Path) -> tuple[RunConfig, list[str]]:
                                    {k: v for k, v in config_to_json(cfg).items() if k != "runs_dir"})
             changes = changes or ["config file bytes changed (sha256), settings unchanged"]
     else:
-        from stepwatch.launcher.config import _validate  # noqa: PLC0415
-
-        data = {k: old[k] for k in ("name", "command", "cwd", "env", "shell", "preflight", "alerts", "log", "stall",
-                                    "restart", "slurm", "export") if k in old}
+        data = {k: old[k] for k in TOP_KEYS if k in old and k != "runs_dir"}  # the runs dir: where it is now
         if isinstance(data.get("alerts"), dict):  # run.json names push channels, never their URLs
             data["alerts"] = {k: v for k, v in data["alerts"].items() if k != "channels"}
         data.setdefault("name", source.get("name") or run_dir.name)
         data.setdefault("command", source.get("argv"))
         data.setdefault("cwd", source.get("cwd"))
-        cfg = _validate(data, Path("/"), "your copy of the launch", runs_dir_override=run_dir.parent)
+        cfg = validate_config(data, Path("/"), "your copy of the launch", runs_dir_override=run_dir.parent)
         changes = []
     # the commit it launched: from the owner's copy, or from a run.json that matches it (a member's says nothing)
     moved = commit_change(source if "identity" in source else None if tampered else run, Path(cfg.cwd))
@@ -121,7 +119,7 @@ def newest_checkpoint_for(cfg: RunConfig) -> Checkpoint | None:
     """The newest complete checkpoint of ``cfg``'s run (launcher/checkpoints.py: the command's ``--output_dir``, or
     ``[restart] checkpoints``) that this run could have written (launcher/provenance.py: never one last written before
     its first launch), or None; None too when ``[restart] resume`` does not say how to resume from one."""
-    s = restart_settings(cfg.restart)
+    s = cfg.settings.restart
     if s.resume is None:
         return None
     found = _checkpoints_of(cfg)
@@ -132,7 +130,7 @@ def newest_checkpoint_for(cfg: RunConfig) -> Checkpoint | None:
 def _checkpoints_of(cfg: RunConfig) -> list[Checkpoint]:
     """Every checkpoint where ``cfg`` looks (launcher/checkpoints.py: the command's ``--output_dir``, ``[restart]
     checkpoints``), complete or not."""
-    s = restart_settings(cfg.restart)
+    s = cfg.settings.restart
     cwd = Path(cfg.cwd)
     return find_checkpoints(output_dir_of([str(a) for a in cfg.command], cwd), s.checkpoints, cwd, s.complete_marker)
 
@@ -144,7 +142,7 @@ def resume_from(cfg: RunConfig, checkpoint: str | None, step: int | None, *, by:
     attempt, the policy's restarts in a row). Returns whether the command resumes (else it starts from scratch).
     The path is handed normalised (no ``..``: launcher/checkpointpath.py judges it as the job will open it), and the
     command as it was is kept, to run from scratch if the path is refused at exec."""
-    s = restart_settings(cfg.restart)
+    s = cfg.settings.restart
     checkpoint = os.path.normpath(checkpoint) if checkpoint else checkpoint
     if cfg.scratch_command is None:
         cfg.scratch_command = list(cfg.command)
@@ -187,7 +185,7 @@ def resume_newest_by_hand(cfg: RunConfig, run_dir: Path, path: str | None = None
 def _named_checkpoint(cfg: RunConfig, run_dir: Path, path: str) -> Checkpoint:
     """The complete checkpoint at ``path`` among those the config's rule finds (its provenance not judged: the operator
     chose it); LaunchRefused naming why it is not one."""
-    s = restart_settings(cfg.restart)
+    s = cfg.settings.restart
     want = os.path.normpath(os.path.join(cfg.cwd, path))
     found = [c for c in _checkpoints_of(cfg) if os.path.normpath(str(c.path)) == want]
     if s.resume is None or not found or not found[0].complete:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from stepwatch.launcher.restartpolicy import STOP, restart_settings
+from stepwatch.launcher.restartpolicy import STOP
 from stepwatch.launcher.restartrun import recorded_decision, restarts_so_far
 from stepwatch.launcher.slurm import slurm_job_id
 from stepwatch.launcher.trust import launch_digest, read_owner_copy
@@ -69,7 +69,7 @@ def next_attempt_in_job(run_dir: Path, run: dict[str, Any], count: int, log: Cal
     head = f"Slurm requeued job {slurm_job_id(run)} (restart {count}) after attempt {prev}"
     try:
         cfg, _changes = relaunch_config(run_dir)
-        enforce = restart_settings(cfg.restart).mode == ENFORCE
+        enforce = cfg.settings.restart.mode == ENFORCE
         if enforce and dec is not None and dec.get("verdict") == STOP:
             raise _PolicyStop(f"the restart policy said stop: {dec.get('reason')}")
         if enforce:

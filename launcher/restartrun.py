@@ -21,11 +21,12 @@ from typing import Any
 from stepwatch.launcher.checkpointpath import judge_decision
 from stepwatch.launcher.checkpoints import find_checkpoints, newest_complete, output_dir_of
 from stepwatch.launcher.provenance import NOT_THIS_RUNS, judge_provenance, refused_words
-from stepwatch.launcher.restartpolicy import RESTART, AttemptEnd, Decision, decide, restart_settings_of
+from stepwatch.launcher.restartpolicy import RESTART, AttemptEnd, Decision, decide
 from stepwatch.launcher.slurm import slurm_job_id
 from stepwatch.monitors.parsers.endcauses import SLURM_CANCELLED, EndFacts, classify, slurm_requeued
 from stepwatch.monitors.runfiles import (ALERTS_JSONL, RESTART_JSON, SUPERVISOR_LOG, TRAIN_LOG, read_json, read_push_urls,
                                          write_json_atomic)
+from stepwatch.monitors.runsettings import RunSettings
 from stepwatch.monitors.snapshot.alerts import headline_of
 from stepwatch.monitors.snapshot.types import Snapshot
 from stepwatch.monitors.states import ENFORCE, OBSERVE, OFF
@@ -104,7 +105,7 @@ def end_of(run_dir: Path, run: dict[str, Any], snap: Snapshot,
            exit_rec: dict[str, Any] | None = None) -> tuple[AttemptEnd, list[dict[str, Any]]]:
     """This attempt's end as the policy reads it, and the checkpoints found (as listed in restart.json).
     ``exit_rec``: the supervisor's own record of the end (exit.json read back could be another's)."""
-    s = restart_settings_of(run)
+    s = RunSettings.of_run(run).restart
     cwd = Path(str(run.get("cwd") or run_dir))
     argv = [str(a) for a in run.get("argv") or []]
     step = (snap.get("step") or {}).get("global_step")
@@ -171,7 +172,7 @@ def decide_after(run_dir: Path, run: dict[str, Any], snap: Snapshot, log: Callab
     """Decide after the attempt's end and record it in restart.json; the record, or None when the policy is off.
     A decision that could not be recorded never restarts (``recorded`` false): restart.json is the history the
     crash-loop rule reads."""
-    s = restart_settings_of(run)
+    s = RunSettings.of_run(run).restart
     if s.mode == OFF:
         return None
     end, listed = end_of(run_dir, run, snap, exit_rec)
@@ -221,7 +222,7 @@ def page_decision(run_dir: Path, run: dict[str, Any], snap: Snapshot, record: di
 def run_policy(run_dir: Path, run: dict[str, Any], log: Callable[[str], None],
                exit_rec: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """The supervisor's call once its attempt ended: decide, record, page. Never raises; None when off."""
-    if restart_settings_of(run).mode == OFF:
+    if RunSettings.of_run(run).restart.mode == OFF:
         return None
     try:
         from stepwatch.monitors.snapshot.observer import snapshot  # noqa: PLC0415

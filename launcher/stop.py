@@ -27,6 +27,7 @@ from stepwatch.monitors.fold.stepcolumns import unix_time
 from stepwatch.monitors.signalling import belongs_to, owner_uid, send_signal
 from stepwatch.monitors.runfiles import EXIT_JSON, RUN_JSON, STOP_JSON, read_json, utc_iso, write_json_atomic
 from stepwatch.monitors.rundirs import foreign_records
+from stepwatch.monitors.runsettings import RunSettings
 from stepwatch.monitors.rundirs import run_survivors as run_survivors  # re-exported for the CLI
 from stepwatch.monitors.watchdog import ProcessRef, is_alive, wait_for_exit
 from stepwatch.monitors.states import ENFORCE, restart_awaited
@@ -347,7 +348,6 @@ def _queued_again(run: dict, job: str, uid: int | None) -> bool:
 
 
 def _restart_enforced(run: dict) -> bool:
-    """The run's config enforces the restart policy (the words only: the signal is sent to a live supervisor)."""
-    config = run.get("config")
-    table = config.get("restart") if isinstance(config, dict) else None
-    return isinstance(table, dict) and table.get("mode") == ENFORCE
+    """The run's config enforces the restart policy (as its supervisor reads it: the signal is sent to a live
+    supervisor)."""
+    return RunSettings.of_run(run).restart.mode == ENFORCE

@@ -45,6 +45,7 @@ from stepwatch.monitors.proctree import TreeRecorder, become_subreaper
 from stepwatch.monitors.runfiles import (
     RUN_JSON, STOP_JSON, TRAIN_LOG, open_append, read_run_fd, write_json_atomic,
 )
+from stepwatch.monitors.runsettings import RunSettings
 from stepwatch.monitors.watch.logpump import LogPump
 from stepwatch.monitors.watchdog import ProcessRef
 
@@ -120,15 +121,12 @@ def _start_events_state(run_dir: Path, run: dict[str, Any], done: threading.Even
 EVENTS_STATE_FINAL_S = 60.0
 #: ... and for its watch to record the last alerts and deliver them (a delivery waits at most 40 s).
 WATCH_FINAL_S = 60.0
-#: The Prometheus endpoint stays up this long after the run ended (``[export] linger_s``): a scrape
-#: every 15 s still sees the end.
-EXPORT_LINGER_S = 15.0
 
 
 def _start_exporter(run: dict[str, Any]) -> Any:
     """The run's Prometheus endpoint when ``[export] prometheus`` asks for one (its address then goes
     to run.json ``export``); None otherwise, or when it cannot bind (logged, in run.json too)."""
-    spec = ((run.get("config") or {}).get("export") or {}).get("prometheus")
+    spec = RunSettings.of_run(run).export.prometheus
     if not spec:
         return None
     try:
@@ -308,8 +306,8 @@ def supervise(run_dir: Path, run_fd: int | None = None, launch_sha256: str | Non
         watching.join(WATCH_FINAL_S)  # the last alerts recorded and delivered (bounded)
     restart = run_policy(run_dir, run, _log, exit_rec)  # [restart]: why it ended, RESTART or STOP, in restart.json and paged
     if exporter is not None:  # a last scrape sees the end (stepwatch_run_ended, the exit code)
-        linger = ((run.get("config") or {}).get("export") or {}).get("linger_s", EXPORT_LINGER_S)
-        time.sleep(max(0.0, float(linger) - (time.time() - t_end)))
+        linger = RunSettings.of_run(run).export.linger_s  # EXPORT_LINGER_S unless set: a scrape every 15 s sees the end
+        time.sleep(max(0.0, linger - (time.time() - t_end)))
         exporter.close()
     enforce(run_dir, run, restart, stop_requested, _log)  # enforce: the next attempt, after the back-off
     if slurm_job_id(run):  # the batch step's status is the run's: Slurm then says FAILED for a failed run

@@ -212,12 +212,15 @@ def test_the_last_looks_before_exec_refuse_or_go_from_scratch_and_the_supervisor
     from stepwatch.launcher.checkpointpath import refused_at_exec, resume_at_exec, scratch_note
     from stepwatch.launcher.config import RunConfig
     from stepwatch.launcher.relaunch import resume_from
+    from stepwatch.launcher.restartpolicy import restart_settings
+    from stepwatch.monitors.runsettings import RunSettings
 
     cp = _private_checkpoint(tmp_path)
 
     def cfg(unsafe: str) -> RunConfig:
-        c = RunConfig("r", ["python", "t.py"], tmp_path, tmp_path / "runs", restart={"resume": "hf",
-                                                                                      "unsafe_checkpoint": unsafe})
+        table = {"resume": "hf", "unsafe_checkpoint": unsafe}
+        c = RunConfig("r", ["python", "t.py"], tmp_path, tmp_path / "runs", restart=table,
+                      settings=RunSettings(restart=restart_settings(table)))
         resume_from(c, str(cp), 20, by="operator", after_attempt=1, restarts=0)
         return c
 

@@ -85,10 +85,10 @@ def test_training_arguments_checked_in_the_jobs_own_interpreter(harness: Path, t
 def test_config_check_fails_on_missing_command_and_tiny_disk(harness: Path):
     cfg = load_config(write_cfg(harness, "[preflight]\nmin_free_bytes = 1\n"))
     assert check_config(cfg).status == "pass"
-    cfg.preflight["min_free_bytes"] = 1 << 60
+    cfg = load_config(write_cfg(harness, f"[preflight]\nmin_free_bytes = {1 << 60}\n"))
     item = check_config(cfg)
     assert item.status == "fail" and "GiB free" in item.reason
-    cfg.preflight["min_free_bytes"] = 1
+    cfg = load_config(write_cfg(harness, "[preflight]\nmin_free_bytes = 1\n"))
     cfg.command = ["definitely-not-a-program"]
     assert "command not found" in check_config(cfg).reason
 

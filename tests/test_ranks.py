@@ -550,3 +550,55 @@ def test_a_cascade_noticed_in_the_wrong_order_still_starts_with_the_rank_that_wa
     made.clear()
     rank_alerts(snap, lambda *a: made.append(a) or a, {})
     assert made[0][4].startswith("rank 0 (local_rank 0, pid 100) killed by SIGTERM")
+
+
+EARLY_SAVE_PY = '''\
+import os, sys, time
+import torch
+import torch.distributed as dist
+from stepwatch.telemetry import StepTelemetry
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+steps = 200 if rank == 0 else 55  # rank 1's shard ends early; rank 0 goes on
+tel = StepTelemetry(max_steps=200)  # the same plan on both: rank 1's data ran out
+tel.step_begin()
+for step in range(1, steps + 1):
+    time.sleep(0.05)
+    tel.step_end()
+state = {"w": torch.zeros(256, 256)}
+def save_shard():  # its own shard, saved silently: 4.5 s of CPU-busy serialisation
+    t = time.monotonic()
+    while time.monotonic() - t < 4.5:
+        torch.save(state, f"shard{rank}.pt")
+if rank == 1:
+    save_shard()
+tel.close()
+'''
+
+
+@pytest.mark.slow
+def test_a_rank_whose_shard_ends_early_and_saves_it_silently_is_not_paged_stuck(tmp_path: Path):
+    """Under torchrun, a rank whose shard ends 25 steps early and then saves its own shard silently (4.5 s, CPU
+    busy) before exiting 0 was paged stuck_rank 3 s after its last step (issue 44). Its stack is taken first: it
+    shows the save, so the stuck rank is judged again after the save budget, by which time it has ended: no page."""
+    pings = tmp_path / "pings.jsonl"
+    toml = (f'name = "early"\ncommand = {json.dumps([TORCHRUN, "--nproc_per_node", "2", "early.py"])}\n'
+            'env = { OMP_NUM_THREADS = "1", STEPWATCH_ALL_RANKS = "1" }\n'
+            f"[alerts]\ncommand = {json.dumps([sys.executable, str(tmp_path / 'repo' / 'ping.py'), str(pings)])}\n")
+    repo = make_repo(tmp_path / "repo", {"early.py": EARLY_SAVE_PY, "ping.py": PING_PY, "early.toml": toml,
+                                         ".gitignore": "runs/\n*.pt\n"})
+    r = stepwatch("launch", "--no-tui", "early.toml", cwd=repo)
+    assert r.returncode == 0, r.stderr
+    run_dir = repo / "runs" / "early"
+    ex = wait_until(lambda: read_json(run_dir / "exit.json"), 120, what="the run to end")
+    assert ex["returncode"] == 0, ex
+    recs = [json.loads(ln) for ln in (run_dir / "alerts.jsonl").read_text().splitlines()] \
+        if (run_dir / "alerts.jsonl").exists() else []
+    stuck = [x for x in recs if x.get("alert_kind") == "stuck_rank"]
+    print("stuck shown:", [x["message"] for x in stuck], "deliveries:",
+          [(x["alert_id"], x["outcome"], x["detail"][:80]) for x in recs if x["kind"] == "delivery"])
+    assert stuck, "the control: rank 1 stopped stepping while rank 0 went on, and it was shown"
+    wait_until(lambda: [x for x in map(json.loads, (run_dir / "alerts.jsonl").read_text().splitlines())
+                        if x["kind"] == "delivery" and x["alert_id"] == stuck[0]["id"]], 20,
+               what="the stuck rank's delivery record")
+    assert not pings.exists() or pings.read_text() == "", pings.read_text()  # no page at all

@@ -21,7 +21,7 @@ Pure: no I/O, no clock reads (time is passed in).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 from collections.abc import Mapping
 
 from stepwatch.monitors.parsers.phases import PHASE_FLOOR_S
@@ -35,14 +35,15 @@ STALL_MIN_STEPS = 5
 #: A busy but silent step is judged stuck only after this long (seconds), or 3x the longest save or
 #: evaluation seen so far when that is longer (ARCHITECTURE.md R18).
 BUSY_FLOOR_S = 60.0
-#: The run config's ``[stall]`` keys, each a number of seconds (``step_floor_s`` at least 1).
-STALL_KEYS = ("step_floor_s", "busy_floor_s", "phase_floor_s")
 
 
 @dataclass(frozen=True, slots=True)
 class StallSettings:
     """What ``[stall]`` sets for one run: the floors of the step budget (max(10 x p99, floor)), the busy budget
     (max(floor, 3 x the longest save or evaluation)) and an evaluation's or a save's budget (the same rule)."""
+
+    #: the ``[stall]`` keys the run config accepts, each a number of seconds (launcher/config.py refuses any other)
+    KEYS: ClassVar[tuple[str, ...]] = ("step_floor_s", "busy_floor_s", "phase_floor_s")
 
     step_floor_s: float = STALL_FLOOR_S
     busy_floor_s: float = BUSY_FLOOR_S
@@ -58,7 +59,7 @@ class StallSettings:
 def stall_settings(table: Mapping[str, Any]) -> StallSettings:
     """The ``[stall]`` table's settings; ValueError naming a bad one (seconds, 1 to 7 days)."""
     got: dict[str, float] = {}
-    for key in STALL_KEYS:
+    for key in StallSettings.KEYS:
         v = table.get(key)
         if v is None:
             continue

@@ -21,6 +21,7 @@ import math
 import os
 import re
 from dataclasses import dataclass
+from typing import ClassVar
 from pathlib import Path
 
 from stepwatch.monitors.parsers.epochscope import EpochScope
@@ -55,6 +56,12 @@ class LogSettings:
     ``logging_steps`` (optimizer steps per printed HF Trainer log dict when no bar is drawn; 1 by default); and the
     run's own words for an evaluation or a save (``eval_lines``, ``save_lines``: patterns, compiled in RE2), which
     a line is matched against before the words of the programs this knows (monitors/parsers/phases.py)."""
+
+    #: the ``[log]`` keys the run config accepts: the user's own step ``patterns`` (regexes with named groups step,
+    #: max_steps, dt_s and any metric; monitors/runsettings.py keeps them compiled) and ``examples`` the checklist
+    #: tries them on before there is a log, and the fields below
+    KEYS: ClassVar[tuple[str, ...]] = ("patterns", "examples", "max_steps", "epochs", "logging_steps", "eval_lines",
+                                       "save_lines")
 
     max_steps: int | None = None
     epochs: int | None = None

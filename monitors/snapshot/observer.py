@@ -36,8 +36,8 @@ from stepwatch.monitors.fold.events import EventsFold
 from stepwatch.monitors.fold.stepcolumns import step_no
 from stepwatch.monitors.fold.savedstate import load as load_saved_state, refused
 from stepwatch.monitors.parsers.dynamolog import DynamoLogScanner, RecompileLimit, Recompile
-from stepwatch.monitors.detectors.stall import stall_settings_of
-from stepwatch.monitors.parsers.logtracker import LogTracker, log_hint, own_run_record, patterns_of, settings_of
+from stepwatch.monitors.parsers.logtracker import LogTracker, log_hint, own_run_record
+from stepwatch.monitors.runsettings import RunSettings
 from stepwatch.monitors.snapshot.metrics import arrival_check, log_metrics, series_part
 from stepwatch.monitors.snapshot.eta import ETA_RECENT_STEPS, eta_part
 from stepwatch.monitors.gpu.energy import RECENT_STEPS as ENERGY_STEPS
@@ -116,9 +116,9 @@ class _Attempt:
         self.new_lines_dropped = False  # more arrived than new_lines holds
         self.ev = EventsFold()  # what events.jsonl says (from a saved state, see refresh())
         self.ev_resume: dict[str, Any] | None = None  # the snapshot's events.resume
-        own = own_run_record(run_dir)  # the run config's [log] patterns and settings, from one read
-        self.progress = LogTracker(patterns_of(own), settings_of(own))
-        self.stall = stall_settings_of(own)  # [stall]: the floors of the budgets
+        own = RunSettings.of_run(own_run_record(run_dir))  # the run config's tables, from one read
+        self.progress = LogTracker(list(own.patterns), own.log)
+        self.stall = own.stall  # [stall]: the floors of the budgets
         self.progress.phases.floor_s = self.stall.phase_floor_s
         self.log_stats = StepStats()
         self.dynlog = DynamoLogScanner()

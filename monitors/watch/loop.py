@@ -2,9 +2,8 @@
 
 Run by :mod:`stepwatch.launcher.supervisor` for one attempt, in two threads of its own:
 
-- **the log timer** follows ``train.log`` from its first byte (change notice plus the follower's
-  poll) and appends log-derived step records to ``logsteps.jsonl`` as the bytes arrive
-  (:mod:`stepwatch.monitors.watch.logsteps`);
+- **the log timer** (:mod:`.logtimer`) follows ``train.log`` and appends log-derived step records to
+  ``logsteps.jsonl`` as the bytes arrive;
 - **the detector loop** refreshes a :class:`RunObserver` of the run dir about once a second, the
   same code every view runs (death, fallback, stall, recompile limit and storm, GPU), appends each
   new alert once to ``alerts.jsonl`` and hands it to the :class:`Deliverer` (the ``[alerts]``
@@ -18,7 +17,6 @@ what became of each delivery) and adds only what it alone can see.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import threading
@@ -29,24 +27,23 @@ from collections.abc import Callable
 
 from stepwatch.monitors import fdreserve
 from stepwatch.monitors.snapshot.ledger import record as record_ledger
-from stepwatch.monitors.protocol import FLAG_EVAL, FLAG_IDLE, FLAG_SAVE, FLAG_SILENT, FLAG_STOPPED
-from stepwatch.monitors.readers.changes import ChangeNotifier
-from stepwatch.monitors.readers.textlog import LogFollower
-from stepwatch.monitors.runfiles import ALERTS_JSONL, LOG_STEPS_JSONL, TRAIN_LOG, open_append, rank_log_steps_name, read_push_urls, write_all
+from stepwatch.monitors.runfiles import ALERTS_JSONL, read_push_urls
 from stepwatch.monitors.snapshot.alerts import headline_of
 from stepwatch.monitors.snapshot.model import json_safe
 from stepwatch.monitors.snapshot.observer import RunObserver
 from stepwatch.monitors.snapshot.types import Alert, NewAlert, Snapshot
-from stepwatch.monitors.states import EVALUATING, FLAGGED, SAVING, STALLED, SUSPECTED
+from stepwatch.monitors.states import EVALUATING, SAVING
 from stepwatch.monitors.watch.stacks import (PY_SPY_TIMEOUT_S, STACK_KINDS, TREE_STACK_KINDS, record_stack_later,
                                              record_tree_stacks_later, stack_target)
 from stepwatch.monitors.snapshot.process import run_began_at
 from stepwatch.monitors.watch.delivery import SAME_CAUSE, Deliverer, level_of
 from stepwatch.monitors.watch.lifecycle import (WAIT_FOR_FROZEN, finished_page, group_end_cause, resolved_page,
                                                stopped_cause, unix_of)
-from stepwatch.monitors.parsers.logtracker import LogTracker
+from stepwatch.monitors.parsers.phases import PHASE_FLOOR_S
+from stepwatch.monitors.parsers.pystacks import category_of, main_frames
 from stepwatch.monitors.runsettings import RunSettings
-from stepwatch.monitors.watch.logsteps import TIMING_REPORTED, LogStepTimer, RankLogTimers, encode_records
+from stepwatch.monitors.watch.attemptfile import AttemptFile as AttemptFile  # re-exported: restartrun writes one
+from stepwatch.monitors.watch.logtimer import LivenessFlags, LogTimerThread
 
 #: The detector loop's period, seconds (alerts reach alerts.jsonl within about this, plus a refresh).
 DETECT_EVERY_S = 1.0
@@ -76,126 +73,6 @@ def evidence_of(snap: Snapshot, kind: str) -> dict[str, Any]:
     return json_safe(ev)
 
 
-class AttemptFile:
-    """One of this attempt's files, opened once for appending (``O_NOFOLLOW``, regular only) and
-    kept: a relaunch that renames it, or anything put in its place later (a symlink, a FIFO, a
-    directory), changes nothing about where this attempt's records go. Each append is one write."""
-
-    def __init__(self, path: Path, log: Callable[[str], None]):
-        self.path, self.log = path, log
-        self._lock = threading.Lock()
-        try:
-            self.fd: int | None = open_append(path)
-        except OSError as e:
-            self.fd = None
-            log(f"cannot write {path.name}: {e}; its records are lost for this attempt")
-
-    def append(self, data: bytes) -> None:
-        """Append ``data``; raises OSError (a full disk) and says nothing more when it could not open."""
-        if self.fd is None:
-            raise OSError(f"{self.path.name} could not be opened")
-        with self._lock:
-            write_all(self.fd, data)
-
-    def append_json(self, obj: dict[str, Any]) -> None:
-        self.append((json.dumps(obj, separators=(",", ":")) + "\n").encode("utf-8"))
-
-    def close(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
-
-
-class LivenessFlags:
-    """What the detector loop saw of the run's liveness since the log timer's last step record: the flags of
-    the interval the next record closes (``stopped``, ``idle``, ``silent``, and ``save`` or ``eval`` for a phase the
-    stacks showed: monitors/protocol.py)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._flags: set[str] = set()
-
-    def note(self, snap: Snapshot) -> None:
-        stall = snap["stall"].get("state")
-        frozen = ((snap.get("liveness") or {}).get("frozen") or {}).get("state")
-        seen = {FLAG_SILENT} if stall == SUSPECTED else {FLAG_IDLE} if stall == STALLED else set()
-        seen |= {FLAG_STOPPED} if frozen == FLAGGED else set()
-        phase = (snap.get("phase") or {}).get("name")  # a save or evaluation the stacks showed: booked as one
-        seen |= {FLAG_SAVE} if phase == SAVING else {FLAG_EVAL} if phase == EVALUATING else set()
-        if seen:
-            with self._lock:
-                self._flags |= seen
-
-    def take(self) -> list[str]:
-        with self._lock:
-            flags, self._flags = sorted(self._flags), set()
-        return flags
-
-
-class LogTimerThread(threading.Thread):
-    """Follows train.log and writes logsteps.jsonl until ``stop`` is set (then reads to the end once); the
-    step that ends a stretch the detector loop saw stopped, stalled or busy but silent carries its flag."""
-
-    def __init__(self, run_dir: Path, stop: threading.Event, log: Callable[[str], None], run: dict[str, Any],
-                 liveness: LivenessFlags | None = None):
-        super().__init__(name="log-step-timer", daemon=True)
-        self.run_dir, self.stop, self.log = run_dir, stop, log
-        self.liveness = liveness or LivenessFlags()
-        self.out = AttemptFile(run_dir / LOG_STEPS_JSONL, log)
-        self.follower = LogFollower(run_dir / TRAIN_LOG, keep_lines=1, from_start=True)
-        own = RunSettings.of_run(run)  # the supervisor's own record, never run.json re-read
-        patterns, settings = list(own.patterns), own.log  # [log] patterns; max_steps, epochs, logging_steps
-        resumed = run.get("resumed_from")  # the restart policy resumed this attempt from a checkpoint of that step
-        resume_step = resumed.get("step") if isinstance(resumed, dict) and type(resumed.get("step")) is int else None
-        self.timer = LogStepTimer(LogTracker(patterns, settings), resume_step=resume_step)
-        self.rank_timers = RankLogTimers(patterns, settings)  # each other rank's prefixed lines: logsteps.rank<N>.jsonl
-        self.rank_out: dict[int, AttemptFile] = {}
-        self.records = 0
-
-    def _poll(self) -> None:
-        while True:
-            segs = self.follower.poll()
-            partial = self.follower.partial_segment
-            recs = self.timer.feed_poll(segs, partial)
-            if recs and (held := self.liveness.take()):  # the interval these steps close held it
-                for i, r in enumerate(recs):
-                    if i == 0 or r["timing"] != TIMING_REPORTED:  # a step with its own time: the first alone
-                        r["flags"] = [*r["flags"], *held]
-            self._append(self.out, recs)
-            for rank, rank_recs in self.rank_timers.feed_poll(segs, partial).items():
-                if rank not in self.rank_out:
-                    self.rank_out[rank] = AttemptFile(self.run_dir / rank_log_steps_name(rank), self.log)
-                self._append(self.rank_out[rank], rank_recs)
-            if not self.follower.behind:
-                return
-
-    def _append(self, out: AttemptFile, recs: list[dict[str, Any]]) -> None:
-        if not recs:
-            return
-        try:
-            out.append(encode_records(recs))
-            self.records += len(recs)
-        except OSError as e:
-            self.log(f"log steps not recorded: {e}")
-
-    def run(self) -> None:
-        try:
-            notifier = ChangeNotifier(self.run_dir, names={TRAIN_LOG}, stop_event=self.stop, tick_s=1.0,
-                                      on_notice=self.log)
-            self._poll()
-            for _ in notifier:
-                self._poll()
-                if self.stop.is_set():
-                    break
-            self._poll()  # the child has ended: its last bytes
-        except Exception as e:  # noqa: BLE001 - never take the supervisor down
-            self.log(f"log step timer stopped: {type(e).__name__}: {e}")
-        finally:
-            self.follower.close()
-            for out in (self.out, *self.rank_out.values()):
-                out.close()
-
-
 class AlertRecorder:
     """Appends each new alert of a :class:`RunObserver`'s snapshot once to ``alerts.jsonl`` with its
     evidence and hands it to the :class:`Deliverer`; ``kinds`` (a set) limits it to those alert
@@ -214,13 +91,14 @@ class AlertRecorder:
         self.kinds, self.skip, self.log, self.run_dir = kinds, skip, log, Path(run_dir)
         self.recorded: set[str] = set()
         self.paged: set[str] = set()  # the alerts this recorder paged: their resolution is paged too
-        alerts = RunSettings.of_run(run).alerts
-        self.finished_wanted = alerts.finished not in (False, ())  # a page on exit 0
-        self.paging = alerts.paging
+        alerts = RunSettings.of_run(run).alerts  # finished: a page on exit 0
+        self.finished_wanted, self.paging = alerts.finished not in (False, ()), alerts.paging
         #: shown, not yet paged: alert id -> when its window ends (time.monotonic(): a wall clock step moves nothing)
         self.pending: dict[str, float] = {}
         #: shown, not paged: the frozen alert that causes it (lifecycle.stopped_cause), while that alert holds
         self.caused_by: dict[str, str] = {}
+        #: stuck ranks whose stack showed a save or an evaluation: judged again after that phase's budget
+        self.rank_phase: set[str] = set()
         self.attempt, self.run = run.get("attempt"), run  # the supervisor's own record of the launch
         self._stack_threads: list[threading.Thread] = []  # a stall's stacks, its delivery after them
         self.host = socket.gethostname()
@@ -263,8 +141,9 @@ class AlertRecorder:
         due = self.pending[al["id"]]
         if not al.get("active", True):
             del self.pending[al["id"]]
-            self.deliverer.record_outcome(cast("dict[str, Any]", al), "not_confirmed",
-                                          f"cleared before its confirmation window ended ({self.paging.confirm_window_s(al['kind']):g} s)")
+            self.deliverer.record_outcome(cast("dict[str, Any]", al), "not_confirmed", (
+                "cleared within the budget of the save or evaluation its stack showed" if al["id"] in self.rank_phase
+                else f"cleared before its confirmation window ended ({self.paging.confirm_window_s(al['kind']):g} s)"))
             return
         if time.monotonic() < due:
             return
@@ -298,10 +177,34 @@ class AlertRecorder:
                 None if snap["phase"]["name"] in (SAVING, EVALUATING) or page is None  # a save past its budget: paged
                 else lambda phase, summary: self._phase_not_stall(al, snap, phase, summary)))
             return
+        pid = stack_target(snap, al) if al["kind"] in STACK_KINDS else None
+        if page is not None and al["kind"] == "stuck_rank" and pid is not None and al["id"] not in self.rank_phase:
+            # the rank's stack first: a rank that stopped stepping to save (or evaluate) its own shard is no stuck rank
+            self._stack_threads.append(record_stack_later(
+                al["id"], pid, self.file.append_json, self.log,
+                lambda stack: self._rank_stack(al, page, stack)))
+            return
         if page is not None:
             deliver(page)
-        if al["kind"] in STACK_KINDS and (pid := stack_target(snap, al)) is not None:
+        if pid is not None:
             record_stack_later(al["id"], pid, self.file.append_json, self.log)
+
+    def _rank_stack(self, al: Alert, page: dict[str, Any], stack: str) -> None:
+        """A stuck rank's stack (from the stack thread): when it shows the rank saving or evaluating, no page now
+        (and no resolved): it is judged again once that phase's budget ([stall] phase_floor_s) has passed, and paged
+        then if it still holds (a save past its budget); otherwise the page goes out."""
+        phase = {"saving": SAVING, "evaluating": EVALUATING}.get(category_of(main_frames(stack)) or "")
+        if phase is None:
+            self.deliverer.submit(page)
+            return
+        budget = self.observer.a.stall.phase_floor_s if self.observer.a is not None else PHASE_FLOOR_S
+        self.paged.discard(al["id"])
+        self.rank_phase.add(al["id"])  # its next look pages, whatever the stack then shows
+        self.pending[al["id"]] = time.monotonic() + budget
+        self.deliverer.record_outcome(cast("dict[str, Any]", al), "pending",
+                                      f"the rank's stack shows it {phase}: judged again after that phase's budget "
+                                      f"({budget:g} s)")
+        self.log(f"{al['id']} not paged yet: the rank's stack shows it {phase}")
 
     def _cause_gone(self, snap: Snapshot) -> None:
         """An alert held as a frozen alert's evidence that still holds once that alert cleared (the process was let go,

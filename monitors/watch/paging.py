@@ -23,12 +23,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 LEVELS = ("info", "warning", "error")
-#: The ``[alerts]`` keys this module reads (launcher/config.py accepts them).
-PAGING_KEYS = ("confirm_s", "channel_min_level", "quiet_hours", "quiet_min_level", "digest_after",
-               "digest_window_s")
 DIGEST_AFTER = 5
 DIGEST_WINDOW_S = 60.0
 _HHMM = re.compile(r"^([01]\d|2[0-3]):([0-5]\d)-([01]\d|2[0-3]):([0-5]\d)$")
@@ -39,6 +36,10 @@ _KIND = re.compile(r"^[a-z_]{1,40}$")
 class PagingSettings:
     """One run's paging settings (see the module's docstring); ``quiet_hours`` as minutes of the day
     (start, end), an end before the start wrapping past midnight."""
+
+    #: the ``[alerts]`` keys this module reads (monitors/runsettings.py's AlertSettings accepts them)
+    KEYS: ClassVar[tuple[str, ...]] = ("confirm_s", "channel_min_level", "quiet_hours", "quiet_min_level",
+                                       "digest_after", "digest_window_s")
 
     confirm_s: Mapping[str, float] = field(default_factory=dict)
     channel_min_level: Mapping[str, str] = field(default_factory=dict)

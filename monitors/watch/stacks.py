@@ -95,14 +95,17 @@ def stack_target(snap: Snapshot, alert: Mapping[str, Any]) -> int | None:
 
 
 def record_stack_later(alert_id: str, pid: int, append: Callable[[dict[str, Any]], None],
-                       log: Callable[[str], None]) -> threading.Thread:
-    """Take ``pid``'s stack in a daemon thread and append ``{"kind": "stack", ...}``."""
+                       log: Callable[[str], None], then: Callable[[str], None] | None = None) -> threading.Thread:
+    """Take ``pid``'s stack in a daemon thread and append ``{"kind": "stack", ...}``; then hand the stack's text to
+    ``then`` (whatever the disk did)."""
     def run() -> None:
         stack = python_stack(pid)
         try:
             append({"v": 1, "kind": "stack", "alert_id": alert_id, "pid": pid, "stack": stack, "t": time.time()})
         except (OSError, ValueError) as e:
             log(f"could not record the stack for {alert_id}: {e}")
+        if then is not None:
+            then(stack)
 
     t = threading.Thread(target=run, name="py-spy", daemon=True)
     t.start()

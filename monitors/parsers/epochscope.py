@@ -8,9 +8,9 @@ batch), the current length for an epoch never seen (a log read from its tail).
 
 The total is known only where something says how many epochs there are (Rich's ``Epoch 3/9``, a desc's
 ``Epoch 3/10``, a pattern's ``epochs``, the run config's ``[log] epochs``), or for Lightning with
-``max_steps`` alone (the bar's total is min(batches, steps left): the first epoch's total while it is
-the only one, and the last epoch's when it is shorter than the one before). Otherwise it is unknown,
-never a per-epoch figure. An epoch counted from 1 (the first epoch seen is 1) is numbered from 1.
+``max_steps`` alone (the bar's total is min(batches, steps left): the last epoch's, when it is shorter than the
+one before; never the first epoch's, which is as likely its batches as the run's steps: a run of 100 steps in
+epochs of 40 read ``40/40`` as its end). Otherwise it is unknown, never a per-epoch figure. An epoch counted from 1 (the first epoch seen is 1) is numbered from 1.
 Standard library only.
 """
 
@@ -60,9 +60,7 @@ class EpochScope:
         """The run's total steps: ``epochs`` epochs (the current ``length`` for those not seen yet);
         with ``steps_left`` (Lightning, max_steps only) the rule of the module docstring; else None."""
         i = self.index(epoch)
-        if steps_left:
-            if i == 0 and self._last_index == 0:
-                return length
+        if steps_left:  # epoch 0's total is its batches or max_steps, whichever is fewer: the bar cannot say which
             before = self.lengths.get(i - 1)
             return self.offset(i, length) + length if before is not None and length < before else None
         if not epochs or epochs <= i:

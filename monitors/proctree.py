@@ -89,6 +89,9 @@ def zombie_exit(pid: int) -> dict[str, Any] | None:
 #: restart count of the worker group this process belongs to (0 for the first) and its limit.
 RANK_ENV = {"rank": "RANK", "local_rank": "LOCAL_RANK", "restart_count": "TORCHELASTIC_RESTART_COUNT",
             "max_restarts": "TORCHELASTIC_MAX_RESTARTS"}
+#: Seconds after it was first seen that a process recorded with no rank has its name and rank read again at each
+#: look: one seen between its fork and its exec carries its parent's name and environment until the exec.
+REREAD_S = 10.0
 
 
 def _rank_of(p: psutil.Process) -> dict[str, int | None]:
@@ -193,6 +196,8 @@ class TreeRecorder:
                     self._reap(p.pid)
                 continue
             live.add(p.pid)
+            if rec is not None and rec.get("rank") is None and now - (rec.get("first_seen_unix") or now) < REREAD_S:
+                changed |= self._reread(p, rec)
             if rec is None and len(self._procs) < MAX_RECORDED:
                 try:
                     ppid, uids, name = p.ppid(), p.uids(), p.name()
@@ -210,6 +215,19 @@ class TreeRecorder:
         if changed:
             self._write(now)
         return changed
+
+    def _reread(self, p: psutil.Process, rec: dict[str, Any]) -> bool:
+        """A young process recorded with no rank may have been seen between its fork and its exec (torchrun's
+        worker, seen as ``pt_elastic`` with its launcher's environment): its name and rank, read again; True when
+        they changed (its exec came since)."""
+        try:
+            name, ranked = p.name()[:64], self._ranked(p)
+        except psutil.Error:
+            return False
+        if name == rec.get("name") and all(rec.get(k) == v for k, v in ranked.items()):
+            return False
+        rec.update(name=name, **ranked)
+        return True
 
     def _reap(self, pid: int) -> None:
         """Reap a recorded zombie re-parented to this subreaper (never the command: Popen waits)."""

@@ -106,7 +106,8 @@ def test_a_storm_is_folded_into_one_digest_page_with_its_counts_by_kind(tmp_path
     pages = [json.loads(x) for x in out.read_text().splitlines()]
     assert sorted(p["kind"] for p in pages) == ["digest", "gpu", "straggler"]
     digest = next(p for p in pages if p["kind"] == "digest")
-    assert digest["message"] == "4 more alerts in 60 s, not paged one by one: straggler 3, stall 1; status lists each"
+    assert digest["message"] == ("4 more alerts in 60 s, not paged one by one: straggler 3 (straggler 5; straggler 4; "
+                                 "…), stall 1 (stall 3); status lists each")  # each kind named by its newest
     assert ("digest-1", "delivered") in [(r["alert_id"], r["outcome"]) for r in records]
     clock.t += 61  # a new window: the next alert goes on its own
     d.submit({"id": "watchdog-9", "kind": "watchdog", "message": "exited with code 1"})
@@ -140,8 +141,11 @@ def test_a_storm_at_the_end_of_the_attempt_still_gets_its_digest(tmp_path: Path)
     assert d.wait(20)  # the supervisor's last wait sends what waits
     # the first page and the digest, each sent once (in either order: they may be in flight together)
     assert sorted(r["alert_id"] for r in records if r["outcome"] == "delivered") == ["digest-1", "straggler-0"]
-    assert digest_words({"straggler": 49}, 60) == ("49 more alerts in 60 s, not paged one by one: straggler 49; "
-                                                   "status lists each")
+    held = [{"kind": "straggler", "message": "slow rank"}] * 48 + [{"kind": "resolved", "message": "resolved after "
+                                                                    "0:01:00: alive but stuck: no optimizer step for 61 s"}]
+    assert digest_words(held, 60) == ("49 more alerts in 60 s, not paged one by one: straggler 48 (slow rank; slow "
+                                      "rank; …), resolved 1 (resolved after 0:01:00: alive but stuck: no optimizer step "
+                                      "…); status lists each")  # a digested resolved says what cleared
 
 
 def test_the_finished_page_goes_only_to_the_channels_that_asked(tmp_path: Path):

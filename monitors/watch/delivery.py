@@ -164,7 +164,7 @@ class Deliverer:
             t.start()
 
     def flush_digest(self, name: str) -> None:
-        """Send channel ``name`` one digest page of what was folded (its count by kind), if anything was."""
+        """Send channel ``name`` one digest page of what was folded (its count by kind, naming them), if anything was."""
         with self._lock:
             folded = self._folded.pop(name, [])
             timer = self._timers.pop(name, None)
@@ -175,11 +175,8 @@ class Deliverer:
             timer.cancel()
         if not folded:
             return
-        counts: dict[str, int] = {}
-        for a in folded:
-            counts[str(a.get("kind"))] = counts.get(str(a.get("kind")), 0) + 1
         page = {"id": f"digest-{n}", "kind": "digest", "level": highest_level([alert_level(a) for a in folded]),
-                "message": digest_words(counts, self.paging.digest_window_s), "headline": folded[-1].get("headline")}
+                "message": digest_words(folded, self.paging.digest_window_s), "headline": folded[-1].get("headline")}
         self._start(page, name, self.targets[name])
 
     def _start(self, alert: dict[str, Any], name: str, fn: Callable[[dict[str, Any]], tuple[bool, str, int]]) -> None:

@@ -21,7 +21,7 @@ page. Pure: no I/O, no clock reads (time is passed in); the supervisor's :class:
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -127,11 +127,24 @@ def check_finished(value: Any) -> None:
         raise ValueError(f"finished must be true, false or a list of channel names; got {value!r}")
 
 
-def digest_words(counts: Mapping[str, int], window_s: float) -> str:
-    """One digest page's message: ``12 more alerts in 60 s, not paged one by one: straggler 10, stall 2``."""
-    total = sum(counts.values())
-    by_kind = ", ".join(f"{k} {n}" for k, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
-    return (f"{total} more alert{'s' if total != 1 else ''} in {window_s:g} s, not paged one by one: {by_kind}; "
+#: A digest names at most this many of each kind's alerts (the newest), each cut to DIGEST_WORDS_CHARS.
+DIGEST_NAMED = 2
+DIGEST_WORDS_CHARS = 60
+
+
+def digest_words(folded: Sequence[Mapping[str, Any]], window_s: float) -> str:
+    """One digest page's message, naming what it holds: ``12 more alerts in 60 s, not paged one by one: straggler 10
+    (rank 3 is 41 % slower …; rank 1 …), stall 2 (alive but stuck: no optimizer step for 61 s …); status lists
+    each`` — each kind's count with its newest messages (a ``resolved`` says which alert cleared)."""
+    by_kind: dict[str, list[str]] = {}
+    for a in folded:
+        by_kind.setdefault(str(a.get("kind")), []).append(str(a.get("message") or ""))
+    def named(msgs: list[str]) -> str:
+        cut = [m if len(m) <= DIGEST_WORDS_CHARS else m[:DIGEST_WORDS_CHARS - 1] + "…" for m in msgs[::-1][:DIGEST_NAMED]]
+        return " (" + "; ".join(cut) + ("; …" if len(msgs) > DIGEST_NAMED else "") + ")" if any(cut) else ""
+    kinds = ", ".join(f"{k} {len(m)}{named(m)}" for k, m in sorted(by_kind.items(), key=lambda kv: (-len(kv[1]), kv[0])))
+    total = len(folded)
+    return (f"{total} more alert{'s' if total != 1 else ''} in {window_s:g} s, not paged one by one: {kinds}; "
             "status lists each")
 
 

@@ -27,7 +27,9 @@ from stepwatch.monitors.snapshot.process import state_word
 from stepwatch.monitors.slurm import ABNORMAL_ENDS
 from stepwatch.monitors.snapshot.scheduler import scheduler_alerts
 from stepwatch.monitors.snapshot.ranks import rank_alerts, ranks_last_words, root_cause_words
-from stepwatch.monitors.snapshot.types import Alert, NewAlert, Snapshot
+from stepwatch.monitors.detectors.frozen import Frozen
+from stepwatch.monitors.snapshot.types import (Alert, Disk, Dynamo, Ended, Fallback, NewAlert, Scheduler, Snapshot,
+                                               Stall, Watch)
 from stepwatch.monitors.snapshot.watchers import supervisor_frozen
 from stepwatch.monitors.states import EVALUATING, FLAGGED, HELD, RUNNING, SAVING, STALLED, UNKNOWN
 
@@ -83,84 +85,109 @@ def alerts_for(snap: Snapshot, *, first_seen: MutableMapping[str, float],
                limit_hits: Iterable[tuple[Any, int | None, float]],
                recompile_sources: Iterable[Iterable[int]],
                fallback_onset_t: float | None, stall_at: float | None) -> list[NewAlert]:
-    """The snapshot's alerts, oldest kind first.
+    """The snapshot's alerts, oldest kind first, one helper per part.
 
     ``limit_hits``: (RecompileLimit record of train.log, global_step near it, unix s seen);
     ``recompile_sources``: the recompile steps of each source (events.jsonl flags, train.log
     records), judged apart; ``fallback_onset_t`` / ``stall_at``: unix s each became true, or None.
     ``first_seen`` keeps the first-seen time of alerts the files give no time for.
     """
-    att = snap["attempt"]
-    out: list[NewAlert] = []
-    hits = list(limit_hits)
+    return [*_dynamo_alerts(snap, first_seen, list(limit_hits), recompile_sources),
+            *_fallback_alerts(snap, first_seen, fallback_onset_t), *_stall_alerts(snap, first_seen, stall_at),
+            *rank_alerts(snap, alert, first_seen), *metric_alerts(snap, alert, first_seen),
+            *scheduler_alerts(snap, alert, first_seen), *_disk_alerts(snap, first_seen),
+            *_frozen_alerts(snap, first_seen), *_gpu_alerts(snap, first_seen), *_end_alerts(snap, first_seen)]
+
+
+def _dynamo_alerts(snap: Snapshot, first_seen: MutableMapping[str, float],
+                   hits: list[tuple[Any, int | None, float]], recompile_sources: Iterable[Iterable[int]]) -> list[NewAlert]:
+    att, out = snap["attempt"], []
     for e, step, seen in hits:
         where = f" on rank {e.rank}" if e.rank is not None else ""
         out.append(alert(first_seen, att, "recompile_limit", f"{e.function}-{e.rank}",
                          f"dynamo hit {e.limit_name} ({e.limit}) for {e.function}{where}"
                          f"{f' near step {step}' if step is not None else ''}: that frame now runs EAGERLY", seen))
-    if not hits and (snap["dynamo"].get("recompile_limit_hits") or 0) > 0:
+    d: Dynamo = snap["dynamo"]
+    if not hits and (n := d.get("recompile_limit_hits")):  # NotRequired: absent while unknown
         out.append(alert(first_seen, att, "recompile_limit", "events",
-                         f"dynamo hit its recompile limit {snap['dynamo']['recompile_limit_hits']} time(s) "
-                         "(seen by the emitter): a frame now runs eagerly", None))
-    storm = recompile_storm([list(s) for s in recompile_sources], snap["warmup"],
-                            snap["dynamo"].get("top_recompile_reason"))
-    if storm:
+                         f"dynamo hit its recompile limit {n} time(s) (seen by the emitter): a frame now runs eagerly",
+                         None))
+    if storm := recompile_storm([list(s) for s in recompile_sources], snap["warmup"], d["top_recompile_reason"]):
         out.append(alert(first_seen, att, "recompile_storm", str(storm[0]), storm[1], None))
-    fb = snap["fallback"]
-    if fb.get("state") == FLAGGED:
-        out.append(alert(first_seen, att, "fallback", str(fb.get("onset_step")),
-                         f"step times went bimodal (eager fallback?): {fb.get('reason')}", fallback_onset_t))
-    st = snap["stall"]
-    if st.get("state") == STALLED:
-        gs = snap["step"].get("global_step")
-        ph = (snap.get("phase") or {}).get("name")  # a save or evaluation past its own budget: a stall of its own
-        out.append(alert(first_seen, att, "stall", f"{gs}-{ph}" if ph in (SAVING, EVALUATING) else str(gs),
-                         f"alive but stuck: no optimizer step for {st['current_step_elapsed_s']:.0f} s after "
-                         f"step {gs} (its steps take {_secs(snap['step_seconds'].get('p99'))} s at p99)"
-                         f"{ranks_last_words(snap)}", stall_at))
-    out.extend(rank_alerts(snap, alert, first_seen))
-    out.extend(metric_alerts(snap, alert, first_seen))
-    out.extend(scheduler_alerts(snap, alert, first_seen))
-    disk = snap.get("disk") or {}
-    if disk.get("full") and (snap["state"] == RUNNING or snap.get("supervisor_alive")):
-        out.append(alert(first_seen, att, "disk_full", "run_dir",
-                         f"{full_words(disk)}: train.log, events and the run's records cannot grow (ENOSPC); "
-                         "the run goes on, its output is counted and dropped until there is room: free space", None))
-    frozen = (snap.get("liveness") or {}).get("frozen") or {}
-    if frozen.get("state") == FLAGGED and snap["state"] == RUNNING:
-        for p in frozen.get("processes") or []:
+    return out
+
+
+def _fallback_alerts(snap: Snapshot, first_seen: MutableMapping[str, float], onset_t: float | None) -> list[NewAlert]:
+    fb: Fallback = snap["fallback"]
+    if fb["state"] != FLAGGED:
+        return []
+    return [alert(first_seen, snap["attempt"], "fallback", str(fb["onset_step"]),
+                  f"step times went bimodal (eager fallback?): {fb['reason']}", onset_t)]
+
+
+def _stall_alerts(snap: Snapshot, first_seen: MutableMapping[str, float], stall_at: float | None) -> list[NewAlert]:
+    st: Stall = snap["stall"]
+    if st["state"] != STALLED:
+        return []
+    gs, ph = snap["step"]["global_step"], snap["phase"]["name"]  # a save or evaluation past its budget: its own stall
+    return [alert(first_seen, snap["attempt"], "stall", f"{gs}-{ph}" if ph in (SAVING, EVALUATING) else str(gs),
+                  f"alive but stuck: no optimizer step for {st['current_step_elapsed_s']:.0f} s after "
+                  f"step {gs} (its steps take {_secs(snap['step_seconds']['p99'])} s at p99){ranks_last_words(snap)}",
+                  stall_at)]
+
+
+def _disk_alerts(snap: Snapshot, first_seen: MutableMapping[str, float]) -> list[NewAlert]:
+    disk: Disk | None = snap["disk"]
+    if disk is None or not disk["full"] or not (snap["state"] == RUNNING or snap["supervisor_alive"]):
+        return []
+    return [alert(first_seen, snap["attempt"], "disk_full", "run_dir",
+                  f"{full_words(disk)}: train.log, events and the run's records cannot grow (ENOSPC); the run goes on, "
+                  "its output is counted and dropped until there is room: free space", None)]
+
+
+def _frozen_alerts(snap: Snapshot, first_seen: MutableMapping[str, float]) -> list[NewAlert]:
+    att, out, gs = snap["attempt"], [], snap["step"]["global_step"]
+    frozen: Frozen = snap["liveness"]["frozen"]
+    if frozen["state"] == FLAGGED and snap["state"] == RUNNING:
+        for p in frozen["processes"]:
             out.append(alert(first_seen, att, "frozen", str(p["pid"]),
                              f"frozen: {frozen_who(p)} is held stopped (SIGSTOP, or a job-control stop) for "
                              f"{p['stopped_s']:.0f} s: it makes no progress until it gets SIGCONT"
-                             + ("" if (snap.get("step") or {}).get("global_step") is None
-                                else f"; the run's last step {snap['step']['global_step']}"), None))
-    watch = snap.get("watch") or {}
-    if watch.get("state") == HELD and snap["state"] == RUNNING and (sup := watch.get("supervisor_pid")) is not None:
+                             + ("" if gs is None else f"; the run's last step {gs}"), None))
+    watch: Watch = snap["watch"]
+    if watch["state"] == HELD and snap["state"] == RUNNING and (sup := watch["supervisor_pid"]) is not None:
         out.append(alert(first_seen, att, "frozen", f"supervisor-{sup}",  # its warden pages it (monitors/watch/warden.py)
-                         supervisor_frozen(sup, None, bool(watch.get("wardens_alive"))), None))
-    for g in snap.get("gpu") or []:
-        if str(g.get("verdict") or "").startswith("SM-busy, tensor-idle"):
-            out.append(alert(first_seen, att, "gpu", f"{g.get('index')}-tensor-idle",
-                             f"GPU{g.get('index')}: {g['verdict']}", None))
-    if run_ended(snap):
-        ended = snap.get("ended") or {}
-        # "status unknown" only once the supervisor is gone too: while it lives it is about to
-        # write exit.json (the child's pid reads dead or zombie a moment before that)
-        unknown = snap["state"] == UNKNOWN and snap.get("supervisor_alive") is not True
-        bad = unknown or snap.get("signal") or snap.get("returncode") not in (0, None) or ended.get("error")
-        if ended.get("stop_requested"):
-            bad = False  # the operator asked for it: an event (exit.json says how it ended), not an alert
-        if snap.get("returncode") is None and (snap.get("scheduler") or {}).get("state") in ABNORMAL_ENDS:
-            bad = False  # Slurm ended it before the supervisor could say: the job_end alert names how
-        if bad:
-            tb = snap["log"].get("traceback_last_line")
-            last = f"traceback: {tb}" if tb else f"last log line: {snap['log'].get('last_line')!r}"
-            last = f"{reached_words(snap)}{last}"
-            who = f"process {snap['pid']}" if snap["pid"] is not None else "the command"
-            out.append(alert(first_seen, att, "watchdog", "end",
-                             f"{who} {end_words(snap)}{end_cause(snap)}{root_cause_words(snap)}; {last}",
-                             ended.get("ended_at_unix")))
+                         supervisor_frozen(sup, None, bool(watch["wardens_alive"])), None))
     return out
+
+
+def _gpu_alerts(snap: Snapshot, first_seen: MutableMapping[str, float]) -> list[NewAlert]:
+    return [alert(first_seen, snap["attempt"], "gpu", f"{g['index']}-tensor-idle", f"GPU{g['index']}: {g['verdict']}",
+                  None)
+            for g in snap["gpu"] or [] if str(g["verdict"] or "").startswith("SM-busy, tensor-idle")]
+
+
+def _end_alerts(snap: Snapshot, first_seen: MutableMapping[str, float]) -> list[NewAlert]:
+    """The run's death: an end the operator did not ask for (Slurm's own ends are the job_end alert's)."""
+    if not run_ended(snap):
+        return []
+    ended: Ended | None = snap["ended"]
+    # "status unknown" only once the supervisor is gone too: while it lives it is about to
+    # write exit.json (the child's pid reads dead or zombie a moment before that)
+    unknown = snap["state"] == UNKNOWN and snap["supervisor_alive"] is not True
+    bad = unknown or snap["signal"] or snap["returncode"] not in (0, None) or (ended is not None and ended["error"])
+    sch: Scheduler | None = snap["scheduler"]
+    if (ended is not None and ended["stop_requested"]) or (  # the operator asked for it: an event, not an alert
+            snap["returncode"] is None and sch is not None and sch["state"] in ABNORMAL_ENDS):  # Slurm ended it first
+        bad = False
+    if not bad:
+        return []
+    tb = snap["log"]["traceback_last_line"]
+    last = f"{reached_words(snap)}" + (f"traceback: {tb}" if tb else f"last log line: {snap['log']['last_line']!r}")
+    who = f"process {snap['pid']}" if snap["pid"] is not None else "the command"
+    return [alert(first_seen, snap["attempt"], "watchdog", "end",
+                  f"{who} {end_words(snap)}{end_cause(snap)}{root_cause_words(snap)}; {last}",
+                  ended["ended_at_unix"] if ended is not None else None)]
 
 
 def reached_words(snap: Snapshot) -> str:

@@ -237,6 +237,17 @@ def run_policy(run_dir: Path, run: dict[str, Any], log: Callable[[str], None],
         return None
 
 
+def _backoff_begins(run_dir: Path, record: dict[str, Any], log: Callable[[str], None]) -> bool:
+    """Record when the back-off begins (the decision's page and the exporter's last scrape came first): the views
+    count the restart down from it. Always True (a record that cannot be written costs the countdown, not the restart)."""
+    record["decision"]["backoff_from_unix"] = time.time()
+    try:
+        write_json_atomic(run_dir / RESTART_JSON, record, mode=0o644)
+    except OSError as e:
+        log(f"could not record the back-off's start: {e}")
+    return True
+
+
 def enforce(run_dir: Path, run: dict[str, Any], record: dict[str, Any] | None, stop: threading.Event,
             log: Callable[[str], None]) -> dict[str, Any] | None:
     """``enforce`` and RESTART: after the back-off (a stop asked for meanwhile cancels it), a new attempt of the run
@@ -250,7 +261,7 @@ def enforce(run_dir: Path, run: dict[str, Any], record: dict[str, Any] | None, s
         d["not_started"] = f"{RESTART_JSON} could not be written: without its history no restart is safe"
     elif (job := slurm_job_id(run)) is not None and slurm_requeued(record["attempts"][-1].get("evidence")):
         d["requeued"] = f"Slurm requeued job {job}: when it runs again, its next attempt starts there (resuming)"
-    elif stop.wait(float(d.get("backoff_s") or 0.0)):
+    elif _backoff_begins(run_dir, record, log) and stop.wait(float(d.get("backoff_s") or 0.0)):
         d["not_started"] = "the operator stopped the run during the back-off: no new attempt"
     else:
         try:

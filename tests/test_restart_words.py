@@ -142,6 +142,11 @@ def test_restart_json_gives_when_the_next_attempt_is_due_and_what_the_restart_be
     (tmp_path / "restart.json").write_text(json.dumps({"v": 1, "attempts": [], "decision": dec}))
     rs = restart_part(tmp_path)
     assert rs is not None and (rs["starts_at_unix"], rs["outcome"], rs["started_attempt"]) == (T + 30.0, None, None)
+    dec["backoff_from_unix"] = T + 12  # the supervisor began the back-off after the decision's page went out
+    (tmp_path / "restart.json").write_text(json.dumps({"v": 1, "attempts": [], "decision": dec}))
+    rs = restart_part(tmp_path)
+    assert rs is not None and rs["starts_at_unix"] == T + 42.0  # counted down from the back-off's real start
+    dec.pop("backoff_from_unix")
     dec["started"] = {"attempt": 2, "pid": 9, "argv": [], "unsafe_checkpoint": None}
     (tmp_path / "restart.json").write_text(json.dumps({"v": 1, "attempts": [], "decision": dec}))
     rs = restart_part(tmp_path)

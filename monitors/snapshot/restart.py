@@ -43,7 +43,8 @@ def restart_part(run_dir: Path) -> RestartView | None:
     if not isinstance(d, dict) or d.get("verdict") not in RESTART_VERDICTS:
         return None
     cp = d.get("checkpoint")
-    decided, backoff = _time(d.get("decided_at_unix")), _time(d.get("backoff_s"))
+    # the back-off runs from when the supervisor began it (after the decision's page went out), else from the decision
+    decided, backoff = _time(d.get("backoff_from_unix")) or _time(d.get("decided_at_unix")), _time(d.get("backoff_s"))
     due = d["verdict"] == RESTART and d.get("mode") == ENFORCE and decided is not None
     outcome, outcome_words, started = _outcome(d)
     return {"verdict": RESTART if d["verdict"] == RESTART else STOP, "mode": _text(d.get("mode"), 16), "cause": _text(d.get("cause"), 40),

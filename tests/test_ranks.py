@@ -596,7 +596,8 @@ def test_a_rank_whose_shard_ends_early_and_saves_it_silently_is_not_paged_stuck(
         if (run_dir / "alerts.jsonl").exists() else []
     stuck = [x for x in recs if x.get("alert_kind") == "stuck_rank"]
     print("stuck shown:", [x["message"] for x in stuck], "deliveries:",
-          [(x["alert_id"], x["outcome"], x["detail"][:80]) for x in recs if x["kind"] == "delivery"])
+          [(x["alert_id"], x["outcome"], x["detail"][:80]) for x in recs if x["kind"] == "delivery"],
+          "stacks:", [x["stack"][-600:] for x in recs if x["kind"] == "stack"])
     assert stuck, "the control: rank 1 stopped stepping while rank 0 went on, and it was shown"
     wait_until(lambda: [x for x in map(json.loads, (run_dir / "alerts.jsonl").read_text().splitlines())
                         if x["kind"] == "delivery" and x["alert_id"] == stuck[0]["id"]], 20,

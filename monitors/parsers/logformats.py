@@ -303,21 +303,31 @@ def compile_user_pattern(p: str) -> UserPattern:
         raise ValueError("is not valid text (a lone surrogate)") from None
 
 
+def _compile_list(patterns: object, key: str | None, kind_words: str) -> list[tuple[int, str, UserPattern]]:
+    """A list of user patterns (``[log] patterns``: ``key`` None; else that key's) compiled in RE2, each with its place
+    and text; ValueError naming the bad one (``kind_words``: what the list must be, said when it is not a list of
+    strings, or holds an empty one)."""
+    if not isinstance(patterns, list) or not all(isinstance(p, str) and (p or key is None) for p in patterns):
+        raise ValueError(kind_words)
+    if len(patterns) > MAX_PATTERNS:
+        raise ValueError(f"{key + ': ' if key else ''}at most {MAX_PATTERNS} patterns; got {len(patterns)}")
+    out = []
+    for i, p in enumerate(patterns, 1):
+        which = f"{key + ' ' if key else ''}pattern {i}"
+        if len(p) > MAX_PATTERN_CHARS:
+            raise ValueError(f"{which} is longer than {MAX_PATTERN_CHARS} characters")
+        try:
+            out.append((i, p, compile_user_pattern(p)))
+        except ValueError as e:
+            raise ValueError(f"{which} {p!r} {e}") from None
+    return out
+
+
 def compile_patterns(patterns: object) -> list[UserPattern]:
     """``[log] patterns`` compiled in RE2; ValueError naming the bad pattern and what is wrong (not a
     list of strings, a regex error, what RE2 does not support, no ``(?P<step>...)`` group)."""
-    if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
-        raise ValueError("patterns must be a list of regular expressions (strings)")
-    if len(patterns) > MAX_PATTERNS:
-        raise ValueError(f"at most {MAX_PATTERNS} patterns; got {len(patterns)}")
     out = []
-    for i, p in enumerate(patterns, 1):
-        if len(p) > MAX_PATTERN_CHARS:
-            raise ValueError(f"pattern {i} is longer than {MAX_PATTERN_CHARS} characters")
-        try:
-            rx = compile_user_pattern(p)
-        except ValueError as e:
-            raise ValueError(f"pattern {i} {p!r} {e}") from None
+    for i, p, rx in _compile_list(patterns, None, "patterns must be a list of regular expressions (strings)"):
         if "step" not in rx.groupindex:
             raise ValueError(f"pattern {i} {p!r} has no (?P<step>...) group: which number is the optimizer step?")
         if "epoch" in rx.groupindex and "steps_per_epoch" not in rx.groupindex:
@@ -330,19 +340,8 @@ def compile_patterns(patterns: object) -> list[UserPattern]:
 def compile_phase_lines(patterns: object, key: str) -> tuple[UserPattern, ...]:
     """``[log] eval_lines`` / ``save_lines`` (``key``): the run's own words for an evaluation or a save, each a
     pattern searched in a line, compiled in RE2 like ``patterns`` (no group needed); ValueError naming the bad one."""
-    if not isinstance(patterns, list) or not all(isinstance(p, str) and p for p in patterns):
-        raise ValueError(f"{key} must be a list of regular expressions (non-empty strings), e.g. [\"running eval\"]")
-    if len(patterns) > MAX_PATTERNS:
-        raise ValueError(f"{key}: at most {MAX_PATTERNS} patterns; got {len(patterns)}")
-    out = []
-    for i, p in enumerate(patterns, 1):
-        if len(p) > MAX_PATTERN_CHARS:
-            raise ValueError(f"{key} pattern {i} is longer than {MAX_PATTERN_CHARS} characters")
-        try:
-            out.append(compile_user_pattern(p))
-        except ValueError as e:
-            raise ValueError(f"{key} pattern {i} {p!r} {e}") from None
-    return tuple(out)
+    return tuple(rx for _i, _p, rx in _compile_list(
+        patterns, key, f"{key} must be a list of regular expressions (non-empty strings), e.g. [\"running eval\"]"))
 
 
 def user_pattern(rx: UserPattern, body: str) -> LineStep | None:

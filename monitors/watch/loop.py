@@ -50,6 +50,8 @@ DETECT_EVERY_S = 1.0
 #: After the child ended: how long deliveries in flight are waited for before the supervisor exits.
 FINAL_DELIVERY_WAIT_S = 40.0
 #: Alert kinds only the scheduler can raise, recorded by the login node's job watcher.
+#: the phase a stuck rank's stack showed, as a noun ("cleared within the budget of the save ...")
+PHASE_NOUN = {SAVING: "save", EVALUATING: "evaluation"}
 SCHEDULER_ALERT_KINDS = frozenset({"job_end", "time_limit"})
 
 
@@ -97,8 +99,9 @@ class AlertRecorder:
         self.pending: dict[str, float] = {}
         #: shown, not paged: the frozen alert that causes it (lifecycle.stopped_cause), while that alert holds
         self.caused_by: dict[str, str] = {}
-        #: stuck ranks whose stack showed a save or an evaluation: judged again after that phase's budget
-        self.rank_phase: set[str] = set()
+        #: stuck ranks whose stack was taken: alert id -> the phase it showed ("saving", "evaluating"; None: neither),
+        #: judged again at the look after the stack (None) or after that phase's budget, and paged then if it holds
+        self.rank_phase: dict[str, str | None] = {}
         self.attempt, self.run = run.get("attempt"), run  # the supervisor's own record of the launch
         self._stack_threads: list[threading.Thread] = []  # a stall's stacks, its delivery after them
         self.host = socket.gethostname()
@@ -141,8 +144,10 @@ class AlertRecorder:
         due = self.pending[al["id"]]
         if not al.get("active", True):
             del self.pending[al["id"]]
+            phase = self.rank_phase.get(al["id"], "")
             self.deliverer.record_outcome(cast("dict[str, Any]", al), "not_confirmed", (
-                "cleared within the budget of the save or evaluation its stack showed" if al["id"] in self.rank_phase
+                f"cleared within the budget of the {PHASE_NOUN[phase]} its stack showed" if phase
+                else "cleared while its stack was taken (the rank stepped again or ended)" if phase is None
                 else f"cleared before its confirmation window ended ({self.paging.confirm_window_s(al['kind']):g} s)"))
             return
         if time.monotonic() < due:
@@ -182,24 +187,25 @@ class AlertRecorder:
             # the rank's stack first: a rank that stopped stepping to save (or evaluate) its own shard is no stuck rank
             self._stack_threads.append(record_stack_later(
                 al["id"], pid, self.file.append_json, self.log,
-                lambda stack: self._rank_stack(al, page, stack)))
+                lambda stack: self._rank_stack(al, stack)))
             return
         if page is not None:
             deliver(page)
-        if pid is not None:
+        if pid is not None and not (al["id"] in self.rank_phase and self.rank_phase[al["id"]] is None):  # just taken
             record_stack_later(al["id"], pid, self.file.append_json, self.log)
 
-    def _rank_stack(self, al: Alert, page: dict[str, Any], stack: str) -> None:
-        """A stuck rank's stack (from the stack thread): when it shows the rank saving or evaluating, no page now
-        (and no resolved): it is judged again once that phase's budget ([stall] phase_floor_s) has passed, and paged
-        then if it still holds (a save past its budget); otherwise the page goes out."""
+    def _rank_stack(self, al: Alert, stack: str) -> None:
+        """A stuck rank's stack (from the stack thread). No page from here: the page rests on a look after the stack
+        (py-spy can take seconds under load, and a rank that ended or stepped again meanwhile is no stuck rank). When
+        the stack shows the rank saving or evaluating, that look comes once that phase's budget ([stall]
+        phase_floor_s) has passed (a save past its budget pages); otherwise at the next look."""
         phase = {"saving": SAVING, "evaluating": EVALUATING}.get(category_of(main_frames(stack)) or "")
+        self.paged.discard(al["id"])  # paged (and resolved) only from the look that confirms it
+        self.rank_phase[al["id"]] = phase  # that look pages, whatever a stack would then show
         if phase is None:
-            self.deliverer.submit(page)
+            self.pending[al["id"]] = time.monotonic()
             return
         budget = self.observer.a.stall.phase_floor_s if self.observer.a is not None else PHASE_FLOOR_S
-        self.paged.discard(al["id"])
-        self.rank_phase.add(al["id"])  # its next look pages, whatever the stack then shows
         self.pending[al["id"]] = time.monotonic() + budget
         self.deliverer.record_outcome(cast("dict[str, Any]", al), "pending",
                                       f"the rank's stack shows it {phase}: judged again after that phase's budget "

@@ -39,6 +39,14 @@ EtaState = Literal["ok", "stalled", "not judged"]
 #: ``liveness.frozen.state``: ``flagged`` when a process of the run is held stopped.
 FrozenState = Literal["ok", "flagged", "not judged"]
 
+#: ``loss_health.state`` (monitors/detectors/losshealth.py): an episode of the training loss, by how bad it is; ``ok``
+#: between episodes.
+SPIKE: Final = "spike"
+PERSISTENT: Final = "persistent"
+CATASTROPHIC: Final = "catastrophic"
+LossState = Literal["ok", "spike", "persistent", "catastrophic", "not judged"]
+EpisodeKind = Literal["spike", "persistent", "catastrophic"]
+
 # --- the run's phase (what the attempt is doing: monitors/parsers/phases.py) ----------------------
 #: Before the first training step: imports, preprocessing, compilation.
 STARTING: Final = "starting"

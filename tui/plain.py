@@ -23,7 +23,7 @@ from stepwatch.tui.format import (NO_DYNAMO_WORDS, ledger_words, stack_frames, s
                                   padding_words, restart_words, scaling_words, scheduler_words, state_word, supervisor_gone, timing_words,
                                   tree_words, versions_words)
 from stepwatch.monitors.snapshot.model import json_safe, run_ended
-from stepwatch.monitors.snapshot.metrics import metrics_words
+from stepwatch.monitors.snapshot.metrics import loss_health_words, metrics_words
 from stepwatch.monitors.snapshot.ranks import latest_per_rank, restarts_words
 from stepwatch.monitors.snapshot.observer import RunObserver
 from stepwatch.monitors.detectors.frozen import Frozen
@@ -101,6 +101,7 @@ def _log_lines(snap: Snapshot) -> list[str]:
     mw = metrics_words(snap["metrics"])
     lines = [f"  log: {mw or 'no loss or other metric read'}; format "
              + (f"{log['format']} ({log['matched_lines']} lines)" if log["format"] else "not recognised")]
+    lines.append(f"  {loss_health_words(snap['loss_health'])}")
     if log["hint"]:
         lines.append(f"  HINT: {log['hint']}")
     if sw := streams_words(log):

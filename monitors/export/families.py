@@ -19,9 +19,10 @@ from stepwatch.monitors.snapshot.types import (LIVENESS_SIGNALS, Alert, Dynamo, 
                                               GpuDevice, Identity, Ledger, LivenessSignals, Phase, Rank,
                                               RankStepSummary, Scaling, Scheduler, Snapshot, Stall, Step,
                                               StepSeconds, Throughput, Versions)
-from stepwatch.monitors.snapshot.types import Metric as SnapMetric
+from stepwatch.monitors.snapshot.types import LossHealthPart, Metric as SnapMetric
 from stepwatch.monitors.snapshot.runmodeltypes import Liveness
-from stepwatch.monitors.states import EXITED, FLAGGED, OK, PHASES, RUNNING, STALLED, SUSPECTED
+from stepwatch.monitors.states import (CATASTROPHIC, EXITED, FLAGGED, NOT_JUDGED, OK, PERSISTENT, PHASES, RUNNING, SPIKE,
+                                      STALLED, SUSPECTED)
 
 #: Every metric's name starts with this.
 PREFIX = "stepwatch_"
@@ -257,6 +258,21 @@ def _metric_families(snap: Snapshot) -> list[Metric]:
     return f.out
 
 
+#: ``loss_health.state`` as a number (absent while not judged)
+_LOSS_STATE = {OK: 0.0, SPIKE: 1.0, PERSISTENT: 2.0, CATASTROPHIC: 3.0}
+
+
+def _loss_health_families(snap: Snapshot) -> list[Metric]:
+    """``loss_health``: the training loss's verdict and its episodes so far."""
+    f = _Families(snap)
+    lh: LossHealthPart = snap["loss_health"]
+    f.gauge("loss_health_state", "The training loss: 0 ok, 1 spike, 2 persistent rise, 3 catastrophic; absent while "
+            "not judged", _LOSS_STATE.get(lh["state"]))
+    f.gauge("loss_health_episodes", "Bad stretches of the training loss so far (spikes, rises)", float(lh["episodes"])
+            if lh["state"] != NOT_JUDGED or lh["episodes"] else None)
+    return f.out
+
+
 def _ranks_families(snap: Snapshot) -> list[Metric]:
     """``ranks``: each ranked process whose liveness is known."""
     f = _Families(snap)
@@ -311,7 +327,7 @@ def _scheduler_families(snap: Snapshot) -> list[Metric]:
 COLLECTORS: tuple[Callable[[Snapshot], list[Metric]], ...] = (
     _run_families, _step_families, _fallback_families, _stall_families, _phase_families, _liveness_families,
     _ledger_families, _eta_families, _throughput_families, _energy_families, _scaling_families, _dynamo_families,
-    _alert_families, _metric_families, _ranks_families, _gpu_families, _scheduler_families)
+    _alert_families, _metric_families, _loss_health_families, _ranks_families, _gpu_families, _scheduler_families)
 
 
 def families(snap: Snapshot) -> list[Metric]:

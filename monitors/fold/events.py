@@ -26,6 +26,7 @@ from stepwatch.monitors.protocol import (
     METRICS_SHOWN_FIRST,
 )
 from stepwatch.monitors.detectors.fallback import FallbackDetector
+from stepwatch.monitors.detectors.losshealth import GRAD_NAMES, LOSS_NAMES, LossHealth
 from stepwatch.monitors.detectors.scaling import ScalingFit
 from stepwatch.monitors.fold.stepcolumns import (
     STEP_KEYS, STEP_FIELDS, UNIX_MAX as _UNIX_MAX, StepColumns, step_no, token_count, unix_time,
@@ -90,6 +91,7 @@ class EventsFold:
         self.last_logs: Any = None
         self.last_logs_step: int | None = None
         self.series: dict[str, MinMaxSeries] = {}
+        self.loss_health = LossHealth()  # the training loss's log events judged as they come (issue 47)
         self.scaling = ScalingFit()
         self.slow_step_ends: dict[int, float] = {}  # insertion order: oldest first
         self.flagged_onset_end: float | None = None
@@ -284,6 +286,12 @@ class EventsFold:
             self.series[name] = MinMaxSeries()
         for name, (steps, values) in points.items():
             self.series[name].add_many(steps, values)
+        judged = [n for n in (*LOSS_NAMES, *GRAD_NAMES) if n in points]
+        for d, step in zip(dicts, at) if judged else ():  # in the records' order: a grad spike before the loss's
+            for name in judged:
+                v = d.get(name)
+                if type(v) is float or type(v) is int:
+                    self.loss_health.feed(name, step, float(min(max(v, -2**1000), 2**1000)))
 
     def _feed(self, cols: StepColumns) -> None:
         """Steps to the statistics, the ledger and the detector, one call each (each reaches the same state

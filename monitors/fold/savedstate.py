@@ -54,6 +54,7 @@ from collections.abc import Callable
 from stepwatch.monitors.detectors.baseline import Baseline, BaselineState
 from stepwatch.monitors.detectors.fallback import FallbackDetector
 from stepwatch.monitors.detectors.fallbackstate import FallbackState, SlowStep
+from stepwatch.monitors.detectors.losshealth import LossHealth
 from stepwatch.monitors.detectors.scaling import ScalingFit
 from stepwatch.monitors.fold.events import EventsFold
 from stepwatch.monitors.fold.statecheck import RESTORED_CHECKS, StateError
@@ -63,7 +64,8 @@ from stepwatch.monitors.stats.minmax import Bin, MinMaxSeries
 from stepwatch.monitors.stats.stepstate import StepStatsState
 from stepwatch.monitors.stats.stepstats import StepRecord, StepStats
 
-FORMAT = 3  # 2: a slow step says whether its interval was busy but silent (issue 32); 3: explicit states (issue 45)
+FORMAT = 4  # 2: a slow step says whether its interval was busy but silent (issue 32); 3: explicit states (issue 45);
+# 4: the loss's health (issue 47)
 #: How often the supervisor saves (seconds); an attach reads at most this much of the run's end.
 SAVE_EVERY_S = 30.0
 #: The supervisor waits at least this many times the cost of its last save before the next one
@@ -81,10 +83,9 @@ _CLASSES: dict[str, tuple[type, Callable[[], Any] | None]] = {
     "StepStats": (StepStats, StepStats),
     "FallbackDetector": (FallbackDetector, FallbackDetector),
     "BaselineState": (BaselineState, lambda: Baseline(1)),
-    "StepRecord": (StepRecord, None),
-    "SlowStep": (SlowStep, None),
+    "StepRecord": (StepRecord, None), "SlowStep": (SlowStep, None),
     "MinMaxSeries": (MinMaxSeries, MinMaxSeries),
-    "ScalingFit": (ScalingFit, ScalingFit),
+    "ScalingFit": (ScalingFit, ScalingFit), "LossHealth": (LossHealth, LossHealth),
     "Bin": (Bin, None),
 }
 #: classes saved as their explicit state: name -> the state's dataclass, and the class's from_state
@@ -105,7 +106,7 @@ _RECORD_FIELDS: dict[str, tuple[tuple[type, ...], ...]] = {
 }
 #: Attributes holding a value read from events.jsonl as it was (a JSON tree): saved as JSON, unwalked.
 _RAW_FIELDS = {"EventsFold": frozenset({"run_start", "run_end", "dynamo_ev", "last_step", "open_phase", "last_logs"})}
-_MODULES = ("stepwatch.monitors.fold.events", "stepwatch.monitors.readers.jsonl", "stepwatch.monitors.detectors.fallback", "stepwatch.monitors.detectors.baseline", "stepwatch.monitors.detectors.scaling",
+_MODULES = ("stepwatch.monitors.fold.events", "stepwatch.monitors.readers.jsonl", "stepwatch.monitors.detectors.fallback", "stepwatch.monitors.detectors.baseline", "stepwatch.monitors.detectors.scaling", "stepwatch.monitors.detectors.losshealth",
             "stepwatch.monitors.stats.stepstats", "stepwatch.monitors.stats.nearest_rank", "stepwatch.monitors.stats.minmax", "stepwatch.monitors.protocol", "stepwatch.monitors.fold.statecheck",
             # the backlog's ways to the same state (ARCHITECTURE.md, "Attach: one optimisation")
             "stepwatch.monitors.fold.stepcolumns", "stepwatch.monitors.fold.records", "stepwatch.monitors.detectors.steadyspan",

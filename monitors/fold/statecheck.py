@@ -10,6 +10,8 @@ from collections.abc import Callable
 
 from stepwatch.monitors.detectors.baseline import BaselineState
 from stepwatch.monitors.detectors.fallbackstate import HISTORY_KEPT, KEEP_STEPS, FallbackState
+from stepwatch.monitors.detectors.losshealth import Episode, LossHealth
+from stepwatch.monitors.states import CATASTROPHIC, PERSISTENT, SPIKE
 from stepwatch.monitors.detectors.scaling import ScalingFit
 from stepwatch.monitors.stats.stepstate import StepStatsState
 
@@ -67,7 +69,19 @@ def _check_scaling(f: ScalingFit) -> None:
         raise StateError("a saved ScalingFit has sums of the wrong shape")
 
 
+def _check_loss_health(h: LossHealth) -> None:
+    """Windows of finite floats (their median is taken at the next value), an episode's level and scale finite, the
+    last episode an Episode's keys. Raises StateError."""
+    for name in ("window", "gwindow", "recent"):
+        if not all(type(x) is float and math.isfinite(x) for x in getattr(h, name)):
+            raise StateError(f"a saved LossHealth.{name} holds something else than finite floats")
+    if not all(type(x) is float and math.isfinite(x) for x in (h.level, h.scale, h.first_max)):
+        raise StateError("a saved LossHealth's level, scale or first maximum is not a finite number")
+    if h.kind not in ("", SPIKE, PERSISTENT, CATASTROPHIC) or (h.last and set(h.last) != set(Episode.__annotations__)):
+        raise StateError("a saved LossHealth's episode is not one it makes")
+
+
 #: class name -> the check run on each restored instance
 RESTORED_CHECKS: dict[str, Callable[[Any], None]] = {
     "BaselineState": _check_baseline, "FallbackDetector": _check_fallback, "StepStats": _check_stats,
-    "ScalingFit": _check_scaling}
+    "ScalingFit": _check_scaling, "LossHealth": _check_loss_health}

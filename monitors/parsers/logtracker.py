@@ -33,6 +33,7 @@ from stepwatch.monitors.parsers.logformats import (MAX_LINE_CHARS, RECOGNISERS, 
                                                    strip_escapes, user_pattern)
 from stepwatch.monitors.readers.rankprefix import rank_prefix
 from stepwatch.monitors.runfiles import RUN_JSON, read_json
+from stepwatch.monitors.detectors.losshealth import LossHealth
 from stepwatch.monitors.stats.minmax import MinMaxSeries
 from stepwatch.monitors.states import EVALUATING, SAVING
 
@@ -110,6 +111,7 @@ class LogTracker(ProgressTracker):
         self.format: str | None = None
         self.matched_lines = 0
         self.series: dict[str, MinMaxSeries] = {}  # the whole run per metric, min and max kept per bin
+        self.loss_health = LossHealth()  # the training loss's values judged as they come (issue 47)
         self.last_metrics: dict[str, tuple[int | None, float]] = {}
         self._last_dict_step: int | None = None  # the last training log dict's own step ([log] logging_steps)
         self._line_at: tuple[float | None, int | None, bool] | None = None  # the current step's first arrival
@@ -226,6 +228,7 @@ class LogTracker(ProgressTracker):
                 if self.last_metrics[k][0] is not None and self.last_metrics[k][0] < self.global_step:
                     self.last_metrics[k] = (self.global_step, self.last_metrics[k][1])
                     self.series[k].restep_last(self.global_step)
+                    self.loss_health.restep_last(k, self.global_step)
         return advs
 
     def _hf_logdict(self, text: str, at_s: float | None, poll_seq: int | None, live: bool) -> list[StepAdvance]:
@@ -289,6 +292,7 @@ class LogTracker(ProgressTracker):
                     continue
                 self.series[k] = MinMaxSeries()
             self.series[k].add(at, v)
+            self.loss_health.feed(k, at, v)
             self.last_metrics[k] = (at, v)
 
     def _advance(self, step: int, max_steps: int | None, reported_dt_s: float | None, metrics: dict[str, float],

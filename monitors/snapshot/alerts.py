@@ -22,7 +22,7 @@ from stepwatch.monitors.runfiles import utc_iso
 from stepwatch.monitors.snapshot.model import run_ended, shallow
 from stepwatch.monitors.detectors.frozen import who as frozen_who
 from stepwatch.monitors.snapshot.disk import end_cause, full_words
-from stepwatch.monitors.snapshot.metrics import metric_alerts
+from stepwatch.monitors.snapshot.metrics import loss_health_alerts, metric_alerts
 from stepwatch.monitors.snapshot.process import state_word
 from stepwatch.monitors.slurm import ABNORMAL_ENDS
 from stepwatch.monitors.snapshot.scheduler import scheduler_alerts
@@ -95,6 +95,7 @@ def alerts_for(snap: Snapshot, *, first_seen: MutableMapping[str, float],
     return [*_dynamo_alerts(snap, first_seen, list(limit_hits), recompile_sources),
             *_fallback_alerts(snap, first_seen, fallback_onset_t), *_stall_alerts(snap, first_seen, stall_at),
             *rank_alerts(snap, alert, first_seen), *metric_alerts(snap, alert, first_seen),
+            *loss_health_alerts(snap, alert, first_seen),
             *scheduler_alerts(snap, alert, first_seen), *_disk_alerts(snap, first_seen),
             *_frozen_alerts(snap, first_seen), *_gpu_alerts(snap, first_seen), *_end_alerts(snap, first_seen)]
 

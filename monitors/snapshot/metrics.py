@@ -13,12 +13,14 @@ import math
 from typing import Any
 from collections.abc import Callable, Mapping, MutableMapping
 
+from stepwatch.monitors.detectors.losshealth import LOSS_NAMES, NONFINITE  # LOSS_NAMES: a NaN of one is an alert
+from stepwatch.monitors.fold.events import EventsFold
+from stepwatch.monitors.parsers.logtracker import LogTracker
 from stepwatch.monitors.protocol import METRICS_SHOWN_FIRST
+from stepwatch.monitors.states import CATASTROPHIC, OK, PERSISTENT
 from stepwatch.monitors.stats.minmax import MinMaxSeries
-from stepwatch.monitors.snapshot.types import Arrival, Metric, NewAlert, Snapshot
+from stepwatch.monitors.snapshot.types import Arrival, LossHealthPart, Metric, NewAlert, Snapshot
 
-#: Names whose non-finite value is an alert: the training loss, however the program names it.
-LOSS_NAMES = ("loss", "train_loss", "train/loss", "lm_loss", "total_loss")
 #: Metrics listed in the snapshot at most (the tracker keeps at most as many series).
 MAX_LISTED = 64
 #: Shown first, in this order, where present (then the rest as they came).
@@ -35,6 +37,16 @@ def metrics_words(metrics: Mapping[str, Metric], limit: int = 6) -> str:
         parts.append(f"{n} {m['value']:.4g}" if m["finite"] else f"{n} NaN/inf")
     steps = [s for n in names[:limit] if (s := metrics[n]["step"]) is not None]
     return "  ".join(parts) + (f"  (step {max(steps)})" if steps else "") if parts else ""
+
+
+def metric_parts(snap: Snapshot, log: LogTracker, ev: EventsFold) -> None:
+    """The snapshot's ``metrics``, ``metrics_series`` and ``loss_health``: from the log's metrics, else from the
+    emitter's log events."""
+    snap["metrics"] = log_metrics(log.last_metrics, ev.last_logs, ev.last_logs_step,
+                                  log.series if log.last_metrics else ev.series)
+    snap["metrics_series"] = series_part(log.series or ev.series)
+    snap["loss_health"] = (log.loss_health if log.loss_health.metric or not ev.loss_health.metric
+                           else ev.loss_health).part()
 
 
 def log_metrics(last: Mapping[str, tuple[int | None, float]], event_logs: Any = None,
@@ -74,6 +86,55 @@ def metric_alerts(snap: Snapshot, make: Callable[..., NewAlert], first_seen: Mut
                     f"({m['value']:.4g}): a recovery, but the steps between trained on garbage")
         out.append(make(first_seen, snap["attempt"], "nonfinite_loss", f"{name}-{first}",
                         f"the log's {name} was not a number (NaN or inf){at}, {now}", None))
+    return out
+
+
+def _num(x: float | None) -> str:
+    return "?" if x is None else f"{x:.4g}"
+
+
+def loss_health_words(lh: LossHealthPart) -> str:
+    """``loss: spike at step 4210 (z 9.3)``, ``loss: ok (level 2.81, 2000 values)``, ``loss: not judged (...)``: the
+    loss health's verdict in a few words (the status's and the screen's)."""
+    ep, last = lh["episode"], lh["last"]
+    if ep is not None:
+        if ep["why"] == NONFINITE:
+            return f"loss: catastrophic: not a number from step {ep['onset_step']}"
+        grad = f", grad norm first at {ep['grad_warning_step']}" if ep["grad_warning_step"] is not None else ""
+        return f"loss: {ep['kind']} at step {ep['onset_step']} (z {_num(ep['peak_z'])}{grad})"
+    if lh["state"] != OK:
+        return f"loss: not judged ({lh['reason']})"
+    past = (f"; last {last['kind']} at step {last['onset_step']}, recovered at {last['recovered_step']}"
+            if last is not None else "")
+    return f"loss: ok (level {_num(lh['level'])}, {lh['values']} values{past})"
+
+
+def loss_health_alerts(snap: Snapshot, make: Callable[..., NewAlert],
+                       first_seen: MutableMapping[str, float]) -> list[NewAlert]:
+    """While an episode of the training loss is open (``loss_health.episode``): ``loss_spike`` (a warning) from its
+    onset, then ``loss_rise`` (persistent: an error) or ``loss_catastrophic`` (ten times the first values': an error)
+    as it gets worse, each keyed by the onset step, each active until the episode ends. A value that is not a number
+    is ``nonfinite_loss``'s (:func:`metric_alerts`): no second alert for it."""
+    lh = snap["loss_health"]
+    ep, name = lh["episode"], lh["metric"]
+    if ep is None or ep["why"] == NONFINITE:
+        return []
+    onset, peak = ep["onset_step"], ep["peak_step"]
+    grad = (f"; the grad norm spiked first, at step {ep['grad_warning_step']}" if ep["grad_warning_step"] is not None
+            else "")
+    base = (f"against a level of {_num(ep['level'])} (its scale {_num(ep['scale'])}: the step-to-step spread of the "
+            "logged values before it)")
+    out = [make(first_seen, snap["attempt"], "loss_spike", f"{name}-{onset}",
+                f"{name} spiked at step {onset}: {_num(ep['peak'])} at step {peak} (z {_num(ep['peak_z'])}) "
+                f"{base}{grad}", None)]
+    if ep["kind"] == PERSISTENT:
+        out.append(make(first_seen, snap["attempt"], "loss_rise", f"{name}-{onset}",
+                        f"{name} rose at step {onset} and stayed up: {ep['values']} logged values since, the last "
+                        f"ones' median above {_num(ep['level'])} by more than 3 scales{grad}", None))
+    elif ep["kind"] == CATASTROPHIC:
+        out.append(make(first_seen, snap["attempt"], "loss_catastrophic", f"{name}-{onset}",
+                        f"{name} reached {_num(ep['peak'])} at step {peak}: ten times the largest of its first logged "
+                        f"values or more (the run diverged){grad}", None))
     return out
 
 

@@ -12,6 +12,7 @@ from typing import Any, cast
 
 from stepwatch.monitors.detectors.stall import STALL_FLOOR_S
 from stepwatch.monitors.detectors.frozen import STOPPED_S
+from stepwatch.monitors.detectors.losshealth import not_judged_part
 from stepwatch.monitors.detectors.scaling import ScalingFit
 from stepwatch.monitors.gpu.energy import EnergyMeter
 from stepwatch.monitors.snapshot.types import Energy, Padding, Scaling, Snapshot
@@ -47,7 +48,7 @@ def null_snapshot() -> Snapshot:
         "log": {"file": None, "last_line": None, "traceback_last_line": None, "last_byte_age_s": None,
                 "from_start": None, "format": None, "matched_lines": 0, "hint": None,
                 "streams": 0},
-        "metrics": {}, "metrics_series": {},
+        "metrics": {}, "metrics_series": {}, "loss_health": not_judged_part("no log read yet"),
         "health": {"processes": 0, "cpu_cores": None, "cpu_cores_basis": None, "rss_bytes": None,
                    "host_load_1m": None, "host_cores": None},
         "liveness": {"frozen": {"state": NOT_JUDGED, "reason": "not looked at yet", "processes": [],

@@ -38,7 +38,7 @@ from stepwatch.monitors.fold.savedstate import load as load_saved_state, refused
 from stepwatch.monitors.parsers.dynamolog import DynamoLogScanner, RecompileLimit, Recompile
 from stepwatch.monitors.parsers.logtracker import LogTracker, log_hint, own_run_record
 from stepwatch.monitors.runsettings import RunSettings
-from stepwatch.monitors.snapshot.metrics import arrival_check, log_metrics, series_part
+from stepwatch.monitors.snapshot.metrics import arrival_check, metric_parts
 from stepwatch.monitors.snapshot.eta import ETA_RECENT_STEPS, eta_part
 from stepwatch.monitors.gpu.energy import RECENT_STEPS as ENERGY_STEPS
 from stepwatch.monitors.snapshot.gpuview import GpuView
@@ -416,9 +416,7 @@ class RunObserver:
                        "format": a.progress.format, "matched_lines": a.progress.matched_lines,
                        "hint": log_hint(a.progress, a.ev.stats.seen > 0),
                        "streams": a.progress.streams.interleaved if a.progress.streams is not None else 0}
-        snap["metrics"] = log_metrics(a.progress.last_metrics, a.ev.last_logs, a.ev.last_logs_step,
-                                      a.progress.series if a.progress.last_metrics else a.ev.series)
-        snap["metrics_series"] = series_part(a.progress.series or a.ev.series)  # the log, else log events
+        metric_parts(snap, a.progress, a.ev)  # metrics, metrics_series, loss_health
         snap["events"] = {"file": EVENTS_JSONL if a.events.exists else None, "lines": a.events.lines_read,
                           "corrupt_lines": a.events.corrupt_lines, "unusable_steps": a.ev.unusable_steps,
                           "dropped_events": shallow((a.ev.run_end or {}).get("dropped_events")),

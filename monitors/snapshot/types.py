@@ -17,6 +17,7 @@ made (``__required_keys__``), and the tests walk these types at run time.
 
 from typing import Literal, NotRequired, TypedDict
 
+from stepwatch.monitors.detectors.losshealth import Episode as Episode, LossHealthPart as LossHealthPart
 from stepwatch.monitors.snapshot.resourcetypes import (DeviceHistory, Disk, Energy, FileValue, GpuDevice, Health,
                                                        Padding, PaddingWidth, Scaling, ScalingShares, Scheduler,
                                                        Survivor)
@@ -373,6 +374,8 @@ class Snapshot(TypedDict):
     metrics: dict[str, Metric]
     #: per metric name: ``[[first_step, last_step, min, max], ...]`` oldest first
     metrics_series: dict[str, list[list[float | int | None]]]
+    #: whether the training loss went bad, judged on its own spread (issue 47)
+    loss_health: LossHealthPart
     health: Health
     liveness: Liveness
     phase: Phase

@@ -38,7 +38,8 @@ from stepwatch.monitors.watch.paging import LEVELS, digest_words, finished_chann
 #: slowed run is an error; a recompile limit, a storm or an idle tensor core a warning.
 KIND_LEVEL = {"watchdog": "error", "stall": "error", "fallback": "error", "recompile_limit": "warning",
               "recompile_storm": "warning", "gpu": "warning", "disk_full": "error", "rank_death": "error", "straggler": "warning", "stuck_rank": "error",
-              "nonfinite_loss": "error", "job_end": "error", "time_limit": "warning", "supervisor_lost": "error", "frozen": "error",
+              "nonfinite_loss": "error", "loss_spike": "warning", "loss_rise": "error", "loss_catastrophic": "error",
+              "job_end": "error", "time_limit": "warning", "supervisor_lost": "error", "frozen": "error",
               "watchers_lost": "error", "restart_missed": "error"}
 #: Pages each of which is an event of its own, never rate-limited nor folded into a digest: a death (the run's, a
 #: rank's, the job's), the restart policy's decision and its outcome (a STOP, a restart that did not start), the

@@ -56,8 +56,9 @@ SCHEDULER_ALERT_KINDS = frozenset({"job_end", "time_limit"})
 
 
 #: The part of the snapshot an alert kind's detector read (its evidence in alerts.jsonl).
-_EVIDENCE_PART: dict[str, Literal["fallback", "stall", "dynamo", "gpu"]] = {
-    "fallback": "fallback", "stall": "stall", "recompile_limit": "dynamo", "recompile_storm": "dynamo", "gpu": "gpu"}
+_EVIDENCE_PART: dict[str, Literal["fallback", "stall", "dynamo", "gpu", "loss_health"]] = {
+    "fallback": "fallback", "stall": "stall", "recompile_limit": "dynamo", "recompile_storm": "dynamo", "gpu": "gpu",
+    "loss_spike": "loss_health", "loss_rise": "loss_health", "loss_catastrophic": "loss_health"}
 
 
 def evidence_of(snap: Snapshot, kind: str) -> dict[str, Any]:

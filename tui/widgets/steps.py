@@ -11,7 +11,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Sparkline, Static
 
-from stepwatch.monitors.snapshot.metrics import metrics_words
+from stepwatch.monitors.snapshot.metrics import loss_health_words, metrics_words
 from stepwatch.monitors.snapshot.ranks import latest_per_rank, restarts_words
 from stepwatch.monitors.snapshot.types import (Fallback, Histogram, Log, Rank, RankStepSummary, Scaling, Snapshot, Stall,
                                               Step, StepSeconds, Straggler, Throughput, Warmup)
@@ -112,6 +112,8 @@ def _throughput_text(snap: Snapshot) -> Text:
     sc: Scaling = snap["scaling"]
     words = metrics_words(snap["metrics"])
     t = Text(f"{words}  · " if words else "", "bold red" if "NaN/inf" in words else "bold")
+    if snap["loss_health"]["episode"] is not None:  # the loss went bad: said first, where it is cut last
+        t = Text(f"{loss_health_words(snap['loss_health'])}  · ", "bold red") + t
     if tp["tokens_per_s"] is not None:
         t.append(f"{tp['tokens_per_s']:.0f} tok/s padded, {tp['real_tokens_per_s'] or 0:.0f} real, "
                  f"padding {100 * (tp['padding_share'] or 0):.1f}%")

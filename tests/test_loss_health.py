@@ -146,6 +146,10 @@ def test_the_alerts_follow_the_episode_and_name_its_onset_and_level():
     assert [a["kind"] for a in rise] == ["loss_spike", "loss_rise"]  # the spike's alert holds while the episode does
     assert "rose at step 301 and stayed up" in rise[1]["message"]
     assert _alerts(fed(noisy(600)).part()) == []
+    values = noisy(300)
+    values[250] = 2.6
+    between = _alerts(fed(values).part())  # opened and ended between two looks (a fast run): said all the same
+    assert [a["kind"] for a in between] == ["loss_spike"] and "back at its level from step 254" in between[0]["message"]
 
 
 def test_the_words_and_the_exporter_say_the_verdict():

@@ -52,6 +52,8 @@ CATASTROPHIC_X = 10.0
 BASE_N = 100
 #: A grad-norm spike within this many logged loss values before an onset is its early warning.
 GRAD_LEAD = 3
+#: Ended episodes kept (each is alerted, though it opened and ended between two looks).
+ENDED_KEPT = 8
 #: Names of the training loss, however the program names it (the first of them a run logs is judged), and of the
 #: grad norm.
 LOSS_NAMES = ("loss", "train_loss", "train/loss", "lm_loss", "total_loss")
@@ -94,9 +96,11 @@ class LossHealthPart(TypedDict):
     #: the window's level and scale now (None before MIN_N values)
     level: float | None
     scale: float | None
-    #: the open episode, else None; the last one that ended, else None; how many there were
+    #: the open episode, else None; the last one that ended, else None; the last ENDED_KEPT that ended (newest last);
+    #: how many there were
     episode: Episode | None
     last: Episode | None
+    ended: list[Episode]
     episodes: int
     reason: str
 
@@ -137,7 +141,8 @@ class LossHealth:
         self.recent: deque[float] = deque(maxlen=PERSIST_N)
         self.grad_warning_step: int | None = None
         self.episodes = 0
-        self.last: dict[str, object] = {}  # the last episode that ended (an Episode), {} before one did
+        #: the episodes that ended (Episodes), newest last: a fast run's spike opens and ends between two looks
+        self.ended: deque[dict[str, object]] = deque(maxlen=ENDED_KEPT)
         # the grad norm: its window, its last spike's step and how many loss values came since
         self.gwindow: deque[float] = deque(maxlen=WINDOW)
         self.grad_spike_step: int | None = None
@@ -233,7 +238,7 @@ class LossHealth:
             self.kind = PERSISTENT
         self.calm = self.calm + 1 if z < Z_CLEAR else 0
         if self.calm >= CALM_N:
-            self.last = dict(self._episode(step))
+            self.ended.append(dict(self._episode(step)))
             self.kind = ""
 
     # -- reading ----------------------------------------------------------------------------------
@@ -258,10 +263,11 @@ class LossHealth:
                   if metric is not None else "the run logs no training loss stepwatch reads")
         return {"state": state, "metric": metric, "values": self.values, "nonfinite": self.nonfinite,
                 "level": level, "scale": scale, "episode": self._episode() if self.kind else None,
-                "last": self.last or None, "episodes": self.episodes, "reason": reason}  # type: ignore[typeddict-item]
+                "last": self.ended[-1] if self.ended else None, "ended": list(self.ended),  # type: ignore[typeddict-item]
+                "episodes": self.episodes, "reason": reason}
 
 
 def not_judged_part(reason: str) -> LossHealthPart:
     """``loss_health`` where no loss was read at all."""
     return {"state": NOT_JUDGED, "metric": None, "values": 0, "nonfinite": 0, "level": None, "scale": None,
-            "episode": None, "last": None, "episodes": 0, "reason": reason}
+            "episode": None, "last": None, "ended": [], "episodes": 0, "reason": reason}

@@ -77,7 +77,8 @@ def _check_loss_health(h: LossHealth) -> None:
             raise StateError(f"a saved LossHealth.{name} holds something else than finite floats")
     if not all(type(x) is float and math.isfinite(x) for x in (h.level, h.scale, h.first_max)):
         raise StateError("a saved LossHealth's level, scale or first maximum is not a finite number")
-    if h.kind not in ("", SPIKE, PERSISTENT, CATASTROPHIC) or (h.last and set(h.last) != set(Episode.__annotations__)):
+    if h.kind not in ("", SPIKE, PERSISTENT, CATASTROPHIC) or any(
+            type(e) is not dict or set(e) != set(Episode.__annotations__) for e in h.ended):
         raise StateError("a saved LossHealth's episode is not one it makes")
 
 

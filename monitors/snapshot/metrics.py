@@ -19,7 +19,7 @@ from stepwatch.monitors.parsers.logtracker import LogTracker
 from stepwatch.monitors.protocol import METRICS_SHOWN_FIRST
 from stepwatch.monitors.states import CATASTROPHIC, OK, PERSISTENT
 from stepwatch.monitors.stats.minmax import MinMaxSeries
-from stepwatch.monitors.snapshot.types import Arrival, LossHealthPart, Metric, NewAlert, Snapshot
+from stepwatch.monitors.snapshot.types import Arrival, Episode, LossHealthPart, Metric, NewAlert, Snapshot
 
 #: Metrics listed in the snapshot at most (the tracker keeps at most as many series).
 MAX_LISTED = 64
@@ -111,30 +111,37 @@ def loss_health_words(lh: LossHealthPart) -> str:
 
 def loss_health_alerts(snap: Snapshot, make: Callable[..., NewAlert],
                        first_seen: MutableMapping[str, float]) -> list[NewAlert]:
-    """While an episode of the training loss is open (``loss_health.episode``): ``loss_spike`` (a warning) from its
-    onset, then ``loss_rise`` (persistent: an error) or ``loss_catastrophic`` (ten times the first values': an error)
-    as it gets worse, each keyed by the onset step, each active until the episode ends. A value that is not a number
-    is ``nonfinite_loss``'s (:func:`metric_alerts`): no second alert for it."""
+    """Each episode of the training loss (``loss_health``: the open one, and the last ENDED_KEPT that ended: a fast
+    run's spike may open and end between two looks, and is said all the same): ``loss_spike`` (a warning) from its onset, and ``loss_rise`` (persistent: an
+    error) or ``loss_catastrophic`` (ten times the first values': an error) as it got worse, each keyed by the onset
+    step. A value that is not a number is ``nonfinite_loss``'s (:func:`metric_alerts`): no second alert for it."""
     lh = snap["loss_health"]
-    ep, name = lh["episode"], lh["metric"]
-    if ep is None or ep["why"] == NONFINITE:
-        return []
+    out: list[NewAlert] = []
+    for ep in [*lh["ended"], *([lh["episode"]] if lh["episode"] is not None else [])]:
+        if ep["why"] != NONFINITE:
+            out += _episode_alerts(snap, lh["metric"], ep, make, first_seen)
+    return out
+
+
+def _episode_alerts(snap: Snapshot, name: str | None, ep: Episode, make: Callable[..., NewAlert],
+                    first_seen: MutableMapping[str, float]) -> list[NewAlert]:
     onset, peak = ep["onset_step"], ep["peak_step"]
     grad = (f"; the grad norm spiked first, at step {ep['grad_warning_step']}" if ep["grad_warning_step"] is not None
             else "")
+    end = f"; back at its level from step {ep['recovered_step']}" if ep["recovered_step"] is not None else ""
     base = (f"against a level of {_num(ep['level'])} (its scale {_num(ep['scale'])}: the step-to-step spread of the "
             "logged values before it)")
     out = [make(first_seen, snap["attempt"], "loss_spike", f"{name}-{onset}",
                 f"{name} spiked at step {onset}: {_num(ep['peak'])} at step {peak} (z {_num(ep['peak_z'])}) "
-                f"{base}{grad}", None)]
+                f"{base}{grad}{end}", None)]
     if ep["kind"] == PERSISTENT:
         out.append(make(first_seen, snap["attempt"], "loss_rise", f"{name}-{onset}",
-                        f"{name} rose at step {onset} and stayed up: {ep['values']} logged values since, the last "
-                        f"ones' median above {_num(ep['level'])} by more than 3 scales{grad}", None))
+                        f"{name} rose at step {onset} and stayed up: {ep['values']} logged values, the last ones' "
+                        f"median above {_num(ep['level'])} by more than 3 scales{grad}{end}", None))
     elif ep["kind"] == CATASTROPHIC:
         out.append(make(first_seen, snap["attempt"], "loss_catastrophic", f"{name}-{onset}",
                         f"{name} reached {_num(ep['peak'])} at step {peak}: ten times the largest of its first logged "
-                        f"values or more (the run diverged){grad}", None))
+                        f"values or more (the run diverged){grad}{end}", None))
     return out
 
 

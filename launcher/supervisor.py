@@ -32,6 +32,7 @@ import psutil
 
 from stepwatch.launcher.checkpointpath import refused_at_exec
 from stepwatch.launcher.restartrun import enforce, run_policy
+from stepwatch.launcher.rollback import RollbackKeeper
 from stepwatch.launcher.requeue import next_attempt_in_job, owner_launched, requeue_count
 from stepwatch.launcher.escalation import ESCALATION, Escalation, new_stop_record, own_stop_record, stop_grace_s
 from stepwatch.launcher.escalation import log_line as _log
@@ -153,7 +154,7 @@ def _start_watch(run_dir: Path, run: dict[str, Any], exit_recorded: threading.Ev
         _log(f"run not watched: {type(e).__name__}: {e}")
         return None
     t = threading.Thread(target=watch_attempt, args=(run_dir, run, exit_recorded),
-                         kwargs={"log": _log, "exporter": exporter,
+                         kwargs={"log": _log, "exporter": exporter, "rollback": RollbackKeeper(run_dir, run, _log),
                                  "log_lost": None if pump is None else lambda: (pump.lost_bytes, pump.lost_reason)},
                          name="watch", daemon=True)
     t.start()

@@ -47,6 +47,10 @@ ACKS_JSONL = "acks.jsonl"  # written by views; never rotated (alert ids carry th
 RESTART_JSON = "restart.json"
 #: The attempt's ledger of where its time went, written by its supervisor at its end (monitors/snapshot/ledger.py).
 LEDGER_JSON = "ledger.json"
+#: A loss episode's rollback checkpoint, kept from the trainer's rotation (launcher/rollback.py): hard links in this
+#: folder, and the record of what was kept; never rotated (released when the run ends healthy).
+KEPT_DIR = "kept"
+KEPT_JSON = "kept.json"
 LOG_STEPS_JSONL = "logsteps.jsonl"  # step records the supervisor timed from train.log (monitors/watch/logsteps.py)
 ALERTS_JSONL = "alerts.jsonl"  # the supervisor's alerts and their deliveries (monitors/watch/loop.py)
 #: The run's push URLs (they carry tokens): 0600, read by its supervisor only; run.json names the

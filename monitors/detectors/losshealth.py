@@ -79,6 +79,8 @@ class Episode(TypedDict):
     values: int
     #: the grad norm's spike before the onset (its step), else None
     grad_warning_step: int | None
+    #: the step of the oldest value the level is the median of: a rollback point is a checkpoint at or before it
+    level_from_step: int | None
     #: "nonfinite" or "ten_times" for a catastrophic episode, else ""
     why: str
     #: the step of the value that ended it (a past episode), else None
@@ -103,6 +105,8 @@ class LossHealthPart(TypedDict):
     ended: list[Episode]
     episodes: int
     reason: str
+    #: the rollback checkpoint the supervisor kept (kept.json: checkpoint, step, kept, how, onset_step), else None
+    rollback: dict[str, object] | None
 
 
 def _robust(values: deque[float]) -> tuple[float, float]:
@@ -122,6 +126,7 @@ class LossHealth:
     def __init__(self) -> None:
         self.metric = ""  # the loss's name, once one came
         self.window: deque[float] = deque(maxlen=WINDOW)
+        self.wsteps: deque[int | None] = deque(maxlen=LEVEL_N)  # the steps of the window's newest LEVEL_N values
         self.values = 0
         self.nonfinite = 0
         self.first_max = 0.0  # the largest of the first BASE_N finite values
@@ -140,6 +145,7 @@ class LossHealth:
         self.calm = 0
         self.recent: deque[float] = deque(maxlen=PERSIST_N)
         self.grad_warning_step: int | None = None
+        self.level_from_step: int | None = None  # the step of the oldest value the frozen level is the median of
         self.episodes = 0
         #: the episodes that ended (Episodes), newest last: a fast run's spike opens and ends between two looks
         self.ended: deque[dict[str, object]] = deque(maxlen=ENDED_KEPT)
@@ -191,6 +197,7 @@ class LossHealth:
                 if ten_times:
                     self.kind, self.why = CATASTROPHIC, TEN_TIMES
         self.window.append(value)
+        self.wsteps.append(step)
 
     def add_grad(self, step: int | None, value: float) -> None:
         """One logged grad-norm value: a spike of its own window is remembered as an early warning."""
@@ -222,6 +229,7 @@ class LossHealth:
         if value is not None:
             self.recent.append(value)
         self.grad_warning_step = self.grad_spike_step if self.since_grad_spike <= GRAD_LEAD else None
+        self.level_from_step = self.wsteps[0] if self.wsteps else None
         self.episodes += 1
 
     def _in_episode(self, step: int | None, value: float, ten_times: bool) -> None:
@@ -247,7 +255,8 @@ class LossHealth:
                 "level": round(self.level, 6), "scale": round(self.scale, 6),
                 "peak": None if self.peak is None else round(self.peak, 6),
                 "peak_z": None if self.peak_z is None else round(self.peak_z, 2), "peak_step": self.peak_step,
-                "values": self.ep_values, "grad_warning_step": self.grad_warning_step, "why": self.why,
+                "values": self.ep_values, "grad_warning_step": self.grad_warning_step,
+                "level_from_step": self.level_from_step, "why": self.why,
                 "recovered_step": recovered_step}
 
     def part(self) -> LossHealthPart:
@@ -264,10 +273,10 @@ class LossHealth:
         return {"state": state, "metric": metric, "values": self.values, "nonfinite": self.nonfinite,
                 "level": level, "scale": scale, "episode": self._episode() if self.kind else None,
                 "last": self.ended[-1] if self.ended else None, "ended": list(self.ended),  # type: ignore[typeddict-item]
-                "episodes": self.episodes, "reason": reason}
+                "episodes": self.episodes, "reason": reason, "rollback": None}
 
 
 def not_judged_part(reason: str) -> LossHealthPart:
     """``loss_health`` where no loss was read at all."""
     return {"state": NOT_JUDGED, "metric": None, "values": 0, "nonfinite": 0, "level": None, "scale": None,
-            "episode": None, "last": None, "ended": [], "episodes": 0, "reason": reason}
+            "episode": None, "last": None, "ended": [], "episodes": 0, "reason": reason, "rollback": None}

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from stepwatch.monitors.detectors.baseline import BaselineState
 from stepwatch.monitors.detectors.fallbackstate import HISTORY_KEPT, KEEP_STEPS, FallbackState
-from stepwatch.monitors.detectors.losshealth import Episode, LossHealth
+from stepwatch.monitors.detectors.losshealth import LEVEL_N, Episode, LossHealth
 from stepwatch.monitors.states import CATASTROPHIC, PERSISTENT, SPIKE
 from stepwatch.monitors.detectors.scaling import ScalingFit
 from stepwatch.monitors.stats.stepstate import StepStatsState
@@ -75,6 +75,8 @@ def _check_loss_health(h: LossHealth) -> None:
     for name in ("window", "gwindow", "recent"):
         if not all(type(x) is float and math.isfinite(x) for x in getattr(h, name)):
             raise StateError(f"a saved LossHealth.{name} holds something else than finite floats")
+    if not all(x is None or type(x) is int for x in h.wsteps) or h.wsteps.maxlen != LEVEL_N:
+        raise StateError("a saved LossHealth.wsteps holds something else than steps")
     if not all(type(x) is float and math.isfinite(x) for x in (h.level, h.scale, h.first_max)):
         raise StateError("a saved LossHealth's level, scale or first maximum is not a finite number")
     if h.kind not in ("", SPIKE, PERSISTENT, CATASTROPHIC) or any(

@@ -10,6 +10,8 @@ no NaN); ``metrics_series``: the loss-like ones over the whole run, min and max 
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
 from typing import Any
 from collections.abc import Callable, Mapping, MutableMapping
 
@@ -17,6 +19,7 @@ from stepwatch.monitors.detectors.losshealth import LOSS_NAMES, NONFINITE  # LOS
 from stepwatch.monitors.fold.events import EventsFold
 from stepwatch.monitors.parsers.logtracker import LogTracker
 from stepwatch.monitors.protocol import METRICS_SHOWN_FIRST
+from stepwatch.monitors.runfiles import KEPT_JSON, read_json
 from stepwatch.monitors.states import CATASTROPHIC, OK, PERSISTENT
 from stepwatch.monitors.stats.minmax import MinMaxSeries
 from stepwatch.monitors.snapshot.types import Arrival, Episode, LossHealthPart, Metric, NewAlert, Snapshot
@@ -39,14 +42,24 @@ def metrics_words(metrics: Mapping[str, Metric], limit: int = 6) -> str:
     return "  ".join(parts) + (f"  (step {max(steps)})" if steps else "") if parts else ""
 
 
-def metric_parts(snap: Snapshot, log: LogTracker, ev: EventsFold) -> None:
+def metric_parts(snap: Snapshot, log: LogTracker, ev: EventsFold, run_dir: Path) -> None:
     """The snapshot's ``metrics``, ``metrics_series`` and ``loss_health``: from the log's metrics, else from the
-    emitter's log events."""
+    emitter's log events; the rollback checkpoint the supervisor kept from kept.json (shown only: the run owner's
+    file that nobody else can write, its fields typed, never a path a view follows)."""
     snap["metrics"] = log_metrics(log.last_metrics, ev.last_logs, ev.last_logs_step,
                                   log.series if log.last_metrics else ev.series)
     snap["metrics_series"] = series_part(log.series or ev.series)
     snap["loss_health"] = (log.loss_health if log.loss_health.metric or not ev.loss_health.metric
                            else ev.loss_health).part()
+    try:
+        owner = os.lstat(run_dir).st_uid  # the run's owner: the supervisor that keeps is theirs
+    except OSError:
+        return
+    kept = read_json(run_dir / KEPT_JSON, owner_uid=owner, private=True)
+    if kept is not None and type(kept.get("step")) is int and all(
+            type(kept.get(k)) is str for k in ("checkpoint", "kept", "how")):
+        snap["loss_health"]["rollback"] = {k: (kept[k][:500] if type(kept[k]) is str else kept[k])
+                                           for k in ("checkpoint", "step", "kept", "how")}
 
 
 def log_metrics(last: Mapping[str, tuple[int | None, float]], event_logs: Any = None,
@@ -101,12 +114,17 @@ def loss_health_words(lh: LossHealthPart) -> str:
         if ep["why"] == NONFINITE:
             return f"loss: catastrophic: not a number from step {ep['onset_step']}"
         grad = f", grad norm first at {ep['grad_warning_step']}" if ep["grad_warning_step"] is not None else ""
-        return f"loss: {ep['kind']} at step {ep['onset_step']} (z {_num(ep['peak_z'])}{grad})"
+        return f"loss: {ep['kind']} at step {ep['onset_step']} (z {_num(ep['peak_z'])}{grad}){_kept(lh)}"
     if lh["state"] != OK:
         return f"loss: not judged ({lh['reason']})"
     past = (f"; last {last['kind']} at step {last['onset_step']}, recovered at {last['recovered_step']}"
             if last is not None else "")
-    return f"loss: ok (level {_num(lh['level'])}, {lh['values']} values{past})"
+    return f"loss: ok (level {_num(lh['level'])}, {lh['values']} values{past}){_kept(lh)}"
+
+
+def _kept(lh: LossHealthPart) -> str:
+    rb = lh["rollback"]
+    return f" · rollback {Path(str(rb['checkpoint'])).name} kept" if rb is not None else ""
 
 
 def loss_health_alerts(snap: Snapshot, make: Callable[..., NewAlert],

@@ -416,7 +416,7 @@ class RunObserver:
                        "format": a.progress.format, "matched_lines": a.progress.matched_lines,
                        "hint": log_hint(a.progress, a.ev.stats.seen > 0),
                        "streams": a.progress.streams.interleaved if a.progress.streams is not None else 0}
-        metric_parts(snap, a.progress, a.ev)  # metrics, metrics_series, loss_health
+        metric_parts(snap, a.progress, a.ev, self.run_dir)  # metrics, metrics_series, loss_health
         snap["events"] = {"file": EVENTS_JSONL if a.events.exists else None, "lines": a.events.lines_read,
                           "corrupt_lines": a.events.corrupt_lines, "unusable_steps": a.ev.unusable_steps,
                           "dropped_events": shallow((a.ev.run_end or {}).get("dropped_events")),

@@ -22,7 +22,7 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal, Protocol, cast
 from collections.abc import Callable
 
 from stepwatch.monitors import fdreserve
@@ -53,6 +53,17 @@ FINAL_DELIVERY_WAIT_S = 40.0
 #: the phase a stuck rank's stack showed, as a noun ("cleared within the budget of the save ...")
 PHASE_NOUN = {SAVING: "save", EVALUATING: "evaluation"}
 SCHEDULER_ALERT_KINDS = frozenset({"job_end", "time_limit"})
+#: The loss episode's alerts (monitors/snapshot/metrics.py): each names the episode's rollback point.
+LOSS_KINDS = frozenset({"loss_spike", "loss_rise", "loss_catastrophic"})
+
+
+class Rollback(Protocol):
+    """The supervisor's rollback keeper (launcher/rollback.py :class:`RollbackKeeper`): names and keeps a loss
+    episode's rollback point (words for its alert), and releases it at a healthy end."""
+
+    def episode(self, ep: dict[str, Any]) -> str: ...
+
+    def ended(self, snap: Any) -> None: ...
 
 
 #: The part of the snapshot an alert kind's detector read (its evidence in alerts.jsonl).
@@ -84,7 +95,7 @@ class AlertRecorder:
 
     def __init__(self, run_dir: Path, run: dict[str, Any], log: Callable[[str], None],
                  kinds: frozenset[str] | None = None, skip: frozenset[str] = frozenset(),
-                 log_lost: Callable[[], tuple[int, str | None]] | None = None):
+                 log_lost: Callable[[], tuple[int, str | None]] | None = None, rollback: Rollback | None = None):
         config = (run.get("config") or {}).get("alerts") or {}
         config = dict(config) if isinstance(config, dict) else {}
         config["urls"] = read_push_urls(run_dir)  # kept out of run.json, which other users may read
@@ -107,6 +118,8 @@ class AlertRecorder:
         self._stack_threads: list[threading.Thread] = []  # a stall's stacks, its delivery after them
         self.host = socket.gethostname()
         self.log_lost = log_lost  # the supervisor's log pump: output bytes train.log could not take so far, and why
+        #: the supervisor's rollback keeper (launcher/rollback.py), and what it said of each loss episode (by its key)
+        self.rollback, self.rollback_words = rollback, dict[str, str]()
 
     def detect(self, now: float | None = None) -> Snapshot:
         """One refresh; records what is new (shown at once) and pages what has held for its confirmation window
@@ -130,6 +143,8 @@ class AlertRecorder:
                     self.kinds is not None and al["kind"] not in self.kinds):
                 self.recorded.add(al["id"])
                 continue
+            if al["kind"] in LOSS_KINDS:
+                al = self._with_rollback(al, snap)
             self.record(al, evidence_of(snap, al["kind"]), deliver=False)
             window = self.paging.confirm_window_s(al["kind"])
             due = (unix_of(al["at"]) or now) + window  # the condition's age, read once from the wall clock
@@ -139,6 +154,23 @@ class AlertRecorder:
                                               f"shown; pages if it still holds after {window:g} s (confirm_s)")
             self._confirm(al, snap)
         return snap
+
+    def _with_rollback(self, al: Alert, snap: Snapshot) -> Alert:
+        """A loss episode's alert with its rollback point in its message (the keeper names and keeps it once per
+        episode, at its first alert): what the page and alerts.jsonl say."""
+        key = al["id"].split(f"-{al['kind']}-", 1)[-1]
+        if self.rollback is None:
+            return al
+        if key not in self.rollback_words:
+            lh = snap["loss_health"]
+            ep = next((e for e in [*lh["ended"], *([lh["episode"]] if lh["episode"] else [])]
+                       if f"{lh['metric']}-{e['onset_step']}" == key), None)
+            try:
+                self.rollback_words[key] = self.rollback.episode(dict(ep)) if ep is not None else ""
+            except Exception as e:  # noqa: BLE001 - the alert goes out whatever the keeper did
+                self.rollback_words[key] = f"no rollback point: {type(e).__name__}: {e}"
+        words = self.rollback_words[key]
+        return cast(Alert, {**al, "message": f"{al['message']}; {words}"}) if words else al
 
     def _confirm(self, al: Alert, snap: Snapshot) -> None:
         """Page a shown alert whose window has passed and that still holds; one that cleared first never pages."""
@@ -275,7 +307,7 @@ class AlertRecorder:
 
 def watch_attempt(run_dir: Path, run: dict[str, Any], child_done: threading.Event,
                   log: Callable[[str], None] = lambda m: None, exporter: Any = None,
-                  log_lost: Callable[[], tuple[int, str | None]] | None = None) -> None:
+                  log_lost: Callable[[], tuple[int, str | None]] | None = None, rollback: Rollback | None = None) -> None:
     """Watch one attempt until ``child_done`` is set, then record its last alerts and wait (bounded)
     for their delivery. Never raises. The scheduler's alerts (a Slurm run's job end, its time limit)
     are the login node's job watcher's to record (:mod:`.jobwatch`). ``exporter`` (the Prometheus
@@ -285,7 +317,7 @@ def watch_attempt(run_dir: Path, run: dict[str, Any], child_done: threading.Even
     liveness = LivenessFlags()
     timer = LogTimerThread(run_dir, stop_log, log, run, liveness)
     timer.start()
-    recorder = AlertRecorder(run_dir, run, log, skip=SCHEDULER_ALERT_KINDS, log_lost=log_lost)
+    recorder = AlertRecorder(run_dir, run, log, skip=SCHEDULER_ALERT_KINDS, log_lost=log_lost, rollback=rollback)
     try:
         while not child_done.is_set():
             try:
@@ -304,6 +336,8 @@ def watch_attempt(run_dir: Path, run: dict[str, Any], child_done: threading.Even
                 snap = recorder.detect()  # the end: the watchdog's verdict, the log's last steps
                 recorder.page_finished(snap)
                 record_ledger(run_dir, snap)  # where this attempt's time went, for the run's ledger after a relaunch
+                if rollback is not None:
+                    rollback.ended(snap)  # a healthy end releases the kept rollback checkpoints
             if exporter is not None:
                 exporter.update(snap)
         except Exception as e:  # noqa: BLE001

@@ -28,11 +28,14 @@ from typing import TYPE_CHECKING, Any
 from stepwatch.launcher.checkpoints import MAX_ENTRIES
 from stepwatch.launcher.restartpolicy import RESTART, STOP, Decision, RestartSettings
 from stepwatch.launcher.trust import group_name
+from stepwatch.monitors.runfiles import KEPT_DIR
 
 if TYPE_CHECKING:
     from stepwatch.launcher.config import RunConfig
 
 _WRITE_GO = stat.S_IWGRP | stat.S_IWOTH
+#: Files of the run's kept rollback checkpoints looked at, at most.
+MAX_KEPT_FILES = MAX_ENTRIES
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,20 +65,23 @@ def _owner_problem(st: os.stat_result, uid: int) -> str | None:
     return None
 
 
-def _entry_problem(p: str, st: os.stat_result, uid: int) -> UnsafePath | None:
-    """The checkpoint itself, or an entry in it: the owner's or root's, writable by no one else, one link."""
+def _entry_problem(p: str, st: os.stat_result, uid: int, own_links: frozenset[tuple[int, int]] = frozenset()
+                   ) -> UnsafePath | None:
+    """The checkpoint itself, or an entry in it: the owner's or root's, writable by no one else, one link (or two,
+    the second the run's own: a rollback checkpoint it kept, ``own_links``' (device, inode))."""
     if stat.S_ISLNK(st.st_mode):
         return UnsafePath(p, "is a symlink: a checkpoint is never loaded through one")
     if why := _owner_problem(st, uid):
         return UnsafePath(p, f"{why}: its owner can change what a resume loads")
     if st.st_mode & _WRITE_GO:
         return UnsafePath(p, f"is writable by {_who(st)} ({_mode(st)}): they can change what a resume loads")
-    if stat.S_ISREG(st.st_mode) and st.st_nlink != 1:
+    if stat.S_ISREG(st.st_mode) and st.st_nlink != 1 and not (
+            st.st_nlink == 2 and (st.st_dev, st.st_ino) in own_links):
         return UnsafePath(p, f"has {st.st_nlink} hard links: another name may lead to it")
     return None
 
 
-def _inside_problem(top: str, uid: int) -> UnsafePath | None:
+def _inside_problem(top: str, uid: int, own_links: frozenset[tuple[int, int]]) -> UnsafePath | None:
     """Every entry under the checkpoint directory ``top``, depth first, never through a symlink."""
     seen, todo = 0, [top]
     while todo:
@@ -93,16 +99,18 @@ def _inside_problem(top: str, uid: int) -> UnsafePath | None:
                 st = os.lstat(e.path)
             except OSError as err:
                 return UnsafePath(e.path, f"cannot be examined: {err.strerror or err}")
-            if problem := _entry_problem(e.path, st, uid):
+            if problem := _entry_problem(e.path, st, uid, own_links):
                 return problem
             if stat.S_ISDIR(st.st_mode):
                 todo.append(e.path)
     return None
 
 
-def checkpoint_path_problem(path: str | Path, uid: int | None = None) -> UnsafePath | None:
+def checkpoint_path_problem(path: str | Path, uid: int | None = None,
+                            own_links: frozenset[tuple[int, int]] = frozenset()) -> UnsafePath | None:
     """What makes ``path`` (absolute, as it is handed to the job) unsafe to resume from as ``uid`` (default: this
-    process's), or None when it is safe: the module's rule, from ``/`` down, then inside the checkpoint."""
+    process's), or None when it is safe: the module's rule, from ``/`` down, then inside the checkpoint. ``own_links``:
+    the (device, inode) of the files the run itself keeps a second name of (:func:`kept_inodes`)."""
     uid = os.geteuid() if uid is None else uid
     p = str(path)
     parts = p.split("/")
@@ -133,9 +141,36 @@ def checkpoint_path_problem(path: str | Path, uid: int | None = None) -> UnsafeP
         st = os.lstat(here)
     except OSError as e:
         return UnsafePath(here, f"cannot be examined: {e.strerror or e}")
-    if problem := _entry_problem(here, st, uid):
+    if problem := _entry_problem(here, st, uid, own_links):
         return problem
-    return _inside_problem(here, uid) if stat.S_ISDIR(st.st_mode) else None
+    return _inside_problem(here, uid, own_links) if stat.S_ISDIR(st.st_mode) else None
+
+
+def kept_inodes(run_dir: str | Path | None) -> frozenset[tuple[int, int]]:
+    """The (device, inode) of every regular file under ``<run_dir>/kept`` (launcher/rollback.py's hard links of a
+    rollback checkpoint): the run's own second names, in a folder of the run dir only its owner writes. A kept folder
+    that is not this user's alone counts for nothing."""
+    if run_dir is None:
+        return frozenset()
+    root = os.path.join(str(run_dir), KEPT_DIR)
+    try:
+        st = os.lstat(root)
+    except OSError:
+        return frozenset()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & _WRITE_GO:
+        return frozenset()
+    out: set[tuple[int, int]] = set()
+    for here, _dirs, names in os.walk(root, followlinks=False):
+        for n in names[:MAX_KEPT_FILES]:
+            try:
+                f = os.lstat(os.path.join(here, n))
+            except OSError:
+                continue
+            if stat.S_ISREG(f.st_mode):
+                out.add((f.st_dev, f.st_ino))
+        if len(out) >= MAX_KEPT_FILES:
+            break
+    return frozenset(out)
 
 
 def refusal(checkpoint: str, problem: UnsafePath) -> str:
@@ -144,13 +179,14 @@ def refusal(checkpoint: str, problem: UnsafePath) -> str:
             "its whole path must be writable by you and root alone (chmod g-w,o-w the directory named)")
 
 
-def judge_decision(d: Decision, s: RestartSettings) -> tuple[Decision, dict[str, str] | None]:
+def judge_decision(d: Decision, s: RestartSettings, run_dir: str | Path | None = None
+                   ) -> tuple[Decision, dict[str, str] | None]:
     """The policy's RESTART from a checkpoint, judged at decision time: unchanged when its path is safe; else STOP,
     or RESTART from scratch where ``unsafe_checkpoint = "scratch"``, with the reason; and what was refused."""
     if d.verdict != RESTART or not d.checkpoint:
         return d, None
     cp = os.path.normpath(d.checkpoint)
-    problem = checkpoint_path_problem(cp)
+    problem = checkpoint_path_problem(cp, own_links=kept_inodes(run_dir))
     if problem is None:
         return d, None
     refused = {"checkpoint": cp, "where": problem.where, "why": str(problem)}
@@ -169,7 +205,7 @@ def resume_at_exec(cfg: RunConfig, refuse: type[Exception]) -> None:
     argument instead (``resumed_from`` says why: :func:`scratch_note`)."""
     rf = cfg.resumed_from or {}
     cp = rf.get("checkpoint")
-    problem = checkpoint_path_problem(cp) if isinstance(cp, str) and cp else None
+    problem = checkpoint_path_problem(cp, own_links=kept_inodes(cfg.run_dir)) if isinstance(cp, str) and cp else None
     if problem is None:
         return
     if cfg.settings.restart.unsafe_checkpoint == "scratch" and cfg.scratch_command is not None:
@@ -185,12 +221,12 @@ def scratch_note(cfg: RunConfig) -> str | None:
     return f'starting from scratch ([restart] unsafe_checkpoint = "scratch"), not from the checkpoint: {why}' if why else None
 
 
-def refused_at_exec(run: dict[str, Any]) -> str | None:
+def refused_at_exec(run: dict[str, Any], run_dir: str | Path | None = None) -> str | None:
     """The supervisor's look, just before it starts the command (a Slurm job may wait in the queue long after its
     launch): why the checkpoint the attempt resumes from (run.json ``resumed_from``, the owner's) is refused."""
     rf = run.get("resumed_from")
     cp = rf.get("checkpoint") if isinstance(rf, dict) else None
     if not isinstance(cp, str) or not cp:
         return None
-    problem = checkpoint_path_problem(cp)
+    problem = checkpoint_path_problem(cp, own_links=kept_inodes(run_dir))
     return refusal(cp, problem) if problem else None

@@ -178,7 +178,7 @@ def decide_after(run_dir: Path, run: dict[str, Any], snap: Snapshot, log: Callab
     end, listed = end_of(run_dir, run, snap, exit_rec)
     previous = previous_ends(run_dir, end.attempt)
     # a checkpoint whose path others can change is never resumed from: STOP, or from scratch (checkpointpath.py)
-    d, unsafe = judge_decision(decide(previous, end, s, restarts_so_far(run)), s)
+    d, unsafe = judge_decision(decide(previous, end, s, restarts_so_far(run)), s, run_dir)
     record = {"v": 1, "attempts": [asdict(e) for e in [*previous, end]],
               "decision": {**d.as_record(), "mode": s.mode, "cause": end.cause,
                            "words": decision_words(d, s.mode, s.backoff_s)

@@ -25,9 +25,11 @@ from typing import Any
 from stepwatch.launcher.checkpointpath import checkpoint_path_problem
 from stepwatch.launcher.checkpoints import Checkpoint, find_checkpoints, output_dir_of
 from stepwatch.launcher.provenance import judge_provenance
-from stepwatch.monitors.runfiles import KEPT_DIR, KEPT_JSON, write_json_atomic
+from stepwatch.monitors.runfiles import KEPT_DIR, KEPT_JSON, read_json, write_json_atomic
 from stepwatch.monitors.runsettings import RunSettings
 
+#: Rollback points kept.json lists at most (the newest is also its top level: what a view shows).
+MAX_KEPT = 16
 #: A checkpoint that cannot be hard-linked is copied only up to this many bytes.
 MAX_COPY_BYTES = 2 * 1024**3
 
@@ -78,9 +80,11 @@ def keep(run_dir: Path, cp: Checkpoint, onset_step: int | None, max_copy_bytes: 
         _remove(tmp)
         return f"not kept: {e}"
     kept = Kept(str(cp.path), cp.step, str(dest), how)
-    write_json_atomic(Path(run_dir) / KEPT_JSON, {"v": 1, "checkpoint": kept.checkpoint, "step": kept.step,
-                                                  "kept": kept.kept, "how": how, "onset_step": onset_step,
-                                                  "kept_at_unix": time.time()}, mode=0o644)
+    prior = read_json(Path(run_dir) / KEPT_JSON, private=True) or {}
+    listed = [k for k in prior.get("all") or [] if isinstance(k, dict)][-(MAX_KEPT - 1):]
+    newest = {"checkpoint": kept.checkpoint, "step": kept.step, "kept": kept.kept, "how": how,
+              "onset_step": onset_step, "kept_at_unix": time.time()}
+    write_json_atomic(Path(run_dir) / KEPT_JSON, {"v": 1, **newest, "all": [*listed, newest]}, mode=0o644)
     return kept
 
 

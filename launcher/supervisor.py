@@ -211,7 +211,7 @@ def supervise(run_dir: Path, run_fd: int | None = None, launch_sha256: str | Non
     out_r = out_w = None
     try:
         os.close(open_append(run_dir / TRAIN_LOG))  # the attempt's log exists from its start (never via a symlink)
-        if refused := refused_at_exec(run):  # the checkpoint it resumes from, judged again right before the exec
+        if refused := refused_at_exec(run, run_dir):  # the checkpoint it resumes from, judged again right before the exec
             raise ValueError(refused)
         out_r, out_w = os.pipe()  # the child's output: through the log pump (monitors/watch/logpump.py)
         child = subprocess.Popen(

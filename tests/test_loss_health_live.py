@@ -16,7 +16,7 @@ from conftest import make_repo, stepwatch, wait_until
 from stepwatch.monitors.runfiles import read_json
 
 TRAIN_PY = r'''
-import argparse, math, os
+import argparse, math, os, time
 import torch
 from torch.utils.data import Dataset
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
@@ -26,6 +26,7 @@ ap.add_argument("--output_dir", default="out")
 ap.add_argument("--steps", type=int, default=600)
 ap.add_argument("--jump_at", type=int)
 ap.add_argument("--nan_at", type=int)
+ap.add_argument("--step_sleep_s", type=float, default=0.0)
 a = ap.parse_args()
 torch.set_num_threads(1)
 
@@ -45,6 +46,7 @@ class Upset(TrainerCallback):
             lr_scheduler.base_lrs = [x * 60 for x in lr_scheduler.base_lrs]
             for g in optimizer.param_groups:
                 g["lr"] *= 60
+        time.sleep(a.step_sleep_s)  # a step of a real run takes longer than the tiny model's 5 ms
         if a.nan_at is not None and state.global_step == a.nan_at - 1:  # step nan_at's loss is NaN
             with torch.no_grad():
                 next(model.parameters()).fill_(math.nan)
@@ -77,7 +79,9 @@ def run(tmp_path: Path, name: str, *flags: str) -> tuple[Path, Path, list[dict]]
 
 @pytest.mark.slow
 def test_a_learning_rate_jump_is_a_loss_alert_whose_onset_is_within_two_logged_steps(tmp_path: Path):
-    repo, run_dir, alerts = run(tmp_path, "jump", "--steps", "600", "--jump_at", "300")
+    # 30 ms a step: the rotation deletes checkpoint-200 at step 400, 3 s after the onset (the supervisor looks each
+    # second; a rollback point rotated away before its first look cannot be kept, and the alert says so)
+    repo, run_dir, alerts = run(tmp_path, "jump", "--steps", "600", "--jump_at", "300", "--step_sleep_s", "0.03")
     loss = [x for x in alerts if x["alert_kind"].startswith("loss_")]
     print(json.dumps([(x["alert_kind"], x["message"]) for x in loss], indent=1))
     assert loss and loss[0]["alert_kind"] == "loss_spike", alerts
@@ -95,9 +99,11 @@ def test_a_learning_rate_jump_is_a_loss_alert_whose_onset_is_within_two_logged_s
     kept = run_dir / "kept" / "checkpoint-200"
     assert json.loads((kept / "trainer_state.json").read_text())["global_step"] == 200
     assert (kept / "model.safetensors").stat().st_size > 0
+    listed = json.loads((run_dir / "kept.json").read_text())["all"]
+    assert (listed[0]["step"], listed[0]["how"], listed[0]["onset_step"]) == (200, "hard links", onset), listed
     shown = json.loads(stepwatch("status", "jump", "--json", cwd=repo).stdout)["loss_health"]["rollback"]
-    assert (shown["step"], shown["how"]) == (200, "hard links"), shown
-    assert "· rollback checkpoint-200 kept" in stepwatch("status", "jump", cwd=repo).stdout
+    assert (shown["step"], shown["how"]) == (listed[-1]["step"], "hard links"), shown  # the newest episode's
+    assert f"· rollback checkpoint-{shown['step']} kept" in stepwatch("status", "jump", cwd=repo).stdout
 
 
 @pytest.mark.slow

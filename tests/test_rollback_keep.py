@@ -137,3 +137,22 @@ def test_a_view_shows_the_kept_rollback_only_from_the_owners_own_record(run_here
     assert shown is not None and (shown["step"], shown["how"]) == (200, "hard links"), shown
     (run_dir / "kept.json").chmod(0o664)  # a file the group can write is the group's: not shown
     assert snapshot(run_dir)["loss_health"]["rollback"] is None
+
+
+def test_a_kept_checkpoint_is_still_one_to_resume_from_and_a_second_name_elsewhere_is_not(run_here):
+    """The restart policy's rule refuses a checkpoint file with a second name (another may lead to it); the run's own
+    kept hard links are no such name: the original and the kept copy both stay resumable."""
+    from stepwatch.launcher.checkpointpath import checkpoint_path_problem, kept_inodes
+    repo, run, run_dir = run_here
+    d = hf_ckpt(repo / "out", 200)
+    kept_ok(keep(run_dir, point(run_dir, run, 250), 301))
+    assert checkpoint_path_problem(str(d)) is not None  # the control: without the run's own links, two names refuse
+    own = kept_inodes(run_dir)
+    assert checkpoint_path_problem(str(d), own_links=own) is None
+    assert checkpoint_path_problem(str(run_dir / "kept" / "checkpoint-200"), own_links=own) is None
+    os.link(d / "model.safetensors", repo / "elsewhere.bin")  # a third name, not the run's
+    problem = checkpoint_path_problem(str(d), own_links=own)
+    assert problem is not None and "3 hard links" in str(problem), problem
+    os.unlink(repo / "elsewhere.bin")
+    (run_dir / "kept").chmod(0o775)  # a kept folder the group could write counts for nothing
+    assert kept_inodes(run_dir) == frozenset()

@@ -34,8 +34,8 @@ if TYPE_CHECKING:
     from stepwatch.launcher.config import RunConfig
 
 _WRITE_GO = stat.S_IWGRP | stat.S_IWOTH
-#: Files of the run's kept rollback checkpoints looked at, at most.
-MAX_KEPT_FILES = MAX_ENTRIES
+#: Files of the run's kept rollback checkpoints looked at, at most (two checkpoints are kept: launcher/rollback.py).
+MAX_KEPT_FILES = 10 * MAX_ENTRIES
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,7 +160,9 @@ def kept_inodes(run_dir: str | Path | None) -> frozenset[tuple[int, int]]:
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & _WRITE_GO:
         return frozenset()
     out: set[tuple[int, int]] = set()
-    for here, _dirs, names in os.walk(root, followlinks=False):
+    for here, dirs, names in os.walk(root, followlinks=False):
+        if here == root:
+            dirs[:] = [d for d in dirs if not d.startswith(".")]  # a keep cut short (.name.partial) is nobody's name
         for n in names[:MAX_KEPT_FILES]:
             try:
                 f = os.lstat(os.path.join(here, n))

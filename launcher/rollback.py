@@ -14,6 +14,7 @@ released (removed) when the run ends healthy: it completed and every episode was
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import stat
@@ -22,14 +23,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stepwatch.launcher.checkpointpath import checkpoint_path_problem
-from stepwatch.launcher.checkpoints import Checkpoint, find_checkpoints, output_dir_of
+from stepwatch.launcher.checkpointpath import checkpoint_path_problem, kept_inodes
+from stepwatch.launcher.checkpoints import (Checkpoint, find_checkpoints, hf_checkpoint, lightning_checkpoint,
+                                            output_dir_of)
 from stepwatch.launcher.provenance import judge_provenance
 from stepwatch.monitors.runfiles import KEPT_DIR, KEPT_JSON, read_json, write_json_atomic
 from stepwatch.monitors.runsettings import RunSettings
 
-#: Rollback points kept.json lists at most (the newest is also its top level: what a view shows).
-MAX_KEPT = 16
+#: Rollback points kept at most: the newest; older ones are pruned (hard links hold a checkpoint's whole size once
+#: the trainer's rotation deleted its original).
+KEEP_NEWEST = 2
 #: A checkpoint that cannot be hard-linked is copied only up to this many bytes.
 MAX_COPY_BYTES = 2 * 1024**3
 
@@ -54,38 +57,109 @@ def rollback_point(run_dir: Path, run: dict[str, Any], at_or_before: int) -> Che
     return max(mine, key=lambda c: c.step, default=None)
 
 
-def keep(run_dir: Path, cp: Checkpoint, onset_step: int | None, max_copy_bytes: int = MAX_COPY_BYTES) -> Kept | str:
-    """Keep ``cp`` in ``<run_dir>/kept/``: the Kept, or why it was not kept (words)."""
-    problem = checkpoint_path_problem(os.path.abspath(cp.path))
+def keep(run_dir: Path, cp: Checkpoint, onset_step: int | None, max_copy_bytes: int = MAX_COPY_BYTES,
+         attempt: int | None = None, kind: str = "") -> Kept | str:
+    """Keep ``cp`` in ``<run_dir>/kept/``: the Kept, or why it was not kept (words). The path judged is the path used
+    (absolute, as the resume rule judges it); the copy made is judged complete again before it takes its name; only
+    the newest KEEP_NEWEST rollback points stay kept (the older are pruned, folder and record)."""
+    src = Path(os.path.abspath(cp.path))
+    run_dir = Path(run_dir)
+    if why := _own_dir_problem(run_dir):
+        return f"not kept: the run dir {run_dir} {why}"
+    root = run_dir / KEPT_DIR
+    dest, tmp = root / src.name, root / f".{src.name}.partial"
+    for name in _names(root):  # kept already: this checkpoint's files, under its name or a later pass's
+        if (name == src.name or name.startswith(f"{src.name}.")) and _same_files(src, root / name):
+            return Kept(str(src), cp.step, str(root / name), "already kept")
+    problem = checkpoint_path_problem(src, own_links=kept_inodes(run_dir))
     if problem is not None:
         return f"not kept: {problem}"
-    root = Path(run_dir) / KEPT_DIR
     try:
         os.mkdir(root, 0o755)
     except FileExistsError:
         pass
     except OSError as e:
         return f"not kept: cannot make {root}: {e.strerror or e}"
-    st = os.lstat(root)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-        return f"not kept: {root} is not a directory of this user's that nobody else can write"
-    dest, tmp = root / cp.path.name, root / f".{cp.path.name}.partial"
-    if os.path.lexists(dest):
-        return Kept(str(cp.path), cp.step, str(dest), "already kept")
+    if why := _own_dir_problem(root):
+        return f"not kept: {root} {why}"
+    if os.path.lexists(dest):  # a checkpoint of that name kept earlier is another one (a later run over the step)
+        dest = root / f"{src.name}.{time.time_ns()}"
     _remove(tmp)
     try:
-        how = _link_or_copy(cp.path, tmp, max_copy_bytes)
+        how, files = _link_or_copy(src, tmp, max_copy_bytes)
+        if (again := _complete_again(tmp, cp)) is not None:
+            raise ValueError(f"the kept tree is not a complete checkpoint ({again}): the trainer changed it meanwhile")
         os.rename(tmp, dest)
     except (OSError, ValueError) as e:
         _remove(tmp)
         return f"not kept: {e}"
-    kept = Kept(str(cp.path), cp.step, str(dest), how)
-    prior = read_json(Path(run_dir) / KEPT_JSON, private=True) or {}
-    listed = [k for k in prior.get("all") or [] if isinstance(k, dict)][-(MAX_KEPT - 1):]
-    newest = {"checkpoint": kept.checkpoint, "step": kept.step, "kept": kept.kept, "how": how,
-              "onset_step": onset_step, "kept_at_unix": time.time()}
-    write_json_atomic(Path(run_dir) / KEPT_JSON, {"v": 1, **newest, "all": [*listed, newest]}, mode=0o644)
+    kept = Kept(str(src), cp.step, str(dest), how)
+    try:
+        _record(run_dir, {"checkpoint": kept.checkpoint, "step": kept.step, "kept": kept.kept, "how": how,
+                          "onset_step": onset_step, "attempt": attempt, "kind": kind, "kept_at_unix": time.time(),
+                          "files": files})
+    except OSError as e:
+        return f"{kept.kept} made, but kept.json could not be written: {e.strerror or e}"
     return kept
+
+
+def _names(d: Path) -> list[str]:
+    try:
+        return os.listdir(d)
+    except OSError:
+        return []
+
+
+def _own_dir_problem(d: Path) -> str | None:
+    """Why ``d`` is not a directory of this user's that nobody else can write (None when it is)."""
+    try:
+        st = os.lstat(d)
+    except OSError as e:
+        return f"cannot be examined: {e.strerror or e}"
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        return "is not a directory of this user's that nobody else can write"
+    return None
+
+
+def _same_files(src: Path, dest: Path) -> bool:
+    """Whether ``dest`` holds hard links of ``src``'s files (the same checkpoint kept already)."""
+    try:
+        a = {str(p.relative_to(src)): (st.st_dev, st.st_ino) for p in _files_of(src) if (st := os.lstat(p))}
+        b = {str(p.relative_to(dest)): (st.st_dev, st.st_ino) for p in _files_of(dest) if (st := os.lstat(p))}
+    except (OSError, ValueError):
+        return False
+    return bool(a) and a == b
+
+
+def _files_of(top: Path) -> list[Path]:
+    if not stat.S_ISDIR(os.lstat(top).st_mode):
+        return [top]
+    return [Path(here) / n for here, _d, names in os.walk(top, followlinks=False, onerror=_raise) for n in names]
+
+
+def _raise(e: OSError) -> None:
+    raise e
+
+
+def _complete_again(tmp: Path, cp: Checkpoint) -> str | None:
+    """Why the kept tree is not complete by the rule ``cp`` was judged by (HF, Lightning), else None."""
+    if cp.kind == "hf":
+        again = hf_checkpoint(tmp, cp.step)
+    elif cp.kind == "lightning":
+        again = lightning_checkpoint(tmp, cp.step)
+    else:
+        return None
+    return None if again.complete else again.why
+
+
+def _record(run_dir: Path, newest: dict[str, Any]) -> None:
+    """kept.json: the newest point on top, every point kept in ``all``; older points beyond KEEP_NEWEST pruned."""
+    prior = read_json(run_dir / KEPT_JSON, private=True) or {}
+    listed = [k for k in prior.get("all") or [] if isinstance(k, dict)] + [newest]
+    for old in listed[:-KEEP_NEWEST]:
+        if isinstance(old.get("kept"), str) and Path(old["kept"]).parent == run_dir / KEPT_DIR:
+            _remove(Path(old["kept"]))
+    write_json_atomic(run_dir / KEPT_JSON, {"v": 1, **newest, "all": listed[-KEEP_NEWEST:]}, mode=0o644)
 
 
 def _remove(p: Path) -> None:
@@ -96,47 +170,76 @@ def _remove(p: Path) -> None:
         os.unlink(p)
 
 
-def _link_or_copy(src: Path, dest: Path, max_copy_bytes: int) -> str:
-    """``src`` (a file or a directory tree, symlinks never followed) as hard links under ``dest``, else copied when
-    every file together is at most ``max_copy_bytes``. Returns how; raises OSError or ValueError."""
-    files: list[tuple[Path, Path, int]] = []
+#: Where a hard link cannot be made (another file system, a file system without them, too many links): a copy.
+_NO_LINK = frozenset({errno.EXDEV, errno.EPERM, errno.ENOTSUP, errno.EMLINK})
+
+
+def _link_or_copy(src: Path, dest: Path, max_copy_bytes: int) -> tuple[str, dict[str, list[int]]]:
+    """``src`` (a file or a directory tree, symlinks never followed, nothing but directories and regular files) as
+    hard links under ``dest``, else copied (0644) when every file together is at most ``max_copy_bytes``. Returns how,
+    and each file's ``[size, mtime_ns]`` (what kept.json records, to tell later whether a link was written over).
+    Raises OSError or ValueError."""
+    files: list[tuple[Path, Path, os.stat_result]] = []
     if stat.S_ISDIR(os.lstat(src).st_mode):
         os.mkdir(dest, 0o755)
-        for here, dirs, names in os.walk(src, followlinks=False):
+        for here, dirs, names in os.walk(src, followlinks=False, onerror=_raise):
             rel = Path(here).relative_to(src)
             for d in dirs:
                 os.mkdir(dest / rel / d, 0o755)
-            files += [(Path(here) / n, dest / rel / n, os.lstat(Path(here) / n).st_size) for n in names]
+            files += [(Path(here) / n, dest / rel / n, os.lstat(Path(here) / n)) for n in names]
     else:
-        files.append((src, dest, os.lstat(src).st_size))
+        files.append((src, dest, os.lstat(src)))
+    if bad := [str(a) for a, _, st in files if not stat.S_ISREG(st.st_mode)]:
+        raise ValueError(f"{bad[0]} is not a regular file")
+    record = {str(b.relative_to(dest)) if b != dest else b.name: [st.st_size, st.st_mtime_ns] for _, b, st in files}
     try:
         for a, b, _ in files:
             os.link(a, b, follow_symlinks=False)
-        return "hard links"
-    except OSError:
-        total = sum(n for _, _, n in files)
-        if total > max_copy_bytes:
-            raise ValueError(f"it cannot be hard-linked and its {total} bytes are over the copy limit "
-                             f"({max_copy_bytes})") from None
-        for a, b, _ in files:
-            if os.path.lexists(b):
-                os.unlink(b)
-            shutil.copyfile(a, b, follow_symlinks=False)
-            os.chmod(b, 0o644)  # the owner's alone to write, whatever the umask
-        return "a copy"
+        return "hard links", record
+    except OSError as e:
+        if e.errno not in _NO_LINK:
+            raise
+    total = sum(st.st_size for _, _, st in files)
+    if total > max_copy_bytes:
+        raise ValueError(f"it cannot be hard-linked and its {total} bytes are over the copy limit ({max_copy_bytes})")
+    for a, b, _ in files:
+        if os.path.lexists(b):
+            os.unlink(b)
+        _copy(a, b)
+    return "a copy", record
 
 
-def release(run_dir: Path) -> bool:
-    """Remove the kept checkpoints (the run ended healthy). Whether there were any."""
-    root = Path(run_dir) / KEPT_DIR
-    if not os.path.lexists(root):
-        return False
-    _remove(root)
+def _copy(a: Path, b: Path) -> None:
+    """``a``'s bytes into a new file ``b`` (0644, never through a symlink, never over an existing name)."""
+    fi = os.open(a, os.O_RDONLY | os.O_NOFOLLOW)
     try:
-        os.unlink(Path(run_dir) / KEPT_JSON)
-    except OSError:
-        pass
-    return True
+        fo = os.open(b, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        try:
+            os.fchmod(fo, 0o644)  # whatever the umask
+            while chunk := os.read(fi, 1 << 20):
+                os.write(fo, chunk)
+        finally:
+            os.close(fo)
+    finally:
+        os.close(fi)
+
+
+def release(run_dir: Path, attempt: int | None = None) -> bool:
+    """Remove the kept rollback points of ``attempt`` (None: every one) and their records. Whether any went."""
+    run_dir = Path(run_dir)
+    prior = read_json(run_dir / KEPT_JSON, private=True) or {}
+    listed = [k for k in prior.get("all") or [] if isinstance(k, dict)]
+    gone = [k for k in listed if attempt is None or k.get("attempt") == attempt]
+    for k in gone:
+        if isinstance(k.get("kept"), str) and Path(k["kept"]).parent == run_dir / KEPT_DIR:
+            _remove(Path(k["kept"]))
+    left = [k for k in listed if k not in gone]
+    if left:
+        write_json_atomic(run_dir / KEPT_JSON, {"v": 1, **left[-1], "all": left}, mode=0o644)
+    else:
+        _remove(run_dir / KEPT_JSON)
+        _remove(run_dir / KEPT_DIR)
+    return bool(gone)
 
 
 class RollbackKeeper:
@@ -147,25 +250,45 @@ class RollbackKeeper:
     def __init__(self, run_dir: Path, run: dict[str, Any], log: Any = None):
         self.run_dir, self.run, self.log = Path(run_dir), run, log or (lambda _m: None)
 
-    def episode(self, ep: dict[str, Any]) -> str:
+    def episode(self, ep: dict[str, Any], earlier: list[dict[str, Any]] | tuple[()] = ()) -> str:
+        """Name and keep ``ep``'s rollback point, in words. ``earlier``: the run's episodes before it; a persistent
+        or catastrophic one bounds every later point (a spike after the run went bad measures its level on bad
+        weights: its rollback point is the first bad episode's, never a checkpoint saved since)."""
         onset = ep.get("onset_step")
         at = ep.get("level_from_step") if type(ep.get("level_from_step")) is int else onset
         if type(at) is not int:
             return "no rollback point: the episode's steps are not known"
+        for e in earlier:
+            if e.get("kind") != "spike" and type(b := e.get("level_from_step") or e.get("onset_step")) is int:
+                at = min(at, b)
         cp = rollback_point(self.run_dir, self.run, at)
+        held = self._kept_at_or_before(at)
+        if held is not None and (cp is None or held["step"] >= cp.step):  # rotated away since, and kept
+            return f"rollback {Path(held['checkpoint']).name} (step {held['step']}): kept in {held['kept']}"
         if cp is None:
             return f"no complete checkpoint of this run at or before step {at} to roll back to"
-        kept = keep(self.run_dir, cp, onset if type(onset) is int else None)
-        if isinstance(kept, str):
-            self.log(f"rollback point {cp.path}: {kept}")
-            return f"rollback point {cp.path.name} (step {cp.step}), {kept}"
-        self.log(f"rollback point {cp.path} kept in {kept.kept} ({kept.how})")
-        return f"rollback {cp.path.name} (step {cp.step}) kept in {kept.kept}"
+        attempt = self.run.get("attempt") if type(self.run.get("attempt")) is int else None
+        kept = keep(self.run_dir, cp, onset if type(onset) is int else None, attempt=attempt,
+                    kind=str(ep.get("kind") or ""))
+        words = kept if isinstance(kept, str) else f"kept in {kept.kept}"
+        self.log(f"rollback point {cp.path}: {words}" + ("" if isinstance(kept, str) else f" ({kept.how})"))
+        return f"rollback {cp.path.name} (step {cp.step}): {words}"
+
+    def _kept_at_or_before(self, at: int) -> dict[str, Any] | None:
+        """The newest rollback point kept earlier (kept.json, this user's alone) at or before ``at``, still there."""
+        rec = read_json(self.run_dir / KEPT_JSON, private=True) or {}
+        kept = [k for k in rec.get("all") or [] if isinstance(k, dict) and type(k.get("step")) is int
+                and k["step"] <= at and isinstance(k.get("kept"), str) and isinstance(k.get("checkpoint"), str)
+                and Path(k["kept"]).parent == self.run_dir / KEPT_DIR and os.path.isdir(k["kept"])]
+        return max(kept, key=lambda k: k["step"], default=None)
 
     def ended(self, snap: Any) -> None:
+        """This attempt's last look: when it completed and every loss episode was a spike that came back, the
+        rollback points it kept are released (an earlier attempt's stay)."""
         lh = snap.get("loss_health") or {}
         eps = [*(lh.get("ended") or []), *([lh["episode"]] if lh.get("episode") else [])]
         healthy = snap.get("returncode") == 0 and all(
             e.get("kind") == "spike" and e.get("recovered_step") is not None for e in eps)
-        if healthy and release(self.run_dir):
-            self.log("the run ended healthy: its kept rollback checkpoints are released")
+        attempt = self.run.get("attempt") if type(self.run.get("attempt")) is int else None
+        if healthy and release(self.run_dir, attempt):
+            self.log("the attempt ended healthy: the rollback checkpoints it kept are released")

@@ -94,7 +94,7 @@ def test_a_learning_rate_jump_is_a_loss_alert_whose_onset_is_within_two_logged_s
         e["onset_step"] for e in status["ended"] + ([status["episode"]] if status["episode"] else [])], status
     # the rollback point: the newest complete checkpoint at or before the level's window (step ~285): checkpoint-200,
     # kept although save_total_limit = 2 deleted it from out/ at step 400
-    assert f"rollback checkpoint-200 (step 200) kept in {run_dir / 'kept' / 'checkpoint-200'}" in loss[0]["message"]
+    assert f"rollback checkpoint-200 (step 200): kept in {run_dir / 'kept' / 'checkpoint-200'}" in loss[0]["message"]
     assert not (repo / "out" / "checkpoint-200").exists()
     kept = run_dir / "kept" / "checkpoint-200"
     assert json.loads((kept / "trainer_state.json").read_text())["global_step"] == 200

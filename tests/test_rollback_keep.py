@@ -74,8 +74,54 @@ def test_a_kept_checkpoint_outlives_the_trainers_rotation_and_a_second_keep_says
     assert (run_dir / KEPT_DIR / "checkpoint-200" / "model.safetensors").read_bytes() == weights
     record = json.loads((run_dir / "kept.json").read_text())
     assert (record["step"], record["onset_step"], record["how"]) == (200, 301, "hard links")
+    again = hf_ckpt(repo / "out", 200)  # a later pass over step 200 (after a resume from before it): another one
+    other = kept_ok(keep(run_dir, point(run_dir, run, 250), 401))
+    assert other.how == "hard links" and other.kept != kept.kept, other  # kept apart, the first one untouched
+    assert (run_dir / KEPT_DIR / "checkpoint-200" / "model.safetensors").read_bytes() == weights
+    assert kept_ok(keep(run_dir, point(run_dir, run, 250), 402)).how == "already kept", again
+
+
+def test_a_second_episode_naming_the_same_checkpoint_finds_it_kept_and_only_the_newest_two_stay(run_here):
+    repo, run, run_dir = run_here
+    for step in (100, 200, 300):
+        hf_ckpt(repo / "out", step)
+    first = kept_ok(keep(run_dir, point(run_dir, run, 150), 160))
+    # the original still there, its files now with two names (the run's own): the same point again is found kept
+    assert kept_ok(keep(run_dir, point(run_dir, run, 150), 170)).how == "already kept"
+    kept_ok(keep(run_dir, point(run_dir, run, 250), 260))
+    kept_ok(keep(run_dir, point(run_dir, run, 350), 360))
+    assert sorted(p.name for p in (run_dir / KEPT_DIR).iterdir()) == ["checkpoint-200", "checkpoint-300"]
+    assert not Path(first.kept).exists()  # pruned: hard links hold a checkpoint's whole size once rotated away
+    listed = json.loads((run_dir / "kept.json").read_text())["all"]
+    assert [k["step"] for k in listed] == [200, 300]
+    assert (repo / "out" / "checkpoint-100" / "model.safetensors").stat().st_nlink == 1  # its original, whole
+
+
+def test_a_later_episode_after_the_rotation_names_the_point_kept_before(run_here):
+    repo, run, run_dir = run_here
     hf_ckpt(repo / "out", 200)
-    assert kept_ok(keep(run_dir, point(run_dir, run, 250), 301)).how == "already kept"
+    keeper = RollbackKeeper(run_dir, {**run, "attempt": 1})
+    keeper.episode({"onset_step": 301, "level_from_step": 285, "kind": "spike"})
+    shutil.rmtree(repo / "out" / "checkpoint-200")  # save_total_limit
+    hf_ckpt(repo / "out", 500)
+    words = keeper.episode({"onset_step": 520, "level_from_step": 504, "kind": "spike"})
+    assert words == "rollback checkpoint-500 (step 500): kept in " + str(run_dir / KEPT_DIR / "checkpoint-500")
+    assert keeper.episode({"onset_step": 320, "level_from_step": 290, "kind": "spike"}) == \
+        f"rollback checkpoint-200 (step 200): kept in {run_dir / KEPT_DIR / 'checkpoint-200'}"
+
+
+def test_an_attempt_that_ends_healthy_releases_only_what_it_kept(run_here):
+    repo, run, run_dir = run_here
+    hf_ckpt(repo / "out", 200)
+    hf_ckpt(repo / "out", 400)
+    RollbackKeeper(run_dir, {**run, "attempt": 1}).episode({"onset_step": 301, "level_from_step": 285,
+                                                            "kind": "persistent"})
+    second = RollbackKeeper(run_dir, {**run, "attempt": 2})
+    second.episode({"onset_step": 450, "level_from_step": 430, "kind": "spike"})
+    spike = {"kind": "spike", "recovered_step": 455}
+    second.ended({"returncode": 0, "loss_health": {"ended": [spike], "episode": None}})
+    assert sorted(p.name for p in (run_dir / KEPT_DIR).iterdir()) == ["checkpoint-200"]  # attempt 1's stays
+    assert [k["attempt"] for k in json.loads((run_dir / "kept.json").read_text())["all"]] == [1]
 
 
 def test_a_checkpoint_a_member_could_write_or_that_holds_a_symlink_is_never_kept(run_here):
@@ -112,7 +158,7 @@ def test_the_keeper_says_the_rollback_in_words_and_releases_it_only_at_a_healthy
     hf_ckpt(repo / "out", 200)
     keeper = RollbackKeeper(run_dir, run)
     words = keeper.episode({"onset_step": 301, "level_from_step": 285})
-    assert words == f"rollback checkpoint-200 (step 200) kept in {run_dir / KEPT_DIR / 'checkpoint-200'}"
+    assert words == f"rollback checkpoint-200 (step 200): kept in {run_dir / KEPT_DIR / 'checkpoint-200'}"
     assert keeper.episode({"onset_step": 90, "level_from_step": 74}) == \
         "no complete checkpoint of this run at or before step 74 to roll back to"
     rise = {"kind": "persistent", "recovered_step": 340}
@@ -156,3 +202,17 @@ def test_a_kept_checkpoint_is_still_one_to_resume_from_and_a_second_name_elsewhe
     os.unlink(repo / "elsewhere.bin")
     (run_dir / "kept").chmod(0o775)  # a kept folder the group could write counts for nothing
     assert kept_inodes(run_dir) == frozenset()
+
+
+def test_after_a_persistent_episode_a_later_episodes_rollback_point_is_never_a_checkpoint_saved_since(run_here):
+    repo, run, run_dir = run_here
+    for step in (200, 300, 400):
+        hf_ckpt(repo / "out", step)
+    keeper = RollbackKeeper(run_dir, {**run, "attempt": 1})
+    rise = {"onset_step": 303, "level_from_step": 285, "kind": "persistent"}
+    assert "checkpoint-200 (step 200)" in keeper.episode(rise)
+    later = {"onset_step": 420, "level_from_step": 404, "kind": "spike"}  # measured on the bad weights since 303
+    assert keeper.episode(later, [rise]) == \
+        f"rollback checkpoint-200 (step 200): kept in {run_dir / KEPT_DIR / 'checkpoint-200'}"
+    spike = {**rise, "kind": "spike"}  # the control: after a spike that came back, the later point is its own
+    assert "checkpoint-400 (step 400)" in keeper.episode(later, [spike])

@@ -55,7 +55,10 @@ def metric_parts(snap: Snapshot, log: LogTracker, ev: EventsFold, run_dir: Path)
         owner = os.lstat(run_dir).st_uid  # the run's owner: the supervisor that keeps is theirs
     except OSError:
         return
-    kept = read_json(run_dir / KEPT_JSON, owner_uid=owner, private=True)
+    try:
+        kept = read_json(run_dir / KEPT_JSON, owner_uid=owner, private=True)
+    except OSError:  # unreadable (another user's run, mode 0600): nothing to show
+        return
     if kept is not None and type(kept.get("step")) is int and all(
             type(kept.get(k)) is str for k in ("checkpoint", "kept", "how")):
         snap["loss_health"]["rollback"] = {k: (kept[k][:500] if type(kept[k]) is str else kept[k])

@@ -61,7 +61,7 @@ class Rollback(Protocol):
     """The supervisor's rollback keeper (launcher/rollback.py :class:`RollbackKeeper`): names and keeps a loss
     episode's rollback point (words for its alert), and releases it at a healthy end."""
 
-    def episode(self, ep: dict[str, Any]) -> str: ...
+    def episode(self, ep: dict[str, Any], earlier: list[dict[str, Any]]) -> str: ...
 
     def ended(self, snap: Any) -> None: ...
 
@@ -163,10 +163,12 @@ class AlertRecorder:
             return al
         if key not in self.rollback_words:
             lh = snap["loss_health"]
-            ep = next((e for e in [*lh["ended"], *([lh["episode"]] if lh["episode"] else [])]
-                       if f"{lh['metric']}-{e['onset_step']}" == key), None)
+            eps = [*lh["ended"], *([lh["episode"]] if lh["episode"] else [])]
+            ep = next((e for e in eps if f"{lh['metric']}-{e['onset_step']}" == key), None)
+            earlier = [dict(e) for e in eps if ep is not None and e is not ep
+                       and (e["onset_step"] or 0) < (ep["onset_step"] or 0)]
             try:
-                self.rollback_words[key] = self.rollback.episode(dict(ep)) if ep is not None else ""
+                self.rollback_words[key] = self.rollback.episode(dict(ep), earlier) if ep is not None else ""
             except Exception as e:  # noqa: BLE001 - the alert goes out whatever the keeper did
                 self.rollback_words[key] = f"no rollback point: {type(e).__name__}: {e}"
         words = self.rollback_words[key]
@@ -203,6 +205,8 @@ class AlertRecorder:
                                           "end's page names it; one cause, one page")
             return
         self.paged.add(al["id"])
+        if al["kind"] in LOSS_KINDS:  # paged after its window: with the rollback point its record names
+            al = self._with_rollback(al, snap)
         self._stacks(al, snap, {**al, "headline": headline_of(snap, self.host)})  # the page's first line
 
     def _stacks(self, al: Alert, snap: Snapshot, page: dict[str, Any] | None) -> None:

@@ -9,7 +9,8 @@ MAX_COPY_BYTES where a link cannot be made (another file system); ``kept.json`` 
 
 Only a checkpoint whose whole path is safe to resume from (launcher/checkpointpath.py: owned by the run's owner,
 writable by nobody else, no symlink) is kept, so a hard link shares an inode no member can write. The kept copy is
-released (removed) when the run ends healthy: it completed and every episode was a spike that came back.
+released (removed) by the attempt that kept it when that attempt ends healthy: it completed and every episode was a
+spike that came back; only the newest KEEP_NEWEST points stay kept.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from stepwatch.launcher.checkpointpath import checkpoint_path_problem, kept_inod
 from stepwatch.launcher.checkpoints import (Checkpoint, find_checkpoints, hf_checkpoint, lightning_checkpoint,
                                             output_dir_of)
 from stepwatch.launcher.provenance import judge_provenance
+from stepwatch.monitors.detectors.losshealth import episodes_of
+from stepwatch.monitors.states import SPIKE
 from stepwatch.monitors.runfiles import KEPT_DIR, KEPT_JSON, read_json, write_json_atomic
 from stepwatch.monitors.runsettings import RunSettings
 
@@ -123,9 +126,10 @@ def _own_dir_problem(d: Path) -> str | None:
 
 def _same_files(src: Path, dest: Path) -> bool:
     """Whether ``dest`` holds hard links of ``src``'s files (the same checkpoint kept already)."""
+    def inodes(top: Path) -> dict[str, tuple[int, int]]:
+        return {str(p.relative_to(top)): ((st := os.lstat(p)).st_dev, st.st_ino) for p in _files_of(top)}
     try:
-        a = {str(p.relative_to(src)): (st.st_dev, st.st_ino) for p in _files_of(src) if (st := os.lstat(p))}
-        b = {str(p.relative_to(dest)): (st.st_dev, st.st_ino) for p in _files_of(dest) if (st := os.lstat(p))}
+        a, b = inodes(src), inodes(dest)
     except (OSError, ValueError):
         return False
     return bool(a) and a == b
@@ -152,13 +156,24 @@ def _complete_again(tmp: Path, cp: Checkpoint) -> str | None:
     return None if again.complete else again.why
 
 
+def _records(run_dir: Path) -> list[dict[str, Any]]:
+    """kept.json's rollback points (``all``), as this user alone wrote them (else none)."""
+    prior = read_json(run_dir / KEPT_JSON, private=True) or {}
+    return [k for k in prior.get("all") or [] if isinstance(k, dict)]
+
+
+def _kept_path(run_dir: Path, k: dict[str, Any]) -> Path | None:
+    """Where record ``k`` says its copy lies, when that is a name in ``<run_dir>/kept`` (else None: never removed)."""
+    p = k.get("kept")
+    return Path(p) if isinstance(p, str) and Path(p).parent == run_dir / KEPT_DIR else None
+
+
 def _record(run_dir: Path, newest: dict[str, Any]) -> None:
     """kept.json: the newest point on top, every point kept in ``all``; older points beyond KEEP_NEWEST pruned."""
-    prior = read_json(run_dir / KEPT_JSON, private=True) or {}
-    listed = [k for k in prior.get("all") or [] if isinstance(k, dict)] + [newest]
+    listed = [*_records(run_dir), newest]
     for old in listed[:-KEEP_NEWEST]:
-        if isinstance(old.get("kept"), str) and Path(old["kept"]).parent == run_dir / KEPT_DIR:
-            _remove(Path(old["kept"]))
+        if (p := _kept_path(run_dir, old)) is not None:
+            _remove(p)
     write_json_atomic(run_dir / KEPT_JSON, {"v": 1, **newest, "all": listed[-KEEP_NEWEST:]}, mode=0o644)
 
 
@@ -227,12 +242,11 @@ def _copy(a: Path, b: Path) -> None:
 def release(run_dir: Path, attempt: int | None = None) -> bool:
     """Remove the kept rollback points of ``attempt`` (None: every one) and their records. Whether any went."""
     run_dir = Path(run_dir)
-    prior = read_json(run_dir / KEPT_JSON, private=True) or {}
-    listed = [k for k in prior.get("all") or [] if isinstance(k, dict)]
+    listed = _records(run_dir)
     gone = [k for k in listed if attempt is None or k.get("attempt") == attempt]
     for k in gone:
-        if isinstance(k.get("kept"), str) and Path(k["kept"]).parent == run_dir / KEPT_DIR:
-            _remove(Path(k["kept"]))
+        if (p := _kept_path(run_dir, k)) is not None:
+            _remove(p)
     left = [k for k in listed if k not in gone]
     if left:
         write_json_atomic(run_dir / KEPT_JSON, {"v": 1, **left[-1], "all": left}, mode=0o644)
@@ -259,7 +273,7 @@ class RollbackKeeper:
         if type(at) is not int:
             return "no rollback point: the episode's steps are not known"
         for e in earlier:
-            if e.get("kind") != "spike" and type(b := e.get("level_from_step") or e.get("onset_step")) is int:
+            if e.get("kind") != SPIKE and type(b := e.get("level_from_step") or e.get("onset_step")) is int:
                 at = min(at, b)
         cp = rollback_point(self.run_dir, self.run, at)
         held = self._kept_at_or_before(at)
@@ -276,19 +290,16 @@ class RollbackKeeper:
 
     def _kept_at_or_before(self, at: int) -> dict[str, Any] | None:
         """The newest rollback point kept earlier (kept.json, this user's alone) at or before ``at``, still there."""
-        rec = read_json(self.run_dir / KEPT_JSON, private=True) or {}
-        kept = [k for k in rec.get("all") or [] if isinstance(k, dict) and type(k.get("step")) is int
-                and k["step"] <= at and isinstance(k.get("kept"), str) and isinstance(k.get("checkpoint"), str)
-                and Path(k["kept"]).parent == self.run_dir / KEPT_DIR and os.path.isdir(k["kept"])]
+        kept = [k for k in _records(self.run_dir) if type(k.get("step")) is int and k["step"] <= at
+                and isinstance(k.get("checkpoint"), str) and (p := _kept_path(self.run_dir, k)) is not None
+                and p.is_dir()]
         return max(kept, key=lambda k: k["step"], default=None)
 
     def ended(self, snap: Any) -> None:
         """This attempt's last look: when it completed and every loss episode was a spike that came back, the
         rollback points it kept are released (an earlier attempt's stay)."""
-        lh = snap.get("loss_health") or {}
-        eps = [*(lh.get("ended") or []), *([lh["episode"]] if lh.get("episode") else [])]
-        healthy = snap.get("returncode") == 0 and all(
-            e.get("kind") == "spike" and e.get("recovered_step") is not None for e in eps)
+        healthy = snap["returncode"] == 0 and all(
+            e["kind"] == SPIKE and e["recovered_step"] is not None for e in episodes_of(snap["loss_health"]))
         attempt = self.run.get("attempt") if type(self.run.get("attempt")) is int else None
         if healthy and release(self.run_dir, attempt):
             self.log("the attempt ended healthy: the rollback checkpoints it kept are released")

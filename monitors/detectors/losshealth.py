@@ -3,8 +3,10 @@
 Fed each logged value of the training loss (and of the grad norm) in order, from the log's metrics and the emitter's
 log events alike, it keeps:
 
-* a robust window: the last ``WINDOW`` finite loss values; its median is the level, 1.4826 x its MAD the scale (never
-  under ``REL_FLOOR`` of the level: a loss flat to four digits does not make a 1 % wobble a spike);
+* a robust window: the last ``WINDOW`` finite loss values; the median of its newest ``LEVEL_N`` is the level, the
+  step-to-step noise of the whole window (1.4826 x the MAD of its successive differences / sqrt 2) the scale, never
+  under ``REL_FLOOR`` of the level (a falling loss inflates neither; a loss flat to four digits does not make a 1 %
+  wobble a spike);
 * an **episode** from the first value ``Z_SPIKE`` scales above the level (its **onset**): the level and the scale are
   frozen there, so a rise the window slowly takes in is still measured from where it began. The episode is
 
@@ -274,6 +276,11 @@ class LossHealth:
                 "level": level, "scale": scale, "episode": self._episode() if self.kind else None,
                 "last": self.ended[-1] if self.ended else None, "ended": list(self.ended),  # type: ignore[typeddict-item]
                 "episodes": self.episodes, "reason": reason, "rollback": None}
+
+
+def episodes_of(lh: LossHealthPart) -> list[Episode]:
+    """Every episode ``loss_health`` holds, oldest first: the last ENDED_KEPT that ended, then the open one."""
+    return [*lh["ended"], *([lh["episode"]] if lh["episode"] is not None else [])]
 
 
 def not_judged_part(reason: str) -> LossHealthPart:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Callable, Mapping, MutableMapping
 
-from stepwatch.monitors.detectors.losshealth import LOSS_NAMES, NONFINITE  # LOSS_NAMES: a NaN of one is an alert
+from stepwatch.monitors.detectors.losshealth import LOSS_NAMES, NONFINITE, episodes_of  # LOSS_NAMES: a NaN of one is an alert
 from stepwatch.monitors.fold.events import EventsFold
 from stepwatch.monitors.parsers.logtracker import LogTracker
 from stepwatch.monitors.protocol import METRICS_SHOWN_FIRST
@@ -133,12 +133,12 @@ def _kept(lh: LossHealthPart) -> str:
 def loss_health_alerts(snap: Snapshot, make: Callable[..., NewAlert],
                        first_seen: MutableMapping[str, float]) -> list[NewAlert]:
     """Each episode of the training loss (``loss_health``: the open one, and the last ENDED_KEPT that ended: a fast
-    run's spike may open and end between two looks, and is said all the same): ``loss_spike`` (a warning) from its onset, and ``loss_rise`` (persistent: an
-    error) or ``loss_catastrophic`` (ten times the first values': an error) as it got worse, each keyed by the onset
-    step. A value that is not a number is ``nonfinite_loss``'s (:func:`metric_alerts`): no second alert for it."""
+    run's spike may open and end between two looks, and is said all the same): ``loss_spike`` (a warning) from its
+    onset, and ``loss_rise`` (persistent: an error) or ``loss_catastrophic`` (ten times the first values': an error)
+    as it got worse, each keyed by the onset step. A value that is not a number is ``nonfinite_loss``'s (:func:`metric_alerts`): no second alert for it."""
     lh = snap["loss_health"]
     out: list[NewAlert] = []
-    for ep in [*lh["ended"], *([lh["episode"]] if lh["episode"] is not None else [])]:
+    for ep in episodes_of(lh):
         if ep["why"] != NONFINITE:
             out += _episode_alerts(snap, lh["metric"], ep, make, first_seen)
     return out

@@ -39,6 +39,7 @@ from stepwatch.monitors.snapshot.process import run_began_at
 from stepwatch.monitors.watch.delivery import SAME_CAUSE, Deliverer, level_of
 from stepwatch.monitors.watch.lifecycle import (WAIT_FOR_FROZEN, finished_page, group_end_cause, resolved_page,
                                                stopped_cause, unix_of)
+from stepwatch.monitors.detectors.losshealth import episodes_of
 from stepwatch.monitors.parsers.phases import PHASE_FLOOR_S
 from stepwatch.monitors.parsers.pystacks import category_of, main_frames
 from stepwatch.monitors.runsettings import RunSettings
@@ -119,7 +120,8 @@ class AlertRecorder:
         self.host = socket.gethostname()
         self.log_lost = log_lost  # the supervisor's log pump: output bytes train.log could not take so far, and why
         #: the supervisor's rollback keeper (launcher/rollback.py), and what it said of each loss episode (by its key)
-        self.rollback, self.rollback_words = rollback, dict[str, str]()
+        self.rollback = rollback
+        self.rollback_words: dict[str, str] = {}
 
     def detect(self, now: float | None = None) -> Snapshot:
         """One refresh; records what is new (shown at once) and pages what has held for its confirmation window
@@ -163,7 +165,7 @@ class AlertRecorder:
             return al
         if key not in self.rollback_words:
             lh = snap["loss_health"]
-            eps = [*lh["ended"], *([lh["episode"]] if lh["episode"] else [])]
+            eps = episodes_of(lh)
             ep = next((e for e in eps if f"{lh['metric']}-{e['onset_step']}" == key), None)
             earlier = [dict(e) for e in eps if ep is not None and e is not ep
                        and (e["onset_step"] or 0) < (ep["onset_step"] or 0)]
